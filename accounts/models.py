@@ -1,0 +1,157 @@
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.db import models
+from django.utils import timezone
+
+
+class UserManager(BaseUserManager["User"]):
+    use_in_migrations = True
+
+    def _create_user(self, email: str, password: str | None, **extra: object) -> "User":
+        if not email:
+            raise ValueError("An email address is required.")
+        user = self.model(email=self.normalize_email(email).lower(), **extra)
+        user.set_password(password)
+        user.save(using=self._db)
+        return user
+
+    def create_user(self, email: str, password: str | None = None, **extra: object) -> "User":
+        extra.setdefault("is_staff", False)
+        extra.setdefault("is_superuser", False)
+        return self._create_user(email, password, **extra)
+
+    def create_superuser(self, email: str, password: str | None = None, **extra: object) -> "User":
+        extra.setdefault("is_staff", True)
+        extra.setdefault("is_superuser", True)
+        return self._create_user(email, password, **extra)
+
+
+class User(AbstractUser):
+    """A person who logs in with an email address and a password."""
+
+    username = None
+    first_name = None
+    last_name = None
+    name = models.CharField(max_length=150, blank=True)
+    email = models.EmailField("email address", unique=True)
+
+    USERNAME_FIELD = "email"
+    REQUIRED_FIELDS: list[str] = []
+
+    objects = UserManager()
+
+    def __str__(self) -> str:
+        return self.email
+
+
+class Project(models.Model):
+    """The billing unit: it holds the balance, the members, the environments and the keys."""
+
+    name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        MANAGER = "manager"
+        DEVELOPER = "developer"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.OWNER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+class Environment(models.Model):
+    """A project's space for clusters, with an optional monthly budget."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="environments")
+    name = models.SlugField(max_length=40)
+    monthly_budget = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="environment_unique_name")
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SshKey(models.Model):
+    """An OpenSSH public key the project's clusters accept."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="ssh_keys")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(max_length=100)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=100)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "fingerprint"], name="sshkey_unique_fingerprint"
+            )
+        ]
+        ordering = ["name", "pk"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+API_KEY_PREFIX = "rc_live_"
+
+
+def hash_api_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """A bearer key for the API. Only its hash is kept; the key is shown once."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, help_text="The first characters, to tell keys apart.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+    @staticmethod
+    def generate() -> str:
+        return API_KEY_PREFIX + secrets.token_urlsafe(32)

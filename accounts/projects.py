@@ -1,0 +1,35 @@
+"""Projects: the billing unit every object is scoped to."""
+
+from typing import TypeVar
+
+from django.db import transaction
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+
+from accounts.models import Environment, Membership, Project, User
+
+DEFAULT_ENVIRONMENT = "default"
+
+M = TypeVar("M", bound=Model)
+
+
+def project_for(user: User) -> Project | None:
+    membership = (
+        Membership.objects.select_related("project").filter(user=user).order_by("pk").first()
+    )
+    return membership.project if membership else None
+
+
+@transaction.atomic
+def create_project(*, owner: User, name: str) -> Project:
+    """A new project with its `default` environment, owned by `owner`."""
+    project = Project.objects.create(name=name)
+    Environment.objects.create(project=project, name=DEFAULT_ENVIRONMENT)
+    Membership.objects.create(project=project, user=owner, role=Membership.Role.OWNER)
+    return project
+
+
+def get_for_project(request: HttpRequest, queryset: QuerySet[M], **lookup: object) -> M:
+    """Look an object up within the request's project: anything else is a 404."""
+    return get_object_or_404(queryset, project=request.project, **lookup)

@@ -1,0 +1,180 @@
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+MIN_NODES = 2
+MAX_NODES = 64
+# A location that only says whether it has machines never starts more than this on a guess.
+BOOLEAN_MAX_NODES = 8
+
+
+class GpuModel(models.Model):
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=80)
+    memory_gib = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU model"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Location(models.Model):
+    class CapacityReporting(models.TextChoices):
+        COUNT = "count", "Counts free machines"
+        BOOLEAN = "boolean", "Says only whether it has machines"
+
+    code = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=100)
+    country = models.CharField(max_length=2)
+    capacity_reporting = models.CharField(max_length=8, choices=CapacityReporting.choices)
+    ssh_gateway = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="host:port, or empty when hosts have their own public address.",
+    )
+    volume_price_per_gb_month = models.DecimalField(
+        max_digits=8, decimal_places=4, default=Decimal("0.10")
+    )
+
+    class Meta:
+        ordering = ["code"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.code})"
+
+
+class MachineType(models.Model):
+    """What is sold: a kind of machine in a location, priced per machine-hour."""
+
+    class Kind(models.TextChoices):
+        VM = "vm", "Virtual machine"
+        BARE_METAL = "bare_metal", "Bare metal"
+        CONTAINER = "container", "Container"
+
+    class Interconnect(models.TextChoices):
+        ETHERNET = "ethernet", "Ethernet"
+        INFINIBAND = "infiniband", "InfiniBand"
+        ROCE = "roce", "RoCE"
+
+    DEFAULT_BOOT_SECONDS = {Kind.CONTAINER: 60, Kind.VM: 180, Kind.BARE_METAL: 600}
+    SELF_SERVE_INTERCONNECTS = {Interconnect.ETHERNET}
+
+    slug = models.SlugField(max_length=60, unique=True)
+    location = models.ForeignKey(Location, on_delete=models.PROTECT, related_name="machine_types")
+    gpu = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="machine_types")
+    gpus_per_machine = models.PositiveSmallIntegerField(
+        choices=[(1, "1"), (2, "2"), (4, "4"), (8, "8")]
+    )
+    machine_kind = models.CharField(max_length=12, choices=Kind.choices)
+    interconnect = models.CharField(
+        max_length=12, choices=Interconnect.choices, default=Interconnect.ETHERNET
+    )
+    community = models.BooleanField(default=False)
+    price_per_hour = models.DecimalField(
+        max_digits=10, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))]
+    )
+    boot_seconds = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(3600)]
+    )
+    slow_boot = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def supports_kubernetes(self) -> bool:
+        return self.machine_kind != self.Kind.CONTAINER
+
+    @property
+    def supports_volumes(self) -> bool:
+        return not self.community
+
+    @property
+    def is_self_serve(self) -> bool:
+        return self.interconnect in self.SELF_SERVE_INTERCONNECTS
+
+
+class Host(models.Model):
+    """One machine of the inventory."""
+
+    class Driver(models.TextChoices):
+        SIMULATED = "simulated"
+        SSH = "ssh"
+
+    class State(models.TextChoices):
+        FREE = "free"
+        RESERVED = "reserved"
+        IN_USE = "in_use"
+        CLEANING = "cleaning"
+        OFFLINE = "offline"
+
+    class Fault(models.TextChoices):
+        BOOT = "boot", "never comes up"
+        CRASH = "crash", "comes up, then fails"
+        AGENT = "agent", "agent never checks in"
+        NETWORK = "network", "cannot reach one peer"
+        INSTALL = "install", "software install fails"
+
+    name = models.CharField(max_length=100, unique=True)
+    machine_type = models.ForeignKey(MachineType, on_delete=models.PROTECT, related_name="hosts")
+    driver = models.CharField(max_length=12, choices=Driver.choices, default=Driver.SIMULATED)
+    address = models.CharField(max_length=255, blank=True, default="")
+    port = models.PositiveIntegerField(default=22)
+    user = models.CharField(max_length=64, blank=True, default="root")
+    host_key = models.TextField(blank=True, default="", help_text="Pinned SSH host key.")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.FREE)
+    fault = models.CharField(max_length=10, choices=Fault.choices, blank=True, default="")
+    state_changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["machine_type", "state"], name="host_type_state")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QuoteRequest(models.Model):
+    """A request for reserved capacity, large clusters or InfiniBand/RoCE, worked by staff."""
+
+    class Status(models.TextChoices):
+        NEW = "new"
+        CONTACTED = "contacted"
+        WON = "won"
+        LOST = "lost"
+
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.CASCADE, related_name="quote_requests"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    gpu = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="quote_requests")
+    nodes = models.PositiveIntegerField(validators=[MinValueValidator(MIN_NODES)])
+    interconnect = models.CharField(max_length=12, choices=MachineType.Interconnect.choices)
+    location = models.ForeignKey(
+        Location, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    start_date = models.DateField()
+    duration_weeks = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    contact_name = models.CharField(max_length=150)
+    contact_email = models.EmailField()
+    notes = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.NEW)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.nodes} × {self.gpu} ({self.get_status_display()})"

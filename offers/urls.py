@@ -1,0 +1,9 @@
+from django.urls import path
+
+from offers import views
+
+app_name = "offers"
+
+urlpatterns = [
+    path("", views.picker, name="picker"),
+]

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RuncrateConfig(AppConfig):
+    name = "runcrate"
+    verbose_name = "Runcrate"

@@ -1,0 +1,68 @@
+"""Small readers for settings that come from the environment.
+
+Each one fails loudly on a value it cannot read, so a typo in a deployment stops the
+process at start-up instead of running with a silent default.
+"""
+
+import os
+from decimal import Decimal, InvalidOperation
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, not {raw!r}") from None
+    if value <= minimum:
+        raise ImproperlyConfigured(f"{name} must be greater than {minimum}, not {value}")
+    return value
+
+
+def env_decimal(name: str, default: str) -> Decimal:
+    raw = os.environ.get(name) or default
+    try:
+        return Decimal(raw)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name} must be a decimal amount, not {raw!r}") from None
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    raw = os.environ.get(name, default)
+    return [item.strip() for item in raw.split(",") if item.strip()]

@@ -1,0 +1,228 @@
+"""Settings for Runcrate Clusters, read from the environment with embedded defaults.
+
+With nothing set, the product runs on a laptop: SQLite and an embedded (filesystem) Celery
+broker under RUNCRATE_VAR_DIR, mail written as files, and a development secret key generated
+into the same folder. Production sets DATABASE_URL, REDIS_URL, SECRET_KEY and DEBUG=false.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from runcrate.env import env_bool, env_decimal, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+VAR_DIR = Path(env_str("RUNCRATE_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _dev_secret_key() -> str:
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = env_str("SECRET_KEY") or _dev_secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+SITE_URL = env_str("SITE_URL", f"http://localhost:{env_int('PORT', 8000)}").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "template_partials",
+    "anymail",
+    "runcrate",
+    "accounts",
+    "offers",
+    "clusters",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "accounts.middleware.ProjectMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "runcrate.urls"
+WSGI_APPLICATION = "runcrate.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "runcrate.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "db.sqlite3",
+            # Web, worker and beat share the file: wait for locks instead of failing, and take
+            # the write lock at BEGIN so two writers never deadlock on an upgrade.
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
+        }
+    }
+IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- accounts -------------------------------------------------------------------------------
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "clusters:list"
+LOGOUT_REDIRECT_URL = "accounts:login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+# --- static files: served by the product itself (whitenoise), nothing from outside ----------
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- cache (rate limits) --------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": env_str("RUNCRATE_CACHE_PREFIX", "runcrate"),
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": VAR_DIR / "cache",
+        }
+    }
+
+# --- Celery -------------------------------------------------------------------------------
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+else:
+    _broker_dir = VAR_DIR / "broker"
+    for _sub in ("queue", "processed"):
+        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("RUNCRATE_TASKS_EAGER", False)
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The one beat scheduler's periodic tasks; each app adds its own entries here.
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+
+# --- Runcrate -----------------------------------------------------------------------------
+RUNCRATE_TICK_SECONDS = env_float("RUNCRATE_TICK_SECONDS", 2.0)
+RUNCRATE_MIN_STEP_SECONDS = env_int("RUNCRATE_MIN_STEP_SECONDS", 30, minimum=1)
+RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
+RUNCRATE_SIM_SPEED = env_float("RUNCRATE_SIM_SPEED", 1.0)
+RUNCRATE_SALES_EMAIL = env_str("RUNCRATE_SALES_EMAIL", "sales@runcrate.localhost")
+RUNCRATE_MIN_BALANCE = env_decimal("RUNCRATE_MIN_BALANCE", "10.00")
+RUNCRATE_QUOTE_RATE_LIMIT = env_int("RUNCRATE_QUOTE_RATE_LIMIT", 5, minimum=1)  # per hour
+RUNCRATE_FERNET_KEYS = env_list("RUNCRATE_FERNET_KEYS")
+
+STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE")  # tests point this at a local fake server
+
+# --- email ------------------------------------------------------------------------------------
+# With no email service configured, mail is written as files under $RUNCRATE_VAR_DIR/mail/.
+# An ESP is chosen with EMAIL_BACKEND (e.g. anymail.backends.postmark.EmailBackend) plus the
+# ANYMAIL_* variables it needs, read below.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = VAR_DIR / "mail"
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Runcrate <no-reply@runcrate.localhost>")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+ANYMAIL = {
+    key.removeprefix("ANYMAIL_"): value
+    for key, value in os.environ.items()
+    if key.startswith("ANYMAIL_")
+}
+
+# --- security: strict whenever DEBUG is off ---------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if not DEBUG:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

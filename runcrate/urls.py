@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from runcrate import views
+from runcrate.api import api
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", api.urls),
+    path("accounts/", include("accounts.urls")),
+    path("offers/", include("offers.urls")),
+    path("clusters/", include("clusters.urls")),
+    path("billing/", include("billing.urls")),
+]

@@ -1,0 +1,109 @@
+"""Fixtures shared by the whole suite: three users (an owner, a teammate, a stranger who must
+see nothing), API clients for each, a Playwright browser on Debian's Chromium."""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from accounts.models import Membership, Project, User
+from accounts.projects import create_project
+from tests.factories import UserFactory, issue_key
+
+# Playwright's sync API runs an event loop in the test thread; Django's ORM calls made by the
+# test itself are still synchronous and safe.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@dataclass
+class Person:
+    user: User
+    project: Project
+    key: str
+
+    def api(self) -> Client:
+        return Client(headers={"authorization": f"Bearer {self.key}"})
+
+    def browser_client(self) -> Client:
+        client = Client()
+        client.force_login(self.user)
+        return client
+
+
+def _person(email: str, project: Project | None = None) -> Person:
+    user = UserFactory(email=email)
+    if project is None:
+        project = create_project(owner=user, name=f"{email.split('@')[0]}'s project")
+    else:
+        Membership.objects.create(project=project, user=user, role=Membership.Role.DEVELOPER)
+    return Person(user=user, project=project, key=issue_key(user=user, project=project))
+
+
+@pytest.fixture
+def owner(db) -> Person:
+    return _person("owner@example.com")
+
+
+@pytest.fixture
+def teammate(owner: Person) -> Person:
+    return _person("teammate@example.com", project=owner.project)
+
+
+@pytest.fixture
+def stranger(db) -> Person:
+    return _person("stranger@example.com")
+
+
+postgres_only = pytest.mark.skipif(
+    not settings.IS_POSTGRES,
+    reason="needs PostgreSQL row locks (SELECT … FOR UPDATE SKIP LOCKED); set DATABASE_URL",
+)
+
+
+@pytest.fixture(autouse=True)
+def _mail_in_memory(settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+
+
+@pytest.fixture(autouse=True)
+def _clear_cache():
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Browser tests need Debian's Chromium at {CHROMIUM}: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server):
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def log_in(page, person: Person, password: str = "correct-horse-battery") -> None:
+    page.goto("/accounts/login/")
+    page.fill("input[name=username]", person.user.email)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/clusters/")
