@@ -1,0 +1,270 @@
+import re
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+# A cluster's name is a DNS label: lowercase letters, digits and hyphens, 1-63 characters,
+# starting and ending with a letter or digit.
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+PRIVATE_NETWORK = "10.77.0.0/24"
+
+
+def private_ip(index: int) -> str:
+    return f"10.77.0.{index + 1}"
+
+
+class Cluster(models.Model):
+    class Status(models.TextChoices):
+        PROVISIONING = "provisioning"
+        INSTALLING = "installing"
+        READY = "ready"
+        DEGRADED = "degraded"
+        FAILED = "failed"
+        TERMINATING = "terminating"
+        TERMINATED = "terminated"
+        STOPPED = "stopped"
+
+    # Statuses the reconciler still works on, and the ones nothing changes any more.
+    LIVE = {
+        Status.PROVISIONING,
+        Status.INSTALLING,
+        Status.READY,
+        Status.DEGRADED,
+        Status.TERMINATING,
+    }
+    TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
+    # Statuses in which machines are up and billed.
+    BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
+
+    class Software(models.TextChoices):
+        NONE = "none", "None"
+        SLURM = "slurm", "Slurm"
+        KUBERNETES = "kubernetes", "Kubernetes"
+        RAY = "ray", "Ray"
+
+    class StopReason(models.TextChoices):
+        BALANCE = "balance", "the balance ran out"
+        BUDGET = "budget", "the environment reached its monthly budget"
+
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.CASCADE, related_name="clusters"
+    )
+    environment = models.ForeignKey(
+        "accounts.Environment", on_delete=models.PROTECT, related_name="clusters"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(max_length=63)
+    machine_type = models.ForeignKey(
+        "offers.MachineType", on_delete=models.PROTECT, related_name="clusters"
+    )
+    size = models.PositiveSmallIntegerField(help_text="Machines asked for at creation.")
+    software = models.CharField(max_length=12, choices=Software.choices, default=Software.NONE)
+    status = models.CharField(
+        max_length=14, choices=Status.choices, default=Status.PROVISIONING, db_index=True
+    )
+    authorized_keys = models.TextField(
+        help_text="The SSH public keys installed on every node, fixed at creation."
+    )
+    ssh_keys = models.ManyToManyField("accounts.SshKey", blank=True, related_name="clusters")
+
+    created_at = models.DateTimeField(default=timezone.now)
+    joined_at = models.DateTimeField(
+        null=True, blank=True, help_text="Every machine joined; billing starts here for all."
+    )
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    give_up_at = models.DateTimeField(
+        help_text="Nothing waits past this: 25 minutes from creation, 45 on slow-boot types."
+    )
+
+    failure_reason = models.CharField(max_length=32, blank=True, default="")
+    failure_node = models.CharField(max_length=16, blank=True, default="")
+    failure_step = models.CharField(max_length=16, blank=True, default="")
+    failure_message = models.TextField(blank=True, default="")
+    stop_reason = models.CharField(max_length=8, choices=StopReason.choices, blank=True, default="")
+    install_attempts = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["environment", "name"],
+                condition=Q(
+                    status__in=["provisioning", "installing", "ready", "degraded", "terminating"]
+                ),
+                name="cluster_live_name_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in self.LIVE
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class Node(models.Model):
+    class Step(models.TextChoices):
+        RUNNING = "running", "Machine running"
+        AGENT = "agent", "Agent checked in"
+        NETWORK = "network", "Private network"
+        INSTALL = "install", "Software"
+        DONE = "done", "Ready"
+
+    class Status(models.TextChoices):
+        STARTING = "starting"  # passing its steps
+        JOINED = "joined"  # passed network; billed while the cluster runs
+        FAILED = "failed"
+        ENDED = "ended"  # released after terminate/stop, or with its failed cluster
+
+    # The steps that gate joining, in order.
+    JOIN_STEPS = (Step.RUNNING, Step.AGENT, Step.NETWORK)
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    index = models.PositiveSmallIntegerField()
+    host = models.ForeignKey(
+        "offers.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="nodes"
+    )
+    holds_host = models.BooleanField(
+        default=False, help_text="True while the host is reserved for, or used by, this node."
+    )
+    is_worker = models.BooleanField(default=False, help_text="Added to a ready cluster.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.STARTING)
+    step = models.CharField(max_length=10, choices=Step.choices, default=Step.RUNNING)
+    step_started_at = models.DateTimeField(default=timezone.now)
+    step_deadline = models.DateTimeField(null=True, blank=True)
+
+    reserved_at = models.DateTimeField(default=timezone.now)
+    running_at = models.DateTimeField(null=True, blank=True)
+    agent_at = models.DateTimeField(null=True, blank=True)
+    network_at = models.DateTimeField(null=True, blank=True)
+    installed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    agent_token_hash = models.CharField(max_length=64, blank=True, default="")
+    gpus = models.JSONField(default=list, blank=True, help_text="What the agent reported.")
+    reachability = models.JSONField(
+        default=dict, blank=True, help_text="Peer name -> reached, as the agent reported."
+    )
+    driver_state = models.JSONField(default=dict, blank=True)
+
+    # A per-node task's claim on slow work (DESIGN.md: leases).
+    lease_token = models.CharField(max_length=32, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "index"], name="node_unique_index"),
+            models.UniqueConstraint(
+                fields=["host"], condition=Q(holds_host=True), name="host_held_by_one_node"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def name(self) -> str:
+        return f"node-{self.index}"
+
+    @property
+    def private_ip(self) -> str:
+        return private_ip(self.index)
+
+    def seconds_left(self, now: datetime | None = None) -> int | None:
+        if self.step_deadline is None or self.status != self.Status.STARTING:
+            return None
+        return max(0, int((self.step_deadline - (now or timezone.now())).total_seconds()))
+
+    def lease_is_held(self, now: datetime | None = None) -> bool:
+        return bool(self.lease_token) and (self.lease_expires_at or timezone.now()) > (
+            now or timezone.now()
+        )
+
+
+class Event(models.Model):
+    class Reason(models.TextChoices):
+        # progress
+        CREATED = "created"
+        MACHINE_RUNNING = "machine_running"
+        AGENT_CHECKED_IN = "agent_checked_in"
+        NETWORK_OK = "network_ok"
+        JOINED = "joined"
+        INSTALLING = "installing"
+        INSTALLED = "installed"
+        READY = "ready"
+        RETRY_INSTALL = "retry_install"
+        WORKERS_ADDED = "workers_added"
+        WORKER_JOINED = "worker_joined"
+        TERMINATE_REQUESTED = "terminate_requested"
+        TERMINATED = "terminated"
+        HOST_RELEASED = "host_released"
+        # failures (DESIGN.md's fixed list)
+        BOOT_TIMEOUT = "boot_timeout"
+        MACHINE_FAILED = "machine_failed"
+        MACHINE_GONE = "machine_gone"
+        AGENT_TIMEOUT = "agent_timeout"
+        NETWORK_TIMEOUT = "network_timeout"
+        NETWORK_UNREACHABLE = "network_unreachable"
+        HARDWARE_MISMATCH = "hardware_mismatch"
+        INSTALL_FAILED = "install_failed"
+        INSTALL_TIMEOUT = "install_timeout"
+        CLUSTER_TIMEOUT = "cluster_timeout"
+        WORKER_FAILED = "worker_failed"
+        RELEASE_FAILED = "release_failed"
+        # stops (billing)
+        STOPPED_BALANCE = "stopped_balance"
+        STOPPED_BUDGET = "stopped_budget"
+
+    FAILURES = {
+        Reason.BOOT_TIMEOUT,
+        Reason.MACHINE_FAILED,
+        Reason.MACHINE_GONE,
+        Reason.AGENT_TIMEOUT,
+        Reason.NETWORK_TIMEOUT,
+        Reason.NETWORK_UNREACHABLE,
+        Reason.HARDWARE_MISMATCH,
+        Reason.INSTALL_FAILED,
+        Reason.INSTALL_TIMEOUT,
+        Reason.CLUSTER_TIMEOUT,
+        Reason.WORKER_FAILED,
+        Reason.RELEASE_FAILED,
+    }
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    at = models.DateTimeField(default=timezone.now)
+    step = models.CharField(max_length=10, blank=True, default="")
+    reason = models.CharField(max_length=24, choices=Reason.choices)
+    message = models.TextField()
+    output = models.TextField(blank=True, default="", help_text="Raw output of a failing check.")
+    # The outbox: emails are sent from events and this marks the ones already sent.
+    emailed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["at", "pk"]
+        indexes = [models.Index(fields=["cluster", "at"], name="event_cluster_at")]
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+    @property
+    def is_failure(self) -> bool:
+        return self.reason in self.FAILURES
+
+
+def give_up_after(slow_boot: bool) -> timedelta:
+    return timedelta(minutes=45 if slow_boot else 25)
