@@ -1,0 +1,123 @@
+"""Offers: what can start now for a GPU model and a size (SPEC §1).
+
+An offer is a machine type with its free capacity. Everything here runs in a constant number
+of queries whatever the size of the inventory: one aggregate query over the hosts.
+"""
+
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+
+from django.db.models import Count, Q
+
+from offers.models import (
+    BOOLEAN_MAX_NODES,
+    MAX_NODES,
+    MIN_NODES,
+    GpuModel,
+    Host,
+    Location,
+    MachineType,
+)
+
+
+class Availability(StrEnum):
+    AVAILABLE = "available"
+    NOT_IN_STOCK = "not_in_stock"
+    RESERVED_AHEAD = "reserved_ahead"
+
+
+SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
+
+
+@dataclass(frozen=True)
+class Offer:
+    machine_type: MachineType
+    nodes: int
+    free_hosts: int
+
+    @property
+    def id(self) -> str:
+        return self.machine_type.slug
+
+    @property
+    def counts_capacity(self) -> bool:
+        return self.machine_type.location.capacity_reporting == Location.CapacityReporting.COUNT
+
+    @property
+    def nodes_available(self) -> int | None:
+        """Free machines where the location counts them; None where it only says yes or no."""
+        return self.free_hosts if self.counts_capacity else None
+
+    @property
+    def max_nodes(self) -> int:
+        if self.counts_capacity:
+            return min(MAX_NODES, self.free_hosts)
+        return BOOLEAN_MAX_NODES if self.free_hosts > 0 else 0
+
+    @property
+    def availability(self) -> Availability:
+        if self.nodes <= self.max_nodes:
+            return Availability.AVAILABLE
+        if self.counts_capacity or self.nodes <= BOOLEAN_MAX_NODES:
+            return Availability.NOT_IN_STOCK
+        return Availability.RESERVED_AHEAD
+
+    @property
+    def is_available(self) -> bool:
+        return self.availability is Availability.AVAILABLE
+
+    @property
+    def machine_price_per_hour(self) -> Decimal:
+        return self.machine_type.price_per_hour
+
+    @property
+    def price_per_hour(self) -> Decimal:
+        return self.machine_type.price_per_hour * self.nodes
+
+    @property
+    def software(self) -> list[str]:
+        return [
+            s for s in SOFTWARE_ALL if s != "kubernetes" or self.machine_type.supports_kubernetes
+        ]
+
+
+def valid_size(nodes: int) -> bool:
+    return MIN_NODES <= nodes <= MAX_NODES
+
+
+def _with_free_hosts(queryset):
+    return queryset.select_related("location", "gpu").annotate(
+        free_hosts=Count("hosts", filter=Q(hosts__state=Host.State.FREE))
+    )
+
+
+def sort_key(offer: Offer) -> tuple:
+    """Available offers first, then by cluster price, then location."""
+    return (
+        not offer.is_available,
+        offer.price_per_hour,
+        offer.machine_type.location.code,
+        offer.machine_type.slug,
+    )
+
+
+def list_offers(*, gpu: GpuModel, nodes: int, include_community: bool) -> list[Offer]:
+    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order."""
+    machine_types = _with_free_hosts(
+        MachineType.objects.filter(gpu=gpu, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS)
+    )
+    if not include_community:
+        machine_types = machine_types.filter(community=False)
+    offers = [Offer(machine_type=mt, nodes=nodes, free_hosts=mt.free_hosts) for mt in machine_types]
+    return sorted(offers, key=sort_key)
+
+
+def get_offer(*, slug: str, nodes: int) -> Offer | None:
+    """One offer by its id (the machine type's slug), or None for an unknown or quoted one."""
+    machine_type = _with_free_hosts(
+        MachineType.objects.filter(slug=slug, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS)
+    ).first()
+    if machine_type is None:
+        return None
+    return Offer(machine_type=machine_type, nodes=nodes, free_hosts=machine_type.free_hosts)
