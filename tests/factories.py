@@ -102,3 +102,79 @@ class HostFactory(factory.django.DjangoModelFactory):
     machine_type = factory.SubFactory(MachineTypeFactory)
     driver = Host.Driver.SIMULATED
     state = Host.State.FREE
+
+
+# ---- clusters: ClusterFactory, NodeFactory, EventFactory ------------------------------------
+# A cluster is built without touching the lifecycle: `ClusterFactory(machines=True)` adds its
+# `size` nodes, each holding a host of the cluster's machine type; `machines__step=...` and
+# other `machines__` keywords set the nodes' fields.
+
+from datetime import timedelta  # noqa: E402
+
+from django.utils import timezone  # noqa: E402
+
+from clusters.models import Cluster, Event, Node  # noqa: E402
+
+
+def _default_environment(cluster) -> Environment:
+    environment, _ = Environment.objects.get_or_create(project=cluster.project, name="default")
+    return environment
+
+
+class ClusterFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Cluster
+        skip_postgeneration_save = True
+
+    project = factory.SubFactory(ProjectFactory)
+    environment = factory.LazyAttribute(_default_environment)
+    name = factory.Sequence(lambda n: f"cluster-{n}")
+    machine_type = factory.SubFactory(MachineTypeFactory)
+    size = 2
+    software = Cluster.Software.NONE
+    status = Cluster.Status.PROVISIONING
+    authorized_keys = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests test@example.com"
+    give_up_at = factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=25))
+
+    @factory.post_generation
+    def machines(obj, create, extracted, **kwargs):  # noqa: N805
+        if not (create and (extracted or kwargs)):
+            return
+        holds = obj.is_live
+        for index in range(obj.size):
+            NodeFactory(
+                cluster=obj,
+                index=index,
+                host=HostFactory(
+                    machine_type=obj.machine_type,
+                    state=Host.State.IN_USE if holds else Host.State.FREE,
+                ),
+                holds_host=holds,
+                **kwargs,
+            )
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Node
+
+    cluster = factory.SubFactory(ClusterFactory)
+    index = factory.Sequence(lambda n: n)
+    host = factory.SubFactory(
+        HostFactory,
+        machine_type=factory.SelfAttribute("..cluster.machine_type"),
+        state=Host.State.IN_USE,
+    )
+    holds_host = True
+    step = Node.Step.RUNNING
+    step_deadline = factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=6))
+
+
+class EventFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Event
+
+    cluster = factory.SubFactory(ClusterFactory)
+    node = None
+    reason = Event.Reason.CREATED
+    message = "Cluster created."
