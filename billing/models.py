@@ -2,7 +2,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 
@@ -27,11 +27,29 @@ class LedgerEntry(models.Model):
     cluster = models.ForeignKey(
         "clusters.Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # Usage lines only (billing/meter.py): one line per cluster per clock hour (UTC), which the
+    # meter adds to while that hour runs; docs/billing.md.
+    period_start = models.DateTimeField(
+        null=True, blank=True, help_text="Usage: the start of the clock hour (UTC) it charges."
+    )
+    machine_seconds = models.PositiveBigIntegerField(
+        default=0, help_text="Usage: the machine-seconds this line charges."
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
         verbose_name_plural = "ledger entries"
-        indexes = [models.Index(fields=["project", "created_at"], name="ledger_project_at")]
+        indexes = [
+            models.Index(fields=["project", "created_at"], name="ledger_project_at"),
+            models.Index(fields=["project", "period_start"], name="ledger_project_period"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "period_start"],
+                condition=Q(kind="usage"),
+                name="ledger_usage_one_per_cluster_hour",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.amount} USD"
@@ -63,3 +81,73 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} from {self.started_at:%Y-%m-%d %H:%M}"
+
+
+class Payment(models.Model):
+    """A card top-up through Stripe Checkout (billing/payments.py).
+
+    The row, with its Idempotency-Key, is stored before Stripe is called, so a retry reuses
+    the key; the balance is credited only by the verified webhook, once (`credited_at`).
+    """
+
+    class Status(models.TextChoices):
+        CREATED = "created", "Created"  # stored; Stripe not (yet) answered
+        OPEN = "open", "Awaiting payment"  # the Checkout Session exists
+        PROCESSING = "processing", "Processing"  # completed, the payment not settled yet
+        PAID = "paid", "Paid"  # credited to the balance
+        FAILED = "failed", "Failed"
+        EXPIRED = "expired", "Expired"
+
+    FINAL = {Status.PAID, Status.FAILED, Status.EXPIRED}
+
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.PROTECT, related_name="payments"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    amount = models.DecimalField(max_digits=12, decimal_places=2, help_text="USD asked for.")
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.CREATED)
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    stripe_session_id = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    checkout_url = models.TextField(blank=True, default="")
+    amount_paid = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True, help_text="USD Stripe collected."
+    )
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    credited_at = models.DateTimeField(null=True, blank=True)
+    ledger_entry = models.OneToOneField(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="payment"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.amount} USD ({self.get_status_display()})"
+
+
+class Notice(models.Model):
+    """A billing email that was sent, so each is sent once (billing/stops.py)."""
+
+    class Kind(models.TextChoices):
+        LOW_BALANCE = "low_balance", "Low balance"
+        BUDGET_WARNING = "budget_warning", "80% of a budget"
+
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="+")
+    environment = models.ForeignKey(
+        "accounts.Environment", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    key = models.CharField(max_length=100, help_text="What this notice is about, e.g. a month.")
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-sent_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "kind", "key"], name="notice_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} ({self.key})"
