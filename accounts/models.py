@@ -120,6 +120,11 @@ class SshKey(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def key_type(self) -> str:
+        """`ssh-ed25519`, `ssh-rsa`, …: the first word of the OpenSSH line."""
+        return self.public_key.split(" ", 1)[0]
+
 
 API_KEY_PREFIX = "rc_live_"
 

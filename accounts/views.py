@@ -1,8 +1,163 @@
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts import keys
+from accounts.forms import ApiKeyForm, SignupForm, SshKeyForm
+from accounts.models import ApiKey, Project, SshKey
+from accounts.projects import get_for_project
+from accounts.signup import EmailTaken, sign_up
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect(settings.LOGIN_REDIRECT_URL)
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = sign_up(
+                email=form.cleaned_data["email"], password=form.cleaned_data["password1"]
+            )
+        except EmailTaken:
+            form.add_error("email", "An account with this email already exists.")
+        else:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            return redirect(settings.LOGIN_REDIRECT_URL)
+    return render(request, "accounts/signup.html", {"form": form})
+
+
+def _project(request: HttpRequest) -> Project:
+    if request.project is None:  # type: ignore[attr-defined]
+        raise Http404("Your user belongs to no project.")
+    return request.project  # type: ignore[attr-defined]
+
+
+def _render_account(request: HttpRequest, partial: str, **extra: object) -> HttpResponse:
+    """The account page, or only one of its sections when htmx asks for it."""
+    project = request.project  # type: ignore[attr-defined]
+    context: dict[str, object] = {
+        "project": project,
+        "api_key_form": ApiKeyForm(),
+        "ssh_key_form": SshKeyForm(),
+        **extra,
+    }
+    if project is not None:
+        context["environments"] = project.environments.all()
+        context["api_keys"] = (
+            ApiKey.objects.filter(project=project)
+            .select_related("user")
+            .order_by("revoked_at", "-created_at", "-pk")  # active keys first
+        )
+        context["ssh_keys"] = SshKey.objects.filter(project=project).order_by("name", "pk")
+    template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
+    return render(request, template, context)
 
 
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
-    return render(request, "accounts/account.html", {})
+    return _render_account(request, "api_keys")
+
+
+@login_required
+def ssh_keys(request: HttpRequest) -> HttpResponse:
+    return redirect(reverse("accounts:account") + "#ssh-keys")
+
+
+@never_cache  # the response holds the one copy of the new key: no cache may keep it
+@login_required
+@require_POST
+def create_api_key(request: HttpRequest) -> HttpResponse:
+    project = _project(request)
+    form = ApiKeyForm(request.POST)
+    if form.is_valid():
+        try:
+            key, raw = keys.issue_api_key(
+                user=request.user, project=project, name=form.cleaned_data["name"]
+            )
+        except keys.KeyRefused as refusal:
+            form.add_error("name", refusal.message)
+        else:
+            return _render_account(request, "api_keys", new_key=key, new_key_raw=raw)
+    return _render_account(request, "api_keys", api_key_form=form)
+
+
+def _confirm(request: HttpRequest, **context: object) -> HttpResponse:
+    return render(request, "accounts/confirm.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def revoke_api_key(request: HttpRequest, pk: int) -> HttpResponse:
+    key = get_for_project(request, ApiKey.objects.all(), pk=pk)
+    if request.method == "GET":
+        return _confirm(
+            request,
+            title=f"Revoke the API key '{key.name}'?",
+            detail=(
+                f"Programs using {key.prefix}… stop working at once. This cannot be undone; "
+                "you can create a new key afterwards."
+            ),
+            action=reverse("accounts:revoke_api_key", args=[key.pk]),
+            button="Revoke key",
+        )
+    notice = f"API key '{key.name}' revoked." if keys.revoke_api_key(key=key) else None
+    if request.htmx:
+        return _render_account(request, "api_keys", api_keys_notice=notice)
+    if notice:
+        messages.success(request, notice)
+    return redirect(reverse("accounts:account") + "#api-keys")
+
+
+@login_required
+@require_POST
+def add_ssh_key(request: HttpRequest) -> HttpResponse:
+    project = _project(request)
+    form = SshKeyForm(request.POST)
+    added = None
+    if form.is_valid():
+        try:
+            added = keys.add_ssh_key(
+                project=project,
+                user=request.user,
+                name=form.cleaned_data["name"],
+                public_key=form.cleaned_data["public_key"],
+            )
+        except keys.KeyRefused as refusal:
+            form.add_error(refusal.field, refusal.message)
+    if added is None:
+        return _render_account(request, "ssh_keys", ssh_key_form=form)
+    notice = f"SSH key '{added.name}' added."
+    if request.htmx:
+        return _render_account(request, "ssh_keys", ssh_keys_notice=notice)
+    messages.success(request, notice)
+    return redirect(reverse("accounts:account") + "#ssh-keys")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def remove_ssh_key(request: HttpRequest, pk: int) -> HttpResponse:
+    key = get_for_project(request, SshKey.objects.all(), pk=pk)
+    if request.method == "GET":
+        return _confirm(
+            request,
+            title=f"Remove the SSH key '{key.name}'?",
+            detail=(
+                f"New clusters will no longer accept {key.fingerprint}. Clusters already "
+                "running keep it on their machines until they are terminated."
+            ),
+            action=reverse("accounts:remove_ssh_key", args=[key.pk]),
+            button="Remove key",
+        )
+    keys.remove_ssh_key(key=key)
+    notice = f"SSH key '{key.name}' removed."
+    if request.htmx:
+        return _render_account(request, "ssh_keys", ssh_keys_notice=notice)
+    messages.success(request, notice)
+    return redirect(reverse("accounts:account") + "#ssh-keys")

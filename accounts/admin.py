@@ -1,0 +1,159 @@
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+
+from accounts import keys
+from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
+from accounts.projects import create_project
+from accounts.signup import normalize_email, project_name_for
+
+
+class UserCreateForm(AdminUserCreationForm):
+    class Meta:
+        model = User
+        fields = ("email",)
+
+    def clean_email(self) -> str:
+        email = normalize_email(self.cleaned_data["email"])
+        if User.objects.filter(email__iexact=email).exists():
+            raise forms.ValidationError("A user with this email already exists.")
+        return email
+
+
+class UserEditForm(UserChangeForm):
+    class Meta:
+        model = User
+        fields = "__all__"
+
+    def clean_email(self) -> str:
+        email = normalize_email(self.cleaned_data["email"])
+        if User.objects.filter(email__iexact=email).exclude(pk=self.instance.pk).exists():
+            raise forms.ValidationError("A user with this email already exists.")
+        return email
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ("user", "project")
+
+
+@admin.register(User)
+class UserAdmin(DjangoUserAdmin):
+    """Django's user admin, with the email as the login instead of a username."""
+
+    form = UserEditForm
+    add_form = UserCreateForm
+    fieldsets = (
+        (None, {"fields": ("email", "password")}),
+        ("Profile", {"fields": ("name",)}),
+        (
+            "Permissions",
+            {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")},
+        ),
+        ("Important dates", {"fields": ("last_login", "date_joined")}),
+    )
+    add_fieldsets = (
+        (
+            None,
+            {
+                "classes": ("wide",),
+                "fields": ("email", "usable_password", "password1", "password2"),
+                "description": "The user gets a project of their own, as at sign-up.",
+            },
+        ),
+    )
+    list_display = ("email", "name", "is_staff", "is_active", "date_joined", "last_login")
+    list_filter = ("is_staff", "is_superuser", "is_active")
+    search_fields = ("email", "name")
+    ordering = ("email",)
+    readonly_fields = ("last_login", "date_joined")
+    inlines = (MembershipInline,)
+
+    def get_inlines(self, request: HttpRequest, obj: User | None):  # type: ignore[no-untyped-def]
+        return self.inlines if obj is not None else ()
+
+    def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:  # type: ignore[no-untyped-def]
+        super().save_model(request, obj, form, change)
+        if not change and not obj.memberships.exists():
+            create_project(owner=obj, name=project_name_for(obj))
+
+
+class EnvironmentInline(admin.TabularInline):
+    model = Environment
+    extra = 0
+    fields = ("name", "monthly_budget", "created_at")
+
+
+class ProjectMembershipInline(MembershipInline):
+    autocomplete_fields = ("user",)
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("name", "members", "created_at")
+    search_fields = ("name", "memberships__user__email")
+    inlines = (ProjectMembershipInline, EnvironmentInline)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Project]:
+        return super().get_queryset(request).annotate(member_count=Count("memberships"))
+
+    @admin.display(ordering="member_count")
+    def members(self, obj: Project) -> int:
+        return obj.member_count  # type: ignore[attr-defined]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are issued on the account page or with `manage.py issue_api_key`, where the raw
+    key can be shown once; here staff only look and revoke."""
+
+    list_display = ("name", "prefix", "project", "user", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "prefix", "user__email", "project__name")
+    list_select_related = ("project", "user")
+    fields = (
+        "name",
+        "project",
+        "user",
+        "prefix",
+        "key_hash",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    readonly_fields = (
+        "project",
+        "user",
+        "prefix",
+        "key_hash",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    actions = ("revoke",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected API keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        revoked = sum(keys.revoke_api_key(key=key) for key in queryset)
+        self.message_user(request, f"Revoked {revoked} API key(s).", messages.SUCCESS)
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    """SSH keys are validated when added (account page, API); staff look, rename, remove."""
+
+    list_display = ("name", "project", "key_type", "fingerprint", "created_by", "created_at")
+    search_fields = ("name", "fingerprint", "project__name", "created_by__email")
+    list_select_related = ("project", "created_by")
+    fields = ("name", "project", "created_by", "fingerprint", "public_key", "created_at")
+    readonly_fields = ("project", "created_by", "fingerprint", "public_key", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

@@ -1,0 +1,97 @@
+from django import forms
+from django.contrib.auth import forms as auth_forms
+from django.contrib.auth import password_validation
+
+from accounts.keys import NAME_MAX_LENGTH
+from accounts.models import User
+from accounts.signup import normalize_email
+
+
+class LoginForm(auth_forms.AuthenticationForm):
+    """Django's login form; the email is matched whatever its case."""
+
+    error_messages = {
+        **auth_forms.AuthenticationForm.error_messages,
+        "invalid_login": "That email and password do not match an account.",
+    }
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["username"].label = "Email"
+        self.fields["username"].widget.input_type = "email"
+        self.fields["username"].widget.attrs["autocomplete"] = "email"
+
+    def clean_username(self) -> str:
+        return normalize_email(self.cleaned_data.get("username", ""))
+
+
+class SignupForm(forms.Form):
+    email = forms.EmailField(
+        max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email", "autofocus": True})
+    )
+    password1 = forms.CharField(
+        label="Password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text="At least 8 characters, not a common password, not only digits.",
+    )
+    password2 = forms.CharField(
+        label="Password again",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
+
+    def clean_email(self) -> str:
+        email = normalize_email(self.cleaned_data["email"])
+        if User.objects.filter(email__iexact=email).exists():
+            raise forms.ValidationError(
+                "An account with this email already exists: log in, or reset its password."
+            )
+        return email
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        password1, password2 = cleaned.get("password1"), cleaned.get("password2")
+        if password1 and password2 and password1 != password2:
+            self.add_error("password2", "The two passwords differ.")
+        elif password1:
+            try:
+                password_validation.validate_password(
+                    password1, User(email=cleaned.get("email") or "")
+                )
+            except forms.ValidationError as error:
+                self.add_error("password1", error)
+        return cleaned
+
+
+class PasswordResetForm(auth_forms.PasswordResetForm):
+    """Also lets a user with no password yet (made by `issue_api_key --create-user`) set one:
+    owning the mailbox is the proof, as it is for everyone else."""
+
+    def get_users(self, email: str):  # type: ignore[no-untyped-def]
+        return User.objects.filter(email__iexact=normalize_email(email), is_active=True)
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(
+        max_length=NAME_MAX_LENGTH,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. laptop CLI, CI pipeline"}),
+        help_text="What uses this key, so you know which one to revoke.",
+    )
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(
+        max_length=NAME_MAX_LENGTH,
+        required=False,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. work laptop"}),
+        help_text="Leave empty to use the key's comment.",
+    )
+    public_key = forms.CharField(
+        label="Public key",
+        strip=True,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA… you@laptop"}
+        ),
+        help_text="The one line in your .pub file, e.g. the output of 'cat ~/.ssh/id_ed25519.pub'.",
+    )

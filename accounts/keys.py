@@ -1,0 +1,297 @@
+"""SSH public keys and API keys: the rules for adding, issuing and revoking them.
+
+The account pages, the API, the admin and `manage.py issue_api_key` all call these functions;
+none of them re-implements a rule. A refusal raises `KeyRefused` with a stable code and a
+sentence for a person, before anything is written.
+"""
+
+import base64
+import binascii
+import hashlib
+import re
+import struct
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from accounts.models import ApiKey, Project, SshKey, User, hash_api_key
+
+NAME_MAX_LENGTH = 100
+API_KEY_PREFIX_LENGTH = 12  # "rc_live_" and four random characters: enough to tell keys apart
+RSA_MIN_BITS = 2048
+BASE64_CHARS = re.compile(r"[A-Za-z0-9+/]+")
+
+ED25519 = "ssh-ed25519"
+RSA = "ssh-rsa"
+SK_ED25519 = "sk-ssh-ed25519@openssh.com"
+SK_ECDSA = "sk-ecdsa-sha2-nistp256@openssh.com"
+ECDSA_CURVES = {  # key type -> (curve name inside the blob, bytes per coordinate)
+    "ecdsa-sha2-nistp256": ("nistp256", 32),
+    "ecdsa-sha2-nistp384": ("nistp384", 48),
+    "ecdsa-sha2-nistp521": ("nistp521", 66),
+}
+SUPPORTED_TYPES = (ED25519, RSA, *ECDSA_CURVES, SK_ED25519, SK_ECDSA)
+SUPPORTED_DESCRIPTION = (
+    "ssh-ed25519, ssh-rsa (2048 bits or more), ecdsa-sha2-nistp256/384/521, "
+    "or a security-key type (sk-ssh-ed25519@openssh.com, sk-ecdsa-sha2-nistp256@openssh.com)"
+)
+
+
+class KeyRefused(ValueError):
+    """A key (or its name) refused with a stable code, a message, and the form field to blame."""
+
+    STATUS = {"invalid_ssh_key": 422, "ssh_key_exists": 409, "invalid_name": 422}
+
+    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+    @property
+    def status(self) -> int:
+        return self.STATUS.get(self.code, 422)
+
+
+def _invalid(message: str) -> KeyRefused:
+    return KeyRefused("invalid_ssh_key", message, field="public_key")
+
+
+def _truncated() -> KeyRefused:
+    return _invalid(
+        "The key data is truncated: part of the key is missing. Copy the whole line again."
+    )
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    """An OpenSSH public key that passed every check."""
+
+    key_type: str
+    blob: bytes
+    comment: str
+    bits: int
+
+    @property
+    def fingerprint(self) -> str:
+        """As `ssh-keygen -lf` prints it: SHA256 of the blob, base64 without padding."""
+        digest = hashlib.sha256(self.blob).digest()
+        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+    @property
+    def openssh(self) -> str:
+        """The canonical one-line form, as it goes into `authorized_keys`."""
+        line = f"{self.key_type} {base64.b64encode(self.blob).decode()}"
+        return f"{line} {self.comment}" if self.comment else line
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Reader:
+    """Reads the SSH wire format (RFC 4251 §5): uint32 length-prefixed strings."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.offset = 0
+
+    def string(self) -> bytes:
+        if self.offset + 4 > len(self.data):
+            raise _Truncated
+        (length,) = struct.unpack_from(">I", self.data, self.offset)
+        start = self.offset + 4
+        if start + length > len(self.data):
+            raise _Truncated
+        self.offset = start + length
+        return self.data[start : self.offset]
+
+    def mpint(self) -> int:
+        return int.from_bytes(self.string(), "big", signed=True)
+
+    @property
+    def at_end(self) -> bool:
+        return self.offset == len(self.data)
+
+
+def parse_public_key(text: str) -> PublicKey:
+    """Parse one OpenSSH public key line (`TYPE BASE64 [comment]`) or raise `KeyRefused`."""
+    text = text.strip()
+    if not text:
+        raise _invalid("Paste a public key: the one line in your .pub file.")
+    if "PRIVATE KEY" in text:
+        raise _invalid(
+            "This is a private key. Never share it: paste the public key instead, the one "
+            "line in the matching .pub file (for example ~/.ssh/id_ed25519.pub)."
+        )
+    if text.startswith("---- BEGIN SSH2 PUBLIC KEY"):
+        raise _invalid(
+            "This key is in the SSH2 (RFC 4716) format. Convert it to OpenSSH's one-line "
+            "format with 'ssh-keygen -i -f KEYFILE' and paste that."
+        )
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        raise _invalid("Paste one key at a time: this text has several lines.")
+    parts = text.split(None, 2)
+    if len(parts) < 2:
+        raise _invalid(
+            "This is not an OpenSSH public key: expected 'TYPE BASE64-DATA [comment]', "
+            "such as 'ssh-ed25519 AAAAC3Nza… you@laptop'."
+        )
+    key_type, data = parts[0], parts[1]
+    comment = parts[2].strip() if len(parts) > 2 else ""
+    if key_type not in SUPPORTED_TYPES:
+        if key_type.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise _invalid(f"Unknown key type '{key_type[:40]}'. Use {SUPPORTED_DESCRIPTION}.")
+        raise _invalid(
+            "This is not an OpenSSH public key: it should start with its type, such as "
+            f"'ssh-ed25519'. Accepted types: {SUPPORTED_DESCRIPTION}."
+        )
+    try:
+        blob = base64.b64decode(data.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        if BASE64_CHARS.fullmatch(data):  # only the padding is wrong: the line was cut short
+            raise _truncated() from None
+        raise _invalid(
+            "The key data (the part after the type) is not valid base64: copy the whole line again."
+        ) from None
+    try:
+        bits = _check_blob(key_type, _Reader(blob))
+    except _Truncated:
+        raise _truncated() from None
+    return PublicKey(key_type=key_type, blob=blob, comment=comment, bits=bits)
+
+
+def _check_blob(key_type: str, reader: _Reader) -> int:
+    """Check the blob's structure against its declared type; return the key's size in bits."""
+    embedded = reader.string()
+    if embedded != key_type.encode():
+        shown = embedded.decode("ascii", "replace")[:40]
+        raise _invalid(
+            f"The key says it is '{key_type}' but its data holds a '{shown}' key: the line "
+            "was edited or assembled from two keys."
+        )
+    if key_type in (ED25519, SK_ED25519):
+        point = reader.string()
+        if len(point) != 32:
+            raise _invalid(f"This {key_type} key is damaged: its public point has the wrong size.")
+        bits = 256
+    elif key_type == RSA:
+        exponent, modulus = reader.mpint(), reader.mpint()
+        if exponent < 3 or modulus <= 0:
+            raise _invalid("This RSA key is damaged: its numbers are not a valid RSA key.")
+        bits = modulus.bit_length()
+        if bits < RSA_MIN_BITS:
+            raise _invalid(
+                f"This RSA key is {bits} bits, too short: RSA keys need at least "
+                f"{RSA_MIN_BITS} bits. Make a new one with 'ssh-keygen -t ed25519'."
+            )
+    else:
+        curve, size = ECDSA_CURVES["ecdsa-sha2-nistp256" if key_type == SK_ECDSA else key_type]
+        if reader.string() != curve.encode():
+            raise _invalid(f"This {key_type} key is damaged: it names the wrong curve.")
+        point = reader.string()
+        if len(point) != 1 + 2 * size or point[0] != 4:
+            raise _invalid(f"This {key_type} key is damaged: its public point is malformed.")
+        bits = {32: 256, 48: 384, 66: 521}[size]
+    if key_type in (SK_ED25519, SK_ECDSA):
+        reader.string()  # the security key's application, usually "ssh:"
+    if not reader.at_end:
+        raise _invalid(f"This {key_type} key has extra data after its end: copy it again.")
+    if key_type not in (SK_ED25519, SK_ECDSA):
+        # The structure is right; let cryptography check the mathematics (an ECDSA point on
+        # its curve, an Ed25519 point that decodes).
+        line = key_type.encode() + b" " + base64.b64encode(reader.data)
+        try:
+            load_ssh_public_key(line)
+        except (ValueError, TypeError):
+            raise _invalid(f"This {key_type} key is damaged: it is not a valid key.") from None
+    return bits
+
+
+# --- SSH keys ------------------------------------------------------------------------------
+
+
+def _clean_name(name: str, *, fallback: str = "") -> str:
+    name = " ".join((name or "").split()) or " ".join(fallback.split())
+    if not name:
+        raise KeyRefused("invalid_name", "Give the key a name.", field="name")
+    if len(name) > NAME_MAX_LENGTH:
+        raise KeyRefused(
+            "invalid_name",
+            f"The name is {len(name)} characters; keep it to {NAME_MAX_LENGTH}.",
+            field="name",
+        )
+    return name
+
+
+def add_ssh_key(*, project: Project, user: User | None, name: str, public_key: str) -> SshKey:
+    """Validate an OpenSSH public key and add it to the project.
+
+    The name defaults to the key's comment. A key already in the project (same fingerprint)
+    is refused with `ssh_key_exists`.
+    """
+    parsed = parse_public_key(public_key)
+    name = _clean_name(name, fallback=parsed.comment[:NAME_MAX_LENGTH])
+    existing = SshKey.objects.filter(project=project, fingerprint=parsed.fingerprint).first()
+    if existing is not None:
+        raise _duplicate(existing.name)
+    try:
+        with transaction.atomic():
+            return SshKey.objects.create(
+                project=project,
+                created_by=user,
+                name=name,
+                public_key=parsed.openssh,
+                fingerprint=parsed.fingerprint,
+            )
+    except IntegrityError:
+        # Someone added the same key between the check and the insert.
+        existing = SshKey.objects.filter(project=project, fingerprint=parsed.fingerprint).first()
+        raise _duplicate(existing.name if existing else name) from None
+
+
+def _duplicate(name: str) -> KeyRefused:
+    return KeyRefused(
+        "ssh_key_exists",
+        f"This key is already in your project, as '{name}'.",
+        field="public_key",
+    )
+
+
+def remove_ssh_key(*, key: SshKey) -> None:
+    """Remove a key. Clusters already running keep it in their machines until they end."""
+    SshKey.objects.filter(pk=key.pk).delete()
+
+
+# --- API keys ------------------------------------------------------------------------------
+
+
+def issue_api_key(*, user: User, project: Project, name: str) -> tuple[ApiKey, str]:
+    """A new API key. The raw key is returned once and never stored: only its hash is."""
+    name = _clean_name(name)
+    raw = ApiKey.generate()
+    key = ApiKey.objects.create(
+        user=user,
+        project=project,
+        name=name,
+        prefix=raw[:API_KEY_PREFIX_LENGTH],
+        key_hash=hash_api_key(raw),
+    )
+    return key, raw
+
+
+def revoke_api_key(*, key: ApiKey) -> bool:
+    """Revoke a key at once. False when it was already revoked (nothing changes)."""
+    revoked_at = timezone.now()
+    changed = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
+        revoked_at=revoked_at
+    )
+    if changed:
+        key.revoked_at = revoked_at
+    return bool(changed)
