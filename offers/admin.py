@@ -1,0 +1,213 @@
+"""Staff screens for the catalog, the inventory and quote requests.
+
+Bulk changes go through `manage.py load_inventory` (docs/inventory.md); these screens are for
+looking around and for single edits. A host's state belongs to the cluster lifecycle: it is
+read-only here, and the two actions only move hosts between free and offline.
+"""
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest
+
+from offers.inventory import (
+    HELD_STATES,
+    host_setup_problems,
+    return_hosts_to_service,
+    take_hosts_offline,
+)
+from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "memory_gib", "machine_type_count"]
+    search_fields = ["name", "slug"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(machine_type_count=Count("machine_types"))
+
+    @admin.display(description="machine types", ordering="machine_type_count")
+    def machine_type_count(self, gpu: GpuModel) -> int:
+        return gpu.machine_type_count
+
+
+@admin.register(Location)
+class LocationAdmin(admin.ModelAdmin):
+    list_display = [
+        "code",
+        "name",
+        "country",
+        "capacity_reporting",
+        "ssh_gateway",
+        "volume_price_per_gb_month",
+        "host_count",
+    ]
+    list_filter = ["capacity_reporting", "country"]
+    search_fields = ["code", "name"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(host_count=Count("machine_types__hosts"))
+
+    @admin.display(description="hosts", ordering="host_count")
+    def host_count(self, location: Location) -> int:
+        return location.host_count
+
+
+@admin.register(MachineType)
+class MachineTypeAdmin(admin.ModelAdmin):
+    list_display = [
+        "slug",
+        "location",
+        "gpu",
+        "gpus_per_machine",
+        "machine_kind",
+        "interconnect",
+        "community",
+        "price_per_hour",
+        "free_hosts",
+        "host_count",
+    ]
+    list_filter = ["interconnect", "machine_kind", "community", "gpu", "location"]
+    list_select_related = ["location", "gpu"]
+    search_fields = ["slug", "location__code", "gpu__slug"]
+    autocomplete_fields = ["location", "gpu"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                free_hosts=Count("hosts", filter=Q(hosts__state=Host.State.FREE)),
+                host_count=Count("hosts"),
+            )
+        )
+
+    @admin.display(description="free", ordering="free_hosts")
+    def free_hosts(self, machine_type: MachineType) -> int:
+        return machine_type.free_hosts
+
+    @admin.display(description="hosts", ordering="host_count")
+    def host_count(self, machine_type: MachineType) -> int:
+        return machine_type.host_count
+
+
+class HostForm(forms.ModelForm):
+    class Meta:
+        model = Host
+        fields = ["name", "machine_type", "driver", "address", "port", "user", "host_key", "fault"]
+
+    def clean(self):
+        cleaned = super().clean()
+        for field, problem in host_setup_problems(
+            driver=cleaned.get("driver", ""),
+            fault=cleaned.get("fault", ""),
+            address=cleaned.get("address", ""),
+        ):
+            sentence = f"This field {problem}" if problem.startswith("is ") else problem
+            self.add_error(field, sentence[0].upper() + sentence[1:] + ".")
+        instance = self.instance
+        if instance.pk and instance.state in HELD_STATES:
+            for field in ("machine_type", "driver"):
+                if field in self.changed_data:
+                    self.add_error(
+                        field,
+                        f"The host is {instance.get_state_display()}: it keeps its"
+                        f" {field.replace('_', ' ')} until it is free or offline.",
+                    )
+        return cleaned
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    form = HostForm
+    list_display = ["name", "machine_type", "location", "gpu", "driver", "state", "fault"]
+    list_filter = [
+        "state",
+        "driver",
+        "fault",
+        ("machine_type__location", admin.RelatedOnlyFieldListFilter),
+        ("machine_type__gpu", admin.RelatedOnlyFieldListFilter),
+    ]
+    list_select_related = ["machine_type__location", "machine_type__gpu"]
+    search_fields = ["name", "address", "machine_type__slug"]
+    autocomplete_fields = ["machine_type"]
+    readonly_fields = ["state", "state_changed_at"]
+    actions = ["mark_offline", "mark_free"]
+    show_full_result_count = False  # the inventory can hold tens of thousands of hosts
+
+    @admin.display(description="location", ordering="machine_type__location__code")
+    def location(self, host: Host) -> str:
+        return host.machine_type.location.code
+
+    @admin.display(description="GPU", ordering="machine_type__gpu__name")
+    def gpu(self, host: Host) -> str:
+        return str(host.machine_type.gpu)
+
+    @admin.action(description="Mark offline (free hosts only)")
+    def mark_offline(self, request: HttpRequest, queryset: QuerySet) -> None:
+        selected = list(queryset.values_list("pk", flat=True))
+        changed = take_hosts_offline(host_ids=selected)
+        self._report(request, changed, len(selected), "taken offline", "were not free")
+
+    @admin.action(description="Mark free (offline hosts only)")
+    def mark_free(self, request: HttpRequest, queryset: QuerySet) -> None:
+        selected = list(queryset.values_list("pk", flat=True))
+        changed = return_hosts_to_service(host_ids=selected)
+        self._report(
+            request, changed, len(selected), "marked free", "were not offline or a node holds them"
+        )
+
+    def _report(
+        self, request: HttpRequest, changed: int, selected: int, done: str, why: str
+    ) -> None:
+        self.message_user(request, f"{changed} host{'s' if changed != 1 else ''} {done}.")
+        if changed < selected:
+            self.message_user(
+                request,
+                f"{selected - changed} left as they were: they {why}.",
+                level=messages.WARNING,
+            )
+
+
+@admin.register(QuoteRequest)
+class QuoteRequestAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "status",
+        "gpu",
+        "nodes",
+        "interconnect",
+        "location",
+        "start_date",
+        "duration_weeks",
+        "contact_name",
+        "contact_email",
+        "project",
+    ]
+    list_display_links = ["created_at"]
+    list_editable = ["status"]
+    list_filter = ["status", "interconnect", "gpu"]
+    list_select_related = ["gpu", "location", "project"]
+    search_fields = ["contact_name", "contact_email", "notes", "project__name"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["project", "requested_by", "created_at"]
+    actions = ["mark_contacted", "mark_won", "mark_lost"]
+
+    def _set_status(self, request: HttpRequest, queryset: QuerySet, status: str) -> None:
+        changed = queryset.update(status=status)
+        self.message_user(
+            request, f"{changed} quote request{'s' if changed != 1 else ''} marked {status}."
+        )
+
+    @admin.action(description="Mark contacted")
+    def mark_contacted(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_status(request, queryset, QuoteRequest.Status.CONTACTED)
+
+    @admin.action(description="Mark won")
+    def mark_won(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_status(request, queryset, QuoteRequest.Status.WON)
+
+    @admin.action(description="Mark lost")
+    def mark_lost(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_status(request, queryset, QuoteRequest.Status.LOST)

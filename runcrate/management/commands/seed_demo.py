@@ -1,0 +1,30 @@
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from accounts.models import User
+from accounts.projects import create_project
+from offers.inventory import DEMO_INVENTORY, load_inventory_file
+from offers.models import GpuModel
+
+DEMO_EMAIL = "demo@runcrate.localhost"
+DEMO_PASSWORD = "demo-gpus-2026"
+DEMO_PROJECT = "Demo project"
+
+
+class Command(BaseCommand):
+    help = (
+        "Into an empty database only (no GPU models, no users): load the demo inventory "
+        f"({DEMO_INVENTORY.name}) and create the demo user. Anything else is left alone."
+    )
+
+    def handle(self, *args, **options):
+        if GpuModel.objects.exists() or User.objects.exists():
+            self.stdout.write("The database already has data: seed_demo left it alone.")
+            return
+        with transaction.atomic():
+            report = load_inventory_file(DEMO_INVENTORY)
+            user = User.objects.create_user(DEMO_EMAIL, DEMO_PASSWORD, name="Demo user")
+            create_project(owner=user, name=DEMO_PROJECT)
+        self.stdout.write(str(report))
+        self.stdout.write(f"Demo login: {DEMO_EMAIL} / {DEMO_PASSWORD}")
+        self.stdout.write("A staff account for /admin/: manage.py createsuperuser")
