@@ -6,4 +6,9 @@ app_name = "clusters"
 
 urlpatterns = [
     path("", views.cluster_list, name="list"),
+    path("new/", views.cluster_new, name="new"),
+    path("<int:pk>/", views.cluster_detail, name="detail"),
+    path("<int:pk>/terminate/", views.cluster_terminate, name="terminate"),
+    path("<int:pk>/retry-install/", views.cluster_retry_install, name="retry_install"),
+    path("<int:pk>/workers/", views.cluster_add_workers, name="add_workers"),
 ]

@@ -1,8 +1,443 @@
+"""The Clusters pages: the list, the create form, the cluster page and its actions.
+
+Views stay thin: every change goes through `clusters.lifecycle`, and what they add is only how
+a cluster reads on a page (its stepper, its nodes' progress). Every lookup is scoped to the
+request's project, so another project's cluster is a 404.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.projects import get_for_project
+from billing.models import balance_of
+from clusters.errors import ClusterRefused
+from clusters.forms import ClusterForm
+from clusters.models import Cluster, Event, Node
+from offers.models import MAX_NODES, MIN_NODES
+from offers.offers import Offer, get_offer, list_offers
+from offers.quotes import quotes_for
+
+
+def _lifecycle():
+    # Until clusters/lifecycle.py lands in the tree the pages must still import.
+    from clusters import lifecycle
+
+    return lifecycle
+
+
+CLUSTERS_PER_PAGE = 50
+# htmx stops polling when a poll is answered with this status.
+STOP_POLLING = 286
+MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
+
+TERMINABLE = {
+    Cluster.Status.PROVISIONING,
+    Cluster.Status.INSTALLING,
+    Cluster.Status.READY,
+    Cluster.Status.DEGRADED,
+}
+STATUS_BADGES = {
+    Cluster.Status.PROVISIONING: "info",
+    Cluster.Status.INSTALLING: "info",
+    Cluster.Status.READY: "ok",
+    Cluster.Status.DEGRADED: "warn",
+    Cluster.Status.FAILED: "bad",
+    Cluster.Status.TERMINATING: "info",
+    Cluster.Status.TERMINATED: "",
+    Cluster.Status.STOPPED: "warn",
+}
+STEP_NAMES = {
+    Node.Step.RUNNING: "Machines running",
+    Node.Step.AGENT: "Agents",
+    Node.Step.NETWORK: "Network",
+    Node.Step.INSTALL: "Installing",
+}
+
+
+def _duration(seconds: int) -> str:
+    """`2m 10s`, `45s`, `1h 5m`: a countdown a person reads at a glance."""
+    hours, rest = divmod(max(0, seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def _age(since: datetime, now: datetime) -> str:
+    seconds = int((now - since).total_seconds())
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
+    query = {
+        "offer": offer or cluster.machine_type.slug,
+        "nodes": cluster.size,
+        "name": cluster.name,
+        "software": cluster.software,
+        "environment": cluster.environment.name,
+    }
+    return f"{reverse('clusters:new')}?{urlencode(query)}"
+
+
+def _price(machine_price: Decimal, machines: int) -> Decimal:
+    return (machine_price * machines).quantize(Decimal("0.01"))
+
+
+# --- the list ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    cluster: Cluster
+    machines: int
+    price_per_hour: Decimal
+    badge: str
+    age: str
+
+
+def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
+    rows = []
+    for cluster in clusters:
+        machines = cluster.machines_up if cluster.is_live and cluster.machines_up else cluster.size
+        rows.append(
+            ClusterRow(
+                cluster=cluster,
+                machines=machines,
+                price_per_hour=_price(cluster.machine_type.price_per_hour, machines),
+                badge=STATUS_BADGES[cluster.status],
+                age=_age(cluster.created_at, now),
+            )
+        )
+    return rows
 
 
 @login_required
 def cluster_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "clusters/list.html", {})
+    clusters = (
+        Cluster.objects.filter(project=request.project)
+        .select_related("environment", "machine_type__location", "machine_type__gpu")
+        .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
+        .order_by("-created_at", "-pk")
+    )
+    page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = _cluster_rows(page, timezone.now())
+    polling = any(row.cluster.is_live for row in rows)
+    context = {"page": page, "rows": rows, "polling": polling}
+    if request.htmx:
+        response = render(request, "clusters/list.html#rows", context)
+        if not polling:
+            response.status_code = STOP_POLLING
+    else:
+        context["quotes"] = list(quotes_for(request.project))
+        response = render(request, "clusters/list.html", context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# --- the create form --------------------------------------------------------------------------
+
+
+def _requested_nodes(raw: str | None) -> int:
+    try:
+        return int(raw or MIN_NODES)
+    except ValueError:
+        return MIN_NODES
+
+
+def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
+    machine_price = offer.machine_price_per_hour
+    cluster_price = _price(machine_price, nodes) if MIN_NODES <= nodes <= MAX_NODES else None
+    balance = balance_of(request.project.pk)
+    needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price or Decimal("0"))
+    return {
+        "nodes": nodes,
+        "cluster_price": cluster_price,
+        "machine_price": machine_price,
+        "balance": balance,
+        "needed": needed,
+        "min_balance": settings.RUNCRATE_MIN_BALANCE,
+        "short": cluster_price is not None and balance < needed,
+    }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def cluster_new(request: HttpRequest) -> HttpResponse:
+    data = request.POST if request.method == "POST" else request.GET
+    nodes = _requested_nodes(data.get("nodes"))
+    offer = get_offer(slug=data.get("offer", ""), nodes=nodes)
+    if offer is None:
+        context = {"offer_slug": data.get("offer", "")}
+        return render(request, "clusters/new.html", context, status=404)
+
+    if request.htmx and request.method == "GET":  # the price summary follows the nodes field
+        context = {"offer": offer, "summary": _summary(request, offer, nodes)}
+        return render(request, "clusters/new.html#summary", context)
+
+    project = request.project
+    if request.method == "POST":
+        form = ClusterForm(request.POST, project=project, offer=offer)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                cluster = _lifecycle().create_cluster(
+                    project=project,
+                    user=request.user,
+                    environment=data["environment"],
+                    offer_slug=offer.id,
+                    nodes=data["nodes"],
+                    name=data["name"],
+                    software=data["software"],
+                    ssh_key_ids=[key.pk for key in data["ssh_keys"]],
+                )
+            except ClusterRefused as refusal:
+                form.add_refusal(refusal)
+            else:
+                messages.success(
+                    request, f"{cluster.name} is starting: {cluster.size} machines reserved."
+                )
+                return redirect("clusters:detail", pk=cluster.pk)
+    else:
+        initial = {"offer": offer.id, "nodes": nodes}
+        for key in ("name", "software", "environment"):
+            if data.get(key):
+                initial[key] = data[key]
+        form = ClusterForm(initial=initial, project=project, offer=offer)
+
+    context = {
+        "offer": offer,
+        "form": form,
+        "has_keys": bool(form.fields["ssh_keys"].queryset),
+        "summary": _summary(request, offer, nodes),
+        "min_nodes": MIN_NODES,
+    }
+    return render(request, "clusters/new.html", context, status=400 if form.errors else 200)
+
+
+# --- the cluster page ---------------------------------------------------------------------------
+
+
+def _clusters_with_details() -> QuerySet[Cluster]:
+    """One cluster's page in a fixed number of queries, whatever its number of nodes."""
+    return Cluster.objects.select_related(
+        "environment", "machine_type__location", "machine_type__gpu"
+    ).prefetch_related(
+        Prefetch("nodes", queryset=Node.objects.order_by("index")),
+        Prefetch("events", queryset=Event.objects.select_related("node").order_by("-at", "-pk")),
+    )
+
+
+def _get_cluster_for_user(request: HttpRequest, pk: int, *, details: bool = False) -> Cluster:
+    if details:
+        return get_for_project(request, _clusters_with_details(), pk=pk)
+    queryset = Cluster.objects.select_related("environment")
+    return get_for_project(request, queryset, pk=pk)
+
+
+@dataclass(frozen=True)
+class Step:
+    key: str
+    label: str
+    state: str  # done | current | failed | todo
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: Node
+    steps_done: int
+    steps_total: int
+    percent: int
+    tone: str  # "" | ok | bad
+    time_left: str
+
+
+def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
+    """Reserved → Machines running → Agents → Network → (Installing) → Ready.
+
+    A step is done when every original node has passed it; a failed cluster marks the step it
+    failed at (or, with no step named, the first one not done) red.
+    """
+    founders = [n for n in nodes if not n.is_worker]
+    joined = cluster.joined_at is not None
+    ready = cluster.ready_at is not None
+
+    def everyone(field: str) -> bool:
+        return joined or (bool(founders) and all(getattr(n, field) for n in founders))
+
+    steps = [
+        ("reserved", "Reserved", True),
+        (Node.Step.RUNNING, STEP_NAMES[Node.Step.RUNNING], everyone("running_at")),
+        (Node.Step.AGENT, STEP_NAMES[Node.Step.AGENT], everyone("agent_at")),
+        (Node.Step.NETWORK, STEP_NAMES[Node.Step.NETWORK], joined),
+    ]
+    if cluster.software != Cluster.Software.NONE:
+        steps.append((Node.Step.INSTALL, STEP_NAMES[Node.Step.INSTALL], ready))
+    steps.append(("ready", "Ready", ready))
+
+    keys = [key for key, _, _ in steps]
+    first_open = next((key for key, _, done in steps if not done), None)
+    failing = None
+    if cluster.status in (Cluster.Status.FAILED, Cluster.Status.DEGRADED):
+        failing = cluster.failure_step if cluster.failure_step in keys else first_open
+    moving = cluster.status in (Cluster.Status.PROVISIONING, Cluster.Status.INSTALLING)
+    result = []
+    for key, label, done in steps:
+        if key == failing:
+            state = "failed"
+        elif done:
+            state = "done"
+        elif moving and key == first_open:
+            state = "current"
+        else:
+            state = "todo"
+        result.append(Step(key=key, label=label, state=state))
+    return result
+
+
+def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRow]:
+    with_install = cluster.software != Cluster.Software.NONE
+    fields = ["running_at", "agent_at", "network_at"] + (["installed_at"] if with_install else [])
+    rows = []
+    for node in nodes:
+        done = sum(1 for field in fields if getattr(node, field))
+        left = node.seconds_left(now) if cluster.is_live else None
+        if node.status == Node.Status.FAILED:
+            tone = "bad"
+        elif done == len(fields):
+            tone = "ok"
+        else:
+            tone = ""
+        rows.append(
+            NodeRow(
+                node=node,
+                steps_done=done,
+                steps_total=len(fields),
+                percent=round(100 * done / len(fields)),
+                tone=tone,
+                time_left=f"{_duration(left)} left" if left is not None else "",
+            )
+        )
+    return rows
+
+
+def _detail_context(cluster: Cluster) -> dict:
+    now = timezone.now()
+    nodes = list(cluster.nodes.all())
+    machines = sum(1 for n in nodes if n.status in MACHINES_UP) if cluster.is_live else 0
+    machine_type = cluster.machine_type
+    context = {
+        "cluster": cluster,
+        "machine_type": machine_type,
+        "badge": STATUS_BADGES[cluster.status],
+        "machines": machines or cluster.size,
+        "price_per_hour": _price(machine_type.price_per_hour, machines or cluster.size),
+        "steps": _stepper(cluster, nodes),
+        "node_rows": _node_rows(cluster, nodes, now),
+        "events": list(cluster.events.all()),
+        "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
+        "polling": not cluster.is_final,
+        "can_terminate": cluster.status in TERMINABLE,
+        "workers_max": max(0, MAX_NODES - machines),
+        "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
+    }
+    if cluster.status == Cluster.Status.FAILED:
+        offers = list_offers(
+            gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
+        )
+        context["offers_now"] = [
+            {"offer": offer, "create_url": _create_again_url(cluster, offer=offer.id)}
+            for offer in offers
+            if offer.is_available
+        ]
+    return context
+
+
+@login_required
+def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    cluster = _get_cluster_for_user(request, pk, details=True)
+    context = _detail_context(cluster)
+    if request.htmx:
+        response = render(request, "clusters/detail.html#status", context)
+        if cluster.is_final:
+            response.status_code = STOP_POLLING
+    else:
+        response = render(request, "clusters/detail.html", context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# --- actions --------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def cluster_terminate(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks for confirmation, POST terminates: the confirmation works without JavaScript."""
+    cluster = _get_cluster_for_user(request, pk)
+    if request.method == "GET":
+        machines = cluster.nodes.filter(status__in=MACHINES_UP).count()
+        context = {"cluster": cluster, "machines": machines, "terminable": TERMINABLE}
+        return render(request, "clusters/terminate.html", context)
+    try:
+        _lifecycle().terminate(cluster=cluster, user=request.user)
+    except ClusterRefused as refusal:
+        messages.error(request, refusal.message)
+    else:
+        messages.success(
+            request, f"Terminating {cluster.name}: every machine stops and billing ends now."
+        )
+    return redirect("clusters:detail", pk=cluster.pk)
+
+
+@login_required
+@require_POST
+def cluster_retry_install(request: HttpRequest, pk: int) -> HttpResponse:
+    cluster = _get_cluster_for_user(request, pk)
+    try:
+        _lifecycle().retry_install(cluster=cluster)
+    except ClusterRefused as refusal:
+        messages.error(request, refusal.message)
+    else:
+        messages.success(request, f"Installing {cluster.get_software_display()} again.")
+    return redirect("clusters:detail", pk=cluster.pk)
+
+
+@login_required
+@require_POST
+def cluster_add_workers(request: HttpRequest, pk: int) -> HttpResponse:
+    cluster = _get_cluster_for_user(request, pk)
+    try:
+        count = int(request.POST.get("count", ""))
+    except ValueError:
+        messages.error(request, "Say how many workers to add, as a whole number.")
+        return redirect("clusters:detail", pk=cluster.pk)
+    try:
+        _lifecycle().add_workers(cluster=cluster, count=count)
+    except ClusterRefused as refusal:
+        messages.error(request, refusal.message)
+    else:
+        noun = "worker" if count == 1 else "workers"
+        messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
+    return redirect("clusters:detail", pk=cluster.pk)

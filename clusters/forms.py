@@ -1,0 +1,90 @@
+"""The create form. It checks only what a browser can send wrong (a number that is no number);
+every rule of SPEC §2 is the lifecycle's, and its refusals are shown beside their field."""
+
+from django import forms
+
+from accounts.models import Environment, Project, SshKey
+from accounts.projects import DEFAULT_ENVIRONMENT
+from clusters.errors import ClusterRefused
+from clusters.models import Cluster
+from offers.models import MAX_NODES, MIN_NODES
+from offers.offers import Offer
+
+# ClusterRefused.field names the lifecycle's argument; the form's fields are named for people.
+REFUSAL_FIELDS = {
+    "name": "name",
+    "nodes": "nodes",
+    "software": "software",
+    "environment": "environment",
+    "ssh_key_ids": "ssh_keys",
+    "ssh_keys": "ssh_keys",
+}
+
+SOFTWARE_HELP = {
+    Cluster.Software.NONE: "Plain machines with the hostfile, SSH between nodes and /shared.",
+    Cluster.Software.SLURM: "A Slurm partition `gpu` with every node; submit with sbatch.",
+    Cluster.Software.KUBERNETES: "Every node joins one Kubernetes cluster with its GPUs.",
+    Cluster.Software.RAY: "A Ray cluster with its head on node-0.",
+}
+
+
+class ClusterForm(forms.Form):
+    offer = forms.CharField(widget=forms.HiddenInput)
+    name = forms.CharField(
+        max_length=200,
+        strip=True,
+        help_text=(
+            "Lowercase letters, digits and hyphens, starting and ending with a letter or digit "
+            "(a DNS label, up to 63 characters). It must be unique among the environment's live "
+            "clusters."
+        ),
+        widget=forms.TextInput(
+            attrs={"autocomplete": "off", "spellcheck": "false", "placeholder": "my-cluster"}
+        ),
+    )
+    environment = forms.ModelChoiceField(
+        queryset=Environment.objects.none(), to_field_name="name", empty_label=None
+    )
+    software = forms.ChoiceField(choices=Cluster.Software.choices, initial=Cluster.Software.NONE)
+    ssh_keys = forms.ModelMultipleChoiceField(
+        queryset=SshKey.objects.none(), required=False, widget=forms.CheckboxSelectMultiple
+    )
+    nodes = forms.IntegerField(
+        error_messages={"invalid": "Nodes must be a whole number from 2 to 64."},
+        widget=forms.NumberInput(attrs={"min": MIN_NODES, "max": MAX_NODES}),
+    )
+
+    def __init__(self, *args, project: Project, offer: Offer, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.offer = offer
+        self.fields["environment"].queryset = project.environments.all()
+        self.fields["ssh_keys"].queryset = project.ssh_keys.all()
+        if offer.max_nodes >= MIN_NODES:
+            self.fields["nodes"].widget.attrs["max"] = offer.max_nodes
+        if not self.is_bound:
+            self.initial.setdefault("environment", DEFAULT_ENVIRONMENT)
+            self.initial.setdefault("ssh_keys", list(self.fields["ssh_keys"].queryset))
+
+    def software_choices(self) -> list[dict]:
+        """The radios, with Kubernetes disabled (and why) where the offer cannot run it."""
+        chosen = self["software"].value() or Cluster.Software.NONE
+        choices = []
+        for value, label in Cluster.Software.choices:
+            disabled_reason = ""
+            if value not in self.offer.software:
+                disabled_reason = (
+                    "Not on container machines: Kubernetes needs a virtual machine or bare metal."
+                )
+            choices.append(
+                {
+                    "value": value,
+                    "label": label,
+                    "help": SOFTWARE_HELP[value],
+                    "checked": value == chosen and not disabled_reason,
+                    "disabled_reason": disabled_reason,
+                }
+            )
+        return choices
+
+    def add_refusal(self, refusal: ClusterRefused) -> None:
+        self.add_error(REFUSAL_FIELDS.get(refusal.field or ""), refusal.message)

@@ -1,0 +1,396 @@
+"""The Clusters pages: the list, the create form, the cluster page and its actions."""
+
+import re
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+import time_machine
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from clusters.models import Cluster, Event, Node
+from offers.models import Host, Location, MachineType, QuoteRequest
+from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
+from tests.factories import (
+    ClusterFactory,
+    EventFactory,
+    GpuModelFactory,
+    LocationFactory,
+    MachineTypeFactory,
+)
+
+HTMX = {"HX-Request": "true"}
+POLL = 'hx-trigger="every 2s"'
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def text_of(response) -> str:
+    """The page as a person reads it: tags dropped, whitespace collapsed."""
+    return " ".join(re.sub(r"<[^>]+>", " ", response.content.decode()).split())
+
+
+def frees(machine_type: MachineType) -> int:
+    return Host.objects.filter(machine_type=machine_type, state=Host.State.FREE).count()
+
+
+# --- the list ----------------------------------------------------------------------------------
+
+
+def test_it_lists_the_projects_clusters_with_size_location_and_price(owner, stranger):
+    location = LocationFactory(code="us-east-2", name="Columbus, Ohio")
+    machine_type = MachineTypeFactory(location=location, price_per_hour=Decimal("23.92"))
+    ClusterFactory(project=owner.project, name="train", machine_type=machine_type, size=4)
+    ClusterFactory(project=stranger.project, name="someone-elses")
+
+    page = text_of(owner.browser_client().get("/clusters/"))
+
+    assert "train" in page
+    assert "someone-elses" not in page
+    assert "4 × 8× H100 SXM 80GB" in page
+    assert "Columbus, Ohio" in page
+    assert "$95.68" in page
+
+
+def test_it_polls_the_list_while_a_cluster_is_live(owner):
+    ClusterFactory(project=owner.project, status=Cluster.Status.PROVISIONING)
+    client = owner.browser_client()
+
+    page = client.get("/clusters/").content.decode()
+    fragment = client.get("/clusters/", headers=HTMX)
+
+    assert POLL in page
+    assert fragment.status_code == 200
+    assert fragment.content.decode().lstrip().startswith('<tbody id="cluster-rows"')
+    assert POLL in fragment.content.decode()
+
+
+def test_it_stops_polling_the_list_when_no_cluster_is_live(owner):
+    ClusterFactory(project=owner.project, status=Cluster.Status.TERMINATED)
+    client = owner.browser_client()
+
+    page = client.get("/clusters/").content.decode()
+    fragment = client.get("/clusters/", headers=HTMX)
+
+    assert POLL not in page
+    assert fragment.status_code == 286
+    assert POLL not in fragment.content.decode()
+
+
+def test_it_lists_the_users_quote_requests_beside_the_clusters(owner, stranger):
+    QuoteRequest.objects.create(
+        project=owner.project,
+        gpu=GpuModelFactory(),
+        nodes=128,
+        interconnect=MachineType.Interconnect.INFINIBAND,
+        start_date=timezone.now().date(),
+        duration_weeks=12,
+        contact_name="Ada",
+        contact_email="ada@example.com",
+    )
+
+    mine = text_of(owner.browser_client().get("/clusters/"))
+    theirs = text_of(stranger.browser_client().get("/clusters/"))
+
+    assert "Quote requests" in mine and "H100 SXM 80GB 128 InfiniBand New" in mine
+    assert "128 InfiniBand" not in theirs
+    assert 'href="/offers/quote/"' in owner.browser_client().get("/clusters/").content.decode()
+
+
+def test_it_lists_clusters_in_the_same_number_of_queries_whatever_their_number(
+    owner, django_assert_num_queries
+):
+    client = owner.browser_client()
+    ClusterFactory(project=owner.project, machines=True)
+    with CaptureQueriesContext(connection) as one_cluster:
+        assert client.get("/clusters/").status_code == 200
+    for _ in range(9):
+        ClusterFactory(project=owner.project, machines=True, machine_type=MachineTypeFactory())
+
+    with django_assert_num_queries(len(one_cluster)):
+        response = client.get("/clusters/")
+
+    assert response.content.decode().count('href="/clusters/') >= 10
+
+
+# --- the cluster page ------------------------------------------------------------------------
+
+
+def test_it_shows_a_cluster_to_its_project_and_404_to_a_stranger(owner, teammate, stranger):
+    cluster = ClusterFactory(project=owner.project, name="train", machines=True)
+
+    assert teammate.browser_client().get(f"/clusters/{cluster.pk}/").status_code == 200
+    assert stranger.browser_client().get(f"/clusters/{cluster.pk}/").status_code == 404
+    fragment = stranger.browser_client().get(f"/clusters/{cluster.pk}/", headers=HTMX)
+    assert fragment.status_code == 404
+
+
+def test_it_shows_each_node_with_its_step_progress_and_time_left(owner):
+    with time_machine.travel("2026-12-01 10:00:00Z", tick=False):
+        cluster = ClusterFactory(project=owner.project, size=2, machines=True)
+        node = cluster.nodes.get(index=1)
+        node.running_at = timezone.now()
+        node.step = Node.Step.AGENT
+        node.step_deadline = timezone.now() + timedelta(minutes=2, seconds=10)
+        node.save()
+
+        page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    row = re.search(r'<tr id="node-1".*?</tr>', page, re.S).group(0)
+    assert "10.77.0.2" in row
+    assert "Agent checked in" in row
+    assert 'aria-valuenow="1"' in row and 'aria-valuemax="3"' in row
+    assert "2m 10s left" in row
+
+
+def test_it_polls_the_status_fragment_while_the_cluster_is_live(owner):
+    cluster = ClusterFactory(project=owner.project, machines=True)
+    client = owner.browser_client()
+
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    fragment = client.get(f"/clusters/{cluster.pk}/", headers=HTMX)
+
+    assert POLL in page and 'hx-swap="outerHTML"' in page
+    assert fragment.status_code == 200
+    body = fragment.content.decode()
+    assert body.lstrip().startswith('<section id="cluster-status"')
+    assert POLL in body
+    assert "<html" not in body
+    assert "HX-Request" in fragment["Vary"]
+
+
+@pytest.mark.parametrize("status", sorted(Cluster.TERMINAL))
+def test_it_drops_the_poll_and_answers_286_once_the_cluster_is_final(owner, status):
+    cluster = ClusterFactory(project=owner.project, status=status, machines=True)
+    client = owner.browser_client()
+
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    fragment = client.get(f"/clusters/{cluster.pk}/", headers=HTMX)
+
+    assert POLL not in page
+    assert fragment.status_code == 286
+    assert POLL not in fragment.content.decode()
+    assert f">{status}</span>" in fragment.content.decode()
+
+
+def test_it_says_which_node_and_step_failed_and_offers_what_can_start_now(owner):
+    gpu = GpuModelFactory()
+    failed_type = machine_type_with_hosts(free=0, gpu=gpu, slug="gone-type")
+    elsewhere = machine_type_with_hosts(
+        free=3,
+        gpu=gpu,
+        slug="other-place",
+        location=LocationFactory(code="eu-west-1", name="Dublin"),
+        price_per_hour=Decimal("19.00"),
+    )
+    too_small = machine_type_with_hosts(free=1, gpu=gpu, slug="too-small")
+    other_gpu = machine_type_with_hosts(free=5, gpu=GpuModelFactory(slug="a100", name="A100"))
+    cluster = ClusterFactory(
+        project=owner.project,
+        name="train",
+        machine_type=failed_type,
+        size=3,
+        software=Cluster.Software.SLURM,
+        status=Cluster.Status.FAILED,
+        failure_reason=Event.Reason.AGENT_TIMEOUT,
+        failure_node="node-2",
+        failure_step=Node.Step.AGENT,
+        failure_message="node-2's agent did not check in within 3 minutes.",
+        machines=True,
+    )
+
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/")
+    page = text_of(response)
+    html = response.content.decode()
+
+    assert "failed to start on node-2, at step Agents" in page
+    assert "agent_timeout" in page and "did not check in within 3 minutes" in page
+    assert '<li class="failed">Agents</li>' in html
+    assert "Dublin" in page and "$57.00" in page
+    assert (
+        f'href="/clusters/new/?offer={elsewhere.slug}&amp;nodes=3&amp;name=train&amp;'
+        "software=slurm&amp;environment=default" in html
+    )
+    assert f"offer={too_small.slug}" not in html
+    assert f"offer={other_gpu.slug}" not in html
+
+
+def test_it_marks_the_install_step_red_on_a_degraded_cluster_and_offers_a_retry(owner):
+    cluster = ClusterFactory(
+        project=owner.project,
+        software=Cluster.Software.RAY,
+        status=Cluster.Status.DEGRADED,
+        joined_at=timezone.now(),
+        failure_reason=Event.Reason.INSTALL_FAILED,
+        failure_node="node-1",
+        failure_step=Node.Step.INSTALL,
+        failure_message="ray status shows 1 of 2 nodes alive.",
+        machines=True,
+    )
+
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    assert '<li class="done">Network</li>' in html
+    assert '<li class="failed">Installing</li>' in html
+    assert f'action="/clusters/{cluster.pk}/retry-install/"' in html
+    assert f'href="/clusters/{cluster.pk}/terminate/"' in html
+    assert "Add workers" not in html
+
+
+def test_it_offers_add_workers_and_terminate_on_a_ready_cluster(owner):
+    now = timezone.now()
+    cluster = ClusterFactory(
+        project=owner.project,
+        status=Cluster.Status.READY,
+        joined_at=now,
+        ready_at=now,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    assert f'action="/clusters/{cluster.pk}/workers/"' in html
+    assert 'name="count"' in html and "hx-preserve" in html
+    assert "Retry install" not in html
+    assert '<li class="done">Ready</li>' in html
+
+
+def test_it_shows_the_event_log_with_failures_and_their_raw_output(owner):
+    cluster = ClusterFactory(project=owner.project, status=Cluster.Status.FAILED, machines=True)
+    node = cluster.nodes.get(index=0)
+    EventFactory(cluster=cluster, message="Reserved 2 machines.")
+    EventFactory(
+        cluster=cluster,
+        node=node,
+        step=Node.Step.NETWORK,
+        reason=Event.Reason.NETWORK_UNREACHABLE,
+        message="node-0 cannot reach node-1.",
+        output="ping: 10.77.0.2: 100% packet loss",
+    )
+
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    failure_row = re.search(r'<tr class="row-bad">.*?</tr>', html, re.S).group(0)
+    assert "node-0 cannot reach node-1." in failure_row
+    assert "<details" in failure_row and "100% packet loss" in failure_row
+    assert "Reserved 2 machines." in html
+
+
+@pytest.mark.parametrize("status", [Cluster.Status.PROVISIONING, Cluster.Status.FAILED])
+def test_it_runs_the_status_fragment_in_the_same_queries_for_2_and_64_nodes(
+    owner, django_assert_num_queries, status
+):
+    client = owner.browser_client()
+    clusters = {}
+    for size in (2, 64):
+        cluster = ClusterFactory(project=owner.project, size=size, status=status, machines=True)
+        for node in cluster.nodes.all():
+            EventFactory(cluster=cluster, node=node, reason=Event.Reason.MACHINE_RUNNING)
+        clusters[size] = cluster
+    client.get(f"/clusters/{clusters[2].pk}/", headers=HTMX)  # warm the session
+
+    with CaptureQueriesContext(connection) as small:
+        client.get(f"/clusters/{clusters[2].pk}/", headers=HTMX)
+    with django_assert_num_queries(len(small)):
+        response = client.get(f"/clusters/{clusters[64].pk}/", headers=HTMX)
+
+    assert response.content.decode().count('<tr id="node-') == 64
+
+
+# --- the create form ---------------------------------------------------------------------------
+
+
+def test_it_shows_the_offer_and_prefills_the_form(owner):
+    machine_type = machine_type_with_hosts(
+        free=6,
+        slug="use2-h100x8-bm",
+        machine_kind=MachineType.Kind.BARE_METAL,
+        price_per_hour=Decimal("23.92"),
+        location=LocationFactory(code="us-east-2", name="Columbus, Ohio"),
+    )
+    ssh_key(owner.project, "laptop")
+    ssh_key(owner.project, "desktop")
+
+    response = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}&nodes=4")
+    html = response.content.decode()
+    page = text_of(response)
+
+    assert response.status_code == 200
+    assert "Columbus, Ohio" in page and "Bare metal" in page and "Ethernet" in page
+    assert "$95.68 per hour" in page and "$23.92 per machine-hour" in page
+    assert "1-2 Gbit/s" in page
+    assert re.search(r'name="nodes"[^>]*value="4"[^>]*max="6"', html)
+    assert html.count('type="checkbox" name="ssh_keys"') == 2
+    assert html.count("checked") >= 3  # both keys and the "None" software
+    assert re.search(r'<option value="default" selected>', html)
+    assert "Community" not in page
+
+
+def test_it_disables_kubernetes_on_a_container_offer_and_says_why(owner):
+    machine_type = machine_type_with_hosts(free=2, machine_kind=MachineType.Kind.CONTAINER)
+
+    html = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}").content.decode()
+
+    kubernetes = re.search(r'<input type="radio" name="software" value="kubernetes"[^>]*>', html)
+    assert "disabled" in kubernetes.group(0)
+    assert "Kubernetes needs a virtual machine or bare metal" in html
+
+
+def test_it_warns_about_community_hosts(owner):
+    machine_type = machine_type_with_hosts(free=2, community=True)
+
+    page = text_of(owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}"))
+
+    assert "Community" in page
+    assert "run by independent operators: keep secrets" in page
+
+
+def test_it_says_when_the_project_has_no_ssh_keys_and_links_to_add_one(owner):
+    machine_type = machine_type_with_hosts(free=2)
+
+    response = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}")
+
+    assert "has no SSH keys yet" in text_of(response)
+    assert 'href="/accounts/ssh-keys/"' in response.content.decode()
+
+
+def test_it_answers_404_with_a_message_for_an_unknown_offer(owner):
+    response = owner.browser_client().get("/clusters/new/?offer=no-such-thing&nodes=2")
+
+    assert response.status_code == 404
+    assert "There is no offer “no-such-thing”" in text_of(response)
+
+
+def test_it_updates_the_price_summary_when_the_nodes_change(owner):
+    machine_type = machine_type_with_hosts(free=8, price_per_hour=Decimal("2.50"))
+
+    response = owner.browser_client().get(
+        f"/clusters/new/?offer={machine_type.slug}&nodes=8", headers=HTMX
+    )
+
+    assert response.content.decode().lstrip().startswith('<div class="card price-card"')
+    assert "$20.00" in text_of(response)
+
+
+def test_it_warns_before_submitting_when_the_balance_is_short(owner):
+    machine_type = machine_type_with_hosts(free=4, price_per_hour=Decimal("20.00"))
+    credit(owner.project, "30.00")
+
+    page = text_of(owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}&nodes=4"))
+
+    assert "Your balance is $30.00: creating this cluster needs at least $80.00" in page
+
+
+def test_it_keeps_a_location_that_only_says_yes_or_no_to_eight_nodes(owner):
+    location = LocationFactory(capacity_reporting=Location.CapacityReporting.BOOLEAN)
+    machine_type = machine_type_with_hosts(free=1, location=location)
+
+    html = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}").content.decode()
+
+    assert re.search(r'name="nodes"[^>]*max="8"', html)
