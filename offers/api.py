@@ -1,3 +1,242 @@
-from ninja import Router
+"""The catalog and offers API: `/api/v1/gpus`, `/api/v1/offers`, `/api/v1/quotes`."""
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+from django.http import Http404, HttpRequest
+from ninja import Field, Router, Schema
+
+from accounts.projects import get_for_project
+from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
+from offers.offers import Offer, gpu_cards, list_offers
+from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
+from runcrate.api import ApiError
 
 router = Router(tags=["offers"])
+
+
+def _money(value: Decimal | None) -> str | None:
+    return None if value is None else f"{value:.2f}"
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# --- GPUs and offers ----------------------------------------------------------------------
+
+
+class GpuOut(Schema):
+    slug: str
+    name: str
+    memory_gib: int
+    lowest_machine_price_per_hour: str | None = Field(
+        description="The lowest self-serve price of one machine, USD per hour; null when none."
+    )
+    gpu_counts: list[int] = Field(description="GPUs per machine on offer, ascending.")
+
+
+class GpuListMeta(Schema):
+    count: int
+    include_community: bool
+
+
+class GpuList(Schema):
+    data: list[GpuOut]
+    meta: GpuListMeta
+
+
+@router.get("/gpus", response=GpuList, summary="List GPU models and what is on offer")
+def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
+    """Every GPU model, with the lowest machine price and the GPU counts of its self-serve
+    offers (community hosts included only when asked)."""
+    data = [
+        {
+            "slug": card.gpu.slug,
+            "name": card.gpu.name,
+            "memory_gib": card.gpu.memory_gib,
+            "lowest_machine_price_per_hour": _money(card.lowest_machine_price),
+            "gpu_counts": list(card.gpu_counts),
+        }
+        for card in gpu_cards(include_community=include_community)
+    ]
+    return {"data": data, "meta": {"count": len(data), "include_community": include_community}}
+
+
+class OfferOut(Schema):
+    id: str = Field(description="The machine type's slug; pass it as `offer` to create.")
+    gpu: str
+    gpus_per_machine: int
+    location: str
+    interconnect: str
+    machine_kind: str
+    community: bool
+    machine_price_per_hour: str
+    price_per_hour: str = Field(description="The whole cluster: machine price × nodes.")
+    nodes_available: int | None = Field(
+        description="Free machines where the location counts them; null where it only says "
+        "whether it has some."
+    )
+    max_nodes: int
+    availability: str = Field(description="available, not_in_stock or reserved_ahead")
+    software: list[str]
+
+
+class OfferListMeta(Schema):
+    count: int
+    gpu: str
+    nodes: int
+    include_community: bool
+
+
+class OfferList(Schema):
+    data: list[OfferOut]
+    meta: OfferListMeta
+
+
+def offer_json(offer: Offer) -> dict:
+    """An offer as the API shows it, everywhere offers appear (also used by other apps)."""
+    machine_type = offer.machine_type
+    return {
+        "id": machine_type.slug,
+        "gpu": machine_type.gpu.slug,
+        "gpus_per_machine": machine_type.gpus_per_machine,
+        "location": machine_type.location.code,
+        "interconnect": machine_type.interconnect,
+        "machine_kind": machine_type.machine_kind,
+        "community": machine_type.community,
+        "machine_price_per_hour": _money(offer.machine_price_per_hour),
+        "price_per_hour": _money(offer.price_per_hour),
+        "nodes_available": offer.nodes_available,
+        "max_nodes": offer.max_nodes,
+        "availability": offer.availability.value,
+        "software": offer.software,
+    }
+
+
+def _parse_nodes(raw: str | None) -> int:
+    message = f"nodes must be a whole number from {MIN_NODES} to {MAX_NODES}"
+    if raw is None or not raw.strip():
+        raise ApiError(422, "invalid_nodes", f"Say how many machines: {message}.")
+    try:
+        nodes = int(raw)
+    except ValueError:
+        raise ApiError(422, "invalid_nodes", f"{message}; got '{raw}'.") from None
+    if not MIN_NODES <= nodes <= MAX_NODES:
+        raise ApiError(
+            422,
+            "invalid_nodes",
+            f"{message}; got {nodes}. For a bigger cluster, request a quote (POST /api/v1/quotes).",
+        )
+    return nodes
+
+
+@router.get("/offers", response=OfferList, summary="List the offers for a GPU and a size")
+def offers(
+    request: HttpRequest,
+    gpu: str,
+    nodes: str | None = None,
+    include_community: bool = False,
+) -> dict:
+    """The offers that can start `nodes` machines of `gpu` now, available first, then by
+    cluster price, then location. `nodes` is 2 to 64."""
+    size = _parse_nodes(nodes)
+    gpu_model = GpuModel.objects.filter(slug=gpu).first()
+    if gpu_model is None:
+        raise ApiError(404, "unknown_gpu", f"There is no GPU model '{gpu}': see GET /api/v1/gpus.")
+    data = [
+        offer_json(offer)
+        for offer in list_offers(gpu=gpu_model, nodes=size, include_community=include_community)
+    ]
+    meta = {"count": len(data), "gpu": gpu, "nodes": size, "include_community": include_community}
+    return {"data": data, "meta": meta}
+
+
+# --- quotes -------------------------------------------------------------------------------
+
+
+class QuoteIn(Schema):
+    gpu: str = Field(description="A GPU model's slug, from GET /api/v1/gpus.")
+    nodes: int
+    interconnect: str = Field("ethernet", description="ethernet, infiniband or roce")
+    location: str | None = Field(None, description="A location's code; leave out for any.")
+    start_date: date
+    duration_weeks: int
+    contact_name: str
+    contact_email: str
+    notes: str = ""
+
+
+class QuoteOut(Schema):
+    id: int
+    status: str
+    gpu: str
+    nodes: int
+    interconnect: str
+    location: str | None
+    start_date: date
+    duration_weeks: int
+    contact_name: str
+    contact_email: str
+    notes: str
+    created_at: str
+
+
+class QuoteCreated(Schema):
+    data: QuoteOut
+
+
+class QuoteListMeta(Schema):
+    count: int
+
+
+class QuoteList(Schema):
+    data: list[QuoteOut]
+    meta: QuoteListMeta
+
+
+def quote_json(quote: QuoteRequest) -> dict:
+    return {
+        "id": quote.pk,
+        "status": quote.status,
+        "gpu": quote.gpu.slug,
+        "nodes": quote.nodes,
+        "interconnect": quote.interconnect,
+        "location": quote.location.code if quote.location else None,
+        "start_date": quote.start_date,
+        "duration_weeks": quote.duration_weeks,
+        "contact_name": quote.contact_name,
+        "contact_email": quote.contact_email,
+        "notes": quote.notes,
+        "created_at": _utc(quote.created_at),
+    }
+
+
+@router.post("/quotes", response={201: QuoteCreated}, summary="Request a quote")
+def create_quote(request: HttpRequest, payload: QuoteIn) -> tuple[int, dict]:
+    """Ask for reserved capacity, more than 64 machines or InfiniBand/RoCE. The requester
+    and the sales team get an email. At most a few requests per project per hour (429)."""
+    try:
+        quote = request_quote(project=request.project, user=request.user, **payload.dict())
+    except QuoteInvalid as exc:
+        raise ApiError(422, "invalid_request", f"{exc.field}: {exc.message}") from None
+    except QuoteRateLimited as exc:
+        raise ApiError(429, "rate_limited", exc.message) from None
+    return 201, {"data": quote_json(quote)}
+
+
+@router.get("/quotes", response=QuoteList, summary="List the project's quote requests")
+def list_quotes(request: HttpRequest) -> dict:
+    data = [quote_json(quote) for quote in quotes_for(request.project)]
+    return {"data": data, "meta": {"count": len(data)}}
+
+
+@router.get("/quotes/{quote_id}", response=QuoteCreated, summary="Get a quote request")
+def get_quote(request: HttpRequest, quote_id: int) -> dict:
+    try:
+        quote = get_for_project(
+            request, QuoteRequest.objects.select_related("gpu", "location"), pk=quote_id
+        )
+    except Http404:
+        raise ApiError(404, "not_found", f"There is no quote request {quote_id}.") from None
+    return {"data": quote_json(quote)}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 
 from offers.models import (
     BOOLEAN_MAX_NODES,
@@ -28,6 +28,7 @@ class Availability(StrEnum):
 
 
 SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
+CENT = Decimal("0.01")
 
 
 @dataclass(frozen=True)
@@ -121,3 +122,81 @@ def get_offer(*, slug: str, nodes: int) -> Offer | None:
     if machine_type is None:
         return None
     return Offer(machine_type=machine_type, nodes=nodes, free_hosts=machine_type.free_hosts)
+
+
+@dataclass(frozen=True)
+class GpuCard:
+    """A GPU model as the picker's card shows it: what is on offer for it, over self-serve types.
+
+    `lowest_machine_price` and `gpu_counts` cover datacenter offers, plus community ones when
+    they are included; `community_only` says every self-serve offer of it is on community hosts
+    (so it has nothing to show while they are hidden).
+    """
+
+    gpu: GpuModel
+    lowest_machine_price: Decimal | None
+    gpu_counts: tuple[int, ...]
+    community_only: bool
+
+    @property
+    def has_offers(self) -> bool:
+        return self.lowest_machine_price is not None
+
+    @property
+    def listed(self) -> bool:
+        """Whether the picker shows the card: it has self-serve offers of either kind."""
+        return self.has_offers or self.community_only
+
+
+def gpu_cards(*, include_community: bool) -> list[GpuCard]:
+    """Every GPU model by name, with its lowest machine price and GPU counts, in one query.
+
+    The query groups the self-serve machine types by GPU, GPUs per machine and community; it
+    never touches the hosts, so its cost follows the catalog, not the inventory.
+    """
+    rows = (
+        GpuModel.objects.values(
+            "pk",
+            "slug",
+            "name",
+            "memory_gib",
+            "machine_types__gpus_per_machine",
+            "machine_types__community",
+        )
+        .annotate(
+            lowest=Min(
+                "machine_types__price_per_hour",
+                filter=Q(machine_types__interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS),
+            )
+        )
+        .order_by("name", "slug", "machine_types__gpus_per_machine")
+    )
+    grouped: dict[int, tuple[GpuModel, list[tuple[int, bool, Decimal]]]] = {}
+    for row in rows:
+        gpu, options = grouped.setdefault(
+            row["pk"],
+            (
+                GpuModel(
+                    pk=row["pk"], slug=row["slug"], name=row["name"], memory_gib=row["memory_gib"]
+                ),
+                [],
+            ),
+        )
+        if row["lowest"] is not None:
+            # SQLite hands an aggregate of a decimal back with a float's digits: re-quantize.
+            price = Decimal(row["lowest"]).quantize(CENT)
+            options.append(
+                (row["machine_types__gpus_per_machine"], row["machine_types__community"], price)
+            )
+    cards = []
+    for gpu, options in grouped.values():
+        shown = [o for o in options if include_community or not o[1]]
+        cards.append(
+            GpuCard(
+                gpu=gpu,
+                lowest_machine_price=min((price for _, _, price in shown), default=None),
+                gpu_counts=tuple(sorted({count for count, _, _ in shown})),
+                community_only=bool(options) and all(community for _, community, _ in options),
+            )
+        )
+    return cards

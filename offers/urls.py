@@ -6,4 +6,6 @@ app_name = "offers"
 
 urlpatterns = [
     path("", views.picker, name="picker"),
+    path("quote/", views.quote, name="quote"),
+    path("quotes/", views.quotes, name="quotes"),
 ]

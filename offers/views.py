@@ -1,8 +1,94 @@
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+
+from offers.forms import DEFAULT_NODES, SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
+from offers.offers import GpuCard, gpu_cards, list_offers
+from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
+
+
+def _swaps_region(request: HttpRequest) -> bool:
+    # A history restore asks for the whole page even though htmx sends it.
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def _choose_card(cards: list[GpuCard], slug: str) -> tuple[GpuCard | None, str]:
+    """The card the picker shows offers for, and the message when `slug` names none."""
+    if slug:
+        for card in cards:
+            if card.gpu.slug == slug:
+                return card, ""
+        return None, f"Unknown GPU '{slug}': pick one of the GPUs below."
+    first = next((c for c in cards if c.has_offers), None) or next(iter(cards), None)
+    return first, ""
 
 
 @login_required
 def picker(request: HttpRequest) -> HttpResponse:
-    return render(request, "offers/picker.html", {})
+    """Create cluster, step one: a GPU and a size, and the offers that can start now."""
+    form = PickerForm(request.GET)
+    form.is_valid()
+    community = form.cleaned_data.get("community", False)
+    nodes = form.cleaned_data.get("nodes")
+    cards = [card for card in gpu_cards(include_community=community) if card.listed]
+    card, gpu_error = _choose_card(cards, form.cleaned_data.get("gpu") or "")
+    offers = []
+    if card is not None and nodes is not None:
+        offers = list_offers(gpu=card.gpu, nodes=nodes, include_community=community)
+    available = [o for o in offers if o.is_available]
+    context = {
+        "form": form,
+        "cards": cards,
+        "card": card,
+        "gpu_error": gpu_error or form.errors.get("gpu", [""])[0],
+        "nodes": nodes,
+        "shown_nodes": nodes if nodes is not None else request.GET.get("nodes", DEFAULT_NODES),
+        "nodes_error": form.errors.get("nodes", [""])[0],
+        "community": community,
+        "quick_picks": SIZE_QUICK_PICKS,
+        "offers": offers,
+        "available": available,
+        "unavailable": [o for o in offers if not o.is_available],
+        "shows_community": any(o.machine_type.community for o in offers),
+    }
+    template = "offers/picker.html#offers" if _swaps_region(request) else "offers/picker.html"
+    return render(request, template, context)
+
+
+@login_required
+def quote(request: HttpRequest) -> HttpResponse:
+    """Request a quote: stored, acknowledged by email, sent to sales, listed for the user."""
+    if request.method == "POST":
+        form = QuoteForm(request.POST)
+        status = 422
+        if form.is_valid():
+            try:
+                created = request_quote(
+                    project=request.project, user=request.user, **form.cleaned_data
+                )
+            except QuoteInvalid as exc:
+                form.add_error(exc.field, exc.message)
+            except QuoteRateLimited as exc:
+                form.add_error(None, exc.message)
+                status = 429
+            else:
+                messages.success(
+                    request,
+                    f"Quote request sent. Our team will reply to {created.contact_email}; "
+                    "a copy is in your inbox.",
+                )
+                return redirect("offers:quotes")
+        return render(request, "offers/quote.html", {"form": form}, status=status)
+    form = QuoteForm(
+        initial=quote_initial(
+            request.GET, user_email=request.user.email, user_name=request.user.name
+        )
+    )
+    return render(request, "offers/quote.html", {"form": form})
+
+
+@login_required
+def quotes(request: HttpRequest) -> HttpResponse:
+    """The project's quote requests and their status."""
+    return render(request, "offers/quotes.html", {"quotes": quotes_for(request.project)})

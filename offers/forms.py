@@ -1,0 +1,149 @@
+from django import forms
+from django.http import QueryDict
+from django.utils import timezone
+
+from offers.models import MAX_NODES, MIN_NODES, GpuModel, Location, MachineType
+from offers.quotes import (
+    NAME_MAX_LENGTH,
+    NOTES_MAX_LENGTH,
+    QUOTE_MAX_NODES,
+    QUOTE_MAX_WEEKS,
+    QUOTE_MIN_NODES,
+    QUOTE_MIN_WEEKS,
+)
+
+SIZE_QUICK_PICKS = (2, 4, 8, 16, 32, 64)
+DEFAULT_NODES = 2
+SIZE_MESSAGE = (
+    f"A self-serve cluster has {MIN_NODES} to {MAX_NODES} machines. For more, request a quote."
+)
+
+
+class SizeInput(forms.NumberInput):
+    """The size arrives from the number input and the quick-pick radios, both named `nodes`.
+
+    With JavaScript the two are kept equal (and the radios drop their name). Without it both
+    are sent, and the one that differs from the size shown before (`prev`) is what the user
+    changed; the radio wins if both changed, as it was the last thing clicked, most likely.
+    """
+
+    def value_from_datadict(self, data: QueryDict, files: object, name: str) -> str | None:
+        values = [v.strip() for v in data.getlist(name) if v.strip()]
+        if not values:
+            return None
+        changed = [v for v in values if v != data.get("prev")]
+        return changed[-1] if changed else values[-1]
+
+
+class FlagInput(forms.CheckboxInput):
+    """A checkbox read from a URL: `1`, `true`, `on` and `yes` are ticked, anything else not."""
+
+    def value_from_datadict(self, data: QueryDict, files: object, name: str) -> bool:
+        return str(data.get(name, "")).strip().lower() in {"1", "true", "on", "yes"}
+
+
+class PickerForm(forms.Form):
+    """The picker's GET query: `?gpu=&nodes=&community=1`. Every field may be left out."""
+
+    gpu = forms.SlugField(required=False)
+    nodes = forms.IntegerField(
+        required=False,
+        min_value=MIN_NODES,
+        max_value=MAX_NODES,
+        widget=SizeInput,
+        error_messages={
+            "invalid": f"Enter the number of machines, a whole number from {MIN_NODES} to "
+            f"{MAX_NODES}.",
+            "min_value": SIZE_MESSAGE,
+            "max_value": SIZE_MESSAGE,
+        },
+    )
+    community = forms.BooleanField(required=False, widget=FlagInput)
+
+    def clean_nodes(self) -> int:
+        return self.cleaned_data["nodes"] or DEFAULT_NODES
+
+
+def _gpu_choices() -> list[tuple[str, str]]:
+    return [(gpu.slug, f"{gpu.name}") for gpu in GpuModel.objects.order_by("name")]
+
+
+def _location_choices() -> list[tuple[str, str]]:
+    return [("", "Any location")] + [
+        (loc.code, f"{loc.name} ({loc.code})") for loc in Location.objects.order_by("name")
+    ]
+
+
+class QuoteForm(forms.Form):
+    """The page's quote form. Types and bounds here; `offers.quotes.request_quote` decides."""
+
+    gpu = forms.ChoiceField(label="GPU model", choices=_gpu_choices)
+    nodes = forms.IntegerField(
+        label="Machines",
+        min_value=QUOTE_MIN_NODES,
+        max_value=QUOTE_MAX_NODES,
+        help_text=f"{QUOTE_MIN_NODES} to {QUOTE_MAX_NODES:,}. Self-serve clusters stop at "
+        f"{MAX_NODES}.",
+        error_messages={
+            "invalid": "Enter the number of machines as a whole number.",
+            "min_value": f"Ask for {QUOTE_MIN_NODES} to {QUOTE_MAX_NODES:,} machines.",
+            "max_value": f"Ask for {QUOTE_MIN_NODES} to {QUOTE_MAX_NODES:,} machines.",
+        },
+    )
+    interconnect = forms.ChoiceField(
+        choices=[
+            (MachineType.Interconnect.ETHERNET, "Ethernet (1-2 Gbit/s private network)"),
+            (MachineType.Interconnect.INFINIBAND, "InfiniBand"),
+            (MachineType.Interconnect.ROCE, "RoCE"),
+        ],
+        initial=MachineType.Interconnect.ETHERNET,
+        help_text="InfiniBand or RoCE for training one model across machines.",
+    )
+    location = forms.ChoiceField(choices=_location_choices, required=False)
+    start_date = forms.DateField(
+        widget=forms.DateInput(attrs={"type": "date"}),
+        error_messages={"invalid": "Enter a date as YYYY-MM-DD."},
+    )
+    duration_weeks = forms.IntegerField(
+        label="Duration (weeks)",
+        min_value=QUOTE_MIN_WEEKS,
+        max_value=QUOTE_MAX_WEEKS,
+        help_text=f"{QUOTE_MIN_WEEKS} to {QUOTE_MAX_WEEKS} weeks (three years).",
+        error_messages={
+            "invalid": "Enter the duration in whole weeks.",
+            "min_value": f"The duration is {QUOTE_MIN_WEEKS} to {QUOTE_MAX_WEEKS} weeks.",
+            "max_value": f"The duration is {QUOTE_MIN_WEEKS} to {QUOTE_MAX_WEEKS} weeks.",
+        },
+    )
+    contact_name = forms.CharField(label="Your name", max_length=NAME_MAX_LENGTH)
+    contact_email = forms.EmailField(label="Email for the reply")
+    notes = forms.CharField(
+        required=False,
+        max_length=NOTES_MAX_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="What you will run, software, budget, anything that helps us price it.",
+    )
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["start_date"].widget.attrs["min"] = timezone.localdate().isoformat()
+
+
+def quote_initial(query: QueryDict, *, user_email: str, user_name: str) -> dict:
+    """The quote form's prefill from the picker's link (`?gpu=&nodes=&interconnect=&location=`).
+
+    Values that are not valid are left out, never shown as errors: the user has not typed them.
+    """
+    initial: dict = {
+        "contact_email": user_email,
+        "contact_name": user_name,
+        "interconnect": MachineType.Interconnect.ETHERNET,
+    }
+    probe = QuoteForm(
+        data={key: query.get(key, "") for key in ("gpu", "nodes", "interconnect", "location")}
+    )
+    probe.is_valid()
+    for key in ("gpu", "nodes", "interconnect", "location"):
+        if query.get(key) and key not in probe.errors:
+            initial[key] = probe.cleaned_data[key]
+    return initial
