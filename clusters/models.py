@@ -16,6 +16,10 @@ def private_ip(index: int) -> str:
     return f"10.77.0.{index + 1}"
 
 
+class IllegalTransition(RuntimeError):
+    """A status change the lifecycle never makes: a bug, not a user's mistake."""
+
+
 class Cluster(models.Model):
     class Status(models.TextChoices):
         PROVISIONING = "provisioning"
@@ -38,6 +42,15 @@ class Cluster(models.Model):
     TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
     # Statuses in which machines are up and billed.
     BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
+
+    # Every legal move; anything else is a bug and raises (`move_to`).
+    TRANSITIONS = {
+        Status.PROVISIONING: {Status.INSTALLING, Status.READY, Status.FAILED, Status.TERMINATING},
+        Status.INSTALLING: {Status.READY, Status.DEGRADED, Status.TERMINATING},
+        Status.READY: {Status.TERMINATING},
+        Status.DEGRADED: {Status.INSTALLING, Status.TERMINATING},
+        Status.TERMINATING: {Status.TERMINATED, Status.STOPPED},
+    }
 
     class Software(models.TextChoices):
         NONE = "none", "None"
@@ -112,6 +125,11 @@ class Cluster(models.Model):
     def is_final(self) -> bool:
         return self.status in self.TERMINAL
 
+    def move_to(self, status: "Cluster.Status") -> None:
+        if status not in self.TRANSITIONS.get(self.status, set()):
+            raise IllegalTransition(f"cluster {self.pk}: {self.status} -> {status} is not allowed")
+        self.status = status
+
 
 class Node(models.Model):
     class Step(models.TextChoices):
@@ -148,6 +166,9 @@ class Node(models.Model):
     running_at = models.DateTimeField(null=True, blank=True)
     agent_at = models.DateTimeField(null=True, blank=True)
     network_at = models.DateTimeField(null=True, blank=True)
+    network_reported_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the agent last reported its reachability."
+    )
     installed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
@@ -242,6 +263,11 @@ class Event(models.Model):
         Reason.RELEASE_FAILED,
     }
 
+    # Failures that leave the cluster running and billed (status degraded).
+    DEGRADING = {Reason.INSTALL_FAILED, Reason.INSTALL_TIMEOUT}
+    # Failures for staff, not for the cluster's owner.
+    STAFF_ONLY = {Reason.RELEASE_FAILED}
+
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
     node = models.ForeignKey(
         Node, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
@@ -264,6 +290,17 @@ class Event(models.Model):
     @property
     def is_failure(self) -> bool:
         return self.reason in self.FAILURES
+
+    @property
+    def notification(self) -> str | None:
+        """Which email this event asks for: "ready", "failed", "degraded", or None."""
+        if self.reason == self.Reason.READY:
+            return "ready"
+        if self.reason in self.DEGRADING:
+            return "degraded"
+        if self.reason in self.FAILURES - self.DEGRADING - self.STAFF_ONLY:
+            return "failed" if self.reason != self.Reason.WORKER_FAILED else None
+        return None
 
 
 def give_up_after(slow_boot: bool) -> timedelta:

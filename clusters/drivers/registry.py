@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from clusters.drivers.base import Driver, MachineState, Observation
+from clusters.drivers.simulated import SimulatedDriver
+
+if TYPE_CHECKING:
+    from clusters.models import Node
+    from offers.models import Host
+
+
+class UnavailableDriver(Driver):
+    """A host registered with a driver this installation cannot run (yet): it never comes up,
+    and says why, so the cluster fails with a message instead of waiting for its deadline."""
+
+    name = "unavailable"
+
+    def __init__(self, driver_name: str) -> None:
+        self.driver_name = driver_name
+
+    def start(self, node: Node, *, agent_token: str) -> dict:
+        return {}
+
+    def observe(self, node: Node, *, now: datetime) -> Observation:
+        return Observation(
+            MachineState.FAILED,
+            since=now,
+            message=f"The {self.driver_name!r} driver is not available on this installation.",
+        )
+
+    def stop(self, node: Node) -> None:
+        return None
+
+
+_DRIVERS: dict[str, Driver] = {"simulated": SimulatedDriver()}
+
+
+def get_driver(host: Host) -> Driver:
+    return _DRIVERS.get(host.driver) or UnavailableDriver(host.driver)

@@ -1,0 +1,29 @@
+"""Celery tasks: thin wrappers that load by primary key and call `clusters.lifecycle`.
+
+Each is safe to run twice or concurrently: `advance` locks the cluster row and is
+level-triggered; `node_work` does nothing unless its lease token still holds the node.
+"""
+
+from celery import shared_task
+
+from clusters import lifecycle
+
+
+@shared_task(name="clusters.tasks.tick", ignore_result=True)
+def tick() -> int:
+    """Enqueue `advance` for every cluster with something to do; report orphaned hosts."""
+    cluster_ids = lifecycle.clusters_needing_work()
+    for cluster_id in cluster_ids:
+        advance.delay(cluster_id)
+    lifecycle.sweep_orphan_hosts()
+    return len(cluster_ids)
+
+
+@shared_task(name="clusters.tasks.advance", ignore_result=True)
+def advance(cluster_id: int) -> list[str]:
+    return lifecycle.advance(cluster_id=cluster_id)
+
+
+@shared_task(name="clusters.tasks.node_work", ignore_result=True)
+def node_work(node_id: int, action: str, token: str) -> bool:
+    return lifecycle.do_node_work(node_id=node_id, action=action, token=token)
