@@ -1,75 +1,215 @@
 """Start the whole product: web server, Celery worker and beat scheduler. Ctrl-C stops all.
 
-Called by `make run` after migrate and seed_demo. Each process gets the same environment, so
-DATABASE_URL, REDIS_URL, RUNCRATE_VAR_DIR and the other settings apply to all three.
+Called by `make run` after `migrate` and `seed_demo`. The three processes get the same
+environment, so DATABASE_URL, REDIS_URL, RUNCRATE_VAR_DIR and the other settings apply to all
+of them. Their output is shown line by line behind their name; Celery logs warnings and errors
+only (LOG_LEVEL=INFO shows every task).
 """
 
+from __future__ import annotations
+
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON = sys.executable
-PORT = os.environ.get("PORT", "8000")
-HOST = os.environ.get("RUNCRATE_BIND", "127.0.0.1")
+HOST = "127.0.0.1"
+DEMO_LOGIN = ("demo@runcrate.localhost", "demo-gpus-2026")
+
+
+def supervise(
+    commands: Mapping[str, Sequence[str]],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    on_start: Callable[[dict[str, subprocess.Popen]], None] | None = None,
+    grace_seconds: float = 10.0,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Run every command at once until one of them exits or this process gets SIGINT/SIGTERM,
+    then stop them all: SIGTERM to each, SIGKILL to whatever still runs after `grace_seconds`
+    (or at once on a second Ctrl-C).
+
+    Returns 0 when asked to stop, else the exit code of the command that ended first (1 if
+    that was 0: a server that stops by itself is a failure).
+    """
+    stop = threading.Event()
+    hurry = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if stop.is_set():
+            hurry.set()
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    processes: dict[str, subprocess.Popen] = {}
+    readers: list[threading.Thread] = []
+    width = max(len(name) for name in commands)
+    exit_code = 0
+    try:
+        for name, command in commands.items():
+            # Each child leads its own process group: the terminal's Ctrl-C reaches only this
+            # supervisor, which then stops the children in order instead of all at once.
+            process = subprocess.Popen(  # noqa: S603
+                list(command),
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
+            processes[name] = process
+            reader = threading.Thread(
+                target=_relay, args=(name.ljust(width), process.stdout, out), daemon=True
+            )
+            reader.start()
+            readers.append(reader)
+        if on_start is not None:
+            on_start(processes)
+        while not stop.is_set():
+            for name, process in processes.items():
+                if process.poll() is not None:
+                    _say(out, f"{name} exited with code {process.returncode}; stopping the rest.")
+                    exit_code = process.returncode or 1
+                    stop.set()
+                    break
+            stop.wait(0.2)
+        if exit_code == 0:
+            _say(out, "Stopping the web server, the worker and the scheduler…")
+    finally:
+        _stop_all(processes, grace_seconds=grace_seconds, hurry=hurry)
+        for reader in readers:
+            reader.join(timeout=2)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return exit_code
+
+
+def _stop_all(
+    processes: Mapping[str, subprocess.Popen], *, grace_seconds: float, hurry: threading.Event
+) -> None:
+    for process in processes.values():
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and not hurry.is_set():
+        if all(process.poll() is not None for process in processes.values()):
+            break
+        hurry.wait(0.1)
+    for process in processes.values():
+        if process.poll() is None:
+            _signal_group(process, signal.SIGKILL)
+        process.wait()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(process.pid, sig)
+
+
+def _relay(prefix: str, stream: TextIO, out: TextIO) -> None:
+    for line in stream:
+        out.write(f"{prefix} | {line}")
+        out.flush()
+
+
+def _say(out: TextIO, message: str) -> None:
+    out.write(f"\n  {message}\n")
+    out.flush()
+
+
+def _wait_for_port(host: str, port: int, *, timeout: float, stop: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stop():
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _describe_database(url: str, var_dir: Path) -> str:
+    if not url:
+        return f"SQLite ({var_dir / 'db.sqlite3'})"
+    parts = urlsplit(url)
+    return f"{parts.scheme} on {parts.hostname or 'localhost'}{parts.path}"
+
+
+def _describe_broker(url: str, var_dir: Path) -> str:
+    if not url:
+        return f"embedded, as files in {var_dir / 'broker'} (no server needed)"
+    parts = urlsplit(url)
+    return f"Redis on {parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path}"
 
 
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # The demo's simulated machines boot in their real boot time divided by this. A 600 s
-    # bare-metal boot takes 20 s at 30x, so the demo is lively; set RUNCRATE_SIM_SPEED=1 for
-    # real timings.
+    port = env.get("PORT", "8000")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        print(f"PORT must be a port number (1-65535), not {port!r}", file=sys.stderr)
+        return 2
+    # The demo's simulated machines boot in their real boot time divided by this: a 600 s
+    # bare-metal boot takes 20 s at 30x, so the demo is lively.
     env.setdefault("RUNCRATE_SIM_SPEED", "30")
-    var_dir = env.get("RUNCRATE_VAR_DIR", str(ROOT / "var"))
-    celery = [PYTHON, "-m", "celery", "-A", "runcrate"]
+    var_dir = Path(env.get("RUNCRATE_VAR_DIR") or ROOT / "var").resolve()
+    log_level = env.get("LOG_LEVEL", "WARNING")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # A container or a CI box runs the demo as root; the warning is for production.
+        env.setdefault("PYTHONWARNINGS", "ignore:You're running the worker with superuser")
+    python = sys.executable
+    celery = [python, "-m", "celery", "--app=runcrate", "--quiet"]
     commands = {
-        "web": [PYTHON, "manage.py", "runserver", f"{HOST}:{PORT}", "--noreload"],
-        "worker": celery + ["worker", "--loglevel=INFO", "--pool=threads", "--concurrency=4"],
-        "beat": celery
-        + ["beat", "--loglevel=INFO", f"--schedule={Path(var_dir) / 'celerybeat-schedule'}"],
+        "web": [python, "manage.py", "runserver", f"{HOST}:{port}", "--noreload", "--skip-checks"],
+        "worker": [
+            *celery,
+            "worker",
+            f"--loglevel={log_level}",
+            "--pool=threads",
+            "--concurrency=4",
+        ],
+        "beat": [*celery, "beat", f"--loglevel={log_level}"],
     }
-    processes = {
-        name: subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)  # noqa: S603
-        for name, cmd in commands.items()
-    }
-    print(
-        f"\n  Runcrate Clusters is starting on http://{HOST}:{PORT}/\n"
-        f"  Demo login: demo@runcrate.localhost / demo-gpus-2026\n"
-        f"  Simulated machines boot {env['RUNCRATE_SIM_SPEED']}x faster than real "
-        f"(RUNCRATE_SIM_SPEED).\n  Mail is written to {var_dir}/mail/. Ctrl-C stops everything.\n",
-        flush=True,
-    )
+    stopped = threading.Event()
 
-    stopping = False
+    def announce(processes: dict[str, subprocess.Popen]) -> None:
+        def wait_then_print() -> None:
+            web = processes["web"]
+            if not _wait_for_port(
+                HOST, int(port), timeout=60, stop=lambda: stopped.is_set() or web.poll() is not None
+            ):
+                return
+            email, password = DEMO_LOGIN
+            sim_speed = env["RUNCRATE_SIM_SPEED"]
+            print(
+                f"\n  Runcrate Clusters is running: http://{HOST}:{port}/\n"
+                f"  Demo login:  {email} / {password}\n"
+                f"  Database:    {_describe_database(env.get('DATABASE_URL', ''), var_dir)}\n"
+                f"  Broker:      {_describe_broker(env.get('REDIS_URL', ''), var_dir)}\n"
+                f"  Mail:        written as files to {var_dir / 'mail'}\n"
+                f"  Simulated machines boot {sim_speed}x faster than real (RUNCRATE_SIM_SPEED).\n"
+                f"  Ctrl-C stops the web server, the worker and the scheduler.\n",
+                flush=True,
+            )
 
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
+        threading.Thread(target=wait_then_print, daemon=True).start()
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    exit_code = 0
-    while not stopping:
-        for name, process in processes.items():
-            if process.poll() is not None:
-                print(f"{name} exited with {process.returncode}; stopping the rest.", flush=True)
-                exit_code = process.returncode or 1
-                stopping = True
-        time.sleep(0.5)
-    for process in processes.values():
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for process in processes.values():
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-    return exit_code
+    try:
+        return supervise(commands, cwd=ROOT, env=env, on_start=announce)
+    finally:
+        stopped.set()
 
 
 if __name__ == "__main__":

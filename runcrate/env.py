@@ -4,6 +4,7 @@ Each one fails loudly on a value it cannot read, so a typo in a deployment stops
 process at start-up instead of running with a silent default.
 """
 
+import math
 import os
 from decimal import Decimal, InvalidOperation
 
@@ -50,6 +51,8 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a number, not {raw!r}") from None
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name} must be a finite number, not {raw!r}")
     if value <= minimum:
         raise ImproperlyConfigured(f"{name} must be greater than {minimum}, not {value}")
     return value
@@ -58,9 +61,12 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
 def env_decimal(name: str, default: str) -> Decimal:
     raw = os.environ.get(name) or default
     try:
-        return Decimal(raw)
+        value = Decimal(raw.strip())
     except InvalidOperation:
         raise ImproperlyConfigured(f"{name} must be a decimal amount, not {raw!r}") from None
+    if not value.is_finite():
+        raise ImproperlyConfigured(f"{name} must be a decimal amount, not {raw!r}")
+    return value
 
 
 def env_list(name: str, default: str = "") -> list[str]:

@@ -31,7 +31,7 @@ DEBUG = env_bool("DEBUG", True)
 SECRET_KEY = env_str("SECRET_KEY") or _dev_secret_key()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
-SITE_URL = env_str("SITE_URL", f"http://localhost:{env_int('PORT', 8000)}").rstrip("/")
+SITE_URL = env_str("SITE_URL", f"http://localhost:{env_int('PORT', 8000, minimum=1)}").rstrip("/")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -157,16 +157,23 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 else:
+    # kombu's filesystem transport: one file per message. It does not create its folders,
+    # and without `control_folder` it writes its exchange tables to ./control of whatever
+    # directory the process started in.
     _broker_dir = VAR_DIR / "broker"
-    for _sub in ("queue", "processed"):
+    for _sub in ("queue", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "filesystem://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+# Remote control (`celery inspect`, broadcast) fans a message out to a queue per worker; on
+# the filesystem broker the queue of a worker that has gone stays behind and fills up.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = bool(REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("RUNCRATE_TASKS_EAGER", False)

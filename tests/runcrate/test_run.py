@@ -1,0 +1,162 @@
+"""bin/run.py supervises the web server, the worker and the scheduler: they start together and
+stop together. Here it supervises small stand-in commands through the same function."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_PY = ROOT / "bin" / "run.py"
+PYTHON = sys.executable
+
+# Loads bin/run.py as `make run` does, supervises the commands given as JSON, and prints the
+# children's process ids once they are started.
+SUPERVISOR = f"""
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("run", {str(RUN_PY)!r})
+run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run)
+
+def on_start(processes):
+    print("PIDS " + json.dumps({{name: p.pid for name, p in processes.items()}}), flush=True)
+
+sys.exit(run.supervise(
+    json.loads(sys.argv[1]), cwd=".", env=os.environ, on_start=on_start,
+    grace_seconds=float(sys.argv[2]),
+))
+"""
+
+
+def _sleeper(announce: str = "") -> list[str]:
+    return [PYTHON, "-c", f"import time; print({announce!r}, flush=True); time.sleep(300)"]
+
+
+class Supervisor:
+    def __init__(self, commands: dict[str, list[str]], *, grace_seconds: float = 10.0) -> None:
+        self.process = subprocess.Popen(
+            [PYTHON, "-c", SUPERVISOR, json.dumps(commands), str(grace_seconds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.output: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.pids: dict[str, int] = json.loads(self.wait_for("PIDS ").removeprefix("PIDS "))
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            with self._changed:
+                self.output.append(line)
+                self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 15.0) -> str:
+        """The first line of output containing `text`; fails after `timeout` seconds."""
+
+        def found() -> str | None:
+            return next((line for line in self.output if text in line), None)
+
+        with self._changed:
+            line = self._changed.wait_for(found, timeout=timeout)
+        assert line, f"no line with {text!r} in:\n{''.join(self.output)}"
+        return line
+
+    def finish(self, timeout: float = 20.0) -> int:
+        return self.process.wait(timeout=timeout)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+@pytest.fixture
+def start():
+    """Starts supervisors; whatever a failed test leaves running is killed afterwards."""
+    started: list[Supervisor] = []
+
+    def start(commands: dict[str, list[str]], **options: float) -> Supervisor:
+        started.append(Supervisor(commands, **options))
+        return started[-1]
+
+    yield start
+    for supervisor in started:
+        if supervisor.process.poll() is None:
+            supervisor.process.kill()
+            supervisor.process.wait()
+        for pid in supervisor.pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_it_stops_every_child_when_it_gets_sigterm(start):
+    supervisor = start(
+        {"web": _sleeper("web up"), "worker": _sleeper("worker up"), "beat": _sleeper("beat up")}
+    )
+    for name in ("web", "worker", "beat"):
+        supervisor.wait_for(f"{name} up")
+    assert all(_alive(pid) for pid in supervisor.pids.values())
+
+    supervisor.process.send_signal(signal.SIGTERM)
+
+    assert supervisor.finish() == 0
+    assert [name for name, pid in supervisor.pids.items() if _alive(pid)] == []
+
+
+def test_it_stops_every_child_on_ctrl_c(start):
+    supervisor = start({"web": _sleeper("web up"), "worker": _sleeper("worker up")})
+    supervisor.wait_for("worker up")
+
+    supervisor.process.send_signal(signal.SIGINT)
+
+    assert supervisor.finish() == 0
+    assert [name for name, pid in supervisor.pids.items() if _alive(pid)] == []
+
+
+def test_it_shows_each_line_behind_the_name_of_its_process(start):
+    supervisor = start({"web": _sleeper("listening"), "worker": _sleeper("connected")})
+
+    assert supervisor.wait_for("listening") == "web    | listening\n"
+    assert supervisor.wait_for("connected") == "worker | connected\n"
+    supervisor.process.send_signal(signal.SIGTERM)
+    supervisor.finish()
+
+
+def test_it_stops_the_rest_when_one_child_exits(start):
+    supervisor = start(
+        {"worker": [PYTHON, "-c", "import sys; sys.exit(3)"], "web": _sleeper("web up")}
+    )
+
+    assert supervisor.finish() == 3
+    supervisor.wait_for("worker exited with code 3; stopping the rest.")
+    assert not _alive(supervisor.pids["web"])
+
+
+def test_it_kills_a_child_that_ignores_sigterm_after_the_grace_period(start):
+    stubborn = [
+        PYTHON,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignoring SIGTERM', flush=True); time.sleep(300)",
+    ]
+    supervisor = start({"beat": stubborn}, grace_seconds=0.5)
+    supervisor.wait_for("ignoring SIGTERM")
+
+    supervisor.process.send_signal(signal.SIGTERM)
+
+    assert supervisor.finish(timeout=10) == 0
+    assert not _alive(supervisor.pids["beat"])
