@@ -1,3 +1,298 @@
-from ninja import Router
+"""The billing API: balance, usage per month, the ledger, and environment budgets.
+
+Owners and managers only (developers see no billing, SPEC §5). Money is a decimal string with
+2 places; times are ISO 8601 in UTC.
+"""
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema
+
+from accounts.models import Environment
+from billing import budgets, usage
+from billing.access import can_manage_billing
+from billing.meter import HOUR
+from billing.models import LedgerEntry
+from clusters.models import Cluster
+from runcrate.api import ApiError
 
 router = Router(tags=["billing"])
+
+
+def _money(value: Decimal | None) -> str | None:
+    return None if value is None else f"{value:.2f}"
+
+
+def _utc(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _billing_project(request: HttpRequest):
+    project = request.project  # type: ignore[attr-defined]
+    if not can_manage_billing(user=request.user, project=project):
+        raise ApiError(
+            403, "forbidden", "Only the project's owners and managers see and manage billing."
+        )
+    return project
+
+
+class ErrorDetail(Schema):
+    code: str
+    message: str
+
+
+class ErrorOut(Schema):
+    error: ErrorDetail
+
+
+class ListMeta(Schema):
+    total: int = Field(description="How many objects match, across every page.")
+    limit: int
+    offset: int
+
+
+# ---- balance ----------------------------------------------------------------------------------
+
+
+class BalanceOut(Schema):
+    balance: str = Field(description="USD: the sum of the ledger.")
+    burn_rate: str = Field(description="USD per hour of every machine running now.")
+    hours_remaining: str | None = Field(
+        description="Hours the balance lasts at this burn rate; null while nothing runs."
+    )
+    currency: str = "USD"
+
+
+class BalanceEnvelope(Schema):
+    data: BalanceOut
+
+
+@router.get(
+    "/billing/balance",
+    response={200: BalanceEnvelope, 401: ErrorOut, 403: ErrorOut},
+    summary="Balance, burn rate and hours remaining",
+)
+def balance(request: HttpRequest) -> dict:
+    project = _billing_project(request)
+    summary = usage.summary(project_id=project.pk)
+    return {
+        "data": {
+            "balance": _money(summary.balance),
+            "burn_rate": _money(summary.burn_rate),
+            "hours_remaining": _money(summary.hours_remaining),
+            "currency": "USD",
+        }
+    }
+
+
+# ---- usage --------------------------------------------------------------------------------------
+
+
+class MachineOut(Schema):
+    node: str
+    gpu: str
+    location: str
+    started_at: str = Field(description="When it started, or the month's start if earlier.")
+    ended_at: str | None = Field(description="When it ended, or the month's end; null: running.")
+    hours: str
+    rate: str = Field(description="USD per hour for this machine.")
+    cost: str = Field(description="USD charged for this machine in the month.")
+
+
+class ClusterUsageOut(Schema):
+    cluster_id: int
+    name: str
+    hours: str = Field(description="Machine-hours charged in the month.")
+    total: str = Field(description="USD charged in the month: the sum of the machines' costs.")
+    accumulating: bool = Field(description="The current hour's charge is still growing.")
+    machines: list[MachineOut]
+
+
+class UsageMeta(ListMeta):
+    month: str
+    total_usage: str = Field(description="USD of usage charged in the month, every cluster.")
+
+
+class UsageList(Schema):
+    data: list[ClusterUsageOut]
+    meta: UsageMeta
+
+
+@router.get(
+    "/billing/usage",
+    response={200: UsageList, 401: ErrorOut, 403: ErrorOut, 422: ErrorOut},
+    summary="Usage of a month, per cluster and per machine",
+)
+def usage_of_month(
+    request: HttpRequest,
+    month: Annotated[
+        str | None, Query(description="YYYY-MM; the current month if omitted.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict:
+    project = _billing_project(request)
+    try:
+        chosen = usage.Month.parse(month)
+    except usage.MonthInvalid as error:
+        raise ApiError(422, "invalid_month", str(error)) from None
+    total, lines = usage.cluster_usage(
+        project_id=project.pk, month=chosen, offset=offset, limit=limit
+    )
+    totals = usage.month_totals(project_id=project.pk, month=chosen)
+    return {
+        "data": [
+            {
+                "cluster_id": line.cluster_id,
+                "name": line.name,
+                "hours": _money(line.hours),
+                "total": _money(line.total),
+                "accumulating": line.accumulating,
+                "machines": [
+                    {
+                        "node": row.node,
+                        "gpu": row.gpu,
+                        "location": row.location,
+                        "started_at": _utc(row.started_at),
+                        "ended_at": _utc(row.ended_at),
+                        "hours": _money(row.hours),
+                        "rate": _money(row.rate),
+                        "cost": _money(row.cost),
+                    }
+                    for row in line.machines
+                ],
+            }
+            for line in lines
+        ],
+        "meta": {
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "month": chosen.param,
+            "total_usage": _money(totals.usage),
+        },
+    }
+
+
+# ---- transactions ----------------------------------------------------------------------------
+
+
+class TransactionOut(Schema):
+    id: int
+    type: str = Field(description="topup, usage or adjustment.")
+    amount: str = Field(description="USD: positive credits, negative debits.")
+    note: str
+    created_at: str
+    cluster_id: int | None
+    cluster_name: str | None
+    period_start: str | None = Field(description="Usage: the clock hour (UTC) it charges.")
+    machine_seconds: int | None = Field(description="Usage: machine-seconds charged.")
+    accumulating: bool = Field(description="Usage: this hour's charge is still growing.")
+
+
+class TransactionList(Schema):
+    data: list[TransactionOut]
+    meta: ListMeta
+
+
+@router.get(
+    "/billing/transactions",
+    response={200: TransactionList, 401: ErrorOut, 403: ErrorOut, 422: ErrorOut},
+    summary="The ledger, newest first",
+)
+def transactions(
+    request: HttpRequest,
+    type: Annotated[  # noqa: A002 - the API's documented parameter name
+        Literal["topup", "usage", "adjustment"] | None,
+        Query(description="Only lines of this type."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict:
+    project = _billing_project(request)
+    queryset = LedgerEntry.objects.filter(project=project)
+    if type:
+        queryset = queryset.filter(kind=type)
+    queryset = queryset.select_related("cluster").order_by("-created_at", "-pk")
+    now = timezone.now()
+    data = []
+    for entry in queryset[offset : offset + limit]:
+        is_usage = entry.kind == LedgerEntry.Kind.USAGE
+        data.append(
+            {
+                "id": entry.pk,
+                "type": entry.kind,
+                "amount": _money(entry.amount),
+                "note": entry.note,
+                "created_at": _utc(entry.created_at),
+                "cluster_id": entry.cluster_id,
+                "cluster_name": entry.cluster.name if entry.cluster_id else None,
+                "period_start": _utc(entry.period_start),
+                "machine_seconds": entry.machine_seconds if is_usage else None,
+                "accumulating": bool(
+                    is_usage
+                    and entry.period_start is not None
+                    and entry.cluster.status in Cluster.BILLED
+                    and now < entry.period_start + HOUR
+                ),
+            }
+        )
+    return {"data": data, "meta": {"total": queryset.count(), "limit": limit, "offset": offset}}
+
+
+# ---- budgets -----------------------------------------------------------------------------------
+
+
+class BudgetIn(Schema):
+    amount: Decimal | None = Field(
+        description='USD as a decimal string, like "500.00"; null clears the budget.'
+    )
+
+
+class EnvironmentBudgetOut(Schema):
+    name: str
+    monthly_budget: str | None
+    month_to_date_spend: str
+    budget_reached: bool
+
+
+class EnvironmentBudgetEnvelope(Schema):
+    data: EnvironmentBudgetOut
+
+
+@router.put(
+    "/environments/{name}/budget",
+    response={
+        200: EnvironmentBudgetEnvelope,
+        401: ErrorOut,
+        403: ErrorOut,
+        404: ErrorOut,
+        422: ErrorOut,
+    },
+    summary="Set or clear an environment's monthly budget",
+)
+def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
+    project = _billing_project(request)
+    environment = Environment.objects.filter(project=project, name=name).first()
+    if environment is None:
+        raise ApiError(404, "not_found", f"The project has no environment named {name!r}.")
+    try:
+        amount = budgets.parse_budget(payload.amount)
+    except budgets.BudgetRefused as refusal:
+        raise ApiError(422, refusal.code, refusal.message) from None
+    budgets.set_budget(environment=environment, amount=amount)
+    spent = budgets.month_to_date_spend(environment=environment)
+    return {
+        "data": {
+            "name": environment.name,
+            "monthly_budget": _money(environment.monthly_budget),
+            "month_to_date_spend": _money(spent),
+            "budget_reached": amount is not None and spent >= amount,
+        }
+    }

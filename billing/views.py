@@ -1,8 +1,288 @@
+"""The Billing page, a cluster's per-machine rows, CSV export, card top-ups, the Stripe webhook
+and the environments (budgets) page. Rules live in billing/{usage,payments,budgets}.py."""
+
+import csv
+import logging
+from decimal import Decimal
+from functools import wraps
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from accounts.models import Environment
+from accounts.projects import get_for_project
+from billing import budgets, payments, usage
+from billing.access import can_manage_billing
+from billing.charts import spend_chart
+from billing.forms import BudgetForm, EnvironmentForm, TopUpForm
+from billing.models import Payment
+from clusters.models import Cluster
+
+logger = logging.getLogger(__name__)
+
+LINES_PER_PAGE = 25
 
 
-@login_required
+def billing_view(view):
+    """Logged in, in a project, and allowed to see billing (owners and managers)."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.project is None:  # type: ignore[attr-defined]
+            raise Http404("Your user belongs to no project.")
+        if not can_manage_billing(user=request.user, project=request.project):  # type: ignore[attr-defined]
+            raise PermissionDenied("Only the project's owners and managers see billing.")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _month(request: HttpRequest) -> usage.Month:
+    try:
+        return usage.Month.parse(request.GET.get("month"))
+    except usage.MonthInvalid:
+        raise Http404("No such month.") from None
+
+
+def _page_number(request: HttpRequest) -> int:
+    raw = request.GET.get("page", "1")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def _month_context(request: HttpRequest, month: usage.Month) -> dict:
+    project = request.project  # type: ignore[attr-defined]
+    now = timezone.now()
+    paginator = Paginator(usage.statement(project_id=project.pk, month=month), LINES_PER_PAGE)
+    page = paginator.get_page(_page_number(request))
+    months = usage.months_since(project.created_at, now=now)
+    if month not in months:
+        months = sorted({*months, month}, reverse=True)
+    return {
+        "month": month,
+        "months": months,
+        "is_current_month": month == usage.Month.of(now),
+        "totals": usage.month_totals(project_id=project.pk, month=month),
+        "chart": spend_chart(usage.spend_per_day(project_id=project.pk, month=month)),
+        "page": page,
+        "lines": usage.to_lines(list(page.object_list), now=now),
+    }
+
+
+@billing_view
+@require_GET
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "billing/index.html", {})
+    month = _month(request)
+    context = _month_context(request, month)
+    if request.htmx and request.htmx.target == "billing-month":
+        return render(request, "billing/index.html#month", context)
+    context.update(_top_context(request))
+    return render(request, "billing/index.html", context)
+
+
+def _top_context(request: HttpRequest, form: TopUpForm | None = None) -> dict:
+    project = request.project  # type: ignore[attr-defined]
+    return {
+        "summary": usage.summary(project_id=project.pk),
+        "payments_configured": payments.payments_configured(),
+        "topup_form": form
+        or TopUpForm(initial={"idempotency_key": payments.new_idempotency_key()}),
+        "min_topup": payments.MIN_TOPUP,
+    }
+
+
+def _billed_cluster(request: HttpRequest, cluster_id: int) -> Cluster:
+    return get_for_project(request, Cluster.objects.select_related("machine_type"), pk=cluster_id)
+
+
+@billing_view
+@require_GET
+def cluster_usage(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """A cluster line opened: one row per machine for the month (htmx), or a page of its own."""
+    cluster = _billed_cluster(request, cluster_id)
+    month = _month(request)
+    collapsed = request.GET.get("collapsed") == "1"
+    rows = [] if collapsed else usage.machine_rows(cluster=cluster, month=month)
+    context = {
+        "cluster": cluster,
+        "month": month,
+        "collapsed": collapsed,
+        "rows": rows,
+        "total": sum((row.cost for row in rows), Decimal("0.00")),
+        "total_hours": usage.hours(sum(row.seconds for row in rows)),
+    }
+    if request.htmx:
+        return render(request, "billing/cluster_usage.html#machines", context)
+    return render(request, "billing/cluster_usage.html", context)
+
+
+@billing_view
+@require_GET
+def export_csv(request: HttpRequest) -> HttpResponse:
+    month = _month(request)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="runcrate-billing-{month.param}.csv"'
+    writer = csv.writer(response)
+    for row in usage.csv_rows(project_id=request.project.pk, month=month):  # type: ignore[attr-defined]
+        writer.writerow(row)
+    return response
+
+
+# ---- top-ups ---------------------------------------------------------------------------------
+
+
+@billing_view
+@require_POST
+def add_credit(request: HttpRequest) -> HttpResponse:
+    if not payments.payments_configured():
+        messages.error(request, "Card payments are not configured.")
+        return redirect("billing:index")
+    form = TopUpForm(request.POST)
+    if not form.is_valid():
+        context = _month_context(request, usage.Month.of(timezone.now()))
+        context.update(_top_context(request, form=form))
+        return render(request, "billing/index.html", context, status=422)
+    try:
+        payment = payments.start_checkout(
+            project=request.project,  # type: ignore[attr-defined]
+            user=request.user,
+            amount=form.cleaned_data["amount"],
+            idempotency_key=form.cleaned_data["idempotency_key"],
+        )
+    except payments.PaymentRefused as refusal:
+        messages.error(request, refusal.message)
+        payment = Payment.objects.filter(
+            project=request.project,  # type: ignore[attr-defined]
+            idempotency_key=form.cleaned_data["idempotency_key"],
+        ).first()
+        if payment is None:
+            return redirect("billing:index")
+        return redirect("billing:payment", pk=payment.pk)
+    return redirect(payment.checkout_url, permanent=False)
+
+
+def _payment_for_user(request: HttpRequest, pk: int) -> Payment:
+    return get_for_project(request, Payment.objects.all(), pk=pk)
+
+
+@billing_view
+@require_GET
+def payment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """Where Stripe sends the user back: pending until the webhook has credited the payment."""
+    payment = _payment_for_user(request, pk)
+    pending = payments.is_pending(payment)
+    context = {
+        "payment": payment,
+        "pending": pending,
+        "cancelled": request.GET.get("cancelled") == "1",
+        "back_from_stripe": bool(request.GET.get("session_id")),
+        "polling": pending and not payment.last_error and payment.status != Payment.Status.CREATED,
+    }
+    if request.htmx:
+        response = render(request, "billing/payment.html#status", context)
+        if not context["polling"]:
+            response.status_code = 286  # htmx: stop polling
+        return response
+    return render(request, "billing/payment.html", context)
+
+
+@billing_view
+@require_POST
+def payment_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    payment = _payment_for_user(request, pk)
+    try:
+        payment = payments.retry_checkout(payment=payment)
+    except payments.PaymentRefused as refusal:
+        messages.error(request, refusal.message)
+        return redirect("billing:payment", pk=payment.pk)
+    if payment.checkout_url and payments.is_pending(payment):
+        return redirect(payment.checkout_url, permanent=False)
+    return redirect("billing:payment", pk=payment.pk)
+
+
+@csrf_exempt
+@require_POST
+def stripe_webhook(request: HttpRequest) -> HttpResponse:
+    """Stripe's signed events; anything not signed with our secret, or stale, is a 400."""
+    try:
+        result = payments.handle_webhook(
+            payload=request.body, signature=request.headers.get("Stripe-Signature")
+        )
+    except payments.WebhookRejected as rejected:
+        logger.warning("Stripe webhook rejected: %s", rejected)
+        return HttpResponse(f"Rejected: {rejected}\n", status=400, content_type="text/plain")
+    return HttpResponse(f"{result.outcome}\n", content_type="text/plain")
+
+
+# ---- environments and budgets ------------------------------------------------------------------
+
+
+def _environments_context(request: HttpRequest, **extra: object) -> dict:
+    project = request.project  # type: ignore[attr-defined]
+    rows = budgets.environment_budgets(project=project)
+    forms = extra.pop("forms", {})
+    return {
+        "rows": [
+            (
+                row,
+                forms.get(row.environment.pk)
+                or BudgetForm(
+                    initial={"monthly_budget": row.budget}, prefix=f"env-{row.environment.pk}"
+                ),
+            )
+            for row in rows
+        ],
+        "create_form": extra.pop("create_form", None) or EnvironmentForm(),
+        "month_start": budgets.month_start(),
+        **extra,
+    }
+
+
+@billing_view
+@require_http_methods(["GET", "POST"])
+def environments(request: HttpRequest) -> HttpResponse:
+    """The project's environments with their budgets; POST creates one."""
+    if request.method == "POST":
+        form = EnvironmentForm(request.POST)
+        if form.is_valid():
+            try:
+                environment = budgets.create_environment(
+                    project=request.project,  # type: ignore[attr-defined]
+                    name=form.cleaned_data["name"],
+                    monthly_budget=form.cleaned_data["monthly_budget"],
+                )
+            except budgets.BudgetRefused as refusal:
+                form.add_error(refusal.field or None, refusal.message)
+            else:
+                messages.success(request, f"Environment {environment.name} created.")
+                return redirect("billing:environments")
+        context = _environments_context(request, create_form=form)
+        return render(request, "billing/environments.html", context, status=422)
+    return render(request, "billing/environments.html", _environments_context(request))
+
+
+@billing_view
+@require_POST
+def set_budget(request: HttpRequest, name: str) -> HttpResponse:
+    environment = get_for_project(request, Environment.objects.all(), name=name)
+    form = BudgetForm(request.POST, prefix=f"env-{environment.pk}")
+    if not form.is_valid():
+        context = _environments_context(request, forms={environment.pk: form})
+        return render(request, "billing/environments.html", context, status=422)
+    budgets.set_budget(environment=environment, amount=form.cleaned_data["monthly_budget"])
+    if environment.monthly_budget is None:
+        messages.success(request, f"{environment.name} has no monthly budget any more.")
+    else:
+        messages.success(
+            request,
+            f"{environment.name}: monthly budget set to {environment.monthly_budget:,.2f} USD.",
+        )
+    return redirect(reverse("billing:environments"))

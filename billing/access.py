@@ -1,0 +1,12 @@
+"""Who sees billing: the project's owners and managers; developers deploy clusters but see
+neither the balance nor the bills (SPEC §5)."""
+
+from accounts.models import Membership, Project, User
+
+BILLING_ROLES = (Membership.Role.OWNER, Membership.Role.MANAGER)
+
+
+def can_manage_billing(*, user: User, project: Project | None) -> bool:
+    if project is None or not user.is_authenticated:
+        return False
+    return Membership.objects.filter(project=project, user=user, role__in=BILLING_ROLES).exists()

@@ -1,0 +1,168 @@
+"""Environments and their monthly budgets (SPEC §4-§5, docs/billing.md).
+
+An environment's month-to-date spend is the usage the meter has charged to its clusters since
+the start of the calendar month (UTC). Reaching the budget stops its clusters
+(billing/stops.py) and refuses new ones (`budget_reached`).
+"""
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from accounts.models import Environment, Project
+from billing.models import LedgerEntry
+
+MAX_BUDGET = Decimal("10000000.00")
+MAX_ENVIRONMENTS = 50
+# Budget warning: one email when the month-to-date spend reaches this share of the budget.
+WARNING_SHARE = Decimal("0.80")
+NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+
+
+class BudgetRefused(Exception):
+    """Bad input for a budget or an environment, with a code and a sentence for a person."""
+
+    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+def month_start(now: datetime | None = None) -> datetime:
+    now = (now or timezone.now()).astimezone(UTC)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def spend_by_environment(
+    *, environment_ids: list[int], now: datetime | None = None
+) -> dict[int, Decimal]:
+    """Month-to-date spend of each environment, in one query."""
+    if not environment_ids:
+        return {}
+    rows = (
+        LedgerEntry.objects.filter(
+            kind=LedgerEntry.Kind.USAGE,
+            cluster__environment_id__in=environment_ids,
+            period_start__gte=month_start(now),
+        )
+        .values("cluster__environment_id")
+        .annotate(total=Sum("amount"))
+    )
+    spend = {environment_id: Decimal("0.00") for environment_id in environment_ids}
+    for row in rows:
+        spend[row["cluster__environment_id"]] = -row["total"]
+    return spend
+
+
+def month_to_date_spend(*, environment: Environment, now: datetime | None = None) -> Decimal:
+    return spend_by_environment(environment_ids=[environment.pk], now=now)[environment.pk]
+
+
+def budget_reached(*, environment: Environment, now: datetime | None = None) -> bool:
+    """True when the environment has a budget and this month's spend has reached it."""
+    if environment.monthly_budget is None:
+        return False
+    return month_to_date_spend(environment=environment, now=now) >= environment.monthly_budget
+
+
+def parse_budget(raw: object) -> Decimal | None:
+    """A budget from a form or the API: empty or None clears it; else 0 ≤ amount, 2 places."""
+    if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+        return None
+    try:
+        amount = Decimal(str(raw).strip())
+    except InvalidOperation:
+        raise BudgetRefused(
+            "invalid_budget", f"The budget must be an amount in USD, like 500.00, not {raw!r}."
+        ) from None
+    if not amount.is_finite() or amount < 0:
+        raise BudgetRefused("invalid_budget", "The budget must be zero or more USD.")
+    if amount != amount.quantize(Decimal("0.01")):
+        raise BudgetRefused("invalid_budget", "The budget takes at most 2 decimal places.")
+    if amount > MAX_BUDGET:
+        raise BudgetRefused("invalid_budget", f"The budget can be at most {MAX_BUDGET:,} USD.")
+    return amount.quantize(Decimal("0.01"))
+
+
+def set_budget(*, environment: Environment, amount: Decimal | None) -> Environment:
+    """Set (or, with None, clear) the environment's monthly budget."""
+    if amount is not None:
+        amount = parse_budget(amount)
+    Environment.objects.filter(pk=environment.pk).update(monthly_budget=amount)
+    environment.monthly_budget = amount
+    return environment
+
+
+def create_environment(
+    *, project: Project, name: str, monthly_budget: Decimal | None = None
+) -> Environment:
+    name = (name or "").strip()
+    field = Environment._meta.get_field("name")
+    if not name:
+        raise BudgetRefused("invalid_name", "Give the environment a name.", field="name")
+    if len(name) > field.max_length or not _is_slug(name):
+        raise BudgetRefused(
+            "invalid_name",
+            f"“{name}” is not a valid name: use lowercase letters, digits and hyphens, "
+            f"at most {field.max_length} characters.",
+            field="name",
+        )
+    if project.environments.count() >= MAX_ENVIRONMENTS:
+        raise BudgetRefused(
+            "too_many_environments", f"A project has at most {MAX_ENVIRONMENTS} environments."
+        )
+    try:
+        with transaction.atomic():
+            return Environment.objects.create(
+                project=project, name=name, monthly_budget=monthly_budget
+            )
+    except IntegrityError:
+        raise BudgetRefused(
+            "environment_exists", f"The project already has an environment “{name}”.", field="name"
+        ) from None
+
+
+def _is_slug(name: str) -> bool:
+    return NAME_RE.fullmatch(name) is not None
+
+
+@dataclass(frozen=True)
+class EnvironmentBudget:
+    environment: Environment
+    spent: Decimal
+
+    @property
+    def budget(self) -> Decimal | None:
+        return self.environment.monthly_budget
+
+    @property
+    def share(self) -> int | None:
+        """Percent of the budget spent this month (capped at 100 for the bar)."""
+        if self.budget is None:
+            return None
+        if self.budget == 0:
+            return 100
+        return min(100, int(self.spent * 100 / self.budget))
+
+    @property
+    def reached(self) -> bool:
+        return self.budget is not None and self.spent >= self.budget
+
+    @property
+    def warning(self) -> bool:
+        return self.budget is not None and self.spent >= self.budget * WARNING_SHARE
+
+
+def environment_budgets(
+    *, project: Project, now: datetime | None = None
+) -> list[EnvironmentBudget]:
+    """The project's environments with this month's spend, in two queries."""
+    environments = list(project.environments.order_by("name"))
+    spend = spend_by_environment(environment_ids=[e.pk for e in environments], now=now)
+    return [EnvironmentBudget(environment=e, spent=spend[e.pk]) for e in environments]

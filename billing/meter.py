@@ -1,0 +1,276 @@
+"""The meter: turns the seconds machines ran into ledger debits (SPEC §4, docs/billing.md).
+
+Each usage record (one per machine) is charged from `charged_until` up to now, or up to its
+`ended_at` once it has ended. Its cost is computed over its whole span, never as a sum of
+rounded slices:
+
+    cost(t) = round_half_up(price_per_hour × whole seconds from started_at to t / 3600, 2)
+
+and a charge debits `cost(new) − cost(old)`. So the debits of a record add up to the rounded
+cost of its span exactly, whenever and however often the meter ran, and the cost of any window
+`[a, b]` of a machine is `cost(b) − cost(a)`: per-machine rows, cluster lines and the ledger
+agree to the cent.
+
+A charge is split at clock hours (UTC): the ledger holds one usage line per cluster per hour,
+which the meter adds to while that hour runs (the *accumulating* line) and never touches once
+the hour is charged to its end.
+
+Running it twice, or on two workers at once, charges once: each batch of records is locked
+(`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN), and
+a record is only charged past its own `charged_until`.
+"""
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from billing.models import LedgerEntry, UsageRecord
+from clusters.models import Cluster
+
+logger = logging.getLogger(__name__)
+
+HOUR = timedelta(hours=1)
+BATCH_SIZE = 1000
+# Two meters creating the same cluster-hour line at once: the loser retries its batch.
+ATTEMPTS = 5
+
+
+# ---- the rounding rule ----------------------------------------------------------------------
+
+
+def billed_seconds(started_at: datetime, until: datetime) -> int:
+    """Whole seconds from `started_at` to `until` (a started second is not billed)."""
+    if until <= started_at:
+        return 0
+    elapsed = until - started_at
+    return elapsed.days * 86_400 + elapsed.seconds
+
+
+def cost_in_cents(price_per_hour: Decimal, seconds: int) -> int:
+    """`price × seconds / 3600` in cents, rounded half up, in exact integer arithmetic."""
+    price_cents = int((price_per_hour * 100).to_integral_value())
+    return (2 * price_cents * seconds + 3600) // 7200
+
+
+def cents(amount: int) -> Decimal:
+    return Decimal(amount).scaleb(-2)
+
+
+def cost(price_per_hour: Decimal, seconds: int) -> Decimal:
+    return cents(cost_in_cents(price_per_hour, seconds))
+
+
+def cost_between(record: UsageRecord, start: datetime, end: datetime) -> Decimal:
+    """What `record` costs from `start` to `end`: cost(end) − cost(start) of its span."""
+    first = billed_seconds(record.started_at, start)
+    last = billed_seconds(record.started_at, end)
+    if last <= first:
+        return Decimal("0.00")
+    price = record.price_per_hour
+    return cents(cost_in_cents(price, last) - cost_in_cents(price, first))
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime, datetime]]:
+    """`[start, end)` cut at clock hours: (hour, piece start, piece end)."""
+    while start < end:
+        hour = hour_of(start)
+        piece_end = min(end, hour + HOUR)
+        yield hour, start, piece_end
+        start = piece_end
+
+
+# ---- charging ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ChargeResult:
+    records: int = 0
+    amount: Decimal = Decimal("0.00")
+    project_ids: set[int] = field(default_factory=set)
+
+    def add(self, other: "ChargeResult") -> None:
+        self.records += other.records
+        self.amount += other.amount
+        self.project_ids |= other.project_ids
+
+
+@dataclass
+class _Line:
+    project_id: int
+    cents: int = 0
+    machine_seconds: int = 0
+
+
+def _chargeable(queryset: QuerySet[UsageRecord], now: datetime) -> QuerySet[UsageRecord]:
+    """Running records, and ended ones the meter has not charged to their end yet."""
+    return queryset.filter(
+        Q(ended_at__isnull=True) | Q(charged_until__lt=F("ended_at")), charged_until__lt=now
+    )
+
+
+def _charge_records(records: Iterable[UsageRecord], now: datetime) -> ChargeResult:
+    """Charge locked `records` up to `now` (or their end); the caller holds the transaction."""
+    lines: dict[tuple[int, datetime], _Line] = defaultdict(lambda: _Line(project_id=0))
+    changed: list[UsageRecord] = []
+    result = ChargeResult()
+    for record in records:
+        until = min(now, record.ended_at) if record.ended_at else now
+        if until <= record.charged_until:
+            continue
+        price, started_at = record.price_per_hour, record.started_at
+        seconds_before = billed_seconds(started_at, record.charged_until)
+        cents_before = cost_in_cents(price, seconds_before)
+        for hour, _, piece_end in _hours(record.charged_until, until):
+            seconds_after = billed_seconds(started_at, piece_end)
+            cents_after = cost_in_cents(price, seconds_after)
+            line = lines[(record.cluster_id, hour)]
+            line.project_id = record.project_id
+            line.cents += cents_after - cents_before
+            line.machine_seconds += seconds_after - seconds_before
+            seconds_before, cents_before = seconds_after, cents_after
+        record.charged_until = until
+        record.charged_amount = cents(cents_before)
+        changed.append(record)
+        result.records += 1
+        result.project_ids.add(record.project_id)
+    if changed:
+        UsageRecord.objects.bulk_update(changed, ["charged_until", "charged_amount"])
+    result.amount = _post_lines(lines, now)
+    return result
+
+
+def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Decimal:
+    """Add each cluster-hour's debit to its usage line, creating the line when it is new."""
+    lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
+    if not lines:
+        return Decimal("0.00")
+    cluster_ids = {cluster_id for cluster_id, _ in lines}
+    hours = {hour for _, hour in lines}
+    # Locked in one order (cluster, hour) by every meter, so two never wait on each other.
+    existing = {
+        (entry.cluster_id, entry.period_start): entry
+        for entry in LedgerEntry.objects.select_for_update()
+        .filter(kind=LedgerEntry.Kind.USAGE, cluster_id__in=cluster_ids, period_start__in=hours)
+        .order_by("cluster_id", "period_start")
+    }
+    missing = {cluster_id for cluster_id, hour in lines if (cluster_id, hour) not in existing}
+    names = dict(Cluster.objects.filter(pk__in=missing).values_list("pk", "name"))
+    to_update, to_create = [], []
+    total = 0
+    for key in sorted(lines):
+        line = lines[key]
+        total += line.cents
+        entry = existing.get(key)
+        if entry is not None:
+            entry.amount -= cents(line.cents)
+            entry.machine_seconds += line.machine_seconds
+            to_update.append(entry)
+        else:
+            cluster_id, hour = key
+            to_create.append(
+                LedgerEntry(
+                    project_id=line.project_id,
+                    kind=LedgerEntry.Kind.USAGE,
+                    cluster_id=cluster_id,
+                    period_start=hour,
+                    amount=-cents(line.cents),
+                    machine_seconds=line.machine_seconds,
+                    note=f"Cluster usage — {names.get(cluster_id, cluster_id)}",
+                    created_at=now,
+                )
+            )
+    if to_update:
+        LedgerEntry.objects.bulk_update(to_update, ["amount", "machine_seconds"])
+    if to_create:
+        LedgerEntry.objects.bulk_create(to_create)
+    return cents(total)
+
+
+def _locked(queryset: QuerySet[UsageRecord], *, skip_locked: bool) -> QuerySet[UsageRecord]:
+    if connection.features.has_select_for_update_skip_locked and skip_locked:
+        return queryset.select_for_update(skip_locked=True)
+    return queryset.select_for_update()
+
+
+def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> ChargeResult:
+    """Charge every running or not-yet-fully-charged record up to `now`, batch by batch.
+
+    A batch another meter holds is skipped: that meter charges it.
+    """
+    now = now or timezone.now()
+    result = ChargeResult()
+    after_pk = 0
+    while True:
+        for attempt in range(ATTEMPTS):
+            try:
+                with transaction.atomic():
+                    batch = list(
+                        _locked(
+                            _chargeable(UsageRecord.objects.filter(pk__gt=after_pk), now),
+                            skip_locked=True,
+                        ).order_by("pk")[:batch_size]
+                    )
+                    if batch:
+                        result.add(_charge_records(batch, now))
+                break
+            except IntegrityError:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                logger.info("meter: a usage line was created concurrently; retrying the batch")
+        if len(batch) < batch_size:
+            return result
+        after_pk = batch[-1].pk
+
+
+def charge_usage(
+    *,
+    cluster: Cluster | None = None,
+    record_ids: Iterable[int] | None = None,
+    until: datetime | None = None,
+) -> ChargeResult:
+    """Charge one cluster's records (or the given ones) up to `until`, or to their end.
+
+    Called by the lifecycle when a cluster or a worker ends, right after it set `ended_at`,
+    so the bill stops at the end instant, not at the next meter run. Each record is charged
+    up to min(`until` or now, its `ended_at`). It waits for a meter holding the same rows.
+    """
+    if (cluster is None) == (record_ids is None):
+        raise ValueError("charge_usage needs either a cluster or record_ids.")
+    now = until or timezone.now()
+    queryset = UsageRecord.objects.all()
+    if cluster is not None:
+        queryset = queryset.filter(cluster=cluster)
+    else:
+        queryset = queryset.filter(pk__in=list(record_ids or ()))
+    for attempt in range(ATTEMPTS):
+        try:
+            with transaction.atomic():
+                records = list(
+                    _locked(_chargeable(queryset, now), skip_locked=False).order_by("pk")
+                )
+                return _charge_records(records, now)
+        except IntegrityError:
+            if attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# ---- what the Billing page shows -------------------------------------------------------------
+
+
+def is_accumulating(entry: LedgerEntry, *, cluster_ended: bool, now: datetime) -> bool:
+    """A usage line is accumulating while its hour runs and its cluster is still billed."""
+    if entry.kind != LedgerEntry.Kind.USAGE or entry.period_start is None:
+        return False
+    return not cluster_ended and now < entry.period_start + HOUR

@@ -1,0 +1,305 @@
+"""Card top-ups through Stripe Checkout (SPEC §4, docs/billing.md).
+
+1. `start_checkout` stores a `Payment` with its Idempotency-Key (committed) before it asks
+   Stripe for a Checkout Session, so a retry (the form sent twice, Stripe not answering)
+   sends the same key and gets the same session instead of a second one.
+2. The balance is credited only by the webhook, verified with the signing secret:
+   `checkout.session.completed` when it is paid, or `checkout.session.async_payment_succeeded`.
+   Exactly once per payment, whatever the order, repetition or concurrency of the events: one
+   payment per session (unique), and the credit is a conditional update of `credited_at`
+   in the transaction that writes the ledger line.
+"""
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+import stripe
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts.models import Project, User
+from billing.models import LedgerEntry, Payment
+
+logger = logging.getLogger(__name__)
+
+MIN_TOPUP = Decimal("10.00")
+MAX_TOPUP = Decimal("10000.00")
+CURRENCY = "usd"
+# Stripe's client retries a request that failed on the network with the same key.
+NETWORK_RETRIES = 2
+# A signed event older than this is refused (Stripe's own default).
+TOLERANCE_SECONDS = 300
+
+PENDING = {Payment.Status.CREATED, Payment.Status.OPEN, Payment.Status.PROCESSING}
+
+
+class PaymentRefused(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class WebhookRejected(Exception):
+    """The request is not a genuine, recent Stripe event: answer 400, change nothing."""
+
+
+def payments_configured() -> bool:
+    return bool(settings.STRIPE_SECRET_KEY and settings.STRIPE_WEBHOOK_SECRET)
+
+
+def new_idempotency_key() -> str:
+    return uuid.uuid4().hex
+
+
+def parse_amount(raw: object) -> Decimal:
+    try:
+        amount = Decimal(str(raw).strip())
+    except (InvalidOperation, ValueError):
+        raise PaymentRefused(
+            "invalid_amount", f"Enter an amount in USD, like 50.00, not {str(raw)!r}."
+        ) from None
+    if not amount.is_finite():
+        raise PaymentRefused("invalid_amount", "Enter an amount in USD, like 50.00.")
+    if amount != amount.quantize(Decimal("0.01")):
+        raise PaymentRefused("invalid_amount", "The amount takes at most 2 decimal places.")
+    if amount < MIN_TOPUP:
+        raise PaymentRefused("amount_too_small", f"The minimum top-up is {MIN_TOPUP} USD.")
+    if amount > MAX_TOPUP:
+        raise PaymentRefused(
+            "amount_too_large",
+            f"A card top-up is at most {MAX_TOPUP:,} USD; ask us for an invoice above that.",
+        )
+    return amount.quantize(Decimal("0.01"))
+
+
+def _client() -> stripe.StripeClient:
+    base = {"api": settings.STRIPE_API_BASE} if settings.STRIPE_API_BASE else None
+    return stripe.StripeClient(
+        settings.STRIPE_SECRET_KEY, base_addresses=base, max_network_retries=NETWORK_RETRIES
+    )
+
+
+def start_checkout(
+    *, project: Project, user: User, amount: Decimal, idempotency_key: str
+) -> Payment:
+    """The payment for this key, with a Checkout Session to send the user to.
+
+    Raises PaymentRefused when card payments are not configured or Stripe does not answer;
+    in the latter case the payment stays, with its key, for `retry_checkout`.
+    """
+    if not payments_configured():
+        raise PaymentRefused("payments_not_configured", "Card payments are not configured.")
+    amount = parse_amount(amount)
+    idempotency_key = (idempotency_key or "").strip()[:64] or new_idempotency_key()
+    # Committed before Stripe is called: a retry finds it and sends the same key.
+    payment, _ = Payment.objects.get_or_create(
+        idempotency_key=idempotency_key,
+        defaults={"project": project, "created_by": user, "amount": amount},
+    )
+    if payment.project_id != project.pk or payment.amount != amount:
+        # The same form sent for another amount (or a key that is not this project's):
+        # that is a new payment, under a new key.
+        payment = Payment.objects.create(
+            project=project,
+            created_by=user,
+            amount=amount,
+            idempotency_key=new_idempotency_key(),
+        )
+    if payment.checkout_url:
+        return payment
+    return _create_session(payment, email=user.email)
+
+
+def retry_checkout(*, payment: Payment) -> Payment:
+    """Ask Stripe again for the session of a payment it did not answer for, same key."""
+    if payment.checkout_url or payment.status != Payment.Status.CREATED:
+        return payment
+    if not payments_configured():
+        raise PaymentRefused("payments_not_configured", "Card payments are not configured.")
+    email = payment.created_by.email if payment.created_by_id else None
+    return _create_session(payment, email=email)
+
+
+def _create_session(payment: Payment, *, email: str | None) -> Payment:
+    page = settings.SITE_URL + reverse("billing:payment", args=[payment.pk])
+    params: dict = {
+        "mode": "payment",
+        "line_items": [
+            {
+                "quantity": 1,
+                "price_data": {
+                    "currency": CURRENCY,
+                    "unit_amount": int(payment.amount * 100),
+                    "product_data": {"name": "Runcrate credit"},
+                },
+            }
+        ],
+        "client_reference_id": str(payment.pk),
+        "metadata": {"payment_id": str(payment.pk), "project_id": str(payment.project_id)},
+        "success_url": page + "?session_id={CHECKOUT_SESSION_ID}",
+        "cancel_url": page + "?cancelled=1",
+    }
+    if email:
+        params["customer_email"] = email
+    try:
+        session = _client().v1.checkout.sessions.create(
+            params=params, options={"idempotency_key": payment.idempotency_key}
+        )
+    except stripe.StripeError as error:
+        logger.warning("Stripe refused or did not answer for payment %s: %s", payment.pk, error)
+        message = getattr(error, "user_message", None) or str(error) or type(error).__name__
+        Payment.objects.filter(pk=payment.pk).update(last_error=message[:500])
+        raise PaymentRefused(
+            "stripe_unavailable",
+            "Stripe did not create the payment page. Nothing was charged; try again.",
+        ) from error
+    # The webhook may already have set the session (Stripe answered, we did not hear it).
+    Payment.objects.filter(pk=payment.pk, status=Payment.Status.CREATED).update(
+        status=Payment.Status.OPEN,
+        stripe_session_id=session.id,
+        checkout_url=session.url or "",
+        last_error="",
+    )
+    payment.refresh_from_db()
+    return payment
+
+
+# ---- the webhook ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebhookResult:
+    event_type: str
+    outcome: str  # credited, duplicate, processing, failed, expired, ignored, unknown_payment
+    payment_id: int | None = None
+
+
+def verify_event(*, payload: bytes, signature: str | None) -> dict:
+    """The event, when the payload is signed with our secret and recent; else WebhookRejected."""
+    secret = settings.STRIPE_WEBHOOK_SECRET
+    if not secret:
+        raise WebhookRejected("No webhook signing secret is configured.")
+    try:
+        stripe.WebhookSignature.verify_header(payload, signature, secret, TOLERANCE_SECONDS)
+        event = json.loads(payload)
+    except stripe.SignatureVerificationError as error:
+        raise WebhookRejected(str(error).split(".")[0]) from None
+    except (ValueError, UnicodeDecodeError):
+        raise WebhookRejected("The body is not a JSON event.") from None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise WebhookRejected("The body is not a Stripe event.")
+    return event
+
+
+def handle_webhook(*, payload: bytes, signature: str | None) -> WebhookResult:
+    event = verify_event(payload=payload, signature=signature)
+    event_type = event["type"]
+    session = (event.get("data") or {}).get("object") or {}
+    if not event_type.startswith("checkout.session.") or not isinstance(session, dict):
+        return WebhookResult(event_type, "ignored")
+    payment = _payment_for(session)
+    if payment is None:
+        logger.warning("Stripe event %s for a session we did not create", event.get("id"))
+        return WebhookResult(event_type, "unknown_payment")
+    if event_type == "checkout.session.completed":
+        if session.get("payment_status") in ("paid", "no_payment_required"):
+            return WebhookResult(event_type, _credit(payment, session), payment.pk)
+        return WebhookResult(
+            event_type,
+            _move(
+                payment,
+                session,
+                {Payment.Status.CREATED, Payment.Status.OPEN},
+                Payment.Status.PROCESSING,
+            ),
+            payment.pk,
+        )
+    if event_type == "checkout.session.async_payment_succeeded":
+        return WebhookResult(event_type, _credit(payment, session), payment.pk)
+    if event_type == "checkout.session.async_payment_failed":
+        return WebhookResult(
+            event_type, _move(payment, session, PENDING, Payment.Status.FAILED), payment.pk
+        )
+    if event_type == "checkout.session.expired":
+        return WebhookResult(
+            event_type,
+            _move(
+                payment,
+                session,
+                {Payment.Status.CREATED, Payment.Status.OPEN},
+                Payment.Status.EXPIRED,
+            ),
+            payment.pk,
+        )
+    return WebhookResult(event_type, "ignored", payment.pk)
+
+
+def _payment_for(session: dict) -> Payment | None:
+    session_id = session.get("id")
+    payment = Payment.objects.filter(stripe_session_id=session_id).first() if session_id else None
+    if payment is not None:
+        return payment
+    # Stripe made the session but its answer never reached us: find it by our own reference,
+    # checked against the project in the metadata.
+    reference = str(session.get("client_reference_id") or "")
+    metadata = session.get("metadata") or {}
+    if not reference.isdigit():
+        return None
+    return Payment.objects.filter(
+        pk=int(reference),
+        project_id=str(metadata.get("project_id", "")) or None,
+        stripe_session_id__isnull=True,
+    ).first()
+
+
+def _amount_paid(payment: Payment, session: dict) -> Decimal:
+    total = session.get("amount_total")
+    if isinstance(total, int) and (session.get("currency") or CURRENCY) == CURRENCY:
+        return Decimal(total).scaleb(-2)
+    return payment.amount
+
+
+def _credit(payment: Payment, session: dict) -> str:
+    now = timezone.now()
+    amount = _amount_paid(payment, session)
+    with transaction.atomic():
+        claimed = Payment.objects.filter(pk=payment.pk, credited_at__isnull=True).update(
+            credited_at=now,
+            status=Payment.Status.PAID,
+            amount_paid=amount,
+            stripe_session_id=session.get("id") or payment.stripe_session_id,
+        )
+        if not claimed:
+            return "duplicate"
+        entry = LedgerEntry.objects.create(
+            project_id=payment.project_id,
+            kind=LedgerEntry.Kind.TOPUP,
+            amount=amount,
+            note="Card top-up",
+            created_by_id=payment.created_by_id,
+            created_at=now,
+        )
+        Payment.objects.filter(pk=payment.pk).update(ledger_entry=entry)
+    logger.info("credited payment %s: %s USD", payment.pk, amount)
+    return "credited"
+
+
+def _move(payment: Payment, session: dict, sources: set, target: str) -> str:
+    """A status change that never undoes a credit nor a later state (out-of-order events)."""
+    changes: dict = {"status": target}
+    if session.get("id") and not payment.stripe_session_id:
+        changes["stripe_session_id"] = session["id"]
+    moved = Payment.objects.filter(
+        pk=payment.pk, status__in=sources, credited_at__isnull=True
+    ).update(**changes)
+    return target if moved else "duplicate"
+
+
+def is_pending(payment: Payment) -> bool:
+    return payment.status in PENDING

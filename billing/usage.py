@@ -1,0 +1,482 @@
+"""What the Billing page, the billing API and the CSV export show (SPEC §4, docs/billing.md).
+
+Every report here runs a fixed number of queries whatever the number of clusters, machines
+or ledger lines: cluster lines are aggregated by the database from the hourly usage lines of
+the ledger, and per-machine rows are computed from the usage records with the meter's own
+rounding rule (`billing.meter.cost_between`), so the two agree to the cent.
+"""
+
+import calendar
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db.models import CharField, F, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from billing.meter import HOUR, billed_seconds, cost_between
+from billing.models import LedgerEntry, UsageRecord
+from clusters.models import Cluster
+
+ZERO = Decimal("0.00")
+CENT = Decimal("0.01")
+MAX_MONTHS = 36
+
+
+class MonthInvalid(ValueError):
+    pass
+
+
+@dataclass(frozen=True, order=True)
+class Month:
+    year: int
+    month: int
+
+    @classmethod
+    def of(cls, moment: datetime) -> "Month":
+        moment = moment.astimezone(UTC)
+        return cls(moment.year, moment.month)
+
+    @classmethod
+    def parse(cls, raw: str | None, *, now: datetime | None = None) -> "Month":
+        """`YYYY-MM`; empty means the current month. Raises MonthInvalid with a message."""
+        if not raw:
+            return cls.of(now or timezone.now())
+        try:
+            year, month = (int(part) for part in raw.strip().split("-"))
+            if not (2000 <= year <= 2999 and 1 <= month <= 12) or len(raw.strip()) != 7:
+                raise ValueError
+        except ValueError:
+            raise MonthInvalid(
+                f"month must be a month as YYYY-MM, like 2026-11, not {raw!r}."
+            ) from None
+        return cls(year, month)
+
+    @property
+    def start(self) -> datetime:
+        return datetime(self.year, self.month, 1, tzinfo=UTC)
+
+    @property
+    def end(self) -> datetime:
+        return self.next.start
+
+    @property
+    def next(self) -> "Month":
+        return Month(self.year + self.month // 12, self.month % 12 + 1)
+
+    @property
+    def previous(self) -> "Month":
+        return Month(self.year - (self.month == 1), (self.month - 2) % 12 + 1)
+
+    @property
+    def days(self) -> int:
+        return calendar.monthrange(self.year, self.month)[1]
+
+    @property
+    def param(self) -> str:
+        return f"{self.year:04d}-{self.month:02d}"
+
+    @property
+    def label(self) -> str:
+        return f"{calendar.month_name[self.month]} {self.year}"
+
+    def __str__(self) -> str:
+        return self.param
+
+
+def months_since(created_at: datetime, *, now: datetime | None = None) -> list[Month]:
+    """The months to choose from, newest first: from the project's first to this one."""
+    current, first = Month.of(now or timezone.now()), Month.of(created_at)
+    months = [current]
+    while months[-1] > first and len(months) < MAX_MONTHS:
+        months.append(months[-1].previous)
+    return months
+
+
+def hours(seconds: int) -> Decimal:
+    return (Decimal(seconds) / 3600).quantize(CENT, ROUND_HALF_UP)
+
+
+# ---- the top of the page -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    balance: Decimal
+    burn_rate: Decimal
+    hours_remaining: Decimal | None  # None while nothing runs
+
+    @property
+    def low(self) -> bool:
+        return self.hours_remaining is not None and self.hours_remaining < 1
+
+
+def summary(*, project_id: int) -> Summary:
+    """Current balance, burn rate (USD/h of running machines) and hours left: two queries."""
+    balance = LedgerEntry.objects.filter(project_id=project_id).aggregate(total=Sum("amount"))[
+        "total"
+    ] or Decimal("0.00")
+    burn = UsageRecord.objects.filter(project_id=project_id, ended_at__isnull=True).aggregate(
+        rate=Sum("price_per_hour")
+    )["rate"] or Decimal("0.00")
+    remaining = None
+    if burn > 0:
+        remaining = max(ZERO, (balance / burn).quantize(CENT, ROUND_HALF_UP))
+    return Summary(balance=balance, burn_rate=burn, hours_remaining=remaining)
+
+
+# ---- the month's statement -------------------------------------------------------------------
+
+
+@dataclass
+class Line:
+    """One line of a month: a top-up, an adjustment, or one cluster's usage."""
+
+    kind: str
+    at: datetime
+    last_period: datetime | None
+    cluster_id: int | None
+    title: str
+    cluster_status: str
+    amount: Decimal
+    machine_seconds: int
+    entry_id: int
+    accumulating: bool = False
+
+    @property
+    def is_usage(self) -> bool:
+        return self.kind == LedgerEntry.Kind.USAGE
+
+    @property
+    def hours(self) -> Decimal:
+        return hours(self.machine_seconds)
+
+    @property
+    def label(self) -> str:
+        if self.is_usage:
+            return f"Cluster usage — {self.title}"
+        return self.title or LedgerEntry.Kind(self.kind).label
+
+
+_LINE_FIELDS = (
+    "line_kind",
+    "at",
+    "last_period",
+    "cluster_id",
+    "title",
+    "cluster_status",
+    "line_amount",
+    "seconds",
+    "entry_id",
+)
+
+
+def _cluster_lines(project_id: int, month: Month) -> QuerySet:
+    return (
+        LedgerEntry.objects.filter(
+            project_id=project_id,
+            kind=LedgerEntry.Kind.USAGE,
+            period_start__gte=month.start,
+            period_start__lt=month.end,
+        )
+        .values("cluster_id")
+        .annotate(
+            line_kind=Value(LedgerEntry.Kind.USAGE.value, output_field=CharField()),
+            at=Min("period_start"),
+            last_period=Max("period_start"),
+            title=F("cluster__name"),
+            cluster_status=F("cluster__status"),
+            line_amount=Sum("amount"),
+            seconds=Sum("machine_seconds"),
+            entry_id=Min("pk"),
+        )
+        .values_list(*_LINE_FIELDS)
+    )
+
+
+def _credit_lines(project_id: int, month: Month) -> QuerySet:
+    return (
+        LedgerEntry.objects.filter(
+            project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
+        )
+        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .annotate(
+            line_kind=F("kind"),
+            at=F("created_at"),
+            last_period=F("period_start"),
+            title=F("note"),
+            cluster_status=Value("", output_field=CharField()),
+            line_amount=F("amount"),
+            seconds=F("machine_seconds"),
+            entry_id=F("pk"),
+        )
+        .values_list(*_LINE_FIELDS)
+    )
+
+
+def statement(*, project_id: int, month: Month) -> QuerySet:
+    """The month's lines, newest first, as one query (slice it to paginate): one line per
+    top-up or adjustment and one per cluster that was billed in the month."""
+    return (
+        _cluster_lines(project_id, month)
+        .union(_credit_lines(project_id, month), all=True)
+        .order_by("-at", "-entry_id")
+    )
+
+
+def to_lines(rows: list[tuple], *, now: datetime | None = None) -> list[Line]:
+    now = now or timezone.now()
+    lines = []
+    for row in rows:
+        line = Line(**dict(zip(_LINE_FIELDS_OUT, row, strict=True)))
+        line.amount = Decimal(line.amount).quantize(CENT)
+        line.accumulating = bool(
+            line.is_usage
+            and line.last_period is not None
+            and line.cluster_status in Cluster.BILLED
+            and now < _aware(line.last_period) + HOUR
+        )
+        lines.append(line)
+    return lines
+
+
+_LINE_FIELDS_OUT = (
+    "kind",
+    "at",
+    "last_period",
+    "cluster_id",
+    "title",
+    "cluster_status",
+    "amount",
+    "machine_seconds",
+    "entry_id",
+)
+
+
+def _aware(moment: datetime | str) -> datetime:
+    # A UNION's columns lose their field types on some backends: read them back as datetimes.
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class MonthTotals:
+    usage: Decimal  # positive: what the month's usage cost
+    credits: Decimal  # top-ups and adjustments, signed
+
+
+def month_totals(*, project_id: int, month: Month) -> MonthTotals:
+    in_month = Q(created_at__gte=month.start, created_at__lt=month.end)
+    usage_in_month = Q(
+        kind=LedgerEntry.Kind.USAGE, period_start__gte=month.start, period_start__lt=month.end
+    )
+    totals = LedgerEntry.objects.filter(project_id=project_id).aggregate(
+        usage=Sum("amount", filter=usage_in_month),
+        credits=Sum("amount", filter=in_month & ~Q(kind=LedgerEntry.Kind.USAGE)),
+    )
+    return MonthTotals(usage=-(totals["usage"] or ZERO), credits=totals["credits"] or ZERO)
+
+
+def spend_per_day(*, project_id: int, month: Month) -> list[tuple[date, Decimal]]:
+    """Usage charged on each day of the month (every day, zero included): one query."""
+    rows = (
+        LedgerEntry.objects.filter(
+            project_id=project_id,
+            kind=LedgerEntry.Kind.USAGE,
+            period_start__gte=month.start,
+            period_start__lt=month.end,
+        )
+        .annotate(day=TruncDate("period_start", tzinfo=UTC))
+        .values("day")
+        .annotate(total=Sum("amount"))
+    )
+    by_day = {row["day"]: -row["total"] for row in rows}
+    first = month.start.date()
+    return [
+        (first + timedelta(days=n), by_day.get(first + timedelta(days=n), ZERO))
+        for n in range(month.days)
+    ]
+
+
+# ---- per-machine rows --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MachineRow:
+    cluster_id: int
+    cluster_name: str
+    node: str
+    gpu: str
+    location: str
+    started_at: datetime
+    ended_at: datetime | None  # None: still running
+    seconds: int
+    rate: Decimal
+    cost: Decimal
+
+    @property
+    def hours(self) -> Decimal:
+        return hours(self.seconds)
+
+
+def _records_in(month: Month) -> QuerySet[UsageRecord]:
+    return (
+        UsageRecord.objects.filter(started_at__lt=month.end, charged_until__gt=month.start)
+        .select_related("node", "cluster__machine_type__gpu", "cluster__machine_type__location")
+        .order_by("cluster_id", "node__index", "pk")
+    )
+
+
+def machine_row(record: UsageRecord, month: Month) -> MachineRow:
+    """A machine's part of the month, up to where the meter has charged it."""
+    start = max(record.started_at, month.start)
+    charged_end = min(record.charged_until, month.end)
+    if record.ended_at is not None and record.ended_at <= month.end:
+        end: datetime | None = record.ended_at
+    elif record.charged_until >= month.end:
+        end = month.end  # runs on after the month: its part of the month is over
+    else:
+        end = None  # running
+    machine_type = record.cluster.machine_type
+    return MachineRow(
+        cluster_id=record.cluster_id,
+        cluster_name=record.cluster.name,
+        node=record.node.name,
+        gpu=f"{machine_type.gpus_per_machine}× {machine_type.gpu.name}",
+        location=machine_type.location.code,
+        started_at=start,
+        ended_at=end,
+        seconds=billed_seconds(record.started_at, charged_end)
+        - billed_seconds(record.started_at, start),
+        rate=record.price_per_hour,
+        cost=cost_between(record, start, charged_end),
+    )
+
+
+def machine_rows(*, cluster: Cluster, month: Month) -> list[MachineRow]:
+    """One row per machine of `cluster` billed in `month`: one query."""
+    return [machine_row(record, month) for record in _records_in(month).filter(cluster=cluster)]
+
+
+def machine_rows_by_cluster(
+    *, project_id: int, month: Month, cluster_ids: list[int] | None = None
+) -> dict[int, list[MachineRow]]:
+    records = _records_in(month).filter(project_id=project_id)
+    if cluster_ids is not None:
+        records = records.filter(cluster_id__in=cluster_ids)
+    rows: dict[int, list[MachineRow]] = defaultdict(list)
+    for record in records.iterator(chunk_size=2000):
+        rows[record.cluster_id].append(machine_row(record, month))
+    return rows
+
+
+# ---- the API's usage report ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterUsage:
+    cluster_id: int
+    name: str
+    machine_seconds: int
+    total: Decimal
+    accumulating: bool
+    machines: list[MachineRow]
+
+    @property
+    def hours(self) -> Decimal:
+        return hours(self.machine_seconds)
+
+
+def cluster_usage(
+    *, project_id: int, month: Month, offset: int, limit: int, now: datetime | None = None
+) -> tuple[int, list[ClusterUsage]]:
+    """A page of the month's cluster lines with their machines: three queries."""
+    queryset = _cluster_lines(project_id, month).order_by("-at", "-entry_id")
+    total = queryset.count()
+    lines = to_lines(list(queryset[offset : offset + limit]), now=now)
+    machines = machine_rows_by_cluster(
+        project_id=project_id, month=month, cluster_ids=[line.cluster_id for line in lines]
+    )
+    return total, [
+        ClusterUsage(
+            cluster_id=line.cluster_id,
+            name=line.title,
+            machine_seconds=line.machine_seconds,
+            total=-line.amount,
+            accumulating=line.accumulating,
+            machines=machines.get(line.cluster_id, []),
+        )
+        for line in lines
+    ]
+
+
+# ---- CSV ---------------------------------------------------------------------------------------
+
+CSV_HEADER = [
+    "type",
+    "date",
+    "cluster",
+    "node",
+    "gpu",
+    "location",
+    "start",
+    "end",
+    "hours",
+    "rate_usd_per_hour",
+    "amount_usd",
+    "note",
+]
+
+
+def _iso(moment: datetime | None) -> str:
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
+    """The month as CSV rows: one per machine (cost as a debit) and one per top-up or
+    adjustment. Summing `amount_usd` gives the month's net, as on the page."""
+    yield CSV_HEADER
+    credits = (
+        LedgerEntry.objects.filter(
+            project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
+        )
+        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .order_by("created_at", "pk")
+    )
+    for entry in credits:
+        yield [
+            entry.kind,
+            _iso(entry.created_at),
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            f"{entry.amount:.2f}",
+            entry.note,
+        ]
+    for records in machine_rows_by_cluster(project_id=project_id, month=month).values():
+        for row in records:
+            yield [
+                "usage",
+                _iso(row.started_at),
+                row.cluster_name,
+                row.node,
+                row.gpu,
+                row.location,
+                _iso(row.started_at),
+                _iso(row.ended_at),
+                f"{row.hours:.2f}",
+                f"{row.rate:.2f}",
+                f"{-row.cost:.2f}",
+                "running" if row.ended_at is None else "",
+            ]
