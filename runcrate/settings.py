@@ -187,6 +187,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 RUNCRATE_TICK_SECONDS = env_float("RUNCRATE_TICK_SECONDS", 2.0)
 RUNCRATE_MIN_STEP_SECONDS = env_int("RUNCRATE_MIN_STEP_SECONDS", 30, minimum=1)
 RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
+# The meter charges usage, stops what the balance or a budget no longer covers (billing/tasks.py).
+CELERY_BEAT_SCHEDULE["billing-meter"] = {
+    "task": "billing.tasks.run_meter",
+    "schedule": RUNCRATE_METER_SECONDS,
+}
 RUNCRATE_SIM_SPEED = env_float("RUNCRATE_SIM_SPEED", 1.0)
 RUNCRATE_SALES_EMAIL = env_str("RUNCRATE_SALES_EMAIL", "sales@runcrate.localhost")
 RUNCRATE_MIN_BALANCE = env_decimal("RUNCRATE_MIN_BALANCE", "10.00")
