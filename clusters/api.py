@@ -1,3 +1,361 @@
-from ninja import Router
+"""The clusters API: create, list, read, terminate, retry the install, add workers.
+
+Every endpoint calls the same `clusters.lifecycle` functions as the pages; a refusal
+(`ClusterRefused`) answers with its stable code and status. Another project's cluster is a 404
+`not_found`, exactly like one that does not exist.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated
+
+from django.db.models import Prefetch, QuerySet
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema, Status
+
+from accounts.models import Environment
+from accounts.projects import DEFAULT_ENVIRONMENT
+from clusters.errors import ClusterRefused
+from clusters.models import Cluster, Event, Node
+from runcrate.api import ApiError
 
 router = Router(tags=["clusters"])
+
+MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
+
+
+def _lifecycle():
+    # Until clusters/lifecycle.py lands in the tree the API must still import.
+    from clusters import lifecycle
+
+    return lifecycle
+
+
+# --- schemas --------------------------------------------------------------------------------
+
+
+class ErrorDetail(Schema):
+    code: str
+    message: str
+
+
+class ErrorOut(Schema):
+    error: ErrorDetail
+
+
+class ListMeta(Schema):
+    total: int = Field(description="How many clusters match, across every page.")
+    limit: int
+    offset: int
+
+
+class FailureOut(Schema):
+    reason: str = Field(description="boot_timeout, agent_timeout, install_failed, …")
+    node: str | None = Field(description="The node that failed (node-i), or null.")
+    step: str | None = Field(description="running, agent, network or install, or null.")
+    message: str
+
+
+class MachineOut(Schema):
+    name: str = Field(description="node-0 … node-N-1; node-0 is the head.")
+    private_ip: str
+    step: str = Field(description="running, agent, network, install or done.")
+    status: str = Field(description="starting, joined, failed or ended.")
+
+
+class EventOut(Schema):
+    at: datetime
+    node: str | None
+    step: str | None
+    reason: str
+    message: str
+
+
+class ClusterSummaryOut(Schema):
+    id: int
+    name: str
+    status: str = Field(
+        description="provisioning, installing, ready, degraded, failed, terminating, "
+        "terminated or stopped."
+    )
+    environment: str
+    offer_id: str = Field(description="The offer it was created from (the machine type's id).")
+    gpu: str
+    gpus_per_machine: int
+    location: str
+    nodes: int = Field(description="Machines up now (with workers); the size asked for once ended.")
+    software: str
+    price_per_hour: str = Field(description="The whole cluster, USD per hour.")
+    machine_price_per_hour: str
+    created_at: datetime
+    joined_at: datetime | None = Field(description="Every machine joined; billing starts here.")
+    billing_started_at: datetime | None = Field(description="The same instant as joined_at.")
+    ready_at: datetime | None
+    ended_at: datetime | None
+    failure: FailureOut | None
+    stop_reason: str | None = Field(description="balance or budget for a stopped cluster.")
+    machines: list[MachineOut]
+
+
+class ClusterOut(ClusterSummaryOut):
+    events: list[EventOut] = Field(description="Every transition and failure, oldest first.")
+
+
+class ClusterEnvelope(Schema):
+    data: ClusterOut
+
+
+class ClusterList(Schema):
+    data: list[ClusterSummaryOut]
+    meta: ListMeta
+
+
+class ClusterIn(Schema):
+    name: str = Field(description="A DNS label, unique among the environment's live clusters.")
+    offer_id: str = Field(description="An offer's id, from GET /api/v1/offers.")
+    nodes: int = Field(description="2 to 64, at most the offer's max_nodes.")
+    software: str = Field("none", description="none, slurm, kubernetes or ray.")
+    ssh_key_ids: list[int] | None = Field(
+        None, description="The project's SSH keys to install; default: all of them."
+    )
+    environment: str = Field(DEFAULT_ENVIRONMENT, description="An environment's name.")
+
+
+class WorkersIn(Schema):
+    count: int = Field(description="How many machines to add; the cluster stays at most 64.")
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _money(value: Decimal) -> str:
+    return f"{value:.2f}"
+
+
+def _clusters(request: HttpRequest) -> QuerySet[Cluster]:
+    """The project's clusters with what their objects show, in a fixed number of queries."""
+    return (
+        Cluster.objects.filter(project=request.project)  # type: ignore[attr-defined]
+        .select_related("environment", "machine_type__location", "machine_type__gpu")
+        .prefetch_related(Prefetch("nodes", queryset=Node.objects.order_by("index")))
+    )
+
+
+def _with_events(queryset: QuerySet[Cluster]) -> QuerySet[Cluster]:
+    events = Event.objects.select_related("node").order_by("at", "pk")
+    return queryset.prefetch_related(Prefetch("events", queryset=events))
+
+
+def _get_cluster(request: HttpRequest, cluster_id: int) -> Cluster:
+    cluster = _with_events(_clusters(request)).filter(pk=cluster_id).first()
+    if cluster is None:
+        raise ApiError(404, "not_found", f"There is no cluster {cluster_id} in your project.")
+    return cluster
+
+
+def _summary(cluster: Cluster) -> dict:
+    machine_type = cluster.machine_type
+    nodes = list(cluster.nodes.all())
+    up = sum(1 for node in nodes if node.status in MACHINES_UP) if cluster.is_live else 0
+    size = up or cluster.size
+    failure = None
+    if cluster.failure_reason:
+        failure = {
+            "reason": cluster.failure_reason,
+            "node": cluster.failure_node or None,
+            "step": cluster.failure_step or None,
+            "message": cluster.failure_message,
+        }
+    return {
+        "id": cluster.pk,
+        "name": cluster.name,
+        "status": cluster.status,
+        "environment": cluster.environment.name,
+        "offer_id": machine_type.slug,
+        "gpu": machine_type.gpu.slug,
+        "gpus_per_machine": machine_type.gpus_per_machine,
+        "location": machine_type.location.code,
+        "nodes": size,
+        "software": cluster.software,
+        "price_per_hour": _money(machine_type.price_per_hour * size),
+        "machine_price_per_hour": _money(machine_type.price_per_hour),
+        "created_at": cluster.created_at,
+        "joined_at": cluster.joined_at,
+        "billing_started_at": cluster.joined_at,
+        "ready_at": cluster.ready_at,
+        "ended_at": cluster.ended_at,
+        "failure": failure,
+        "stop_reason": cluster.stop_reason or None,
+        "machines": [
+            {
+                "name": node.name,
+                "private_ip": node.private_ip,
+                "step": node.step,
+                "status": node.status,
+            }
+            for node in nodes
+        ],
+    }
+
+
+def _detail(cluster: Cluster) -> dict:
+    return {
+        **_summary(cluster),
+        "events": [
+            {
+                "at": event.at,
+                "node": event.node.name if event.node else None,
+                "step": event.step or None,
+                "reason": event.reason,
+                "message": event.message,
+            }
+            for event in cluster.events.all()
+        ],
+    }
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    try:
+        yield
+    except ClusterRefused as refusal:
+        raise ApiError(refusal.status, refusal.code, refusal.message) from refusal
+
+
+REFUSAL_CODES = (
+    "Refusals: 422 `invalid_nodes`, 404 `unknown_offer`, 402 `insufficient_balance`, "
+    "409 `not_enough_machines`, 422 `software_not_offered`, 422 `invalid_name`, "
+    "409 `name_taken`, 422 `no_ssh_keys`, 404 `unknown_environment`. Nothing is reserved "
+    "when a request is refused."
+)
+
+
+# --- endpoints ------------------------------------------------------------------------------
+
+
+@router.get("/clusters", response={200: ClusterList, 401: ErrorOut}, summary="List clusters")
+def list_clusters(
+    request: HttpRequest,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict:
+    """The project's clusters, newest first. Each object is a cluster without its events."""
+    queryset = _clusters(request).order_by("-created_at", "-pk")
+    return {
+        "data": [_summary(cluster) for cluster in queryset[offset : offset + limit]],
+        "meta": {"total": queryset.count(), "limit": limit, "offset": offset},
+    }
+
+
+@router.post(
+    "/clusters",
+    response={
+        201: ClusterEnvelope,
+        401: ErrorOut,
+        402: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        422: ErrorOut,
+    },
+    summary="Create a cluster",
+    description="Reserves every machine at once, or none. " + REFUSAL_CODES,
+)
+def create_cluster(request: HttpRequest, payload: ClusterIn) -> Status:
+    project = request.project  # type: ignore[attr-defined]
+    environment = Environment.objects.filter(project=project, name=payload.environment).first()
+    if environment is None:
+        raise ApiError(
+            404,
+            "unknown_environment",
+            f"Your project has no environment named {payload.environment!r}.",
+        )
+    with _refusals():
+        cluster = _lifecycle().create_cluster(
+            project=project,
+            user=request.user,
+            environment=environment,
+            offer_slug=payload.offer_id,
+            nodes=payload.nodes,
+            name=payload.name,
+            software=payload.software,
+            ssh_key_ids=payload.ssh_key_ids,
+        )
+    return Status(201, {"data": _detail(_get_cluster(request, cluster.pk))})
+
+
+@router.get(
+    "/clusters/{cluster_id}",
+    response={200: ClusterEnvelope, 401: ErrorOut, 404: ErrorOut},
+    summary="Read a cluster",
+)
+def get_cluster(request: HttpRequest, cluster_id: int) -> dict:
+    """Its status, failure, machines and events, in a fixed number of queries."""
+    return {"data": _detail(_get_cluster(request, cluster_id))}
+
+
+ACTION_RESPONSES = {
+    202: ClusterEnvelope,
+    401: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+    422: ErrorOut,
+}
+
+
+@router.post(
+    "/clusters/{cluster_id}/terminate",
+    response=ACTION_RESPONSES,
+    summary="Terminate a cluster",
+    description="Stops every machine together and ends billing for all of them now; "
+    "409 `invalid_state` when the cluster has already ended.",
+)
+def terminate_cluster(request: HttpRequest, cluster_id: int) -> Status:
+    cluster = _get_cluster(request, cluster_id)
+    with _refusals():
+        _lifecycle().terminate(cluster=cluster, user=request.user)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+
+@router.post(
+    "/clusters/{cluster_id}/retry-install",
+    response=ACTION_RESPONSES,
+    summary="Retry the software install",
+    description="Only for a degraded cluster; otherwise 409 `invalid_state`.",
+)
+def retry_install(request: HttpRequest, cluster_id: int) -> Status:
+    cluster = _get_cluster(request, cluster_id)
+    with _refusals():
+        _lifecycle().retry_install(cluster=cluster)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+
+@router.post(
+    "/clusters/{cluster_id}/workers",
+    response=ACTION_RESPONSES,
+    summary="Add workers",
+    description="Only for a ready cluster (409 `invalid_state` otherwise), up to 64 machines in "
+    "all (422 `invalid_count`); each worker is billed from the moment it is up.",
+)
+def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> Status:
+    cluster = _get_cluster(request, cluster_id)
+    with _refusals():
+        _lifecycle().add_workers(cluster=cluster, count=payload.count)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+
+@router.delete(
+    "/clusters/{cluster_id}/machines/{name}",
+    response={401: ErrorOut, 404: ErrorOut, 405: ErrorOut},
+    summary="Terminate one machine (not possible)",
+    description="A cluster starts, runs and stops whole: this answers 405 `terminate_cluster`.",
+)
+def delete_machine(request: HttpRequest, cluster_id: int, name: str) -> None:
+    cluster = _get_cluster(request, cluster_id)
+    raise ApiError(
+        405,
+        "terminate_cluster",
+        f"One machine cannot be terminated on its own: a cluster runs and stops whole. "
+        f"Terminate the cluster instead: POST /api/v1/clusters/{cluster.pk}/terminate.",
+    )

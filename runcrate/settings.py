@@ -182,6 +182,13 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The one beat scheduler's periodic tasks; each app adds its own entries here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+# Modules with tasks that autodiscovery (each app's tasks.py) does not find.
+CELERY_IMPORTS = ["clusters.notifications"]
+# Cluster emails (ready, failed, degraded) from the event outbox, clusters/notifications.py.
+CELERY_BEAT_SCHEDULE["cluster-emails"] = {
+    "task": "clusters.notifications.send_cluster_emails_task",
+    "schedule": 10.0,
+}
 
 # --- Runcrate -----------------------------------------------------------------------------
 RUNCRATE_TICK_SECONDS = env_float("RUNCRATE_TICK_SECONDS", 2.0)

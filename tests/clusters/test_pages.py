@@ -394,3 +394,170 @@ def test_it_keeps_a_location_that_only_says_yes_or_no_to_eight_nodes(owner):
     html = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}").content.decode()
 
     assert re.search(r'name="nodes"[^>]*max="8"', html)
+
+
+# --- creating, and the actions -------------------------------------------------------------
+
+
+@pytest.fixture
+def offer(owner) -> MachineType:
+    """4 free machines at 10 USD an hour, two keys and 500 USD on the owner's project."""
+    ssh_key(owner.project, "laptop")
+    ssh_key(owner.project, "desktop")
+    credit(owner.project, "500.00")
+    return machine_type_with_hosts(free=4, slug="use2-h100x8-vm", price_per_hour=Decimal("10.00"))
+
+
+@pytest.fixture(autouse=True)
+def _work_in_memory():
+    from clusters import lifecycle
+
+    with lifecycle.dispatching_to(lifecycle.CollectingDispatcher()) as dispatcher:
+        yield dispatcher
+
+
+def submit(person, offer: MachineType, **fields):
+    keys = list(person.project.ssh_keys.values_list("pk", flat=True))
+    data = {
+        "offer": offer.slug,
+        "name": "train",
+        "nodes": "2",
+        "environment": "default",
+        "software": "none",
+        "ssh_keys": keys,
+        **fields,
+    }
+    return person.browser_client().post("/clusters/new/", data)
+
+
+def error_beside(response, field: str) -> str:
+    """The errors rendered inside the form field's own block (its div or fieldset)."""
+    html = response.content.decode()
+    blocks = re.split(r'(?=<(?:div|fieldset) class="field)', html)
+    block = next(
+        b for b in blocks if f'name="{field}"' in b and b.startswith(("<div", "<fieldset"))
+    )
+    assert "has-error" in block.split(">", 1)[0], f"{field} is not marked as wrong"
+    errors = re.search(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', block, re.S)
+    assert errors, f"no error list beside {field}"
+    return " ".join(re.sub(r"<[^>]+>", " ", errors.group(1)).split())
+
+
+def test_it_creates_a_cluster_and_opens_its_page(owner, offer):
+    response = submit(owner, offer, nodes="3", software="slurm")
+
+    cluster = Cluster.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/clusters/{cluster.pk}/"
+    assert (cluster.name, cluster.size, cluster.software) == ("train", 3, "slurm")
+    assert cluster.ssh_keys.count() == 2
+    assert frees(offer) == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"name": "Not_A_Label"}, "name", "A cluster name is a DNS label"),
+        ({"nodes": "1"}, "nodes", "2 to 64 machines"),
+        ({"nodes": "5"}, "nodes", "only 4 are free"),
+        ({"nodes": "many"}, "nodes", "whole number"),
+        ({"ssh_keys": []}, "ssh_keys", "Add an SSH public key first"),
+        ({"software": "nomad"}, "software", "Select a valid choice"),
+    ],
+)
+def test_it_shows_a_refusal_beside_its_field_keeps_the_input_and_reserves_nothing(
+    owner, offer, fields, field, message
+):
+    response = submit(owner, offer, **fields)
+
+    assert response.status_code == 400
+    assert message in error_beside(response, field)
+    assert Cluster.objects.count() == 0 and frees(offer) == 4
+    html = response.content.decode()
+    typed = fields.get("name", "train")
+    assert f'value="{typed}"' in html
+
+
+def test_it_shows_a_refusal_without_a_field_on_top(owner, offer):
+    credit(owner.project, "-495.00")
+
+    response = submit(owner, offer)
+
+    assert response.status_code == 400
+    top = re.search(
+        r'<div class="flash flash-error" role="alert">(.*?)</div>', response.content.decode(), re.S
+    )
+    assert "Your balance is $5.00" in top.group(1) and "$20.00" in top.group(1)
+    assert Cluster.objects.count() == 0 and frees(offer) == 4
+
+
+def test_it_refuses_kubernetes_on_containers_beside_the_software(owner, offer):
+    MachineType.objects.filter(pk=offer.pk).update(machine_kind=MachineType.Kind.CONTAINER)
+
+    response = submit(owner, offer, software="kubernetes")
+
+    assert "Kubernetes needs virtual machines or bare metal" in error_beside(response, "software")
+    assert Cluster.objects.count() == 0 and frees(offer) == 4
+
+
+def test_it_refuses_a_name_taken_by_a_live_cluster_beside_the_name(owner, offer):
+    submit(owner, offer)
+
+    response = submit(owner, offer)
+
+    assert "already exists" in error_beside(response, "name")
+    assert Cluster.objects.count() == 1
+
+
+def test_it_asks_to_confirm_before_terminating_and_terminates_on_post(owner, offer):
+    submit(owner, offer)
+    cluster = Cluster.objects.get()
+    client = owner.browser_client()
+
+    confirm = client.get(f"/clusters/{cluster.pk}/terminate/")
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.PROVISIONING
+    assert "Everything on them is deleted" in text_of(confirm)
+    assert (
+        f'<form method="post" action="/clusters/{cluster.pk}/terminate/"'
+        in confirm.content.decode()
+    )
+
+    done = client.post(f"/clusters/{cluster.pk}/terminate/")
+
+    cluster.refresh_from_db()
+    assert done.status_code == 302 and done["Location"] == f"/clusters/{cluster.pk}/"
+    assert cluster.status == Cluster.Status.TERMINATING
+    again = client.post(f"/clusters/{cluster.pk}/terminate/", follow=True)
+    assert "can be terminated" in text_of(again)
+
+
+def test_it_keeps_strangers_away_from_the_actions(owner, stranger, offer):
+    submit(owner, offer)
+    cluster = Cluster.objects.get()
+    client = stranger.browser_client()
+
+    responses = [
+        client.get(f"/clusters/{cluster.pk}/terminate/"),
+        client.post(f"/clusters/{cluster.pk}/terminate/"),
+        client.post(f"/clusters/{cluster.pk}/retry-install/"),
+        client.post(f"/clusters/{cluster.pk}/workers/", {"count": "1"}),
+    ]
+
+    assert [r.status_code for r in responses] == [404] * 4
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.PROVISIONING
+
+
+def test_it_says_why_an_action_does_not_fit_the_status(owner, offer):
+    submit(owner, offer)
+    cluster = Cluster.objects.get()
+    client = owner.browser_client()
+
+    retry = client.post(f"/clusters/{cluster.pk}/retry-install/", follow=True)
+    workers = client.post(f"/clusters/{cluster.pk}/workers/", {"count": "1"}, follow=True)
+    nonsense = client.post(f"/clusters/{cluster.pk}/workers/", {"count": "x"}, follow=True)
+
+    assert "Retry install is for a degraded cluster" in text_of(retry)
+    assert "Workers can be added to a ready cluster" in text_of(workers)
+    assert "as a whole number" in text_of(nonsense)

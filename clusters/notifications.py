@@ -1,0 +1,152 @@
+"""Cluster emails, sent from the event outbox: ready, failed and degraded.
+
+The lifecycle writes an event for every transition; the events that ask for an email
+(`Event.notification`) are this module's outbox, and `Event.emailed_at` marks the ones done.
+Each event is claimed with a conditional update before its email goes out, so two workers
+running `send_pending_cluster_emails` at once never send the same email twice. A send that
+fails gives its claim back, and the next run tries again.
+
+The beat scheduler runs `send_cluster_emails_task` every few seconds; the lifecycle may also
+enqueue it right after it writes such an event.
+"""
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+from django.db.models import Prefetch
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts.models import Membership, User
+from clusters import connect
+from clusters.models import Cluster, Event, Node
+from runcrate.emails import send_templated
+
+log = logging.getLogger(__name__)
+
+BATCH = 100
+STEP_NAMES = {
+    Node.Step.RUNNING: "machine running",
+    Node.Step.AGENT: "agent check-in",
+    Node.Step.NETWORK: "private network",
+    Node.Step.INSTALL: "software install",
+}
+
+
+def notifying_reasons() -> list[str]:
+    """The event reasons that ask for an email, as the model decides it."""
+    return [reason for reason in Event.Reason.values if Event(reason=reason).notification]
+
+
+def recipients_for(cluster: Cluster) -> list[str]:
+    """The cluster's creator; when there is none any more, the project's owners."""
+    if cluster.created_by is not None and cluster.created_by.is_active:
+        return [cluster.created_by.email]
+    owners = User.objects.filter(
+        is_active=True,
+        memberships__project_id=cluster.project_id,
+        memberships__role=Membership.Role.OWNER,
+    ).order_by("pk")
+    return [user.email for user in owners]
+
+
+def _connect_context(cluster: Cluster) -> dict:
+    shape = connect.shape_for(cluster)
+    if not shape.nodes:
+        return {}
+    head = shape.head
+    # Without an address of its own or a gateway there is nothing to print yet.
+    command = connect.ssh_command(shape, head) if head.address or shape.gateway else ""
+    return {
+        "ssh_command": command,
+        "hostfile_path": shape.hostfile_path,
+        "peers": _peers([node.name for node in shape.nodes[1:]]),
+    }
+
+
+def _peers(names: list[str]) -> str:
+    if len(names) <= 2:
+        return " and ".join(names)
+    return f"{names[0]} … {names[-1]}"
+
+
+def email_context(event: Event) -> dict:
+    cluster = event.cluster
+    machine_type = cluster.machine_type
+    site = settings.SITE_URL
+    detail = site + reverse("clusters:detail", args=[cluster.pk])
+    context = {
+        "cluster": cluster,
+        "event": event,
+        "machine_type": machine_type,
+        "size_line": (
+            f"{cluster.size} × {machine_type.gpus_per_machine}× {machine_type.gpu.name} "
+            f"in {machine_type.location.name}"
+        ),
+        "price_per_hour": f"{machine_type.price_per_hour * cluster.size:.2f}",
+        "node_name": event.node.name if event.node else cluster.failure_node,
+        "step_name": STEP_NAMES.get(event.step, event.step),
+        "cluster_url": detail,
+        "terminate_url": site + reverse("clusters:terminate", args=[cluster.pk]),
+        "offers_url": site + reverse("offers:picker") + f"?gpu={machine_type.gpu.slug}",
+    }
+    if event.notification == "ready":
+        context.update(_connect_context(cluster))
+    return context
+
+
+def send_event_email(*, event: Event) -> int:
+    """Send the email `event` asks for, unless another worker already has; returns 0 or 1."""
+    kind = event.notification
+    if kind is None:
+        return 0
+    claimed_at = timezone.now()
+    claimed = Event.objects.filter(pk=event.pk, emailed_at__isnull=True).update(
+        emailed_at=claimed_at
+    )
+    if not claimed:
+        return 0
+    try:
+        sent = send_templated(
+            template=f"cluster-{kind}",
+            to=recipients_for(event.cluster),
+            context=email_context(event),
+        )
+    except Exception:
+        # Give the claim back so the next run sends it; only this claim, not a newer one.
+        Event.objects.filter(pk=event.pk, emailed_at=claimed_at).update(emailed_at=None)
+        raise
+    return 1 if sent else 0
+
+
+def send_pending_cluster_emails(*, limit: int = BATCH) -> int:
+    """Send the outbox's pending emails, oldest first; returns how many were sent."""
+    pending = (
+        Event.objects.filter(emailed_at__isnull=True, reason__in=notifying_reasons())
+        .select_related(
+            "node",
+            "cluster__created_by",
+            "cluster__environment",
+            "cluster__machine_type__location",
+            "cluster__machine_type__gpu",
+        )
+        .prefetch_related(
+            Prefetch(
+                "cluster__nodes", queryset=Node.objects.select_related("host").order_by("index")
+            )
+        )
+        .order_by("at", "pk")[:limit]
+    )
+    sent = 0
+    for event in pending:
+        try:
+            sent += send_event_email(event=event)
+        except Exception:
+            log.exception("could not send the %s email of event %s", event.notification, event.pk)
+    return sent
+
+
+@shared_task(name="clusters.notifications.send_cluster_emails_task", ignore_result=True)
+def send_cluster_emails_task() -> int:
+    return send_pending_cluster_emails()
