@@ -409,6 +409,11 @@ class _Document:
     locations: dict[str, _Spec] = field(default_factory=dict)
     machine_types: dict[str, _Spec] = field(default_factory=dict)
     hosts: dict[str, _Spec] = field(default_factory=dict)
+    # Every slug/code/name the file gives, also of entries with problems (which are left out
+    # above): a reference to one of those is not reported a second time as missing.
+    named: dict[str, dict[str, str]] = field(
+        default_factory=lambda: {section: {} for section in _SECTIONS}
+    )
 
 
 def _json_type(value: Any) -> str:
@@ -494,7 +499,7 @@ def _check_document(data: Any, errors: list[str]) -> _Document:
     _check_gpu_models(data, doc, errors)
     _check_locations(data, doc, errors)
     _check_machine_types(data, doc, errors)
-    seen: dict[str, str] = {}
+    seen = doc.named["hosts"]
     for index, label, raw in _entries(data, "hosts", "name", errors):
         if "count" in raw or "name_prefix" in raw:
             _check_host_group(doc, seen, errors, index, raw)
@@ -504,7 +509,7 @@ def _check_document(data: Any, errors: list[str]) -> _Document:
 
 
 def _check_gpu_models(data: dict, doc: _Document, errors: list[str]) -> None:
-    seen: dict[str, str] = {}
+    seen = doc.named["gpu_models"]
     for _, label, raw in _entries(data, "gpu_models", "slug", errors):
         entry = _Entry(errors, label, raw, _GPU_KEYS)
         slug = entry.get("slug", _slug(40))
@@ -517,7 +522,7 @@ def _check_gpu_models(data: dict, doc: _Document, errors: list[str]) -> None:
 
 
 def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
-    seen: dict[str, str] = {}
+    seen = doc.named["locations"]
     default_volume_price = Location._meta.get_field("volume_price_per_gb_month").default
     for _, label, raw in _entries(data, "locations", "code", errors):
         entry = _Entry(errors, label, raw, _LOCATION_KEYS)
@@ -540,7 +545,7 @@ def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
 
 
 def _check_machine_types(data: dict, doc: _Document, errors: list[str]) -> None:
-    seen: dict[str, str] = {}
+    seen = doc.named["machine_types"]
     for _, label, raw in _entries(data, "machine_types", "slug", errors):
         entry = _Entry(errors, label, raw, _MACHINE_TYPE_KEYS)
         slug = entry.get("slug", _slug(60))
@@ -654,7 +659,7 @@ def _existing(model: type[models.Model], key: str, values: Iterable[str]) -> dic
 def _check_references(
     specs: dict[str, _Spec],
     ref: str,
-    in_file: dict[str, _Spec],
+    in_file: dict[str, str],
     in_db: dict[str, Any],
     what: str,
     errors: list[str],
@@ -817,12 +822,13 @@ def load_inventory(data: Any, *, dry_run: bool = False) -> LoadReport:
             MachineType, "slug", [*doc.machine_types, *(s.refs["machine_type"] for s in host_specs)]
         )
         hosts = _existing(Host, "name", doc.hosts)
+        named = doc.named
         _check_references(
-            doc.machine_types, "location", doc.locations, locations, "location", errors
+            doc.machine_types, "location", named["locations"], locations, "location", errors
         )
-        _check_references(doc.machine_types, "gpu", doc.gpu_models, gpus, "GPU model", errors)
+        _check_references(doc.machine_types, "gpu", named["gpu_models"], gpus, "GPU model", errors)
         _check_references(
-            doc.hosts, "machine_type", doc.machine_types, machine_types, "machine type", errors
+            doc.hosts, "machine_type", named["machine_types"], machine_types, "machine type", errors
         )
         _check_machine_type_changes(doc, machine_types, gpus, locations, errors)
         _check_host_moves(doc, hosts, machine_types, errors)
