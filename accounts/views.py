@@ -2,6 +2,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -53,7 +54,7 @@ def _render_account(request: HttpRequest, partial: str, **extra: object) -> Http
         context["api_keys"] = (
             ApiKey.objects.filter(project=project)
             .select_related("user")
-            .order_by("revoked_at", "-created_at", "-pk")  # active keys first
+            .order_by(F("revoked_at").asc(nulls_first=True), "-created_at", "-pk")  # active first
         )
         context["ssh_keys"] = SshKey.objects.filter(project=project).order_by("name", "pk")
     template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
@@ -101,8 +102,8 @@ def revoke_api_key(request: HttpRequest, pk: int) -> HttpResponse:
             request,
             title=f"Revoke the API key '{key.name}'?",
             detail=(
-                f"Programs using {key.prefix}… stop working at once. This cannot be undone; "
-                "you can create a new key afterwards."
+                f"Programs using the key {key.prefix}… stop working at once. This cannot be "
+                "undone; you can create a new key afterwards."
             ),
             action=reverse("accounts:revoke_api_key", args=[key.pk]),
             button="Revoke key",
