@@ -1048,6 +1048,10 @@ def advance(*, cluster_id: int, now: datetime | None = None) -> list[str]:
         if cluster.status == Status.TERMINATING:
             work.finish_terminating()
         work.flush()
+        if work.events:
+            # Something moved (a step passed, the cluster joined): what it unlocks is due now,
+            # not at the next tick. Each follow-up only runs on progress, so this settles.
+            _dispatcher.advance(cluster.pk)
     return work.done
 
 
@@ -1339,8 +1343,9 @@ def reachability_matrix(nodes: list[Node]) -> str:
     """The N×N matrix of what each node's agent reached: ok, FAIL, or ? (not reported)."""
     names = [n.name for n in nodes if n.status != NodeStatus.ENDED or n.reachability]
     rows = {n.name: (n.reachability or {}) for n in nodes}
-    width = max(len(name) for name in names) + 2
-    lines = ["from \\ to".ljust(width) + "".join(name.ljust(width) for name in names)]
+    corner = "from \\ to"
+    width = max(len(corner), *(len(name) for name in names)) + 2
+    lines = [corner.ljust(width) + "".join(name.ljust(width) for name in names)]
     for source in names:
         cells = []
         for target in names:
