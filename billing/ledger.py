@@ -1,16 +1,12 @@
 """The ledger: a project's balance is the sum of its lines, and nothing else (SPEC §4).
 
 Lines are only ever added. Staff credit (or debit) an account with `credit`, from
-`manage.py credit` or the admin; usage charges come from the meter (next issue).
+`manage.py credit` or the admin; usage charges come from the meter (billing/meter.py).
 """
 
-from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Sum
-from django.utils import timezone
-
-from accounts.models import Environment, Project, User
+from accounts.models import Project, User
 from billing.models import LedgerEntry, balance_of
 
 CENT = Decimal("0.01")
@@ -55,18 +51,3 @@ def credit(
         note=note.strip()[:255] or ("Credit by staff" if value > 0 else "Debit by staff"),
         created_by=user,
     )
-
-
-def month_start(now: datetime) -> datetime:
-    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def environment_month_usage(*, environment: Environment, now: datetime | None = None) -> Decimal:
-    """What the environment's clusters were charged this month (UTC), from the usage lines."""
-    since = month_start(now or timezone.now())
-    total = LedgerEntry.objects.filter(
-        kind=LedgerEntry.Kind.USAGE,
-        cluster__environment=environment,
-        created_at__gte=since,
-    ).aggregate(total=Sum("amount"))["total"]
-    return -(total or Decimal("0.00"))

@@ -33,7 +33,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from accounts.models import Environment, Project, SshKey, User
-from billing import ledger
+from billing import budgets, ledger
 from billing.models import UsageRecord
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import CheckState, MachineState
@@ -347,7 +347,7 @@ def create_cluster(
             f"{money(settings.RUNCRATE_MIN_BALANCE)}).",
         )
     if environment.monthly_budget is not None:
-        spent = ledger.environment_month_usage(environment=environment, now=now)
+        spent = budgets.month_to_date_spend(environment=environment, now=now)
         if spent >= environment.monthly_budget:
             raise ClusterRefused(
                 "budget_reached",
@@ -945,7 +945,10 @@ class _Pass:
     def fail_worker(self, failure: Failure) -> None:
         node = failure.node
         if node.status == NodeStatus.JOINED:
-            UsageRecord.objects.filter(node=node, ended_at__isnull=True).update(ended_at=self.now)
+            ended = UsageRecord.objects.filter(node=node, ended_at__isnull=True)
+            record_ids = list(ended.values_list("pk", flat=True))
+            ended.update(ended_at=self.now)
+            _charge_on_commit(record_ids=record_ids)
         self.end_node(node, NodeStatus.FAILED)
         self.event(
             Reason.WORKER_FAILED,
@@ -1213,7 +1216,23 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         work.event(reason, message)
         work.flush()
         _dispatcher.advance(locked.pk)
+        _charge_on_commit(cluster_id=locked.pk)
     return locked
+
+
+def _charge_on_commit(*, cluster_id: int | None = None, record_ids: list[int] | None = None):
+    """Bill ended machines up to their end now rather than at the meter's next run."""
+
+    def charge() -> None:
+        from billing import meter
+
+        if cluster_id is not None:
+            meter.charge_usage(cluster=Cluster(pk=cluster_id))
+        else:
+            meter.charge_usage(record_ids=record_ids)
+
+    # robust: a failed charge is logged and left to the meter; it never undoes the end.
+    transaction.on_commit(charge, robust=True)
 
 
 def retry_install(*, cluster: Cluster) -> Cluster:

@@ -193,6 +193,11 @@ CELERY_BEAT_SCHEDULE["cluster-emails"] = {
 # --- Runcrate -----------------------------------------------------------------------------
 RUNCRATE_TICK_SECONDS = env_float("RUNCRATE_TICK_SECONDS", 2.0)
 RUNCRATE_MIN_STEP_SECONDS = env_int("RUNCRATE_MIN_STEP_SECONDS", 30, minimum=1)
+# The reconciler's beat: advance every cluster with something to do (clusters/tasks.py).
+CELERY_BEAT_SCHEDULE["clusters-tick"] = {
+    "task": "clusters.tasks.tick",
+    "schedule": RUNCRATE_TICK_SECONDS,
+}
 RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
 # The meter charges usage, stops what the balance or a budget no longer covers (billing/tasks.py).
 CELERY_BEAT_SCHEDULE["billing-meter"] = {
