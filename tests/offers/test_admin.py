@@ -1,0 +1,171 @@
+"""Django admin for the catalog, the hosts and quote requests (staff only)."""
+
+import datetime
+
+import pytest
+from django.urls import reverse
+
+from accounts.models import User
+from offers.inventory import return_hosts_to_service, take_hosts_offline
+from offers.models import Host, MachineType, QuoteRequest
+from tests.factories import HostFactory, MachineTypeFactory, ProjectFactory
+
+
+@pytest.fixture
+def staff_client(client, db):
+    # No password: hashing one costs more than everything else these tests do.
+    client.force_login(User.objects.create_superuser("staff@example.com", password=None))
+    return client
+
+
+def _quote(machine_type: MachineType, **fields) -> QuoteRequest:
+    return QuoteRequest.objects.create(
+        project=fields.pop("project", None) or ProjectFactory(),
+        gpu=machine_type.gpu,
+        location=machine_type.location,
+        nodes=16,
+        interconnect="infiniband",
+        start_date=datetime.date(2027, 1, 4),
+        duration_weeks=4,
+        contact_name="Ada",
+        contact_email="ada@example.com",
+        **fields,
+    )
+
+
+def _hosts(count: int, machine_type: MachineType, state: str = Host.State.FREE) -> list[Host]:
+    return [HostFactory(machine_type=machine_type, state=state) for _ in range(count)]
+
+
+@pytest.mark.parametrize("name", ["gpumodel", "location", "machinetype", "host", "quoterequest"])
+def test_it_lists_each_model_in_a_constant_number_of_queries(
+    staff_client, django_assert_max_num_queries, name
+):
+    def fill(count: int) -> None:
+        for _ in range(count):
+            machine_type = MachineTypeFactory()
+            _hosts(2, machine_type)
+            _quote(machine_type)
+
+    url = reverse(f"admin:offers_{name}_changelist")
+    fill(2)
+    with django_assert_max_num_queries(40) as few:
+        assert staff_client.get(url).status_code == 200
+    fill(10)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert staff_client.get(url).status_code == 200
+
+
+def test_it_shows_free_and_total_hosts_per_machine_type(staff_client):
+    machine_type = MachineTypeFactory(slug="use2-h100x8-bm")
+    _hosts(3, machine_type)
+    _hosts(2, machine_type, state=Host.State.IN_USE)
+
+    response = staff_client.get(reverse("admin:offers_machinetype_changelist"))
+
+    row = response.context["cl"].result_list.get(pk=machine_type.pk)
+    assert (row.free_hosts, row.host_count) == (3, 5)
+
+
+def test_it_takes_only_free_hosts_offline(db):
+    free, reserved = HostFactory(), HostFactory(state=Host.State.RESERVED)
+
+    assert take_hosts_offline(host_ids=[free.pk, reserved.pk]) == 1
+
+    free.refresh_from_db()
+    reserved.refresh_from_db()
+    assert (free.state, reserved.state) == (Host.State.OFFLINE, Host.State.RESERVED)
+
+
+def test_it_returns_only_offline_hosts_to_service(db):
+    offline, cleaning = (
+        HostFactory(state=Host.State.OFFLINE),
+        HostFactory(state=Host.State.CLEANING),
+    )
+
+    assert return_hosts_to_service(host_ids=[offline.pk, cleaning.pk]) == 1
+
+    offline.refresh_from_db()
+    cleaning.refresh_from_db()
+    assert (offline.state, cleaning.state) == (Host.State.FREE, Host.State.CLEANING)
+
+
+def test_the_admin_actions_say_what_they_left_alone(staff_client):
+    free, in_use = HostFactory(), HostFactory(state=Host.State.IN_USE)
+
+    response = staff_client.post(
+        reverse("admin:offers_host_changelist"),
+        {"action": "mark_offline", "_selected_action": [free.pk, in_use.pk]},
+        follow=True,
+    )
+
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages == ["1 host taken offline.", "1 left as they were: they were not free."]
+    in_use.refresh_from_db()
+    assert in_use.state == Host.State.IN_USE
+
+
+def test_the_host_form_refuses_a_fault_on_an_ssh_host(staff_client):
+    host = HostFactory()
+    url = reverse("admin:offers_host_change", args=[host.pk])
+
+    response = staff_client.post(
+        url,
+        {
+            "name": host.name,
+            "machine_type": host.machine_type.pk,
+            "driver": "ssh",
+            "address": "",
+            "port": 22,
+            "user": "root",
+            "host_key": "",
+            "fault": "boot",
+        },
+    )
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert errors["fault"] == ['Only simulated hosts take a fault; this host\'s driver is "ssh".']
+    assert errors["address"] == ["This field is required for the ssh driver."]
+    host.refresh_from_db()
+    assert (host.driver, host.fault) == ("simulated", "")
+
+
+def test_the_host_form_keeps_a_held_host_on_its_machine_type(staff_client):
+    host = HostFactory(state=Host.State.IN_USE)
+    other = MachineTypeFactory()
+
+    response = staff_client.post(
+        reverse("admin:offers_host_change", args=[host.pk]),
+        {
+            "name": host.name,
+            "machine_type": other.pk,
+            "driver": "simulated",
+            "address": "",
+            "port": 22,
+            "user": "root",
+            "host_key": "",
+            "fault": "",
+        },
+    )
+
+    errors = response.context["adminform"].form.errors
+    assert errors["machine_type"] == [
+        "The host is In Use: it keeps its machine type until it is free or offline."
+    ]
+    host.refresh_from_db()
+    assert host.machine_type_id != other.pk
+
+
+def test_staff_change_a_quote_requests_status_from_the_list(staff_client):
+    quote = _quote(MachineTypeFactory())
+
+    response = staff_client.post(
+        reverse("admin:offers_quoterequest_changelist"),
+        {"action": "mark_won", "_selected_action": [quote.pk]},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    quote.refresh_from_db()
+    assert quote.status == QuoteRequest.Status.WON

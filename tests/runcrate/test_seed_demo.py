@@ -1,0 +1,71 @@
+"""`manage.py seed_demo`: the demo inventory and user, into an empty database only."""
+
+from io import StringIO
+
+from django.core.management import call_command
+
+from accounts.models import Environment, Membership, Project, User
+from offers.models import GpuModel, Host, Location, MachineType
+from tests.factories import GpuModelFactory, UserFactory
+
+ROWS = (User, Project, Membership, Environment, GpuModel, Location, MachineType, Host)
+
+
+def snapshot() -> dict:
+    return {model.__name__: list(model.objects.order_by("pk").values()) for model in ROWS}
+
+
+def seed() -> str:
+    out = StringIO()
+    call_command("seed_demo", stdout=out)
+    return out.getvalue()
+
+
+def test_it_seeds_an_empty_database_with_the_demo_inventory_and_user(db, client):
+    output = seed()
+
+    user = User.objects.get()
+    assert user.email == "demo@runcrate.localhost"
+    assert user.check_password("demo-gpus-2026")
+    assert not user.is_staff
+    membership = Membership.objects.select_related("project").get(user=user)
+    assert membership.project.name == "Demo project"
+    assert membership.role == Membership.Role.OWNER
+    assert membership.project.environments.filter(name="default").exists()
+    assert GpuModel.objects.filter(slug="h100-sxm").exists()
+    assert Host.objects.count() >= 200
+    assert "Demo login: demo@runcrate.localhost / demo-gpus-2026" in output
+    assert "manage.py createsuperuser" in output
+    assert client.login(username="demo@runcrate.localhost", password="demo-gpus-2026")
+
+
+def test_it_leaves_a_database_with_users_alone(db):
+    UserFactory(email="operator@example.com")
+    before = snapshot()
+
+    output = seed()
+
+    assert snapshot() == before
+    assert GpuModel.objects.count() == 0
+    assert "left it alone" in output
+
+
+def test_it_leaves_a_database_with_an_inventory_alone(db):
+    GpuModelFactory(slug="mi300x", name="MI300X 192GB", memory_gib=192)
+    before = snapshot()
+
+    output = seed()
+
+    assert snapshot() == before
+    assert not User.objects.exists()
+    assert "left it alone" in output
+
+
+def test_it_changes_nothing_when_run_a_second_time(db):
+    seed()
+    before = snapshot()
+
+    output = seed()
+
+    assert snapshot() == before
+    assert "left it alone" in output
