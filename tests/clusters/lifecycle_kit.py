@@ -93,7 +93,7 @@ def create(
         environment=environment_of(project),
         offer_slug=machine_type.slug,
         nodes=nodes,
-        name=name or f"c-{next(_people)}",
+        name=f"c-{next(_people)}" if name is None else name,
         software=software,
         **extra,
     )
