@@ -1,3 +1,5 @@
+from urllib.parse import urlencode
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
@@ -6,8 +8,10 @@ from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from accounts import keys
 from accounts.forms import ApiKeyForm, SignupForm, SshKeyForm
@@ -40,11 +44,21 @@ def _project(request: HttpRequest) -> Project:
     return request.project  # type: ignore[attr-defined]
 
 
+def _next_url(request: HttpRequest) -> str:
+    """A page of this site to return to after adding a key, or ""."""
+    next_url = request.POST.get("next") or request.GET.get("next") or ""
+    safe = url_has_allowed_host_and_scheme(
+        next_url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    )
+    return next_url if safe else ""
+
+
 def _render_account(request: HttpRequest, partial: str, **extra: object) -> HttpResponse:
     """The account page, or only one of its sections when htmx asks for it."""
     project = request.project  # type: ignore[attr-defined]
     context: dict[str, object] = {
         "project": project,
+        "next": _next_url(request),
         "api_key_form": ApiKeyForm(),
         "ssh_key_form": SshKeyForm(),
         **extra,
@@ -68,7 +82,10 @@ def account(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def ssh_keys(request: HttpRequest) -> HttpResponse:
-    return redirect(reverse("accounts:account") + "#ssh-keys")
+    """The SSH keys section; `?next=` (e.g. the create-cluster page) is where adding returns."""
+    next_url = _next_url(request)
+    query = f"?{urlencode({'next': next_url})}" if next_url else ""
+    return redirect(reverse("accounts:account") + query + "#ssh-keys")
 
 
 @never_cache  # the response holds the one copy of the new key: no cache may keep it
@@ -135,10 +152,13 @@ def add_ssh_key(request: HttpRequest) -> HttpResponse:
     if added is None:
         return _render_account(request, "ssh_keys", ssh_key_form=form)
     notice = f"SSH key '{added.name}' added."
-    if request.htmx:
+    next_url = _next_url(request)
+    if request.htmx and not next_url:
         return _render_account(request, "ssh_keys", ssh_keys_notice=notice)
     messages.success(request, notice)
-    return redirect(reverse("accounts:account") + "#ssh-keys")
+    if request.htmx:
+        return HttpResponseClientRedirect(next_url)
+    return redirect(next_url or reverse("accounts:account") + "#ssh-keys")
 
 
 @login_required

@@ -92,3 +92,40 @@ def test_it_points_the_ssh_keys_address_at_the_section(owner):
     response = owner.browser_client().get("/accounts/ssh-keys/")
 
     assert response["Location"] == "/accounts/#ssh-keys"
+
+
+def test_it_returns_to_the_page_it_was_sent_from_once_a_key_is_added(owner):
+    client = owner.browser_client()
+
+    response = client.get("/accounts/ssh-keys/?next=/clusters/new/%3Foffer%3Dx")
+    assert response["Location"] == "/accounts/?next=%2Fclusters%2Fnew%2F%3Foffer%3Dx#ssh-keys"
+    page = client.get(response["Location"]).content.decode()
+    assert '<input type="hidden" name="next" value="/clusters/new/?offer=x">' in page
+
+    added = client.post(
+        "/accounts/ssh-keys/add/",
+        {"name": "k", "public_key": ed25519_line(), "next": "/clusters/new/?offer=x"},
+    )
+    assert added["Location"] == "/clusters/new/?offer=x"
+
+    with_htmx = client.post(
+        "/accounts/ssh-keys/add/",
+        {"name": "k2", "public_key": ed25519_line(), "next": "/clusters/new/?offer=x"},
+        headers={"hx-request": "true"},
+    )
+    assert with_htmx["HX-Redirect"] == "/clusters/new/?offer=x"
+    assert SshKey.objects.count() == 2
+
+
+def test_it_never_returns_to_another_site(owner):
+    client = owner.browser_client()
+
+    response = client.post(
+        "/accounts/ssh-keys/add/",
+        {"name": "k", "public_key": ed25519_line(), "next": "https://evil.example/"},
+    )
+
+    assert response["Location"] == "/accounts/#ssh-keys"
+    assert client.get("/accounts/ssh-keys/?next=//evil.example/")["Location"] == (
+        "/accounts/#ssh-keys"
+    )
