@@ -65,6 +65,12 @@ postgres_only = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # PBKDF2 costs about a second per user; the hasher is not what these tests are about.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def _mail_in_memory(settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
