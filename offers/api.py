@@ -4,7 +4,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.http import Http404, HttpRequest, JsonResponse
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
@@ -215,7 +215,7 @@ def quote_json(quote: QuoteRequest) -> dict:
 
 
 @router.post("/quotes", response={201: QuoteCreated}, summary="Request a quote")
-def create_quote(request: HttpRequest, payload: QuoteIn) -> tuple[int, dict]:
+def create_quote(request: HttpRequest, payload: QuoteIn) -> Status:
     """Ask for reserved capacity, more than 64 machines or InfiniBand/RoCE. The requester
     and the sales team get an email. At most a few requests per project per hour (429)."""
     try:
@@ -224,7 +224,7 @@ def create_quote(request: HttpRequest, payload: QuoteIn) -> tuple[int, dict]:
         raise ApiError(422, "invalid_request", f"{exc.field}: {exc.message}") from None
     except QuoteRateLimited as exc:
         raise ApiError(429, "rate_limited", exc.message) from None
-    return 201, {"data": quote_json(quote)}
+    return Status(201, {"data": quote_json(quote)})
 
 
 @router.get("/quotes", response=QuoteList, summary="List the project's quote requests")
