@@ -17,6 +17,7 @@ from ninja import Field, Query, Router, Schema, Status
 
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
+from clusters import lifecycle
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Event, Node
 from runcrate.api import ApiError
@@ -24,13 +25,6 @@ from runcrate.api import ApiError
 router = Router(tags=["clusters"])
 
 MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
-
-
-def _lifecycle():
-    # Until clusters/lifecycle.py lands in the tree the API must still import.
-    from clusters import lifecycle
-
-    return lifecycle
 
 
 # --- schemas --------------------------------------------------------------------------------
@@ -272,7 +266,7 @@ def create_cluster(request: HttpRequest, payload: ClusterIn) -> Status:
             f"Your project has no environment named {payload.environment!r}.",
         )
     with _refusals():
-        cluster = _lifecycle().create_cluster(
+        cluster = lifecycle.create_cluster(
             project=project,
             user=request.user,
             environment=environment,
@@ -314,7 +308,7 @@ ACTION_RESPONSES = {
 def terminate_cluster(request: HttpRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     with _refusals():
-        _lifecycle().terminate(cluster=cluster, user=request.user)
+        lifecycle.terminate(cluster=cluster, user=request.user)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
@@ -327,7 +321,7 @@ def terminate_cluster(request: HttpRequest, cluster_id: int) -> Status:
 def retry_install(request: HttpRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     with _refusals():
-        _lifecycle().retry_install(cluster=cluster)
+        lifecycle.retry_install(cluster=cluster)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
@@ -341,7 +335,7 @@ def retry_install(request: HttpRequest, cluster_id: int) -> Status:
 def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)
     with _refusals():
-        _lifecycle().add_workers(cluster=cluster, count=payload.count)
+        lifecycle.add_workers(cluster=cluster, count=payload.count)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 

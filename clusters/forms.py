@@ -22,7 +22,7 @@ REFUSAL_FIELDS = {
 
 SOFTWARE_HELP = {
     Cluster.Software.NONE: "Plain machines with the hostfile, SSH between nodes and /shared.",
-    Cluster.Software.SLURM: "A Slurm partition `gpu` with every node; submit with sbatch.",
+    Cluster.Software.SLURM: "One Slurm partition, gpu, with every node; submit jobs with sbatch.",
     Cluster.Software.KUBERNETES: "Every node joins one Kubernetes cluster with its GPUs.",
     Cluster.Software.RAY: "A Ray cluster with its head on node-0.",
 }

@@ -23,21 +23,14 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project
-from billing.models import balance_of
+from billing import ledger
+from clusters import connect, lifecycle
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES, MIN_NODES
 from offers.offers import Offer, get_offer, list_offers
 from offers.quotes import quotes_for
-
-
-def _lifecycle():
-    # Until clusters/lifecycle.py lands in the tree the pages must still import.
-    from clusters import lifecycle
-
-    return lifecycle
-
 
 CLUSTERS_PER_PAGE = 50
 # htmx stops polling when a poll is answered with this status.
@@ -59,6 +52,14 @@ STATUS_BADGES = {
     Cluster.Status.TERMINATING: "info",
     Cluster.Status.TERMINATED: "",
     Cluster.Status.STOPPED: "warn",
+}
+# What a node is doing while it is on a step (the step names what it waits for).
+NODE_STEP_PHRASES = {
+    Node.Step.RUNNING: "Booting",
+    Node.Step.AGENT: "Agent checking in",
+    Node.Step.NETWORK: "Testing the network",
+    Node.Step.INSTALL: "Installing software",
+    Node.Step.DONE: "Ready",
 }
 STEP_NAMES = {
     Node.Step.RUNNING: "Machines running",
@@ -101,8 +102,13 @@ def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
     return f"{reverse('clusters:new')}?{urlencode(query)}"
 
 
-def _price(machine_price: Decimal, machines: int) -> Decimal:
-    return (machine_price * machines).quantize(Decimal("0.01"))
+def _usd(amount: Decimal) -> str:
+    """An amount as the pages print it after a `$`: `1,530.88`."""
+    return f"{amount:,.2f}"
+
+
+def _price(machine_price: Decimal, machines: int) -> str:
+    return _usd(machine_price * machines)
 
 
 # --- the list ---------------------------------------------------------------------------------
@@ -112,7 +118,7 @@ def _price(machine_price: Decimal, machines: int) -> Decimal:
 class ClusterRow:
     cluster: Cluster
     machines: int
-    price_per_hour: Decimal
+    price_per_hour: str
     badge: str
     age: str
 
@@ -168,17 +174,18 @@ def _requested_nodes(raw: str | None) -> int:
 
 def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
     machine_price = offer.machine_price_per_hour
-    cluster_price = _price(machine_price, nodes) if MIN_NODES <= nodes <= MAX_NODES else None
-    balance = balance_of(request.project.pk)
-    needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price or Decimal("0"))
+    valid = MIN_NODES <= nodes <= MAX_NODES
+    cluster_price = machine_price * nodes
+    balance = ledger.balance(project=request.project)
+    needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price)
     return {
         "nodes": nodes,
-        "cluster_price": cluster_price,
-        "machine_price": machine_price,
-        "balance": balance,
-        "needed": needed,
-        "min_balance": settings.RUNCRATE_MIN_BALANCE,
-        "short": cluster_price is not None and balance < needed,
+        "cluster_price": _usd(cluster_price) if valid else None,
+        "machine_price": _usd(machine_price),
+        "balance": _usd(balance),
+        "needed": _usd(needed),
+        "min_balance": _usd(settings.RUNCRATE_MIN_BALANCE),
+        "short": valid and balance < needed,
     }
 
 
@@ -202,7 +209,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             data = form.cleaned_data
             try:
-                cluster = _lifecycle().create_cluster(
+                cluster = lifecycle.create_cluster(
                     project=project,
                     user=request.user,
                     environment=data["environment"],
@@ -244,7 +251,7 @@ def _clusters_with_details() -> QuerySet[Cluster]:
     return Cluster.objects.select_related(
         "environment", "machine_type__location", "machine_type__gpu"
     ).prefetch_related(
-        Prefetch("nodes", queryset=Node.objects.order_by("index")),
+        Prefetch("nodes", queryset=Node.objects.select_related("host").order_by("index")),
         Prefetch("events", queryset=Event.objects.select_related("node").order_by("-at", "-pk")),
     )
 
@@ -266,6 +273,7 @@ class Step:
 @dataclass(frozen=True)
 class NodeRow:
     node: Node
+    doing: str
     steps_done: int
     steps_total: int
     percent: int
@@ -323,8 +331,10 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
     for node in nodes:
         done = sum(1 for field in fields if getattr(node, field))
         left = node.seconds_left(now) if cluster.is_live else None
+        doing = NODE_STEP_PHRASES.get(node.step, node.step)
         if node.status == Node.Status.FAILED:
             tone = "bad"
+            doing = f"Failed: {STEP_NAMES.get(node.step, node.step).lower()}"
         elif done == len(fields):
             tone = "ok"
         else:
@@ -332,6 +342,7 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
         rows.append(
             NodeRow(
                 node=node,
+                doing=doing if node.status != Node.Status.ENDED else "Released",
                 steps_done=done,
                 steps_total=len(fields),
                 percent=round(100 * done / len(fields)),
@@ -340,6 +351,14 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
             )
         )
     return rows
+
+
+def _ssh_to_head(cluster: Cluster) -> str:
+    """The command that reaches node-0, or "" while it has no address and no gateway."""
+    shape = connect.shape_for(cluster)
+    if not shape.nodes or not (shape.head.address or shape.gateway):
+        return ""
+    return connect.ssh_command(shape, shape.head)
 
 
 def _detail_context(cluster: Cluster) -> dict:
@@ -362,6 +381,8 @@ def _detail_context(cluster: Cluster) -> dict:
         "workers_max": max(0, MAX_NODES - machines),
         "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
     }
+    if cluster.status in Cluster.BILLED:
+        context["ssh_head"] = _ssh_to_head(cluster)
     if cluster.status == Cluster.Status.FAILED:
         offers = list_offers(
             gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
@@ -401,7 +422,7 @@ def cluster_terminate(request: HttpRequest, pk: int) -> HttpResponse:
         context = {"cluster": cluster, "machines": machines, "terminable": TERMINABLE}
         return render(request, "clusters/terminate.html", context)
     try:
-        _lifecycle().terminate(cluster=cluster, user=request.user)
+        lifecycle.terminate(cluster=cluster, user=request.user)
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:
@@ -416,7 +437,7 @@ def cluster_terminate(request: HttpRequest, pk: int) -> HttpResponse:
 def cluster_retry_install(request: HttpRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
     try:
-        _lifecycle().retry_install(cluster=cluster)
+        lifecycle.retry_install(cluster=cluster)
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:
@@ -434,7 +455,7 @@ def cluster_add_workers(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, "Say how many workers to add, as a whole number.")
         return redirect("clusters:detail", pk=cluster.pk)
     try:
-        _lifecycle().add_workers(cluster=cluster, count=count)
+        lifecycle.add_workers(cluster=cluster, count=count)
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:

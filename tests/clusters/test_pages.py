@@ -143,7 +143,7 @@ def test_it_shows_each_node_with_its_step_progress_and_time_left(owner):
 
     row = re.search(r'<tr id="node-1".*?</tr>', page, re.S).group(0)
     assert "10.77.0.2" in row
-    assert "Agent checked in" in row
+    assert "Agent checking in" in row
     assert 'aria-valuenow="1"' in row and 'aria-valuemax="3"' in row
     assert "2m 10s left" in row
 
@@ -561,3 +561,21 @@ def test_it_says_why_an_action_does_not_fit_the_status(owner, offer):
     assert "Retry install is for a degraded cluster" in text_of(retry)
     assert "Workers can be added to a ready cluster" in text_of(workers)
     assert "as a whole number" in text_of(nonsense)
+
+
+def test_it_shows_how_to_reach_node_0_on_a_running_cluster(owner):
+    gateway = LocationFactory(ssh_gateway="gw.us-east-2.runcrate.net:22")
+    now = timezone.now()
+    cluster = ClusterFactory(
+        project=owner.project,
+        machine_type=MachineTypeFactory(location=gateway),
+        status=Cluster.Status.READY,
+        joined_at=now,
+        ready_at=now,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    assert f"ssh -J c{cluster.pk}@gw.us-east-2.runcrate.net:22 root@node-0" in html
