@@ -12,6 +12,7 @@ from django.http import HttpRequest
 
 from offers.inventory import (
     HELD_STATES,
+    check_host_field,
     host_setup_problems,
     return_hosts_to_service,
     take_hosts_offline,
@@ -58,13 +59,14 @@ class LocationAdmin(admin.ModelAdmin):
 class MachineTypeAdmin(admin.ModelAdmin):
     list_display = [
         "slug",
-        "location",
+        "location_code",
         "gpu",
         "gpus_per_machine",
         "machine_kind",
         "interconnect",
         "community",
         "price_per_hour",
+        "boot_seconds",
         "free_hosts",
         "host_count",
     ]
@@ -83,6 +85,10 @@ class MachineTypeAdmin(admin.ModelAdmin):
             )
         )
 
+    @admin.display(description="location", ordering="location__code")
+    def location_code(self, machine_type: MachineType) -> str:
+        return machine_type.location.code
+
     @admin.display(description="free", ordering="free_hosts")
     def free_hosts(self, machine_type: MachineType) -> int:
         return machine_type.free_hosts
@@ -92,10 +98,29 @@ class MachineTypeAdmin(admin.ModelAdmin):
         return machine_type.host_count
 
 
+def _sentence(problem: str) -> str:
+    return problem[0].upper() + problem[1:] + "."
+
+
 class HostForm(forms.ModelForm):
     class Meta:
         model = Host
         fields = ["name", "machine_type", "driver", "address", "port", "user", "host_key", "fault"]
+
+    def _clean_static(self, field_name: str) -> str:
+        try:
+            return check_host_field(field_name, self.cleaned_data[field_name])
+        except ValueError as problem:
+            raise forms.ValidationError(_sentence(str(problem))) from None
+
+    def clean_address(self) -> str:
+        return self._clean_static("address")
+
+    def clean_user(self) -> str:
+        return self._clean_static("user")
+
+    def clean_host_key(self) -> str:
+        return self._clean_static("host_key")
 
     def clean(self):
         cleaned = super().clean()
@@ -104,15 +129,16 @@ class HostForm(forms.ModelForm):
             fault=cleaned.get("fault", ""),
             address=cleaned.get("address", ""),
         ):
-            sentence = f"This field {problem}" if problem.startswith("is ") else problem
-            self.add_error(field, sentence[0].upper() + sentence[1:] + ".")
+            if field not in self.errors:
+                sentence = f"this field {problem}" if problem.startswith("is ") else problem
+                self.add_error(field, _sentence(sentence))
         instance = self.instance
         if instance.pk and instance.state in HELD_STATES:
             for field in ("machine_type", "driver"):
                 if field in self.changed_data:
                     self.add_error(
                         field,
-                        f"The host is {instance.get_state_display()}: it keeps its"
+                        f"The host is {instance.state.replace('_', ' ')}: it keeps its"
                         f" {field.replace('_', ' ')} until it is free or offline.",
                     )
         return cleaned

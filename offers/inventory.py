@@ -28,8 +28,6 @@ DEMO_INVENTORY = Path(settings.BASE_DIR) / "demo" / "inventory.json"
 MAX_GROUP_COUNT = 10_000
 # Hosts a node holds: the loader never moves these to another machine type or driver.
 HELD_STATES = frozenset({Host.State.RESERVED, Host.State.IN_USE, Host.State.CLEANING})
-# Fields of a machine type that running clusters depend on.
-MACHINE_TYPE_IDENTITY = ("location_id", "gpu_id", "gpus_per_machine", "machine_kind")
 # Errors shown in a message; InventoryError.errors keeps them all.
 SHOWN_ERRORS = 50
 # Rows per IN (...) lookup: SQLite's conservative limit on parameters is 999.
@@ -122,7 +120,7 @@ def parse_inventory(text: str) -> Any:
 def read_inventory_file(path: Path | str) -> Any:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is fine
     except FileNotFoundError:
         raise InventoryError(["no such file"]) from None
     except IsADirectoryError:
@@ -154,9 +152,8 @@ def _show(value: Any) -> str:
 _SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _NAME_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_DNS_NAME = re.compile(
-    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
-)
+_DNS_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")
 _UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _HOST_KEY = re.compile(
     r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521)"
@@ -281,7 +278,7 @@ def _gateway(value: Any) -> str:
             ipaddress.IPv6Address(host)
         except ValueError:
             raise _Invalid(problem) from None
-    elif not _is_address(host):
+    elif ":" in host or not _is_address(host):  # an IPv6 gateway is written [::1]:22
         raise _Invalid(problem)
     if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise _Invalid(problem)
@@ -328,6 +325,18 @@ def _host_key(value: Any) -> str:
     if value and not _HOST_KEY.fullmatch(value):
         raise _Invalid('must be "<key type> <base64 key>", e.g. "ssh-ed25519 AAAAC3…"')
     return value
+
+
+def check_host_field(field_name: str, value: str) -> str:
+    """A host's `address`, `user` or `host_key` as the loader accepts it (admin's form uses
+    the same rules); raises ValueError with the problem."""
+    checks = {"address": _address, "user": _unix_user, "host_key": _host_key}
+    if field_name == "address" and value == "":
+        return value
+    try:
+        return checks[field_name](value)
+    except _Invalid as invalid:
+        raise ValueError(invalid.problem) from None
 
 
 def host_setup_problems(*, driver: str, fault: str, address: str) -> list[tuple[str, str]]:
@@ -701,13 +710,14 @@ def _check_machine_type_changes(
         ]
         if not changing:
             continue
-        # Locked, so no cluster reserves one of them before this load commits.
-        held = list(
+        # Every host of the type locked: none can be reserved before this load commits.
+        hosts = (
             Host.objects.select_for_update()
-            .filter(machine_type=machine_type, state__in=HELD_STATES)
+            .filter(machine_type=machine_type)
             .order_by("name")
-            .values_list("name", flat=True)
+            .values_list("name", "state")
         )
+        held = [name for name, state in hosts if state in HELD_STATES]
         if held:
             errors.append(
                 f"{spec.label}.{changing[0]}: cannot change while {_some(held)}"
@@ -740,19 +750,19 @@ def _check_host_moves(
             moving.append(host.pk)
     if not moving:
         return
-    # Lock the rows of the hosts that move and read their state again under the lock.
-    held: set[int] = set()
+    # Lock the hosts that move and read their state again under the lock: none of them can be
+    # reserved between this check and the commit.
+    states: dict[int, str] = {}
     for chunk in _chunks(moving):
-        held.update(
-            Host.objects.select_for_update()
-            .filter(pk__in=chunk, state__in=HELD_STATES)
-            .values_list("pk", flat=True)
+        states.update(
+            Host.objects.select_for_update().filter(pk__in=chunk).values_list("pk", "state")
         )
     by_entry: dict[str, list[str]] = {}
     for name, spec in doc.hosts.items():
         host = hosts.get(name)
-        if host is not None and host.pk in held:
-            by_entry.setdefault(spec.label, []).append(f"{name} ({host.get_state_display()})")
+        state = states.get(host.pk) if host is not None else None
+        if state in HELD_STATES:
+            by_entry.setdefault(spec.label, []).append(f"{name} ({state.replace('_', ' ')})")
     for label, names in by_entry.items():
         errors.append(
             f"{label}.machine_type: {_some(names)} cannot move to another machine type or"

@@ -131,6 +131,31 @@ def test_the_host_form_refuses_a_fault_on_an_ssh_host(staff_client):
     assert (host.driver, host.fault) == ("simulated", "")
 
 
+def test_the_host_form_checks_the_ssh_fields_like_the_file(staff_client):
+    host = HostFactory()
+
+    response = staff_client.post(
+        reverse("admin:offers_host_change", args=[host.pk]),
+        {
+            "name": host.name,
+            "machine_type": host.machine_type.pk,
+            "driver": "ssh",
+            "address": "not an address",
+            "port": 22,
+            "user": "Root User",
+            "host_key": "AAAA-not-a-key",
+            "fault": "",
+        },
+    )
+
+    errors = response.context["adminform"].form.errors
+    assert errors["address"] == ["Must be a host name or an IP address."]
+    assert errors["user"] == ["Must be a Unix user name (lowercase, at most 32 characters)."]
+    assert errors["host_key"] == ['Must be "<key type> <base64 key>", e.g. "ssh-ed25519 AAAAC3…".']
+    host.refresh_from_db()
+    assert host.driver == "simulated"
+
+
 def test_the_host_form_keeps_a_held_host_on_its_machine_type(staff_client):
     host = HostFactory(state=Host.State.IN_USE)
     other = MachineTypeFactory()
@@ -151,7 +176,7 @@ def test_the_host_form_keeps_a_held_host_on_its_machine_type(staff_client):
 
     errors = response.context["adminform"].form.errors
     assert errors["machine_type"] == [
-        "The host is In Use: it keeps its machine type until it is free or offline."
+        "The host is in use: it keeps its machine type until it is free or offline."
     ]
     host.refresh_from_db()
     assert host.machine_type_id != other.pk

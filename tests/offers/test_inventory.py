@@ -505,7 +505,7 @@ def test_it_refuses_to_move_a_held_host_to_another_machine_type(db, state):
         load_inventory(data)
 
     assert refused.value.errors == [
-        f"hosts[1] (drill-1).machine_type: drill-1 ({Host.State(state).label}) cannot move to"
+        f"hosts[1] (drill-1).machine_type: drill-1 ({state.replace('_', ' ')}) cannot move to"
         " another machine type or driver; a host moves only when it is free or offline"
     ]
     assert snapshot() == before
