@@ -57,9 +57,7 @@ def test_it_ends_all_joined_or_all_released(scenario):
     size, faults, spare, software, every = scenario
     _, project = new_project()
     # the spare hosts sit after the cluster's: they are never reserved
-    machine_type = inventory(
-        hosts=size + spare, boot_seconds=BOOT, faults=dict(enumerate(faults))
-    )
+    machine_type = inventory(hosts=size + spare, boot_seconds=BOOT, faults=dict(enumerate(faults)))
     with time_machine.travel(T0, tick=False) as clock, Sim() as sim:
         cluster = create(project, machine_type, nodes=size, software=software)
         limit = T0 + timedelta(minutes=30)
