@@ -12,12 +12,17 @@ from django.http import HttpRequest
 
 from offers.inventory import (
     HELD_STATES,
+    check_gateway,
     check_host_field,
     host_setup_problems,
     return_hosts_to_service,
     take_hosts_offline,
 )
 from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest
+
+
+def _sentence(problem: str) -> str:
+    return problem[0].upper() + problem[1:] + "."
 
 
 @admin.register(GpuModel)
@@ -33,8 +38,28 @@ class GpuModelAdmin(admin.ModelAdmin):
         return gpu.machine_type_count
 
 
+class LocationForm(forms.ModelForm):
+    class Meta:
+        model = Location
+        fields = [
+            "code",
+            "name",
+            "country",
+            "capacity_reporting",
+            "ssh_gateway",
+            "volume_price_per_gb_month",
+        ]
+
+    def clean_ssh_gateway(self) -> str:
+        try:
+            return check_gateway(self.cleaned_data["ssh_gateway"])
+        except ValueError as problem:
+            raise forms.ValidationError(_sentence(str(problem))) from None
+
+
 @admin.register(Location)
 class LocationAdmin(admin.ModelAdmin):
+    form = LocationForm
     list_display = [
         "code",
         "name",
@@ -96,10 +121,6 @@ class MachineTypeAdmin(admin.ModelAdmin):
     @admin.display(description="hosts", ordering="host_count")
     def host_count(self, machine_type: MachineType) -> int:
         return machine_type.host_count
-
-
-def _sentence(problem: str) -> str:
-    return problem[0].upper() + problem[1:] + "."
 
 
 class HostForm(forms.ModelForm):

@@ -339,6 +339,14 @@ def check_host_field(field_name: str, value: str) -> str:
         raise ValueError(invalid.problem) from None
 
 
+def check_gateway(value: str) -> str:
+    """A location's `ssh_gateway` ("" for none) as the loader accepts it; ValueError if bad."""
+    try:
+        return _gateway(value or None)
+    except _Invalid as invalid:
+        raise ValueError(invalid.problem.replace("null or ", "empty or ")) from None
+
+
 def host_setup_problems(*, driver: str, fault: str, address: str) -> list[tuple[str, str]]:
     """(field, problem) for a host whose driver, fault and address do not go together.
 

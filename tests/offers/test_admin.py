@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from accounts.models import User
 from offers.inventory import return_hosts_to_service, take_hosts_offline
-from offers.models import Host, MachineType, QuoteRequest
+from offers.models import Host, Location, MachineType, QuoteRequest
 from tests.factories import HostFactory, MachineTypeFactory, ProjectFactory
 
 
@@ -194,3 +194,21 @@ def test_staff_change_a_quote_requests_status_from_the_list(staff_client):
     assert response.status_code == 200
     quote.refresh_from_db()
     assert quote.status == QuoteRequest.Status.WON
+
+
+def test_the_location_form_checks_the_gateway_like_the_file(staff_client):
+    response = staff_client.post(
+        reverse("admin:offers_location_add"),
+        {
+            "code": "us-east-9",
+            "name": "Somewhere",
+            "country": "US",
+            "capacity_reporting": "count",
+            "ssh_gateway": "gw.example.net:0",
+            "volume_price_per_gb_month": "0.10",
+        },
+    )
+
+    errors = response.context["adminform"].form.errors
+    assert errors["ssh_gateway"] == ['Must be empty or "host:port" with a port from 1 to 65535.']
+    assert not Location.objects.filter(code="us-east-9").exists()
