@@ -157,3 +157,9 @@ class SshKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+# ---- billing: staff credit a project from here (the action lives in billing/admin.py) ----
+from billing.admin import add_credit  # noqa: E402
+
+ProjectAdmin.actions = (*ProjectAdmin.actions, add_credit)

@@ -3,12 +3,14 @@ from django.db import transaction
 
 from accounts.models import User
 from accounts.projects import create_project
+from billing import ledger
 from offers.inventory import DEMO_INVENTORY, load_inventory_file
 from offers.models import GpuModel
 
 DEMO_EMAIL = "demo@runcrate.localhost"
 DEMO_PASSWORD = "demo-gpus-2026"
 DEMO_PROJECT = "Demo project"
+DEMO_CREDIT = "500.00"  # USD on the demo project's ledger, so it can create clusters
 
 
 class Command(BaseCommand):
@@ -24,7 +26,8 @@ class Command(BaseCommand):
         with transaction.atomic():
             report = load_inventory_file(DEMO_INVENTORY)
             user = User.objects.create_user(DEMO_EMAIL, DEMO_PASSWORD, name="Demo user")
-            create_project(owner=user, name=DEMO_PROJECT)
+            project = create_project(owner=user, name=DEMO_PROJECT)
+            ledger.credit(project=project, amount=DEMO_CREDIT, note="Demo credit")
         self.stdout.write(str(report))
         self.stdout.write(f"Demo login: {DEMO_EMAIL} / {DEMO_PASSWORD}")
         self.stdout.write("A staff account for /admin/: manage.py createsuperuser")
