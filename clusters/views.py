@@ -61,6 +61,12 @@ NODE_STEP_PHRASES = {
     Node.Step.INSTALL: "Installing software",
     Node.Step.DONE: "Ready",
 }
+FAILED_AT = {
+    Node.Step.RUNNING: "boot",
+    Node.Step.AGENT: "agent check-in",
+    Node.Step.NETWORK: "network test",
+    Node.Step.INSTALL: "install",
+}
 STEP_NAMES = {
     Node.Step.RUNNING: "Machines running",
     Node.Step.AGENT: "Agents",
@@ -334,7 +340,7 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
         doing = NODE_STEP_PHRASES.get(node.step, node.step)
         if node.status == Node.Status.FAILED:
             tone = "bad"
-            doing = f"Failed: {STEP_NAMES.get(node.step, node.step).lower()}"
+            doing = f"Failed at {FAILED_AT.get(node.step, node.step)}"
         elif done == len(fields):
             tone = "ok"
         else:
