@@ -20,26 +20,21 @@ Running it twice, or on two workers at once, charges once: each batch of records
 a record is only charged past its own `charged_until`.
 """
 
-import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing.models import LedgerEntry, UsageRecord
 from clusters.models import Cluster
 
-logger = logging.getLogger(__name__)
-
 HOUR = timedelta(hours=1)
 BATCH_SIZE = 1000
-# Two meters creating the same cluster-hour line at once: the loser retries its batch.
-ATTEMPTS = 5
 
 
 # ---- the rounding rule ----------------------------------------------------------------------
@@ -150,50 +145,57 @@ def _charge_records(records: Iterable[UsageRecord], now: datetime) -> ChargeResu
     return result
 
 
+def _lock_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], LedgerEntry]:
+    cluster_ids = {cluster_id for cluster_id, _ in keys}
+    hours = {hour for _, hour in keys}
+    # Every meter locks lines in the same order (cluster, hour), so two never deadlock.
+    entries = (
+        LedgerEntry.objects.select_for_update()
+        .filter(kind=LedgerEntry.Kind.USAGE, cluster_id__in=cluster_ids, period_start__in=hours)
+        .order_by("cluster_id", "period_start")
+    )
+    locked = {(entry.cluster_id, entry.period_start): entry for entry in entries}
+    return {key: entry for key, entry in locked.items() if key in keys}
+
+
 def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Decimal:
     """Add each cluster-hour's debit to its usage line, creating the line when it is new."""
     lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
     if not lines:
         return Decimal("0.00")
-    cluster_ids = {cluster_id for cluster_id, _ in lines}
-    hours = {hour for _, hour in lines}
-    # Locked in one order (cluster, hour) by every meter, so two never wait on each other.
-    existing = {
-        (entry.cluster_id, entry.period_start): entry
-        for entry in LedgerEntry.objects.select_for_update()
-        .filter(kind=LedgerEntry.Kind.USAGE, cluster_id__in=cluster_ids, period_start__in=hours)
-        .order_by("cluster_id", "period_start")
-    }
-    missing = {cluster_id for cluster_id, hour in lines if (cluster_id, hour) not in existing}
-    names = dict(Cluster.objects.filter(pk__in=missing).values_list("pk", "name"))
-    to_update, to_create = [], []
-    total = 0
-    for key in sorted(lines):
-        line = lines[key]
-        total += line.cents
-        entry = existing.get(key)
-        if entry is not None:
-            entry.amount -= cents(line.cents)
-            entry.machine_seconds += line.machine_seconds
-            to_update.append(entry)
-        else:
-            cluster_id, hour = key
-            to_create.append(
+    entries = _lock_lines(set(lines))
+    missing = sorted(set(lines) - set(entries))
+    if missing:
+        names = dict(
+            Cluster.objects.filter(pk__in={c for c, _ in missing}).values_list("pk", "name")
+        )
+        # Another meter (or a terminate) may be creating the same line right now: the insert
+        # then waits for it and keeps its line (ON CONFLICT DO NOTHING), which is locked and
+        # added to below like any other.
+        LedgerEntry.objects.bulk_create(
+            [
                 LedgerEntry(
-                    project_id=line.project_id,
+                    project_id=lines[(cluster_id, hour)].project_id,
                     kind=LedgerEntry.Kind.USAGE,
                     cluster_id=cluster_id,
                     period_start=hour,
-                    amount=-cents(line.cents),
-                    machine_seconds=line.machine_seconds,
+                    amount=Decimal("0.00"),
+                    machine_seconds=0,
                     note=f"Cluster usage — {names.get(cluster_id, cluster_id)}",
                     created_at=now,
                 )
-            )
-    if to_update:
-        LedgerEntry.objects.bulk_update(to_update, ["amount", "machine_seconds"])
-    if to_create:
-        LedgerEntry.objects.bulk_create(to_create)
+                for cluster_id, hour in missing
+            ],
+            ignore_conflicts=True,
+        )
+        entries.update(_lock_lines(set(missing)))
+    total = 0
+    for key in sorted(lines):
+        line, entry = lines[key], entries[key]
+        entry.amount -= cents(line.cents)
+        entry.machine_seconds += line.machine_seconds
+        total += line.cents
+    LedgerEntry.objects.bulk_update(entries.values(), ["amount", "machine_seconds"])
     return cents(total)
 
 
@@ -212,22 +214,15 @@ def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE)
     result = ChargeResult()
     after_pk = 0
     while True:
-        for attempt in range(ATTEMPTS):
-            try:
-                with transaction.atomic():
-                    batch = list(
-                        _locked(
-                            _chargeable(UsageRecord.objects.filter(pk__gt=after_pk), now),
-                            skip_locked=True,
-                        ).order_by("pk")[:batch_size]
-                    )
-                    if batch:
-                        result.add(_charge_records(batch, now))
-                break
-            except IntegrityError:
-                if attempt == ATTEMPTS - 1:
-                    raise
-                logger.info("meter: a usage line was created concurrently; retrying the batch")
+        with transaction.atomic():
+            batch = list(
+                _locked(
+                    _chargeable(UsageRecord.objects.filter(pk__gt=after_pk), now),
+                    skip_locked=True,
+                ).order_by("pk")[:batch_size]
+            )
+            if batch:
+                result.add(_charge_records(batch, now))
         if len(batch) < batch_size:
             return result
         after_pk = batch[-1].pk
@@ -253,17 +248,9 @@ def charge_usage(
         queryset = queryset.filter(cluster=cluster)
     else:
         queryset = queryset.filter(pk__in=list(record_ids or ()))
-    for attempt in range(ATTEMPTS):
-        try:
-            with transaction.atomic():
-                records = list(
-                    _locked(_chargeable(queryset, now), skip_locked=False).order_by("pk")
-                )
-                return _charge_records(records, now)
-        except IntegrityError:
-            if attempt == ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
+    with transaction.atomic():
+        records = list(_locked(_chargeable(queryset, now), skip_locked=False).order_by("pk"))
+        return _charge_records(records, now)
 
 
 # ---- what the Billing page shows -------------------------------------------------------------

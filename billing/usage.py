@@ -220,9 +220,11 @@ def _credit_lines(project_id: int, month: Month) -> QuerySet:
 def statement(*, project_id: int, month: Month) -> QuerySet:
     """The month's lines, newest first, as one query (slice it to paginate): one line per
     top-up or adjustment and one per cluster that was billed in the month."""
+    # The parts of a UNION cannot be ordered on their own (SQLite): the whole is.
     return (
         _cluster_lines(project_id, month)
-        .union(_credit_lines(project_id, month), all=True)
+        .order_by()
+        .union(_credit_lines(project_id, month).order_by(), all=True)
         .order_by("-at", "-entry_id")
     )
 

@@ -171,7 +171,7 @@ BASE = datetime(2026, 4, 30, 21, 0, tzinfo=UTC)
 
 
 @settings(
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
