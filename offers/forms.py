@@ -1,3 +1,5 @@
+from datetime import date
+
 from django import forms
 from django.http import QueryDict
 from django.utils import timezone
@@ -10,6 +12,8 @@ from offers.quotes import (
     QUOTE_MAX_WEEKS,
     QUOTE_MIN_NODES,
     QUOTE_MIN_WEEKS,
+    QuoteInvalid,
+    check_start_date,
 )
 
 SIZE_QUICK_PICKS = (2, 4, 8, 16, 32, 64)
@@ -127,6 +131,15 @@ class QuoteForm(forms.Form):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.fields["start_date"].widget.attrs["min"] = timezone.localdate().isoformat()
+
+    def clean_start_date(self) -> date:
+        # Checked here too so that every bad field shows at once, not one per submission.
+        start = self.cleaned_data["start_date"]
+        try:
+            check_start_date(start)
+        except QuoteInvalid as exc:
+            raise forms.ValidationError(exc.message) from None
+        return start
 
 
 def quote_initial(query: QueryDict, *, user_email: str, user_name: str) -> dict:

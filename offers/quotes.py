@@ -93,6 +93,12 @@ def _release_rate_slot(project: Project) -> None:
         cache.decr(current)
 
 
+def check_start_date(start_date: date) -> None:
+    """A quote starts today or later."""
+    if start_date < timezone.localdate():
+        raise QuoteInvalid("start_date", "The start date is in the past: pick today or later.")
+
+
 def _clean(
     *,
     gpu: str,
@@ -120,8 +126,7 @@ def _clean(
             raise QuoteInvalid(
                 "location", f"Unknown location '{location}': use a location code, or leave it out."
             )
-    if start_date < timezone.localdate():
-        raise QuoteInvalid("start_date", "The start date is in the past: pick today or later.")
+    check_start_date(start_date)
     if not QUOTE_MIN_WEEKS <= duration_weeks <= QUOTE_MAX_WEEKS:
         raise QuoteInvalid(
             "duration_weeks", f"The duration is {QUOTE_MIN_WEEKS} to {QUOTE_MAX_WEEKS} weeks."

@@ -51,6 +51,7 @@ def picker(request: HttpRequest) -> HttpResponse:
         "available": available,
         "unavailable": [o for o in offers if not o.is_available],
         "shows_community": any(o.machine_type.community for o in offers),
+        "shows_containers": any("kubernetes" not in o.software for o in offers),
     }
     template = "offers/picker.html#offers" if _swaps_region(request) else "offers/picker.html"
     return render(request, template, context)

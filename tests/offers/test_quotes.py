@@ -154,6 +154,18 @@ def test_it_explains_a_bad_field_beside_it_and_stores_nothing(
     assert mail.outbox == []
 
 
+def test_it_shows_every_bad_field_at_once(owner, catalog):
+    response = owner.browser_client().post(
+        QUOTE, fields(start_date="2026-01-01", duration_weeks="0", contact_email="nope")
+    )
+
+    html = response.content.decode()
+    assert response.status_code == 422
+    for field in ("start_date", "duration_weeks", "contact_email"):
+        assert f'id="id_{field}_error"' in html
+    assert not QuoteRequest.objects.exists()
+
+
 def test_it_accepts_a_start_today_and_no_location(owner, catalog):
     response = owner.browser_client().post(
         QUOTE, fields(start_date="2026-03-10", location="", notes="")
