@@ -1,0 +1,62 @@
+"""The beat's tick: which clusters it advances, and the sweep that reports hosts held by
+nothing. Both are plain functions a test calls without a worker."""
+
+import logging
+
+import pytest
+import time_machine
+
+from clusters import lifecycle, tasks
+from clusters.models import Cluster
+from offers.models import Host
+from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
+from tests.factories import HostFactory
+
+
+@pytest.fixture
+def project(db):
+    return new_project()[1]
+
+
+def test_it_ticks_only_the_clusters_with_something_to_do(project):
+    machine_type = inventory(hosts=8, boot_seconds=5)
+    with time_machine.travel(T0, tick=False) as clock, Sim() as sim:
+        moving = create(project, machine_type)
+        ready = create(project, machine_type)
+        releasing = create(project, machine_type)
+        sim.run_until(clock, T0.replace(minute=1), every=5)
+        lifecycle.terminate(cluster=releasing)
+        sim.dispatcher.advances.clear()
+        Cluster.objects.filter(pk=moving.pk).update(status="provisioning")
+        failed = create(project, machine_type)
+        Cluster.objects.filter(pk=failed.pk).update(status="failed")
+        failed.nodes.update(holds_host=False, status="ended")
+
+        assert lifecycle.clusters_needing_work() == [moving.pk, releasing.pk]
+        assert ready.pk not in lifecycle.clusters_needing_work()
+
+
+def test_it_enqueues_advance_for_each_cluster_from_the_beat_task(project, monkeypatch):
+    machine_type = inventory(hosts=4)
+    with Sim():
+        first = create(project, machine_type)
+        second = create(project, machine_type)
+    sent = []
+    monkeypatch.setattr(tasks.advance, "delay", sent.append)
+
+    assert tasks.tick.apply().get() == 2
+    assert sent == [first.pk, second.pk]
+
+
+def test_it_reports_hosts_held_by_no_node(project, caplog):
+    machine_type = inventory(hosts=2)
+    with Sim():
+        create(project, machine_type)
+    stray = HostFactory(machine_type=machine_type, state=Host.State.IN_USE, name="stray-01")
+    HostFactory(machine_type=machine_type, state=Host.State.OFFLINE)
+
+    with caplog.at_level(logging.ERROR, logger="clusters.lifecycle"):
+        assert lifecycle.sweep_orphan_hosts() == [stray]
+    assert "stray-01 is in_use but no node holds it" in caplog.text
+    stray.refresh_from_db()
+    assert stray.state == Host.State.IN_USE  # reported for staff, never freed blindly
