@@ -45,6 +45,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "anymail",
+    # Listed so the API's docs page serves Swagger UI from our static files, not a CDN.
+    "ninja",
     "runcrate",
     "accounts",
     "offers",
