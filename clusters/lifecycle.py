@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
@@ -67,6 +68,8 @@ LEASE_SECONDS = {
     "check": 120,
     "stop": 300,
 }
+# How long a queued advance keeps others from being queued for the same cluster.
+ADVANCE_PENDING_SECONDS = 30
 # Statuses in which a user may terminate.
 TERMINABLE = {Status.PROVISIONING, Status.INSTALLING, Status.READY, Status.DEGRADED}
 
@@ -74,13 +77,26 @@ TERMINABLE = {Status.PROVISIONING, Status.INSTALLING, Status.READY, Status.DEGRA
 # --- handing work on: Celery by default, in memory for tests and the benchmark -----------------
 
 
+def advance_pending_key(cluster_id: int) -> str:
+    return f"clusters:advance-pending:{cluster_id}"
+
+
 class Dispatcher:
-    """Hands work to Celery once the current transaction commits."""
+    """Hands work to Celery once the current transaction commits.
+
+    Advances are coalesced: while one is queued for a cluster (a marker in the cache, removed
+    by the task before it reads anything), more requests add nothing, so 64 nodes reporting at
+    once cost one advance, not 64. A marker whose task never ran expires; the tick covers it.
+    """
 
     def advance(self, cluster_id: int) -> None:
         from clusters import tasks
 
-        transaction.on_commit(lambda: tasks.advance.delay(cluster_id))
+        def enqueue() -> None:
+            if cache.add(advance_pending_key(cluster_id), True, timeout=ADVANCE_PENDING_SECONDS):
+                tasks.advance.delay(cluster_id)
+
+        transaction.on_commit(enqueue)
 
     def node_work(self, node_id: int, action: str, token: str) -> None:
         from clusters import tasks
@@ -120,6 +136,11 @@ class CollectingDispatcher(Dispatcher):
 
 
 _dispatcher: Dispatcher = Dispatcher()
+
+
+def enqueue_advance(cluster_id: int) -> None:
+    """Ask for `advance` on this cluster (after the current transaction commits)."""
+    _dispatcher.advance(cluster_id)
 
 
 @contextmanager
@@ -1146,15 +1167,16 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
     except Exception as error:  # the work failed; record it and let the reconciler decide
         log.exception("node %s: %s failed", node_id, action)
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
-    return _write_back(node_id=node_id, token=token, action=action, result=result)
+    return _write_back(
+        cluster_id=node.cluster_id, node_id=node_id, token=token, action=action, result=result
+    )
 
 
-def _write_back(*, node_id: int, token: str, action: str, result: dict) -> bool:
+def _write_back(*, cluster_id: int, node_id: int, token: str, action: str, result: dict) -> bool:
     kind = action.split(":")[0]
     now = timezone.now()
     with transaction.atomic():
-        cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
-        if cluster_id is None or _lock_cluster(cluster_id) is None:
+        if _lock_cluster(cluster_id) is None:
             return False
         node = Node.objects.filter(pk=node_id, lease_token=token).first()
         if node is None:

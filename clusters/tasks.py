@@ -5,6 +5,7 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 """
 
 from celery import shared_task
+from django.core.cache import cache
 
 from clusters import lifecycle
 
@@ -14,13 +15,15 @@ def tick() -> int:
     """Enqueue `advance` for every cluster with something to do; report orphaned hosts."""
     cluster_ids = lifecycle.clusters_needing_work()
     for cluster_id in cluster_ids:
-        advance.delay(cluster_id)
+        lifecycle.enqueue_advance(cluster_id)
     lifecycle.sweep_orphan_hosts()
     return len(cluster_ids)
 
 
 @shared_task(name="clusters.tasks.advance", ignore_result=True)
 def advance(cluster_id: int) -> list[str]:
+    # Cleared before reading anything, so a change committed from here on queues a new one.
+    cache.delete(lifecycle.advance_pending_key(cluster_id))
     return lifecycle.advance(cluster_id=cluster_id)
 
 

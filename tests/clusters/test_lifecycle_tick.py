@@ -36,7 +36,9 @@ def test_it_ticks_only_the_clusters_with_something_to_do(project):
         assert ready.pk not in lifecycle.clusters_needing_work()
 
 
-def test_it_enqueues_advance_for_each_cluster_from_the_beat_task(project, monkeypatch):
+def test_it_enqueues_one_advance_per_cluster_from_the_beat_task(
+    project, monkeypatch, django_capture_on_commit_callbacks
+):
     machine_type = inventory(hosts=4)
     with Sim():
         first = create(project, machine_type)
@@ -44,8 +46,19 @@ def test_it_enqueues_advance_for_each_cluster_from_the_beat_task(project, monkey
     sent = []
     monkeypatch.setattr(tasks.advance, "delay", sent.append)
 
-    assert tasks.tick.apply().get() == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tasks.tick.apply().get() == 2
     assert sent == [first.pk, second.pk]
+
+    # Until a worker picks them up, more ticks queue nothing more.
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.tick.apply()
+    assert sent == [first.pk, second.pk]
+    monkeypatch.setattr(lifecycle, "advance", lambda cluster_id: [])
+    tasks.advance(first.pk)  # the worker runs one: it may be asked for again
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.tick.apply()
+    assert sent == [first.pk, second.pk, first.pk]
 
 
 def test_it_reports_hosts_held_by_no_node(project, caplog):

@@ -1,0 +1,137 @@
+"""Provisioning benchmark for `manage.py bench`: many clusters on a fresh inventory with instant
+boot, carried to ready by the reconciler run in this process (no worker, no broker).
+
+A round is what one beat tick and the workers do between two ticks: advance every cluster the
+tick picks, and run everything that hands off (per-node work, the agents' reports, follow-up
+advances) until the queue is empty. Run it on a throwaway database: it writes an inventory,
+a project and its clusters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from decimal import Decimal
+
+from django.db import connection
+from django.test.utils import override_settings
+
+from accounts.models import SshKey, User
+from accounts.projects import create_project
+from billing import ledger
+from clusters import lifecycle
+from clusters.models import Cluster
+from offers.models import GpuModel, Host, Location, MachineType
+
+MAX_ROUNDS = 100
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.queries = 0
+
+    def __call__(self, execute: Callable, sql, params, many, context):
+        self.queries += 1
+        return execute(sql, params, many, context)
+
+
+class _TimedDispatcher(lifecycle.CollectingDispatcher):
+    """Runs the handed-off work in this process and measures the time spent doing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+
+    def run(self, *, limit: int = 10_000_000) -> int:
+        started = time.perf_counter()
+        try:
+            return super().run(limit=limit)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def _inventory(*, hosts: int, tag: str) -> MachineType:
+    gpu, _ = GpuModel.objects.get_or_create(
+        slug="bench-h100", defaults={"name": "H100 SXM 80GB (bench)", "memory_gib": 80}
+    )
+    location = Location.objects.create(
+        code=f"bench-{tag}",
+        name=f"Bench {tag}",
+        country="US",
+        capacity_reporting=Location.CapacityReporting.COUNT,
+    )
+    machine_type = MachineType.objects.create(
+        slug=f"bench-{tag}-h100x8",
+        location=location,
+        gpu=gpu,
+        gpus_per_machine=8,
+        machine_kind=MachineType.Kind.VM,
+        price_per_hour=Decimal("20.00"),
+        boot_seconds=1,
+    )
+    Host.objects.bulk_create(
+        Host(name=f"bench-{tag}-{i:05d}", machine_type=machine_type) for i in range(hosts)
+    )
+    return machine_type
+
+
+def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
+    """Create `clusters` clusters of `nodes` machines and drive them to ready.
+
+    Returns the rounds (ticks) it took, the worker time (advance and per-node work, seconds),
+    the queries that work ran, the tasks it ran and the time the creations took.
+    """
+    tag = f"{int(time.time() * 1000) % 10**9}"
+    machine_type = _inventory(hosts=clusters * nodes, tag=tag)
+    user = User.objects.create(email=f"bench-{tag}@runcrate.localhost")
+    project = create_project(owner=user, name=f"Bench {tag}")
+    ledger.credit(project=project, amount=Decimal(clusters * nodes * 20 + 100), note="bench")
+    SshKey.objects.create(
+        project=project,
+        name="bench",
+        public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchBenchBenchBenchBenchBench bench",
+        fingerprint=f"SHA256:bench-{tag}",
+    )
+    environment = project.environments.get()
+    dispatcher = _TimedDispatcher()
+    counter = _Counter()
+    names = (f"bench-{i}" for i in itertools.count())
+
+    # Instant boot: the simulated data center answers as soon as it is asked.
+    with override_settings(RUNCRATE_SIM_SPEED=1e9), lifecycle.dispatching_to(dispatcher):
+        started = time.perf_counter()
+        created = [
+            lifecycle.create_cluster(
+                project=project,
+                user=user,
+                environment=environment,
+                offer_slug=machine_type.slug,
+                nodes=nodes,
+                name=next(names),
+                software="none",
+            )
+            for _ in range(clusters)
+        ]
+        create_seconds = time.perf_counter() - started
+        ids = [c.pk for c in created]
+
+        rounds = 0
+        with connection.execute_wrapper(counter):
+            while rounds < MAX_ROUNDS:
+                rounds += 1
+                for cluster_id in lifecycle.clusters_needing_work():
+                    dispatcher.advance(cluster_id)
+                dispatcher.run()
+                if not Cluster.objects.filter(pk__in=ids).exclude(status="ready").exists():
+                    break
+
+    ready = Cluster.objects.filter(pk__in=ids, status="ready").count()
+    return {
+        "clusters_ready": ready,
+        "ticks": rounds,
+        "worker_seconds": dispatcher.seconds,
+        "queries": counter.queries,
+        "tasks": dispatcher.ran,
+        "create_seconds": create_seconds,
+    }
