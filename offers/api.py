@@ -141,13 +141,10 @@ def offers(
     """The offers that can start `nodes` machines of `gpu` now, available first, then by
     cluster price, then location. `nodes` is 2 to 64."""
     size = _parse_nodes(nodes)
-    gpu_model = GpuModel.objects.filter(slug=gpu).first()
-    if gpu_model is None:
+    found = list_offers(gpu=gpu, nodes=size, include_community=include_community)
+    if not found and not GpuModel.objects.filter(slug=gpu).exists():
         raise ApiError(404, "unknown_gpu", f"There is no GPU model '{gpu}': see GET /api/v1/gpus.")
-    data = [
-        offer_json(offer)
-        for offer in list_offers(gpu=gpu_model, nodes=size, include_community=include_community)
-    ]
+    data = [offer_json(offer) for offer in found]
     meta = {"count": len(data), "gpu": gpu, "nodes": size, "include_community": include_community}
     # The hot path of the API: the body is built to OfferList's shape (a test holds it to the
     # schema) and sent as is, skipping a pydantic pass over every row.
