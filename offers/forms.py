@@ -49,7 +49,7 @@ class FlagInput(forms.CheckboxInput):
 class PickerForm(forms.Form):
     """The picker's GET query: `?gpu=&nodes=&community=1`. Every field may be left out."""
 
-    gpu = forms.SlugField(required=False)
+    gpu = forms.CharField(required=False)  # any text: an unknown one is named, not rejected
     nodes = forms.IntegerField(
         required=False,
         min_value=MIN_NODES,

@@ -3,7 +3,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from offers.forms import DEFAULT_NODES, SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
+from offers.forms import SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
 from offers.offers import GpuCard, gpu_cards, list_offers
 from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
 
@@ -41,9 +41,9 @@ def picker(request: HttpRequest) -> HttpResponse:
         "form": form,
         "cards": cards,
         "card": card,
-        "gpu_error": gpu_error or form.errors.get("gpu", [""])[0],
+        "gpu_error": gpu_error,
         "nodes": nodes,
-        "shown_nodes": nodes if nodes is not None else request.GET.get("nodes", DEFAULT_NODES),
+        "shown_nodes": nodes if nodes is not None else form["nodes"].value(),
         "nodes_error": form.errors.get("nodes", [""])[0],
         "community": community,
         "quick_picks": SIZE_QUICK_PICKS,

@@ -272,8 +272,11 @@ def test_it_names_an_unknown_gpu_and_keeps_the_cards(owner, h100):
     offer_type(gpu=h100, slug="x")
 
     html = get(owner, "gpu=h999&nodes=2")
+    odd = get(owner, "gpu=%3Cb%3EH+100%3C%2Fb%3E&nodes=2")
 
     assert "Unknown GPU &#x27;h999&#x27;" in html
+    assert "Unknown GPU &#x27;&lt;b&gt;H 100&lt;/b&gt;&#x27;" in odd
+    assert "<table" not in odd
     assert 'name="gpu" value="h100-sxm"' in html
     assert "<table" not in html
 
