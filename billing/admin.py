@@ -85,3 +85,36 @@ def add_credit(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Que
         return None
     url = reverse("admin:billing_ledgerentry_add")
     return HttpResponseRedirect(f"{url}?project={queryset.get().pk}")
+
+
+# ---- card top-ups (billing/payments.py): read-only, Stripe's webhook is their only writer ----
+
+from billing.models import Payment  # noqa: E402
+
+
+@admin.register(Payment)
+class PaymentAdmin(admin.ModelAdmin):
+    list_display = (
+        "created_at",
+        "project",
+        "amount",
+        "status",
+        "amount_paid",
+        "credited_at",
+        "stripe_session_id",
+        "created_by",
+    )
+    list_filter = ("status",)
+    search_fields = ("project__name", "stripe_session_id", "idempotency_key", "created_by__email")
+    list_select_related = ("project", "created_by")
+    date_hierarchy = "created_at"
+    readonly_fields = [field.name for field in Payment._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
-WIDTH = 760
-HEIGHT = 170
+WIDTH = 1080
+HEIGHT = 180
 LEFT = 56  # room for the amounts on the y axis
 BOTTOM = 22  # room for the day numbers
 TOP = 10

@@ -160,3 +160,22 @@ def test_it_shows_a_payment_only_to_its_project(owner, stranger, stripe_server):
     assert (
         stranger.browser_client().post(f"/billing/payments/{payment.pk}/retry/").status_code == 404
     )
+
+
+def test_it_lists_payments_for_staff_in_admin(owner, stripe_server):
+    from django.test import Client
+
+    from accounts.models import User
+
+    add_credit(owner.browser_client(), "50.00")
+    staff = User.objects.create_superuser("staff@example.com", "correct-horse-battery")
+    client = Client()
+    client.force_login(staff)
+
+    listing = client.get("/admin/billing/payment/")
+    payment = Payment.objects.get()
+    detail = client.get(f"/admin/billing/payment/{payment.pk}/change/")
+
+    assert listing.status_code == detail.status_code == 200
+    assert "cs_test_0001" in listing.content.decode()
+    assert client.get("/admin/billing/payment/add/").status_code == 403
