@@ -195,7 +195,7 @@ def main() -> int:
             sim_speed = env["RUNCRATE_SIM_SPEED"]
             print(
                 f"\n  Runcrate Clusters is running: http://{HOST}:{port}/\n"
-                f"  Demo login:  {email} / {password}\n"
+                f"  Demo login:  {email} / {password} (the user seed_demo creates)\n"
                 f"  Database:    {_describe_database(env.get('DATABASE_URL', ''), var_dir)}\n"
                 f"  Broker:      {_describe_broker(env.get('REDIS_URL', ''), var_dir)}\n"
                 f"  Mail:        written as files to {var_dir / 'mail'}\n"

@@ -172,6 +172,9 @@ else:
         "processed_folder": str(_broker_dir / "processed"),
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
+        # How often a worker looks for new files (default 1 s): a cluster's steps hand work
+        # on several times, and each hand-off waits for the next look.
+        "polling_interval": 0.25,
     }
 # Remote control (`celery inspect`, broadcast) fans a message out to a queue per worker; on
 # the filesystem broker the queue of a worker that has gone stays behind and fills up.

@@ -2,6 +2,7 @@
 stop together. Here it supervises small stand-in commands through the same function."""
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from runcrate.management.commands import seed_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_PY = ROOT / "bin" / "run.py"
@@ -160,3 +163,11 @@ def test_it_kills_a_child_that_ignores_sigterm_after_the_grace_period(start):
 
     assert supervisor.finish(timeout=10) == 0
     assert not _alive(supervisor.pids["beat"])
+
+
+def test_it_prints_the_login_that_seed_demo_creates():
+    spec = importlib.util.spec_from_file_location("run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+
+    assert run.DEMO_LOGIN == (seed_demo.DEMO_EMAIL, seed_demo.DEMO_PASSWORD)
