@@ -36,6 +36,7 @@ from django.utils.dateparse import parse_datetime
 from accounts.models import Environment, Project, SshKey, User
 from billing import budgets, ledger
 from billing.models import UsageRecord
+from clusters import connect
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import CheckState, MachineState
 from clusters.errors import ClusterRefused
@@ -526,6 +527,13 @@ class _Pass:
                 observation.message
                 or f"{node.name}'s machine {'disappeared' if gone else 'failed'}.",
             )
+        if (
+            observation.state is MachineState.RUNNING
+            and observation.public_address != node.public_address
+        ):
+            # Where users reach it over SSH (the connect panel); a restarted machine may move.
+            node.public_address = observation.public_address
+            self.touch(node)
         if node.step == Step.RUNNING and (
             observation.state is MachineState.RUNNING or node.agent_at is not None
         ):
@@ -594,7 +602,11 @@ class _Pass:
                 f"machine running ({self._limit_note(node, 1)}).",
             )
         driver = get_driver(node.host)
-        if driver.simulates_agent and driver.agent_due(node, now=self.now):
+        if (
+            driver.simulates_agent
+            and driver.agent_due(node, now=self.now)
+            and not self._backing_off(self.record(node, "agent"))
+        ):
             self.hand_off(node, "agent")
         return None
 
@@ -662,6 +674,7 @@ class _Pass:
                 driver.simulates_agent
                 and any(p not in reached for p in peers)
                 and driver.network_due(node, now=self.now, last_agent_at=last)
+                and not self._backing_off(self.record(node, "network"))
             ):
                 self.hand_off(node, "network")
         return failures
@@ -851,7 +864,7 @@ class _Pass:
                         node,
                         Step.INSTALL,
                         f"Installing {self.cluster.get_software_display()} failed on {node.name}.",
-                        output=record.get("output", ""),
+                        output=record.get("output") or record.get("error", ""),
                     )
                 )
             else:
@@ -1048,6 +1061,7 @@ NODE_FIELDS = [
     "holds_host",
     "lease_token",
     "lease_expires_at",
+    "public_address",
 ]
 
 
@@ -1082,8 +1096,31 @@ def advance(*, cluster_id: int, now: datetime | None = None) -> list[str]:
 # --- per-node work, outside any transaction ---------------------------------------------------
 
 
-def install_plan(cluster: Cluster, nodes: Iterable[Node]) -> InstallPlan:
+def node_plan_for(node: Node) -> dict:
+    """The plan a driver applies to `node` (`clusters.connect.node_plan`), from its cluster as
+    it is now, starting nodes included."""
+    cluster = (
+        Cluster.objects.select_related("machine_type__location")
+        .prefetch_related("nodes", "volumes")
+        .get(pk=node.cluster_id)
+    )
+    shape = connect.shape_for(cluster, planning=True)
+    return connect.node_plan(shape, next(n for n in shape.nodes if n.index == node.index))
+
+
+def install_plan(
+    cluster: Cluster, nodes: Iterable[Node], *, with_node_plans: bool = False
+) -> InstallPlan:
     machine_type = cluster.machine_type
+    node_plans = {}
+    if with_node_plans:
+        shape = connect.shape_for(
+            Cluster.objects.select_related("machine_type__location")
+            .prefetch_related("nodes", "volumes")
+            .get(pk=cluster.pk),
+            planning=True,
+        )
+        node_plans = {access.name: connect.node_plan(shape, access) for access in shape.nodes}
     return InstallPlan(
         cluster_name=cluster.name,
         software=cluster.software,
@@ -1100,6 +1137,7 @@ def install_plan(cluster: Cluster, nodes: Iterable[Node]) -> InstallPlan:
             for n in nodes
             if n.status == NodeStatus.JOINED
         ],
+        node_plans=node_plans,
     )
 
 
@@ -1117,7 +1155,8 @@ def _run(node: Node, action: str, now: datetime) -> dict:
     driver = get_driver(node.host)
     kind, _, key = action.partition(":")
     if kind == "start":
-        return {"ok": True, "state": driver.start(node, agent_token=agent_token(node))}
+        state = driver.start(node, agent_token=agent_token(node), plan=node_plan_for(node))
+        return {"ok": True, "state": state}
     if kind == "agent":
         agent_check_in(node=node.pk, token=agent_token(node), gpus=driver.agent_gpus(node))
         return {"ok": True}
@@ -1132,7 +1171,7 @@ def _run(node: Node, action: str, now: datetime) -> dict:
     cluster = node.cluster
     if kind == "install":
         nodes = list(cluster.nodes.all())
-        result = driver.install(node, plan=install_plan(cluster, nodes))
+        result = driver.install(node, plan=install_plan(cluster, nodes, with_node_plans=True))
         return {"ok": result.ok, "key": key, "output": result.output[-20_000:]}
     if kind == "check":
         nodes = list(cluster.nodes.all())
@@ -1166,7 +1205,11 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
         result = _run(node, action, now)
     except Exception as error:  # the work failed; record it and let the reconciler decide
         log.exception("node %s: %s failed", node_id, action)
-        result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
+        result = {
+            "ok": False,
+            "key": action.partition(":")[2],
+            "error": f"{type(error).__name__}: {error}"[:500],
+        }
     return _write_back(
         cluster_id=node.cluster_id, node_id=node_id, token=token, action=action, result=result
     )

@@ -10,6 +10,7 @@ import time_machine
 
 from billing.models import UsageRecord
 from clusters import lifecycle
+from clusters.drivers.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, Node
 from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project, node
 
@@ -167,3 +168,40 @@ def test_it_does_nothing_new_when_advanced_twice(project, clock):
 def test_it_ignores_a_cluster_that_is_gone(db):
     assert lifecycle.advance(cluster_id=999_999) == []
     assert lifecycle.do_node_work(node_id=999_999, action="start", token="x") is False
+
+
+def test_it_degrades_a_cluster_whose_installer_raises(project, clock, monkeypatch):
+    def broken(self, node, *, plan):
+        raise ConnectionResetError("ssh session closed")
+
+    monkeypatch.setattr(SimulatedDriver, "install", broken)
+    machine_type = inventory(hosts=2, boot_seconds=BOOT)
+    with Sim() as sim:
+        cluster = create(project, machine_type, software="slurm")
+        sim.run_until(clock, at(BOOT * 1.5))
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.DEGRADED
+    event = cluster.events.get(reason="install_failed")
+    assert "ConnectionResetError: ssh session closed" in event.output
+
+
+def test_it_takes_a_host_that_cannot_be_wiped_offline_for_staff(project, clock, monkeypatch):
+    def stuck(self, node):
+        raise TimeoutError("wipe timed out")
+
+    machine_type = inventory(hosts=2, boot_seconds=BOOT)
+    with Sim() as sim:
+        cluster = create(project, machine_type)
+        sim.run_until(clock, at(BOOT * 1.5))
+        monkeypatch.setattr(SimulatedDriver, "stop", stuck)
+        lifecycle.terminate(cluster=cluster)
+        sim.run_until(clock, at(BOOT * 1.5 + 9), every=3)
+        assert node(cluster, 0).driver_state["stop"]["attempts"] == 1  # retried after 10 s
+        sim.run_until(clock, at(BOOT * 1.5 + 30), every=3)
+
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.TERMINATED
+    assert set(machine_type.hosts.values_list("state", flat=True)) == {"offline"}
+    event = cluster.events.filter(reason="release_failed").first()
+    assert "could not be wiped after 3 attempts (TimeoutError: wipe timed out)" in event.message
+    assert event.notification is None
