@@ -112,6 +112,9 @@ def _register_routers() -> None:
     api.add_router("/", accounts_router)
     api.add_router("/", clusters_router)
     api.add_router("/", billing_router)
+    from clusters.agent.api import router as agent_router  # nodes' agents, by node token
+
+    api.add_router("/", agent_router)
 
 
 _register_routers()

@@ -1,0 +1,136 @@
+"""The agent's endpoints and the stdlib agent that calls them (clusters/agent/)."""
+
+import socket
+
+import pytest
+
+from clusters.agent import runcrate_agent
+from clusters.lifecycle import agent_token
+from clusters.models import Cluster, Node
+from tests.clusters.lifecycle_kit import Sim, create, inventory, new_project, node
+
+NVIDIA_SMI = "NVIDIA H100 80GB HBM3, 81559, GPU-1, 550.54.15\n" * 8
+
+
+@pytest.fixture
+def cluster(db) -> Cluster:
+    _, project = new_project()
+    with Sim():
+        return create(project, inventory(hosts=3, boot_seconds=180), nodes=3)
+
+
+def post(client, path, body, token):
+    return client.post(
+        path, body, content_type="application/json", headers={"authorization": f"Bearer {token}"}
+    )
+
+
+def test_it_takes_an_agents_check_in_and_names_its_peers(cluster, client):
+    n = node(cluster, 1)
+    with Sim() as sim:
+        response = post(
+            client,
+            f"/api/v1/agent/nodes/{n.pk}/check-in",
+            {"nvidia_smi": NVIDIA_SMI},
+            agent_token(n),
+        )
+    assert response.status_code == 200
+    data = response.json()["data"]
+    assert data["node"] == "node-1"
+    assert data["peers"] == {"node-0": "10.77.0.1", "node-2": "10.77.0.3"}
+    n.refresh_from_db()
+    assert n.agent_at is not None and len(n.gpus) == 8
+    assert sim.dispatcher.advances == [cluster.pk]  # the reconciler is asked at once
+
+
+def test_it_takes_a_network_report(cluster, client):
+    n = node(cluster, 0)
+    with Sim():
+        response = post(
+            client,
+            f"/api/v1/agent/nodes/{n.pk}/network",
+            {"reachability": {"node-1": True, "node-2": False}},
+            agent_token(n),
+        )
+    assert response.status_code == 200
+    n.refresh_from_db()
+    assert n.reachability == {"node-1": True, "node-2": False}
+
+
+def test_it_refuses_an_agent_without_its_nodes_token(cluster, client):
+    n = node(cluster, 0)
+    wrong = post(client, f"/api/v1/agent/nodes/{n.pk}/check-in", {"gpus": []}, "guess")
+    assert wrong.status_code == 403
+    assert wrong.json()["error"]["code"] == "bad_token"
+    other_nodes = post(
+        client, f"/api/v1/agent/nodes/{n.pk}/check-in", {"gpus": []}, agent_token(node(cluster, 1))
+    )
+    assert other_nodes.status_code == 403
+    missing = client.post(
+        f"/api/v1/agent/nodes/{n.pk}/check-in", {"gpus": []}, content_type="application/json"
+    )
+    assert missing.status_code == 403
+    n.refresh_from_db()
+    assert n.agent_at is None
+
+
+def test_it_tells_the_agent_of_a_released_node_to_stop(cluster, client):
+    n = node(cluster, 0)
+    Node.objects.filter(pk=n.pk).update(status=Node.Status.ENDED)
+    response = post(client, f"/api/v1/agent/nodes/{n.pk}/check-in", {"gpus": []}, agent_token(n))
+    assert response.status_code == 410
+    assert response.json()["error"]["code"] == "node_released"
+
+
+def test_it_refuses_a_report_it_cannot_read(cluster, client):
+    n = node(cluster, 0)
+    response = post(
+        client,
+        f"/api/v1/agent/nodes/{n.pk}/check-in",
+        {"nvidia_smi": "NVIDIA H100, 81559\n"},
+        agent_token(n),
+    )
+    assert response.status_code == 422
+    assert "has 2 fields, not 4" in response.json()["error"]["message"]
+
+
+# --- the stdlib agent -----------------------------------------------------------------------
+
+
+def test_it_probes_peers_over_tcp():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert runcrate_agent.probe("127.0.0.1", port, timeout=1)
+    assert not runcrate_agent.probe("127.0.0.1", port, timeout=1)
+
+
+def test_it_needs_its_configuration(monkeypatch, tmp_path):
+    monkeypatch.setattr(runcrate_agent, "CONFIG_FILE", tmp_path / "agent.json")
+    with pytest.raises(SystemExit, match="RUNCRATE_NODE_TOKEN is not set"):
+        runcrate_agent.load_config({"RUNCRATE_URL": "https://x", "RUNCRATE_NODE_ID": "1"})
+    with pytest.raises(SystemExit, match="http"):
+        runcrate_agent.Agent("file:///etc/passwd", "1", "t")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_checks_in_and_reports_the_network_against_the_real_server(live_server, monkeypatch):
+    _, project = new_project()
+    monkeypatch.setattr(runcrate_agent, "read_gpus", lambda: NVIDIA_SMI)
+    monkeypatch.setattr(runcrate_agent, "probe", lambda address, port: address == "10.77.0.2")
+    with Sim() as sim:
+        cluster = create(project, inventory(hosts=2, boot_seconds=180))
+        agents = [
+            runcrate_agent.Agent(live_server.url, str(n.pk), agent_token(n))
+            for n in cluster.nodes.order_by("index")
+        ]
+        first = [agent.run_once() for agent in agents]  # both check in; machines not seen up
+        sim.tick()  # the reconciler: a checked-in agent proves its machine runs
+        second = agents[0].run_once()  # now in `network`: it tests its peer and reports
+
+    assert [s["step"] for s in first] == ["running", "running"]
+    assert second["step"] == "network"
+    n = node(cluster, 0)
+    assert n.agent_at is not None and n.gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert n.reachability == {"node-1": True}
