@@ -151,3 +151,31 @@ class Notice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} ({self.key})"
+
+
+class UsageDay(models.Model):
+    """One cluster's usage on one day (UTC): the sum of its hourly usage lines that day.
+
+    What the Billing page, the chart and budgets read, so that a month of a thousand clusters
+    is some thousands of rows rather than 720,000 hourly lines. The meter writes it in the
+    transaction that writes the lines, so the ledger explains every row (billing/meter.py).
+    """
+
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="+")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    amount = models.DecimalField(
+        max_digits=14, decimal_places=2, help_text="Signed like the ledger: negative."
+    )
+    machine_seconds = models.PositiveBigIntegerField(default=0)
+    last_hour = models.DateTimeField(help_text="The latest hour charged this day.")
+
+    class Meta:
+        ordering = ["day", "cluster"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "day"], name="usage_day_one_per_cluster")
+        ]
+        indexes = [models.Index(fields=["project", "day"], name="usage_day_project")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} on {self.day}: {self.amount}"
