@@ -15,7 +15,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from accounts.models import Environment, Project
-from billing.models import LedgerEntry
+from billing.models import UsageDay
 
 MAX_BUDGET = Decimal("10000000.00")
 MAX_ENVIRONMENTS = 50
@@ -46,13 +46,12 @@ def spend_by_environment(
     if not environment_ids:
         return {}
     rows = (
-        LedgerEntry.objects.filter(
-            kind=LedgerEntry.Kind.USAGE,
-            cluster__environment_id__in=environment_ids,
-            period_start__gte=month_start(now),
+        UsageDay.objects.filter(
+            cluster__environment_id__in=environment_ids, day__gte=month_start(now).date()
         )
         .values("cluster__environment_id")
         .annotate(total=Sum("amount"))
+        .order_by()
     )
     spend = {environment_id: Decimal("0.00") for environment_id in environment_ids}
     for row in rows:

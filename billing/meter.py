@@ -23,14 +23,14 @@ a record is only charged past its own `charged_until`.
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import F, Model, Q, QuerySet
 from django.utils import timezone
 
-from billing.models import LedgerEntry, UsageRecord
+from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster
 
 HOUR = timedelta(hours=1)
@@ -143,7 +143,7 @@ def _charge_records(records: Iterable[UsageRecord], now: datetime) -> ChargeResu
         ops = connection.ops
         _update_from_values(
             UsageRecord,
-            {"charged_until": "v.a", "charged_amount": "v.b"},
+            {"charged_until": "v.c1", "charged_amount": "v.c2"},
             ("timestamptz", "numeric"),
             [
                 (
@@ -159,24 +159,23 @@ def _charge_records(records: Iterable[UsageRecord], now: datetime) -> ChargeResu
 
 
 def _update_from_values(
-    model: type[Model], assignments: dict[str, str], types: tuple[str, str], rows: list[tuple]
+    model: type[Model], assignments: dict[str, str], types: tuple[str, ...], rows: list[tuple]
 ) -> None:
-    """`UPDATE … SET … FROM` a set of (pk, a, b): many rows with their own values in one
+    """`UPDATE … SET … FROM` a set of (pk, c1, c2, …): many rows with their own values in one
     statement, in linear time (Django's bulk_update builds a CASE per row, which takes
-    seconds for a meter's thousands of rows). Expressions name the values `v.a` and `v.b`.
-    PostgreSQL gets three arrays (`unnest`), SQLite a VALUES list."""
+    seconds for a meter's thousands of rows). Expressions name the values `v.c1`, `v.c2`, ….
+    PostgreSQL gets one array per column (`unnest`), SQLite a VALUES list."""
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
+    names = ["pk"] + [f"c{index}" for index in range(1, len(types) + 1)]
     if connection.vendor == "postgresql":
-        # Three array parameters, whatever the number of rows.
-        source = f"unnest(%s::bigint[], %s::{types[0]}[], %s::{types[1]}[]) AS v (pk, a, b)"
+        arrays = ", ".join(f"%s::{kind}[]" for kind in ("bigint", *types))
+        source = f"unnest({arrays}) AS v ({', '.join(names)})"
         params = [list(column) for column in zip(*rows, strict=True)]
     else:
-        row = "(%s, %s, %s)"
-        source = (
-            "(SELECT column1 AS pk, column2 AS a, column3 AS b "  # noqa: S608 - no input
-            f"FROM (VALUES {', '.join([row] * len(rows))})) AS v"
-        )
+        row = "(" + ", ".join(["%s"] * len(names)) + ")"
+        columns = ", ".join(f"column{index + 1} AS {name}" for index, name in enumerate(names))
+        source = f"(SELECT {columns} FROM (VALUES {', '.join([row] * len(rows))})) AS v"  # noqa: S608 - no input
         params = [value for row_values in rows for value in row_values]
     sets = ", ".join(f"{quote(column)} = {value}" for column, value in assignments.items())
     with connection.cursor() as cursor:
@@ -235,11 +234,72 @@ def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Deci
     # Added in the database to the locked lines, whatever they held.
     _update_from_values(
         LedgerEntry,
-        {"amount": "amount - v.a", "machine_seconds": "machine_seconds + v.b"},
+        {"amount": "amount - v.c1", "machine_seconds": "machine_seconds + v.c2"},
         ("numeric", "bigint"),
         [(entries[key], cents(line.cents), line.machine_seconds) for key, line in lines.items()],
     )
+    _post_days(lines)
     return cents(sum(line.cents for line in lines.values()))
+
+
+def _post_days(lines: dict[tuple[int, datetime], _Line]) -> None:
+    """Add the same debits to the per-day rollup (UsageDay), the same way as the lines."""
+    days: dict[tuple[int, date], _Line] = {}
+    last_hours: dict[tuple[int, date], datetime] = {}
+    for (cluster_id, hour), line in lines.items():
+        key = (cluster_id, hour.date())
+        day = days.setdefault(key, _Line(project_id=line.project_id))
+        day.cents += line.cents
+        day.machine_seconds += line.machine_seconds
+        last_hours[key] = max(hour, last_hours.get(key, hour))
+    locked = _lock_days(set(days))
+    missing = sorted(set(days) - set(locked))
+    if missing:
+        UsageDay.objects.bulk_create(
+            [
+                UsageDay(
+                    project_id=days[key].project_id,
+                    cluster_id=key[0],
+                    day=key[1],
+                    amount=Decimal("0.00"),
+                    machine_seconds=0,
+                    last_hour=last_hours[key],
+                )
+                for key in missing
+            ],
+            ignore_conflicts=True,
+        )
+        locked.update(_lock_days(set(missing)))
+    ops = connection.ops
+    _update_from_values(
+        UsageDay,
+        {
+            "amount": "amount - v.c1",
+            "machine_seconds": "machine_seconds + v.c2",
+            "last_hour": "v.c3",
+        },
+        ("numeric", "bigint", "timestamptz"),
+        [
+            (
+                locked[key][0],
+                cents(day.cents),
+                day.machine_seconds,
+                ops.adapt_datetimefield_value(max(last_hours[key], locked[key][1])),
+            )
+            for key, day in days.items()
+        ],
+    )
+
+
+def _lock_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int, datetime]]:
+    rows = (
+        UsageDay.objects.select_for_update()
+        .filter(cluster_id__in={c for c, _ in keys}, day__in={d for _, d in keys})
+        .order_by("cluster_id", "day")
+        .values_list("pk", "cluster_id", "day", "last_hour")
+    )
+    locked = {(cluster_id, day): (pk, last) for pk, cluster_id, day, last in rows}
+    return {key: value for key, value in locked.items() if key in keys}
 
 
 def _locked(queryset: QuerySet[UsageRecord], *, skip_locked: bool) -> QuerySet[UsageRecord]:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import CharField, F, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models import CharField, F, Max, Min, QuerySet, Sum, Value
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from billing.meter import HOUR, billed_seconds, cost_between
-from billing.models import LedgerEntry, UsageRecord
+from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster
 
 ZERO = Decimal("0.00")
@@ -58,6 +58,10 @@ class Month:
     @property
     def start(self) -> datetime:
         return datetime(self.year, self.month, 1, tzinfo=UTC)
+
+    @property
+    def first_day(self) -> date:
+        return date(self.year, self.month, 1)
 
     @property
     def end(self) -> datetime:
@@ -136,7 +140,7 @@ class Line:
     """One line of a month: a top-up, an adjustment, or one cluster's usage."""
 
     kind: str
-    at: datetime
+    at: date  # the day of the line (a cluster line: its first day in the month)
     last_period: datetime | None
     cluster_id: int | None
     title: str
@@ -175,18 +179,16 @@ _LINE_FIELDS = (
 
 
 def _cluster_lines(project_id: int, month: Month) -> QuerySet:
+    # From the per-day rollup of the hourly lines: a month of a cluster is ≤ 31 rows.
     return (
-        LedgerEntry.objects.filter(
-            project_id=project_id,
-            kind=LedgerEntry.Kind.USAGE,
-            period_start__gte=month.start,
-            period_start__lt=month.end,
+        UsageDay.objects.filter(
+            project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
         )
         .values("cluster_id")
         .annotate(
             line_kind=Value(LedgerEntry.Kind.USAGE.value, output_field=CharField()),
-            at=Min("period_start"),
-            last_period=Max("period_start"),
+            at=Min("day"),
+            last_period=Max("last_hour"),
             title=F("cluster__name"),
             cluster_status=F("cluster__status"),
             line_amount=Sum("amount"),
@@ -205,7 +207,7 @@ def _credit_lines(project_id: int, month: Month) -> QuerySet:
         .exclude(kind=LedgerEntry.Kind.USAGE)
         .annotate(
             line_kind=F("kind"),
-            at=F("created_at"),
+            at=TruncDate("created_at", tzinfo=UTC),
             last_period=F("period_start"),
             title=F("note"),
             cluster_status=Value("", output_field=CharField()),
@@ -272,32 +274,31 @@ class MonthTotals:
 
 
 def month_totals(*, project_id: int, month: Month) -> MonthTotals:
-    in_month = Q(created_at__gte=month.start, created_at__lt=month.end)
-    usage_in_month = Q(
-        kind=LedgerEntry.Kind.USAGE, period_start__gte=month.start, period_start__lt=month.end
+    usage = UsageDay.objects.filter(
+        project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
+    ).aggregate(total=Sum("amount"))["total"]
+    credits = (
+        LedgerEntry.objects.filter(
+            project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
+        )
+        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .aggregate(total=Sum("amount"))["total"]
     )
-    totals = LedgerEntry.objects.filter(project_id=project_id).aggregate(
-        usage=Sum("amount", filter=usage_in_month),
-        credits=Sum("amount", filter=in_month & ~Q(kind=LedgerEntry.Kind.USAGE)),
-    )
-    return MonthTotals(usage=-(totals["usage"] or ZERO), credits=totals["credits"] or ZERO)
+    return MonthTotals(usage=-(usage or ZERO), credits=credits or ZERO)
 
 
 def spend_per_day(*, project_id: int, month: Month) -> list[tuple[date, Decimal]]:
     """Usage charged on each day of the month (every day, zero included): one query."""
     rows = (
-        LedgerEntry.objects.filter(
-            project_id=project_id,
-            kind=LedgerEntry.Kind.USAGE,
-            period_start__gte=month.start,
-            period_start__lt=month.end,
+        UsageDay.objects.filter(
+            project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
         )
-        .annotate(day=TruncDate("period_start", tzinfo=UTC))
         .values("day")
         .annotate(total=Sum("amount"))
+        .order_by()
     )
     by_day = {row["day"]: -row["total"] for row in rows}
-    first = month.start.date()
+    first = month.first_day
     return [
         (first + timedelta(days=n), by_day.get(first + timedelta(days=n), ZERO))
         for n in range(month.days)

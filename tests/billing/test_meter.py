@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.meter import charge_accrued, charge_usage, cost_between
-from billing.models import LedgerEntry, UsageRecord, balance_of
+from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from billing.usage import Month, machine_rows
 from clusters.models import Cluster
 from tests.billing.conftest import bill_cluster, end_cluster
@@ -225,6 +225,15 @@ def test_it_charges_exactly_the_rounded_price_of_every_second_whatever_the_meter
                 )
             expected_total += per_machine * cluster.size
         assert usage_total(project=project) == expected_total
+        # The per-day rollup the Billing page reads holds the same sums as the hourly lines.
+        for cluster, *_ in clusters:
+            days = UsageDay.objects.filter(cluster=cluster)
+            assert -sum((d.amount for d in days), Decimal(0)) == usage_total(cluster=cluster)
+            assert sum(d.machine_seconds for d in days) == sum(
+                LedgerEntry.objects.filter(cluster=cluster).values_list(
+                    "machine_seconds", flat=True
+                )
+            )
         assert usage_total(cluster=failed) == Decimal("0.00")
         assert not LedgerEntry.objects.filter(cluster=failed).exists()
 
