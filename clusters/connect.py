@@ -1,9 +1,11 @@
 """How to connect to a cluster and run on it (SPEC §6): SSH, the hostfile, launch commands,
-the environment every node gets, per-software examples and the kubeconfig.
+the environment every node gets, shared storage, per-software examples and the kubeconfig.
 
 Everything here is a pure function of a `ClusterShape`, so the page, the API, the ready email
 and the node plan that drivers apply all print exactly the same text. `shape_for(cluster)` reads
-the one cluster's rows into a shape.
+the one cluster's rows into a shape. Nothing here ever prints a command that cannot work: a
+node with neither an address of its own nor a gateway in front of it has no SSH command
+(`ssh_command` raises `NoRoute`) and is left out of the SSH config until it has one.
 """
 
 import hashlib
@@ -21,8 +23,13 @@ KUBE_API_PORT = 6443
 SLURM_PARTITION = "gpu"
 SHARED_DIR = "/shared"
 LOCAL_HOSTFILE = "/etc/runcrate/hostfile"
+VOLUME_DIR = f"{SHARED_DIR}/volume"
 NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"
 ETHERNET_GBITS = "1-2 Gbit/s"
+
+
+class NoRoute(ValueError):
+    """A node that has no public address (yet) at a location without an SSH gateway."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class ClusterShape:
     machine_kind: str  # vm, bare_metal, container
     software: str  # none, slurm, kubernetes, ray
     gateway: str | None  # "host:port" of the location's SSH gateway, or None
+    volume: str | None = None  # the attached volume's name, or None
 
     @property
     def size(self) -> int:
@@ -74,22 +82,35 @@ class ClusterShape:
         """The ProxyJump spec: the gateway knows the cluster by the jump user."""
         return f"c{self.cluster_id}@{self.gateway}" if self.gateway else None
 
+    def reachable(self, node: NodeAccess) -> bool:
+        """Whether `node` can be reached over SSH: through the gateway, or at its address."""
+        return bool(self.gateway or node.address)
 
-def shape_for(cluster) -> ClusterShape:
+
+def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
+    """The cluster as users connect to it. Before the cluster joins that is every node that is
+    starting or up; once it has joined, the nodes that joined (a worker still starting is not in
+    the hostfile until it is up). `planning=True` keeps starting nodes in any case: a node plan
+    is made for a node that is starting.
+
+    Reads `cluster.nodes.all()` (prefetch it) and the attached volume (`cluster.volumes`)."""
     machine_type = cluster.machine_type
-    nodes = [n for n in cluster.nodes.all() if n.status in ("starting", "joined")]
+    wanted = ("starting", "joined") if planning or cluster.joined_at is None else ("joined",)
+    nodes = [n for n in cluster.nodes.all() if n.status in wanted]
     gateway = machine_type.location.ssh_gateway or None
+    volume = next(iter(cluster.volumes.all()), None)
     return ClusterShape(
         cluster_id=cluster.pk,
         name=cluster.name,
         nodes=tuple(
-            NodeAccess(index=n.index, address=None if gateway else (n.host.address or None))
-            for n in nodes
+            NodeAccess(index=n.index, address=None if gateway else (n.public_address or None))
+            for n in sorted(nodes, key=lambda n: n.index)
         ),
         gpus_per_node=machine_type.gpus_per_machine,
         machine_kind=machine_type.machine_kind,
         software=cluster.software,
         gateway=gateway,
+        volume=volume.name if volume else None,
     )
 
 
@@ -97,18 +118,35 @@ def shape_for(cluster) -> ClusterShape:
 
 
 def ssh_command(shape: ClusterShape, node: NodeAccess) -> str:
+    """`ssh root@ADDRESS`, or `ssh -J cID@GATEWAY root@node-i`; raises NoRoute for a node
+    that has neither."""
+    if shape.gateway:
+        return f"ssh -J {shape.jump} {SSH_USER}@{node.name}"
     if node.address:
         return f"ssh {SSH_USER}@{node.address}"
-    return f"ssh -J {shape.jump} {SSH_USER}@{node.name}"
+    raise NoRoute(f"{node.name} has no public address yet and its location has no SSH gateway.")
 
 
 def ssh_config(shape: ClusterShape) -> str:
-    """A config with a Host entry per node, so `ssh node-0` works from the user's computer."""
-    lines = [f"# Runcrate cluster {shape.name}: save as ~/.ssh/config.d/{shape.name} or append"]
+    """A config with a Host entry per node, so `ssh node-0` works from the user's computer.
+
+    Each entry also answers to `CLUSTER-node-i`, for when the configs of two clusters are
+    included (the first `node-0` wins). A node with no route yet is a comment, not an entry."""
+    lines = [
+        f"# Runcrate cluster {shape.name}: save as ~/.ssh/config.d/{shape.name} and put",
+        "# `Include config.d/*` at the top of ~/.ssh/config (or append this file to it).",
+    ]
     for node in shape.nodes:
-        lines += ["", f"Host {node.name}", f"    HostName {node.address or node.name}"]
-        lines.append(f"    User {SSH_USER}")
-        if not node.address:
+        if not shape.reachable(node):
+            lines += ["", f"# {node.name}: no public address yet; download again once it runs."]
+            continue
+        lines += [
+            "",
+            f"Host {node.name} {shape.name}-{node.name}",
+            f"    HostName {node.name if shape.gateway else node.address}",
+            f"    User {SSH_USER}",
+        ]
+        if shape.gateway:
             lines.append(f"    ProxyJump {shape.jump}")
     return "\n".join(lines) + "\n"
 
@@ -182,11 +220,16 @@ def slurm_examples(shape: ClusterShape) -> dict[str, str]:
 
 
 def kube_api_server(shape: ClusterShape) -> str:
+    """node-0's API server: at its own address, or behind the gateway at `cID.GATEWAY-HOST`.
+    Raises NoRoute while the head has neither."""
     head = shape.head
+    if shape.gateway:
+        gateway_host = shape.gateway.rsplit(":", 1)[0]
+        return f"https://c{shape.cluster_id}.{gateway_host}:{KUBE_API_PORT}"
     if head.address:
-        return f"https://{head.address}:{KUBE_API_PORT}"
-    gateway_host = (shape.gateway or "").rsplit(":", 1)[0]
-    return f"https://c{shape.cluster_id}.{gateway_host}:{KUBE_API_PORT}"
+        host = f"[{head.address}]" if ":" in head.address else head.address
+        return f"https://{host}:{KUBE_API_PORT}"
+    raise NoRoute(f"{head.name} has no public address yet and its location has no SSH gateway.")
 
 
 def kube_token(shape: ClusterShape) -> str:
@@ -249,15 +292,21 @@ def ray_info(shape: ClusterShape) -> dict[str, str]:
 # --- the node plan: what a driver applies to each node --------------------------------------
 
 
-def node_plan(shape: ClusterShape, node: NodeAccess, *, volume: bool = False) -> dict:
+def node_plan(shape: ClusterShape, node: NodeAccess) -> dict:
+    """What a driver applies to `node`: its hostname and private address, every peer in
+    /etc/hosts, the environment (/etc/environment), the mounts and the hostfile.
+
+    `/shared` is exported by node-0 over the private network and mounted by every other node,
+    on virtual machines and bare metal; containers share no folder. An attached volume is
+    synced into `/shared/volume` on node-0 only (on containers too)."""
     is_head = node.index == 0
     mounts = []
     if shape.has_shared_folder:
         mounts.append(
             {"path": SHARED_DIR, "export": is_head, "source": None if is_head else "node-0"}
         )
-    if volume and is_head:
-        mounts.append({"path": f"{SHARED_DIR}/volume", "volume": True})
+    if shape.volume and is_head:
+        mounts.append({"path": VOLUME_DIR, "volume": shape.volume})
     return {
         "hostname": node.name,
         "private_ip": node.private_ip,
@@ -267,4 +316,92 @@ def node_plan(shape: ClusterShape, node: NodeAccess, *, volume: bool = False) ->
         "hostfile": {"path": shape.hostfile_path, "content": hostfile(shape)},
         "software": shape.software,
         "role": "head" if is_head else "worker",
+    }
+
+
+# --- shared storage ----------------------------------------------------------------------------
+
+
+def storage(shape: ClusterShape) -> dict:
+    """Where files are shared (SPEC §6), in words and paths, for the page and the API."""
+    if shape.has_shared_folder:
+        summary = (
+            f"Every node mounts {SHARED_DIR}, exported from node-0 over the private network; the "
+            f"hostfile is {shape.hostfile_path}."
+        )
+    else:
+        summary = (
+            "Containers share no folder: each node keeps its own disk, with the hostfile at "
+            f"{shape.hostfile_path}."
+        )
+    volume = None
+    if shape.volume:
+        volume = {"name": shape.volume, "path": VOLUME_DIR, "node": shape.head.name}
+        where = "node-0" if shape.has_shared_folder else "node-0 only"
+        summary += (
+            f" Volume {shape.volume} is synced into {VOLUME_DIR} on {where} and back to the "
+            "volume, so its files outlive the cluster."
+        )
+    wiped = f", {SHARED_DIR} included," if shape.has_shared_folder else ""
+    summary += f" Everything else on the machines{wiped} is deleted when the cluster ends."
+    return {
+        "shared": SHARED_DIR if shape.has_shared_folder else None,
+        "hostfile_path": shape.hostfile_path,
+        "volume": volume,
+        "summary": summary,
+    }
+
+
+# --- everything at once: the connect panel and GET /api/v1/clusters/{id}/connect ---------------
+
+
+def software_details(shape: ClusterShape) -> dict | None:
+    """The examples for the cluster's software, or None for `none`."""
+    if shape.software == "slurm":
+        return {"name": "slurm", **slurm_examples(shape)}
+    if shape.software == "kubernetes":
+        try:
+            server = kube_api_server(shape)
+        except NoRoute:
+            server = None
+        return {
+            "name": "kubernetes",
+            "api_server": server,
+            "kubeconfig": kubeconfig(shape) if server else None,
+            "gpu_pod": kubernetes_gpu_pod(shape),
+            "apply": "kubectl apply -f gpu-check.yaml && kubectl logs -f gpu-check",
+        }
+    if shape.software == "ray":
+        return {"name": "ray", **ray_info(shape)}
+    return None
+
+
+def details(shape: ClusterShape) -> dict:
+    """Everything a user needs to connect and run, as plain data: SSH per node, the SSH config,
+    the hostfile, the launch commands, each node's environment, storage and the software."""
+    ssh = []
+    for node in shape.nodes:
+        command = ssh_command(shape, node) if shape.reachable(node) else None
+        ssh.append(
+            {
+                "node": node.name,
+                "role": "head" if node.index == 0 else "worker",
+                "private_ip": node.private_ip,
+                "address": node.address,
+                "command": command,
+            }
+        )
+    return {
+        "ssh_user": SSH_USER,
+        "gateway": shape.gateway,
+        "ssh": ssh,
+        "ssh_config": ssh_config(shape),
+        "hostfile": {"path": shape.hostfile_path, "content": hostfile(shape)},
+        "commands": launch_commands(shape) if shape.nodes else {},
+        "bandwidth": expected_bandwidth(),
+        "environment": [
+            {"node": node.name, "variables": node_environment(shape, node)} for node in shape.nodes
+        ],
+        "storage": storage(shape) if shape.nodes else None,
+        "software": software_details(shape) if shape.nodes else None,
     }

@@ -1,7 +1,9 @@
 import re
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -172,6 +174,14 @@ class Node(models.Model):
     installed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
+    public_address = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="Where users reach the machine over SSH, as its driver reported it once it ran; "
+        "empty behind the location's SSH gateway.",
+    )
+
     agent_token_hash = models.CharField(max_length=64, blank=True, default="")
     gpus = models.JSONField(default=list, blank=True, help_text="What the agent reported.")
     reachability = models.JSONField(
@@ -305,3 +315,62 @@ class Event(models.Model):
 
 def give_up_after(slow_boot: bool) -> timedelta:
     return timedelta(minutes=45 if slow_boot else 25)
+
+
+class Volume(models.Model):
+    """Storage that outlives clusters (SPEC §6): created in a location, attached to one cluster
+    at a time when that cluster is created, synced into `/shared/volume` on its head, and
+    billed per GB-month for its whole life, attached or not (docs/volumes.md)."""
+
+    MIN_GB = 1
+    MAX_GB = 100_000
+
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.CASCADE, related_name="volumes"
+    )
+    name = models.CharField(max_length=63)
+    location = models.ForeignKey(
+        "offers.Location", on_delete=models.PROTECT, related_name="volumes"
+    )
+    size_gb = models.PositiveIntegerField(
+        validators=[MinValueValidator(MIN_GB), MaxValueValidator(MAX_GB)]
+    )
+    price_per_gb_month = models.DecimalField(
+        max_digits=8, decimal_places=4, help_text="The location's price when it was created."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    cluster = models.ForeignKey(
+        Cluster,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="volumes",
+        help_text="The cluster it is attached to; detached when that cluster ends.",
+    )
+    attached_at = models.DateTimeField(null=True, blank=True)
+    # The meter (billing/meter.py) has charged its storage up to here, for this much in all.
+    charged_until = models.DateTimeField()
+    charged_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+
+    class Meta:
+        ordering = ["name", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                condition=Q(deleted_at__isnull=True),
+                name="volume_live_name_unique",
+            ),
+        ]
+        indexes = [models.Index(fields=["deleted_at"], name="volume_deleted_at")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_deleted(self) -> bool:
+        return self.deleted_at is not None
+
+    @property
+    def price_per_month(self) -> Decimal:
+        return (self.price_per_gb_month * self.size_gb).quantize(Decimal("0.01"))

@@ -35,6 +35,9 @@ class Observation:
     state: MachineState
     since: datetime | None = None  # when the machine reached this state, where known
     message: str = ""
+    # Where users reach a running machine over SSH; "" where it has no address of its own (its
+    # location's SSH gateway reaches it) or the driver does not know it yet.
+    public_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class InstallPlan:
     gpus_per_machine: int
     boot_seconds: int
     nodes: list[PlanNode] = field(default_factory=list)
+    # Each node's plan (`clusters.connect.node_plan`) by node name: what the driver applies.
+    node_plans: dict[str, dict] = field(default_factory=dict)
 
     @property
     def head(self) -> PlanNode:
@@ -85,14 +90,18 @@ class Driver:
     # service functions as the real agent's endpoints); real drivers leave that to the agent.
     simulates_agent = False
 
-    def start(self, node: Node, *, agent_token: str) -> dict:
-        """Begin booting the host for `node`; returns what to keep in `node.driver_state`."""
+    def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
+        """Begin booting the host for `node` and bootstrap it with `plan`
+        (`clusters.connect.node_plan`: hostname, /etc/hosts, environment, mounts, hostfile);
+        returns what to keep in `node.driver_state`."""
         raise NotImplementedError
 
     def observe(self, node: Node, *, now: datetime) -> Observation:
         raise NotImplementedError
 
     def install(self, node: Node, *, plan: InstallPlan) -> InstallResult:
+        """Install `plan.software` on `node`, after applying `plan.node_plans[node.name]` again
+        (peers may have changed since the start)."""
         raise NotImplementedError
 
     def check(self, node: Node, *, plan: InstallPlan, now: datetime) -> CheckResult:

@@ -20,7 +20,7 @@ class UnavailableDriver(Driver):
     def __init__(self, driver_name: str) -> None:
         self.driver_name = driver_name
 
-    def start(self, node: Node, *, agent_token: str) -> dict:
+    def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
         return {}
 
     def observe(self, node: Node, *, now: datetime) -> Observation:

@@ -36,8 +36,22 @@ from clusters.software import simulated as outputs
 
 if TYPE_CHECKING:
     from clusters.models import Node
+    from offers.models import Host
 
 DRIVER_VERSION = "550.54.15"
+# Public addresses of simulated machines: the three documentation networks of RFC 5737, which
+# route nowhere, so a demo's SSH command can never reach a stranger's machine.
+DOCUMENTATION_NETWORKS = ("203.0.113", "198.51.100", "192.0.2")
+
+
+def simulated_public_address(host: Host) -> str:
+    """The host's own `address` when the operator gave one; otherwise one of the 762
+    documentation addresses, derived from the host's id (host 1 is 203.0.113.1, host 255 is
+    198.51.100.1, host 763 is 203.0.113.1 again)."""
+    if host.address:
+        return host.address
+    network, last = divmod((host.pk - 1) % (254 * len(DOCUMENTATION_NETWORKS)), 254)
+    return f"{DOCUMENTATION_NETWORKS[network]}.{last + 1}"
 
 
 def sim_seconds(boot_seconds: int) -> timedelta:
@@ -50,8 +64,10 @@ class SimulatedDriver(Driver):
 
     # --- the machine -----------------------------------------------------------------------
 
-    def start(self, node: Node, *, agent_token: str) -> dict:
-        return {"started_at": timezone.now().isoformat()}
+    def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
+        # A real machine would be bootstrapped with the plan (hostname, /etc/hosts, the
+        # environment, /shared); the simulated one keeps it, so what it was given can be read.
+        return {"started_at": timezone.now().isoformat(), "plan": plan}
 
     def _s(self, node: Node) -> timedelta:
         return sim_seconds(node.cluster.machine_type.boot_seconds)
@@ -71,7 +87,10 @@ class SimulatedDriver(Driver):
                 since=crash_at,
                 message=f"{node.host.name} stopped responding (kernel panic, machine check).",
             )
-        return Observation(MachineState.RUNNING, since=up_at)
+        # Behind the location's SSH gateway a machine has no address of its own.
+        gateway = node.cluster.machine_type.location.ssh_gateway
+        address = "" if gateway else simulated_public_address(node.host)
+        return Observation(MachineState.RUNNING, since=up_at, public_address=address)
 
     def stop(self, node: Node) -> None:
         # A simulated machine has nothing to wipe; the lifecycle still passes it through
@@ -115,6 +134,9 @@ class SimulatedDriver(Driver):
     # --- the software ------------------------------------------------------------------------
 
     def install(self, node: Node, *, plan: InstallPlan) -> InstallResult:
+        # A real driver applies `plan.node_plans[node.name]` again before installing (a worker
+        # added since the start changes /etc/hosts and the hostfile); a simulated machine has
+        # nothing to apply.
         ok = node.host.fault != "install"
         return InstallResult(
             ok=ok, output=outputs.install_log(software=plan.software, node=node.name, ok=ok)

@@ -4,18 +4,32 @@ import io
 import json
 
 import paramiko
+import pytest
+from django.utils import timezone
 
 from clusters.connect import (
     ClusterShape,
     NodeAccess,
+    NoRoute,
+    details,
     hostfile,
+    kube_api_server,
     kubeconfig,
+    kubernetes_gpu_pod,
     launch_commands,
     node_environment,
     node_plan,
+    ray_info,
+    shape_for,
+    slurm_examples,
     ssh_command,
     ssh_config,
+    storage,
 )
+from clusters.models import Cluster, Node
+from tests.factories import ClusterFactory, LocationFactory, MachineTypeFactory
+
+GATEWAY = "gw.fra-1.runcrate.net:2222"
 
 
 def shape(
@@ -25,108 +39,181 @@ def shape(
     kind: str = "bare_metal",
     gateway: str | None = None,
     software: str = "none",
+    volume: str | None = None,
+    addresses: bool = True,
 ) -> ClusterShape:
     return ClusterShape(
         cluster_id=42,
         name="train",
         nodes=tuple(
-            NodeAccess(index=i, address=None if gateway else f"203.0.113.{10 + i}")
+            NodeAccess(index=i, address=f"203.0.113.{10 + i}" if addresses else None)
             for i in range(nodes)
         ),
         gpus_per_node=gpus,
         machine_kind=kind,
         software=software,
         gateway=gateway,
+        volume=volume,
     )
+
+
+# --- two single-GPU bare-metal machines with public addresses ---------------------------------
 
 
 def test_it_writes_a_hostfile_line_per_node_with_its_gpus():
     assert hostfile(shape(nodes=2, gpus=1)) == "node-0 slots=1\nnode-1 slots=1\n"
-    lines = hostfile(shape(nodes=16, gpus=8)).splitlines()
-    assert len(lines) == 16
-    assert lines[0] == "node-0 slots=8" and lines[15] == "node-15 slots=8"
+    assert hostfile(shape(nodes=16, gpus=8)) == "".join(f"node-{i} slots=8\n" for i in range(16))
+    assert hostfile(shape(nodes=16, gpus=8)).splitlines()[15] == "node-15 slots=8"
 
 
 def test_it_connects_directly_where_hosts_have_a_public_address():
     s = shape(nodes=2, gpus=1)
+    assert ssh_command(s, s.nodes[0]) == "ssh root@203.0.113.10"
     assert ssh_command(s, s.nodes[1]) == "ssh root@203.0.113.11"
     assert ssh_config(s) == (
-        "# Runcrate cluster train: save as ~/.ssh/config.d/train or append\n"
+        "# Runcrate cluster train: save as ~/.ssh/config.d/train and put\n"
+        "# `Include config.d/*` at the top of ~/.ssh/config (or append this file to it).\n"
         "\n"
-        "Host node-0\n"
+        "Host node-0 train-node-0\n"
         "    HostName 203.0.113.10\n"
         "    User root\n"
         "\n"
-        "Host node-1\n"
+        "Host node-1 train-node-1\n"
         "    HostName 203.0.113.11\n"
         "    User root\n"
     )
 
 
-def test_it_jumps_through_the_gateway_where_hosts_have_none():
-    s = shape(nodes=2, gpus=8, gateway="gw.fra-1.runcrate.net:2222")
+def test_it_fills_the_launch_commands_for_two_single_gpu_machines():
+    assert launch_commands(shape(nodes=2, gpus=1)) == {
+        "torchrun": (
+            "torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d "
+            "--rdzv-endpoint=node-0:29500 --rdzv-id=train train.py"
+        ),
+        "mpirun": (
+            "mpirun -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
+            "-x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
+        ),
+        "deepspeed": (
+            "deepspeed --hostfile /shared/hostfile --num_nodes 2 --num_gpus 1 "
+            "--master_addr node-0 --master_port 29500 train.py"
+        ),
+        "nccl_test": (
+            "mpirun -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
+            "-x NCCL_DEBUG=WARN /opt/nccl-tests/build/all_reduce_perf -b 8 -e 1G -f 2 -g 1"
+        ),
+    }
+
+
+def test_it_gives_every_node_its_rank_and_the_world_size():
+    s = shape(nodes=2, gpus=1)
+    assert node_environment(s, s.nodes[1]) == {
+        "MASTER_ADDR": "node-0",
+        "MASTER_PORT": "29500",
+        "NODE_RANK": "1",
+        "NNODES": "2",
+        "GPUS_PER_NODE": "1",
+        "WORLD_SIZE": "2",
+    }
+
+
+def test_it_plans_each_node_whole():
+    s = shape(nodes=2, gpus=1, software="slurm")
+    assert node_plan(s, s.nodes[1]) == {
+        "hostname": "node-1",
+        "private_ip": "10.77.0.2",
+        "hosts": {"node-0": "10.77.0.1", "node-1": "10.77.0.2"},
+        "environment": {
+            "MASTER_ADDR": "node-0",
+            "MASTER_PORT": "29500",
+            "NODE_RANK": "1",
+            "NNODES": "2",
+            "GPUS_PER_NODE": "1",
+            "WORLD_SIZE": "2",
+        },
+        "mounts": [{"path": "/shared", "export": False, "source": "node-0"}],
+        "hostfile": {"path": "/shared/hostfile", "content": "node-0 slots=1\nnode-1 slots=1\n"},
+        "software": "slurm",
+        "role": "worker",
+    }
+
+
+# --- sixteen eight-GPU containers behind a gateway ---------------------------------------------
+
+
+def test_it_jumps_through_the_gateway_where_hosts_have_no_address():
+    s = shape(nodes=16, gpus=8, kind="container", gateway=GATEWAY, addresses=False)
     assert ssh_command(s, s.nodes[0]) == "ssh -J c42@gw.fra-1.runcrate.net:2222 root@node-0"
-    assert ssh_config(s).endswith(
-        "Host node-1\n"
-        "    HostName node-1\n"
+    assert ssh_command(s, s.nodes[15]) == "ssh -J c42@gw.fra-1.runcrate.net:2222 root@node-15"
+    config = ssh_config(s)
+    assert config.count("\nHost ") == 16
+    assert (
+        "\n"
+        "Host node-0 train-node-0\n"
+        "    HostName node-0\n"
+        "    User root\n"
+        "    ProxyJump c42@gw.fra-1.runcrate.net:2222\n"
+        "\n"
+    ) in config
+    assert config.endswith(
+        "\n"
+        "Host node-15 train-node-15\n"
+        "    HostName node-15\n"
         "    User root\n"
         "    ProxyJump c42@gw.fra-1.runcrate.net:2222\n"
     )
 
 
+def test_it_prefers_the_gateway_when_a_location_has_one():
+    # A host's own address does not matter where the location puts a gateway in front of it.
+    s = shape(nodes=2, gpus=8, gateway=GATEWAY)
+    assert ssh_command(s, s.nodes[1]) == "ssh -J c42@gw.fra-1.runcrate.net:2222 root@node-1"
+
+
+def test_it_fills_the_launch_commands_for_sixteen_eight_gpu_containers():
+    assert launch_commands(shape(nodes=16, gpus=8, kind="container")) == {
+        "torchrun": (
+            "torchrun --nnodes=16 --nproc-per-node=8 --rdzv-backend=c10d "
+            "--rdzv-endpoint=node-0:29500 --rdzv-id=train train.py"
+        ),
+        # Containers share no folder: the hostfile lies on each node's own disk.
+        "mpirun": (
+            "mpirun -np 128 --hostfile /etc/runcrate/hostfile --map-by ppr:8:node "
+            "-x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
+        ),
+        "deepspeed": (
+            "deepspeed --hostfile /etc/runcrate/hostfile --num_nodes 16 --num_gpus 8 "
+            "--master_addr node-0 --master_port 29500 train.py"
+        ),
+        "nccl_test": (
+            "mpirun -np 128 --hostfile /etc/runcrate/hostfile --map-by ppr:8:node "
+            "-x NCCL_DEBUG=WARN /opt/nccl-tests/build/all_reduce_perf -b 8 -e 1G -f 2 -g 1"
+        ),
+    }
+    s = shape(nodes=16, gpus=8)
+    assert node_environment(s, s.nodes[3])["WORLD_SIZE"] == "128"
+    assert node_environment(s, s.nodes[3])["NODE_RANK"] == "3"
+
+
 def test_it_writes_an_ssh_config_that_paramiko_reads_as_intended():
-    for s in (shape(nodes=16, gpus=8), shape(nodes=2, gpus=1, gateway="gw.example.net:22")):
+    shapes = (
+        shape(nodes=16, gpus=8),
+        shape(nodes=2, gpus=1, gateway="gw.example.net:22", addresses=False),
+        shape(nodes=16, gpus=8, kind="container", gateway=GATEWAY, addresses=False),
+    )
+    for s in shapes:
         config = paramiko.SSHConfig()
         config.parse(io.StringIO(ssh_config(s)))
         assert config.get_hostnames() >= {n.name for n in s.nodes}
         for node in s.nodes:
-            entry = config.lookup(node.name)
-            assert entry["user"] == "root"
-            assert entry["hostname"] == (node.address or node.name)
-            assert entry.get("proxyjump") == s.jump
+            for alias in (node.name, f"train-{node.name}"):
+                entry = config.lookup(alias)
+                assert entry["user"] == "root"
+                assert entry["hostname"] == (node.name if s.gateway else node.address)
+                assert entry.get("proxyjump") == s.jump
 
 
-def test_it_fills_the_launch_commands_for_two_single_gpu_machines():
-    commands = launch_commands(shape(nodes=2, gpus=1))
-    assert commands["torchrun"] == (
-        "torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d "
-        "--rdzv-endpoint=node-0:29500 --rdzv-id=train train.py"
-    )
-    assert commands["mpirun"] == (
-        "mpirun -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
-        "-x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
-    )
-    assert commands["deepspeed"] == (
-        "deepspeed --hostfile /shared/hostfile --num_nodes 2 --num_gpus 1 "
-        "--master_addr node-0 --master_port 29500 train.py"
-    )
-    assert commands["nccl_test"] == (
-        "mpirun -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
-        "-x NCCL_DEBUG=WARN /opt/nccl-tests/build/all_reduce_perf -b 8 -e 1G -f 2 -g 1"
-    )
-
-
-def test_it_fills_the_launch_commands_for_sixteen_eight_gpu_containers():
-    commands = launch_commands(shape(nodes=16, gpus=8, kind="container"))
-    assert commands["torchrun"].startswith("torchrun --nnodes=16 --nproc-per-node=8 ")
-    # Containers share no folder: the hostfile lies on each node's own disk.
-    assert commands["mpirun"] == (
-        "mpirun -np 128 --hostfile /etc/runcrate/hostfile --map-by ppr:8:node "
-        "-x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
-    )
-    assert "--num_nodes 16 --num_gpus 8" in commands["deepspeed"]
-
-
-def test_it_gives_every_node_its_rank_and_the_world_size():
-    s = shape(nodes=16, gpus=8)
-    assert node_environment(s, s.nodes[3]) == {
-        "MASTER_ADDR": "node-0",
-        "MASTER_PORT": "29500",
-        "NODE_RANK": "3",
-        "NNODES": "16",
-        "GPUS_PER_NODE": "8",
-        "WORLD_SIZE": "128",
-    }
+# --- shared storage: containers against bare metal, and a volume ------------------------------
 
 
 def test_it_exports_shared_from_the_head_except_on_containers():
@@ -138,24 +225,202 @@ def test_it_exports_shared_from_the_head_except_on_containers():
         {"path": "/shared", "export": False, "source": "node-0"}
     ]
     containers = shape(nodes=2, gpus=8, kind="container")
-    assert node_plan(containers, containers.nodes[1])["mounts"] == []
-    # A volume shows on the head only, on containers too.
-    assert node_plan(containers, containers.nodes[0], volume=True)["mounts"] == [
-        {"path": "/shared/volume", "volume": True}
+    assert node_plan(containers, containers.nodes[0])["mounts"] == []
+    assert node_plan(containers, containers.nodes[1])["hostfile"]["path"] == (
+        "/etc/runcrate/hostfile"
+    )
+
+
+def test_it_mounts_an_attached_volume_on_the_head_only():
+    bare = shape(nodes=2, gpus=8, volume="datasets")
+    assert node_plan(bare, bare.nodes[0])["mounts"] == [
+        {"path": "/shared", "export": True, "source": None},
+        {"path": "/shared/volume", "volume": "datasets"},
     ]
-    plan = node_plan(bare, bare.nodes[1])
-    assert plan["hosts"] == {"node-0": "10.77.0.1", "node-1": "10.77.0.2"}
-    assert plan["environment"]["NODE_RANK"] == "1"
+    assert node_plan(bare, bare.nodes[1])["mounts"] == [
+        {"path": "/shared", "export": False, "source": "node-0"}
+    ]
+    containers = shape(nodes=2, gpus=8, kind="container", volume="datasets")
+    assert node_plan(containers, containers.nodes[0])["mounts"] == [
+        {"path": "/shared/volume", "volume": "datasets"}
+    ]
+    assert node_plan(containers, containers.nodes[1])["mounts"] == []
+
+
+def test_it_says_where_files_are_shared():
+    assert storage(shape(nodes=2, gpus=8, volume="datasets")) == {
+        "shared": "/shared",
+        "hostfile_path": "/shared/hostfile",
+        "volume": {"name": "datasets", "path": "/shared/volume", "node": "node-0"},
+        "summary": (
+            "Every node mounts /shared, exported from node-0 over the private network; the "
+            "hostfile is /shared/hostfile. Volume datasets is synced into /shared/volume on "
+            "node-0 and back to the volume, so its files outlive the cluster. Everything else "
+            "on the machines, /shared included, is deleted when the cluster ends."
+        ),
+    }
+    assert storage(shape(nodes=2, gpus=8, kind="container")) == {
+        "shared": None,
+        "hostfile_path": "/etc/runcrate/hostfile",
+        "volume": None,
+        "summary": (
+            "Containers share no folder: each node keeps its own disk, with the hostfile at "
+            "/etc/runcrate/hostfile. Everything else on the machines is deleted when the "
+            "cluster ends."
+        ),
+    }
+    on_containers = storage(shape(nodes=2, gpus=8, kind="container", volume="datasets"))
+    assert "synced into /shared/volume on node-0 only" in on_containers["summary"]
+
+
+# --- software ----------------------------------------------------------------------------------
+
+
+def test_it_fills_the_slurm_examples_with_the_partition():
+    assert slurm_examples(shape(nodes=16, gpus=8)) == {
+        "partition": "gpu",
+        "sbatch": "sbatch --partition=gpu --nodes=16 --ntasks-per-node=8 --gpus-per-node=8 job.sh",
+        "srun": (
+            "srun --partition=gpu --nodes=16 --ntasks-per-node=1 --gpus-per-node=8 nvidia-smi -L"
+        ),
+        "squeue": "squeue --long",
+    }
+
+
+def test_it_points_ray_at_the_head():
+    assert ray_info(shape(nodes=2, gpus=1)) == {
+        "head_address": "node-0:6379",
+        "client_address": "ray://node-0:10001",
+        "dashboard": "http://node-0:8265",
+        "job_submit": (
+            "ray job submit --address http://node-0:8265 --working-dir . -- python script.py"
+        ),
+    }
+
+
+def test_it_asks_kubernetes_for_every_gpu_of_a_machine():
+    pod = kubernetes_gpu_pod(shape(nodes=2, gpus=8))
+    assert pod.endswith('        limits:\n          nvidia.com/gpu: "8"\n')
+    assert '      command: ["nvidia-smi", "-L"]\n' in pod
 
 
 def test_it_points_the_kubeconfig_at_the_head(settings):
     settings.SECRET_KEY = "k" * 50
     direct = json.loads(kubeconfig(shape(nodes=2, gpus=8, kind="vm")))
-    assert direct["clusters"][0]["cluster"]["server"] == "https://203.0.113.10:6443"
-    assert direct["current-context"] == "train"
     token = direct["users"][0]["user"]["token"]
-    assert len(token) == 64
-    behind = json.loads(kubeconfig(shape(nodes=2, gpus=8, kind="vm", gateway="gw.x.net:22")))
+    assert direct == {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "train",
+                "cluster": {
+                    "server": "https://203.0.113.10:6443",
+                    "insecure-skip-tls-verify": True,
+                },
+            }
+        ],
+        "users": [{"name": "train-admin", "user": {"token": token}}],
+        "contexts": [{"name": "train", "context": {"cluster": "train", "user": "train-admin"}}],
+        "current-context": "train",
+    }
+    assert len(token) == 64 and int(token, 16) >= 0
+    behind = json.loads(
+        kubeconfig(shape(nodes=2, gpus=8, kind="vm", gateway="gw.x.net:22", addresses=False))
+    )
     assert behind["clusters"][0]["cluster"]["server"] == "https://c42.gw.x.net:6443"
     settings.SECRET_KEY = "z" * 50
     assert json.loads(kubeconfig(shape(nodes=2, gpus=8)))["users"][0]["user"]["token"] != token
+
+
+# --- never a command that cannot work ---------------------------------------------------------
+
+
+def test_it_never_prints_a_command_for_a_node_without_an_address_or_a_gateway():
+    s = ClusterShape(
+        cluster_id=42,
+        name="train",
+        nodes=(NodeAccess(index=0, address="203.0.113.10"), NodeAccess(index=1, address=None)),
+        gpus_per_node=8,
+        machine_kind="vm",
+        software="kubernetes",
+        gateway=None,
+    )
+    with pytest.raises(NoRoute, match="node-1 has no public address yet"):
+        ssh_command(s, s.nodes[1])
+    config = ssh_config(s)
+    assert "Host node-1" not in config and "None" not in config
+    assert "# node-1: no public address yet; download again once it runs." in config
+    connect = details(s)
+    assert [row["command"] for row in connect["ssh"]] == ["ssh root@203.0.113.10", None]
+    assert "None" not in json.dumps({k: v for k, v in connect.items() if k != "ssh"})
+
+    headless = ClusterShape(**{**s.__dict__, "nodes": (NodeAccess(index=0, address=None),)})
+    with pytest.raises(NoRoute):
+        kube_api_server(headless)
+    assert details(headless)["software"]["kubeconfig"] is None
+
+
+def test_it_gathers_everything_for_the_panel_and_the_api():
+    connect = details(shape(nodes=2, gpus=1, software="ray"))
+    assert connect["ssh"][1] == {
+        "node": "node-1",
+        "role": "worker",
+        "private_ip": "10.77.0.2",
+        "address": "203.0.113.11",
+        "command": "ssh root@203.0.113.11",
+    }
+    assert connect["hostfile"] == {
+        "path": "/shared/hostfile",
+        "content": "node-0 slots=1\nnode-1 slots=1\n",
+    }
+    assert connect["environment"][1]["variables"]["NODE_RANK"] == "1"
+    assert connect["software"]["head_address"] == "node-0:6379"
+    assert set(connect["commands"]) == {"torchrun", "mpirun", "deepspeed", "nccl_test"}
+    assert "1-2 Gbit/s" in connect["bandwidth"]
+
+
+# --- shape_for reads a cluster's rows -------------------------------------------------------
+
+
+def test_it_reaches_nodes_at_the_address_their_driver_reported(db):
+    now = timezone.now()
+    cluster = ClusterFactory(
+        machine_type=MachineTypeFactory(location=LocationFactory(ssh_gateway="")),
+        status=Cluster.Status.READY,
+        joined_at=now,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+    cluster.nodes.filter(index=0).update(public_address="203.0.113.7")
+    cluster.nodes.filter(index=1).update(public_address="203.0.113.8")
+    s = shape_for(cluster)
+    assert [ssh_command(s, node) for node in s.nodes] == [
+        "ssh root@203.0.113.7",
+        "ssh root@203.0.113.8",
+    ]
+
+    behind = ClusterFactory(
+        machine_type=MachineTypeFactory(location=LocationFactory(ssh_gateway="gw.example:22")),
+        status=Cluster.Status.READY,
+        joined_at=now,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+        machines__public_address="203.0.113.9",
+    )
+    s = shape_for(behind)
+    assert ssh_command(s, s.nodes[0]) == f"ssh -J c{behind.pk}@gw.example:22 root@node-0"
+
+
+def test_it_leaves_a_worker_out_of_the_hostfile_until_it_joins(db):
+    cluster = ClusterFactory(
+        size=3,
+        status=Cluster.Status.READY,
+        joined_at=timezone.now(),
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+    cluster.nodes.filter(index=2).update(status=Node.Status.STARTING, is_worker=True)
+    assert hostfile(shape_for(cluster)) == "node-0 slots=8\nnode-1 slots=8\n"
+    planned = shape_for(cluster, planning=True)
+    assert [n.name for n in planned.nodes] == ["node-0", "node-1", "node-2"]
