@@ -42,6 +42,8 @@ class LedgerEntry(models.Model):
         indexes = [
             models.Index(fields=["project", "created_at"], name="ledger_project_at"),
             models.Index(fields=["project", "period_start"], name="ledger_project_period"),
+            # A month's top-ups and adjustments, among hundreds of thousands of usage lines.
+            models.Index(fields=["project", "kind", "created_at"], name="ledger_project_kind_at"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -22,6 +22,8 @@ from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster
 
 ZERO = Decimal("0.00")
+# Lines that are not usage: listed one by one on the Billing page.
+CREDIT_KINDS = (LedgerEntry.Kind.TOPUP, LedgerEntry.Kind.ADJUSTMENT)
 CENT = Decimal("0.01")
 MAX_MONTHS = 36
 
@@ -204,7 +206,7 @@ def _credit_lines(project_id: int, month: Month) -> QuerySet:
         LedgerEntry.objects.filter(
             project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
         )
-        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .filter(kind__in=CREDIT_KINDS)
         .annotate(
             line_kind=F("kind"),
             at=TruncDate("created_at", tzinfo=UTC),
@@ -281,7 +283,7 @@ def month_totals(*, project_id: int, month: Month) -> MonthTotals:
         LedgerEntry.objects.filter(
             project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
         )
-        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .filter(kind__in=CREDIT_KINDS)
         .aggregate(total=Sum("amount"))["total"]
     )
     return MonthTotals(usage=-(usage or ZERO), credits=credits or ZERO)
@@ -449,7 +451,7 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
         LedgerEntry.objects.filter(
             project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
         )
-        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .filter(kind__in=CREDIT_KINDS)
         .order_by("created_at", "pk")
     )
     for entry in credits:
