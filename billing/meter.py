@@ -13,7 +13,8 @@ agree to the cent.
 
 A charge is split at clock hours (UTC): the ledger holds one usage line per cluster per hour,
 which the meter adds to while that hour runs (the *accumulating* line) and never touches once
-the hour is charged to its end.
+the hour is charged to its end. The same debits go to `UsageDay`, a per-cluster, per-day
+rollup of those lines that the Billing page reads.
 
 Running it twice, or on two workers at once, charges once: each batch of records is locked
 (`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN), and
