@@ -7,10 +7,9 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from accounts.models import SshKey
-from billing.models import LedgerEntry
+from billing import budgets
 from clusters import lifecycle
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Event, Node
@@ -197,27 +196,33 @@ def test_it_refuses_a_balance_under_the_minimum_even_for_a_cheap_cluster(db):
     assert create(enough, inventory(hosts=2, price="1.00")).pk
 
 
-def test_it_refuses_when_the_environment_reached_its_monthly_budget(person):
+def test_it_refuses_when_the_environment_reached_its_monthly_budget(person, monkeypatch):
+    # The month-to-date spend is billing's to compute (billing/budgets.py); this is the rule
+    # creation applies to it.
     _, project = person
     environment = environment_of(project)
     environment.monthly_budget = Decimal("100.00")
     environment.save()
-    earlier = ClusterFactory(project=project, environment=environment, status="terminated")
-    this_hour = timezone.now().replace(minute=0, second=0, microsecond=0)
-    LedgerEntry.objects.create(
-        project=project,
-        kind=LedgerEntry.Kind.USAGE,
-        amount=Decimal("-99.99"),
-        cluster=earlier,
-        period_start=this_hour,
-    )
+    spent = {"amount": Decimal("99.99")}
+    asked = []
+
+    def month_to_date_spend(*, environment, now=None):
+        asked.append(environment)
+        return spent["amount"]
+
+    monkeypatch.setattr(budgets, "month_to_date_spend", month_to_date_spend)
     machine_type = inventory(hosts=4)
     assert create(project, machine_type).pk  # $99.99 of $100.00 spent: still allowed
+    assert asked == [environment]
 
-    LedgerEntry.objects.filter(cluster=earlier).update(amount=Decimal("-100.00"))
+    spent["amount"] = Decimal("100.00")
     error = refused(project, machine_type)
     assert error.code == "budget_reached"
-    assert "$100.00" in error.message
+    assert "spent $100.00 this month, its whole monthly budget of $100.00" in error.message
+
+    environment.monthly_budget = None  # no budget: never refused for it
+    environment.save()
+    assert create(project, machine_type).pk
 
 
 def test_it_checks_in_the_documented_order(db):
