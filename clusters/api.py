@@ -1,4 +1,5 @@
-"""The clusters API: create, list, read, terminate, retry the install, add workers.
+"""The clusters API: create, list, read, terminate, retry the install, add workers, the
+connection details; and volumes (list, create, delete).
 
 Every endpoint calls the same `clusters.lifecycle` functions as the pages; a refusal
 (`ClusterRefused`) answers with its stable code and status. Another project's cluster is a 404
@@ -17,9 +18,9 @@ from ninja import Field, Query, Router, Schema, Status
 
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
-from clusters import lifecycle
+from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
-from clusters.models import Cluster, Event, Node
+from clusters.models import Cluster, Event, Node, Volume
 from runcrate.api import ApiError
 
 router = Router(tags=["clusters"])
@@ -115,6 +116,11 @@ class ClusterIn(Schema):
         None, description="The project's SSH keys to install; default: all of them."
     )
     environment: str = Field(DEFAULT_ENVIRONMENT, description="An environment's name.")
+    volume_id: int | None = Field(
+        None,
+        description="A volume of the project to attach (same location, not on community "
+        "offers, not attached elsewhere); it appears at /shared/volume on node-0.",
+    )
 
 
 class WorkersIn(Schema):
@@ -221,8 +227,9 @@ def _refusals() -> Iterator[None]:
 REFUSAL_CODES = (
     "Refusals: 422 `invalid_nodes`, 404 `unknown_offer`, 402 `insufficient_balance`, "
     "409 `not_enough_machines`, 422 `software_not_offered`, 422 `invalid_name`, "
-    "409 `name_taken`, 422 `no_ssh_keys`, 404 `unknown_environment`. Nothing is reserved "
-    "when a request is refused."
+    "409 `name_taken`, 422 `no_ssh_keys`, 404 `unknown_environment`, 422 "
+    "`volume_not_allowed` (not the project's, another location, a community offer), 409 "
+    "`volume_in_use`. Nothing is reserved or attached when a request is refused."
 )
 
 
@@ -275,6 +282,7 @@ def create_cluster(request: HttpRequest, payload: ClusterIn) -> Status:
             name=payload.name,
             software=payload.software,
             ssh_key_ids=payload.ssh_key_ids,
+            volume_id=payload.volume_id,
         )
     return Status(201, {"data": _detail(_get_cluster(request, cluster.pk))})
 
@@ -353,3 +361,191 @@ def delete_machine(request: HttpRequest, cluster_id: int, name: str) -> None:
         f"One machine cannot be terminated on its own: a cluster runs and stops whole. "
         f"Terminate the cluster instead: POST /api/v1/clusters/{cluster.pk}/terminate.",
     )
+
+
+# --- connecting -----------------------------------------------------------------------------
+
+
+class SshOut(Schema):
+    node: str
+    role: str = Field(description="head (node-0) or worker.")
+    private_ip: str
+    address: str | None = Field(description="Its public address; null behind a gateway.")
+    command: str | None = Field(description="null while the node has no address yet.")
+
+
+class HostfileOut(Schema):
+    path: str = Field(description="/shared/hostfile, or /etc/runcrate/hostfile on containers.")
+    content: str
+
+
+class NodeEnvironmentOut(Schema):
+    node: str
+    variables: dict[str, str]
+
+
+class VolumeMountOut(Schema):
+    name: str
+    path: str
+    node: str
+
+
+class StorageOut(Schema):
+    shared: str | None = Field(description="/shared on VMs and bare metal; null on containers.")
+    hostfile_path: str
+    volume: VolumeMountOut | None
+    summary: str
+
+
+class ConnectOut(Schema):
+    cluster_id: int
+    status: str
+    ssh_user: str
+    gateway: str | None = Field(description="host:port of the location's SSH gateway, or null.")
+    ssh: list[SshOut]
+    ssh_config: str = Field(description="An OpenSSH config with a Host entry per node.")
+    hostfile: HostfileOut
+    commands: dict[str, str] = Field(description="torchrun, mpirun, deepspeed, nccl_test.")
+    bandwidth: str
+    environment: list[NodeEnvironmentOut]
+    storage: StorageOut
+    software: dict[str, str | None] | None = Field(
+        description="Slurm examples, Kubernetes (api_server, kubeconfig, gpu_pod) or Ray "
+        "(head_address, job_submit…), by software; null with none."
+    )
+
+
+class ConnectEnvelope(Schema):
+    data: ConnectOut
+
+
+def _get_connectable(request: HttpRequest, cluster_id: int) -> Cluster:
+    """The project's cluster with what its connection details read, while its machines are up
+    (installing, ready or degraded); 404 or 409 otherwise."""
+    cluster = (
+        Cluster.objects.filter(project=request.project, pk=cluster_id)  # type: ignore[attr-defined]
+        .select_related("machine_type__location")
+        .prefetch_related("nodes", "volumes")
+        .first()
+    )
+    if cluster is None:
+        raise ApiError(404, "not_found", f"There is no cluster {cluster_id} in your project.")
+    if cluster.status not in Cluster.BILLED:
+        raise ApiError(
+            409,
+            "invalid_state",
+            f"This cluster is {cluster.status}: connection details exist while its machines are "
+            "up (installing, ready or degraded).",
+        )
+    return cluster
+
+
+@router.get(
+    "/clusters/{cluster_id}/connect",
+    response={200: ConnectEnvelope, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    summary="How to connect and run",
+    description="SSH per node, the SSH config, the hostfile, the launch commands, each node's "
+    "environment, shared storage and the software's examples (the kubeconfig for Kubernetes), "
+    "as on the cluster page. 409 `invalid_state` while the machines are not up.",
+)
+def cluster_connect(request: HttpRequest, cluster_id: int) -> dict:
+    cluster = _get_connectable(request, cluster_id)
+    shape = connect.shape_for(cluster)
+    return {"data": {"cluster_id": cluster.pk, "status": cluster.status, **connect.details(shape)}}
+
+
+# --- volumes ---------------------------------------------------------------------------------
+
+
+class AttachedOut(Schema):
+    id: int
+    name: str
+
+
+class VolumeOut(Schema):
+    id: int
+    name: str
+    location: str = Field(description="The location's code.")
+    size_gb: int
+    price_per_gb_month: str
+    price_per_month: str = Field(description="USD per 30-day month, for the whole volume.")
+    created_at: datetime
+    attached_to: AttachedOut | None = Field(description="The cluster it is attached to.")
+
+
+class VolumeEnvelope(Schema):
+    data: VolumeOut
+
+
+class VolumeList(Schema):
+    data: list[VolumeOut]
+    meta: ListMeta
+
+
+class VolumeIn(Schema):
+    name: str = Field(description="A DNS label, unique among the project's volumes.")
+    location: str = Field(description="A location's code, e.g. us-east-2.")
+    size_gb: int = Field(description=f"{Volume.MIN_GB} to {Volume.MAX_GB} GB.")
+
+
+def _volume(volume: Volume) -> dict:
+    return {
+        "id": volume.pk,
+        "name": volume.name,
+        "location": volume.location.code,
+        "size_gb": volume.size_gb,
+        "price_per_gb_month": volumes.rate(volume.price_per_gb_month),
+        "price_per_month": _money(volume.price_per_month),
+        "created_at": volume.created_at,
+        "attached_to": (
+            {"id": volume.cluster.pk, "name": volume.cluster.name} if volume.cluster else None
+        ),
+    }
+
+
+@router.get("/volumes", response={200: VolumeList, 401: ErrorOut}, summary="List volumes")
+def list_volumes(
+    request: HttpRequest,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict:
+    """The project's volumes (deleted ones are gone), by name."""
+    queryset = volumes.live_volumes(request.project)  # type: ignore[attr-defined]
+    return {
+        "data": [_volume(volume) for volume in queryset[offset : offset + limit]],
+        "meta": {"total": queryset.count(), "limit": limit, "offset": offset},
+    }
+
+
+@router.post(
+    "/volumes",
+    response={201: VolumeEnvelope, 401: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+    summary="Create a volume",
+    description="Billed per GB-month from now, attached or not. Refusals: 422 `invalid_name`, "
+    "409 `name_taken`, 422 `unknown_location`, 422 `invalid_size`.",
+)
+def create_volume(request: HttpRequest, payload: VolumeIn) -> Status:
+    with _refusals():
+        volume = volumes.create_volume(
+            project=request.project,  # type: ignore[attr-defined]
+            name=payload.name,
+            location=payload.location,
+            size_gb=payload.size_gb,
+        )
+    return Status(201, {"data": _volume(volume)})
+
+
+@router.delete(
+    "/volumes/{volume_id}",
+    response={204: None, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    summary="Delete a volume",
+    description="Deletes it and its files, and ends its billing; 409 `volume_in_use` while it "
+    "is attached to a cluster.",
+)
+def delete_volume(request: HttpRequest, volume_id: int) -> Status:
+    volume = volumes.live_volumes(request.project).filter(pk=volume_id).first()  # type: ignore[attr-defined]
+    if volume is None:
+        raise ApiError(404, "not_found", f"There is no volume {volume_id} in your project.")
+    with _refusals():
+        volumes.delete_volume(volume=volume)
+    return Status(204, None)

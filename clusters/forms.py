@@ -5,6 +5,7 @@ from django import forms
 
 from accounts.models import Environment, Project, SshKey
 from accounts.projects import DEFAULT_ENVIRONMENT
+from clusters import volumes
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster
 from offers.models import MAX_NODES, MIN_NODES
@@ -18,6 +19,7 @@ REFUSAL_FIELDS = {
     "environment": "environment",
     "ssh_key_ids": "ssh_keys",
     "ssh_keys": "ssh_keys",
+    "volume": "volume",
 }
 
 SOFTWARE_HELP = {
@@ -53,10 +55,15 @@ class ClusterForm(forms.Form):
         error_messages={"invalid": "Nodes must be a whole number from 2 to 64."},
         widget=forms.NumberInput(attrs={"min": MIN_NODES, "max": MAX_NODES}),
     )
+    # Any number passes here; whether it may be attached is the lifecycle's rule.
+    volume = forms.IntegerField(
+        required=False, error_messages={"invalid": "Choose a volume from the list."}
+    )
 
     def __init__(self, *args, project: Project, offer: Offer, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.offer = offer
+        self.project = project
         self.fields["environment"].queryset = project.environments.all()
         self.fields["ssh_keys"].queryset = project.ssh_keys.all()
         if offer.max_nodes >= MIN_NODES:
@@ -86,5 +93,71 @@ class ClusterForm(forms.Form):
             )
         return choices
 
+    @property
+    def volumes_blocked(self) -> str:
+        """Why no volume can go on this offer at all, or ""."""
+        if not self.offer.machine_type.supports_volumes:
+            return (
+                "Volumes cannot be attached on community hosts: their machines are run by "
+                "independent operators."
+            )
+        return ""
+
+    def volume_choices(self) -> list[dict]:
+        """The project's volumes, each disabled with its reason where it cannot be attached to
+        this offer (another location, attached to another cluster)."""
+        chosen = str(self["volume"].value() or "")
+        machine_type = self.offer.machine_type
+        choices = []
+        for volume in volumes.live_volumes(self.project):
+            reason = volumes.why_not_attachable(volume, machine_type)
+            choices.append(
+                {
+                    "value": volume.pk,
+                    "label": f"{volume.name} · {volume.size_gb:,} GB · {volume.location.code}",
+                    "disabled_reason": reason,
+                    "selected": str(volume.pk) == chosen and not reason,
+                }
+            )
+        return choices
+
     def add_refusal(self, refusal: ClusterRefused) -> None:
         self.add_error(REFUSAL_FIELDS.get(refusal.field or ""), refusal.message)
+
+
+class VolumeForm(forms.Form):
+    """The Storage page's create form. Like ClusterForm it checks only what a browser can send
+    wrong; `clusters.volumes.create_volume` owns the rules and its refusals go beside their field.
+    """
+
+    name = forms.CharField(
+        max_length=200,
+        strip=True,
+        help_text="A DNS label, unique among your volumes: lowercase letters, digits, hyphens.",
+        widget=forms.TextInput(
+            attrs={"autocomplete": "off", "spellcheck": "false", "placeholder": "datasets"}
+        ),
+    )
+    location = forms.ChoiceField(
+        help_text="A volume is attached only to clusters in its own location."
+    )
+    size_gb = forms.IntegerField(
+        label="Size (GB)",
+        error_messages={"invalid": "The size is a whole number of GB, from 1 to 100,000."},
+        widget=forms.NumberInput(attrs={"min": 1, "max": 100_000, "step": 1}),
+    )
+
+    def __init__(self, *args, locations, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["location"].choices = [
+            (
+                location.code,
+                f"{location.name} ({location.code}) · "
+                f"${volumes.rate(location.volume_price_per_gb_month)} per GB-month",
+            )
+            for location in locations
+        ]
+
+    def add_refusal(self, refusal: ClusterRefused) -> None:
+        field = refusal.field if refusal.field in self.fields else None
+        self.add_error(field, refusal.message)

@@ -36,7 +36,7 @@ from django.utils.dateparse import parse_datetime
 from accounts.models import Environment, Project, SshKey, User
 from billing import budgets, ledger
 from billing.models import UsageRecord
-from clusters import connect
+from clusters import connect, volumes
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import CheckState, MachineState
 from clusters.errors import ClusterRefused
@@ -295,8 +295,10 @@ def create_cluster(
     name: str,
     software: str,
     ssh_key_ids: list[int] | None = None,
+    volume_id: int | None = None,
 ) -> Cluster:
-    """Validate a request (SPEC §2, in this order), reserve every host, create the cluster.
+    """Validate a request (SPEC §2, in this order), reserve every host, create the cluster,
+    attach the volume `volume_id` if one is asked for.
 
     Raises ClusterRefused before anything is reserved or written.
     """
@@ -356,6 +358,11 @@ def create_cluster(
             "Kubernetes needs virtual machines or bare metal; this offer runs containers.",
             field="software",
         )
+    volume = None
+    if volume_id is not None:
+        volume = volumes.volume_to_attach(
+            project=project, volume_id=volume_id, machine_type=machine_type
+        )
     keys = _resolve_ssh_keys(project=project, ssh_key_ids=ssh_key_ids)
 
     one_hour = machine_type.price_per_hour * nodes
@@ -395,14 +402,21 @@ def create_cluster(
                 give_up_at=now + give_up_after(machine_type.slow_boot),
             )
             cluster.ssh_keys.set(keys)
+            if volume is not None:
+                volumes.attach(volume=volume, cluster=cluster, now=now)
             _new_nodes(cluster=cluster, hosts=hosts, first_index=0, is_worker=False, now=now)
+            attached = (
+                f" Volume {volume.name} attached at {connect.VOLUME_DIR} on node-0."
+                if volume
+                else ""
+            )
             Event.objects.create(
                 cluster=cluster,
                 at=now,
                 reason=Reason.CREATED,
                 message=(
                     f"Created: {nodes} × {machine_type.gpus_per_machine} {machine_type.gpu.name} "
-                    f"in {machine_type.location.name}; {nodes} machines reserved."
+                    f"in {machine_type.location.name}; {nodes} machines reserved.{attached}"
                 ),
             )
             _dispatcher.advance(cluster.pk)
@@ -499,6 +513,8 @@ class _Pass:
         return node.driver_state.get(kind) or {}
 
     def flush(self) -> None:
+        if self.cluster_dirty and self.cluster.status in Cluster.TERMINAL:
+            volumes.detach(cluster=self.cluster)  # failed, terminated or stopped: it has ended
         if self.dirty:
             Node.objects.bulk_update(list(self.dirty.values()), NODE_FIELDS)
         for state, host_ids in self.hosts.items():

@@ -51,17 +51,29 @@ def recipients_for(cluster: Cluster) -> list[str]:
     return [user.email for user in owners]
 
 
+# The ready email lists every node's SSH command up to this many; the page has them all.
+EMAIL_SSH_NODES = 8
+
+
 def _connect_context(cluster: Cluster) -> dict:
+    """The connect panel in short (clusters/connect.py prints the same text as the page)."""
     shape = connect.shape_for(cluster)
     if not shape.nodes:
         return {}
-    head = shape.head
-    # Without an address of its own or a gateway there is nothing to print yet.
-    command = connect.ssh_command(shape, head) if head.address or shape.gateway else ""
+    info = connect.details(shape)
+    site = settings.SITE_URL
     return {
-        "ssh_command": command,
+        # Without an address of its own or a gateway there is nothing to print yet.
+        "ssh_command": info["ssh"][0]["command"] or "",
+        "ssh_nodes": info["ssh"][:EMAIL_SSH_NODES],
+        "ssh_more": max(0, len(info["ssh"]) - EMAIL_SSH_NODES),
         "hostfile_path": shape.hostfile_path,
         "peers": _peers([node.name for node in shape.nodes[1:]]),
+        "connect": info,
+        "ssh_config_url": site + reverse("clusters:ssh_config", args=[cluster.pk]),
+        "hostfile_url": site + reverse("clusters:hostfile", args=[cluster.pk]),
+        "kubeconfig_url": site + reverse("clusters:kubeconfig", args=[cluster.pk]),
+        "quote_url": site + reverse("offers:quote") + "?interconnect=infiniband",
     }
 
 
@@ -134,7 +146,8 @@ def send_pending_cluster_emails(*, limit: int = BATCH) -> int:
         .prefetch_related(
             Prefetch(
                 "cluster__nodes", queryset=Node.objects.select_related("host").order_by("index")
-            )
+            ),
+            "cluster__volumes",
         )
         .order_by("at", "pk")[:limit]
     )

@@ -5,6 +5,8 @@ a cluster reads on a page (its stepper, its nodes' progress). Every lookup is sc
 request's project, so another project's cluster is a 404.
 """
 
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -15,7 +17,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -24,11 +26,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project
 from billing import ledger
-from clusters import connect, lifecycle
+from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
-from clusters.forms import ClusterForm
-from clusters.models import Cluster, Event, Node
-from offers.models import MAX_NODES, MIN_NODES
+from clusters.forms import ClusterForm, VolumeForm
+from clusters.models import Cluster, Event, Node, Volume
+from offers.models import MAX_NODES, MIN_NODES, Location
 from offers.offers import Offer, get_offer, list_offers
 from offers.quotes import quotes_for
 
@@ -224,6 +226,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
                     name=data["name"],
                     software=data["software"],
                     ssh_key_ids=[key.pk for key in data["ssh_keys"]],
+                    volume_id=data["volume"],
                 )
             except ClusterRefused as refusal:
                 form.add_refusal(refusal)
@@ -234,7 +237,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
                 return redirect("clusters:detail", pk=cluster.pk)
     else:
         initial = {"offer": offer.id, "nodes": nodes}
-        for key in ("name", "software", "environment"):
+        for key in ("name", "software", "environment", "volume"):
             if data.get(key):
                 initial[key] = data[key]
         form = ClusterForm(initial=initial, project=project, offer=offer)
@@ -259,6 +262,7 @@ def _clusters_with_details() -> QuerySet[Cluster]:
     ).prefetch_related(
         Prefetch("nodes", queryset=Node.objects.select_related("host").order_by("index")),
         Prefetch("events", queryset=Event.objects.select_related("node").order_by("-at", "-pk")),
+        Prefetch("volumes", queryset=Volume.objects.select_related("location")),
     )
 
 
@@ -367,6 +371,53 @@ def _ssh_to_head(cluster: Cluster) -> str:
     return connect.ssh_command(shape, shape.head)
 
 
+# What each launch command is and where it runs, in the order the panel shows them.
+COMMANDS = {
+    "torchrun": ("PyTorch: torchrun", "Run it on every node; the c10d rendezvous is on node-0."),
+    "mpirun": ("MPI: mpirun", "Run it once, from node-0: it starts every rank from the hostfile."),
+    "deepspeed": ("DeepSpeed", "Run it once, from node-0: it reads the hostfile."),
+    "nccl_test": (
+        "NCCL all-reduce test",
+        "Run it from node-0 to measure the bandwidth between machines (nccl-tests).",
+    ),
+}
+ENVIRONMENT_HELP = {
+    "MASTER_ADDR": "the head, where rank 0 and the rendezvous run",
+    "MASTER_PORT": "the rendezvous port",
+    "NODE_RANK": "the node's index: 0 on node-0, 1 on node-1, …",
+    "NNODES": "machines in the cluster",
+    "GPUS_PER_NODE": "GPUs per machine",
+    "WORLD_SIZE": "GPUs in the whole cluster",
+}
+
+
+def _connect_panel(cluster: Cluster) -> dict:
+    """The connect panel's context: `clusters.connect.details`, with labels, and a version
+    that changes whenever what the panel shows changes (a worker joins, an address arrives)."""
+    info = connect.details(connect.shape_for(cluster))
+    version = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
+    head_environment = info["environment"][0]["variables"] if info["environment"] else {}
+    return {
+        "connect": info,
+        "connect_version": version,
+        "commands": [
+            {"key": key, "label": label, "where": where, "text": info["commands"][key]}
+            for key, (label, where) in COMMANDS.items()
+            if key in info["commands"]
+        ],
+        "environment_rows": [
+            {
+                "name": name,
+                "value": "0 … " + str(len(info["environment"]) - 1)
+                if name == "NODE_RANK"
+                else value,
+                "help": ENVIRONMENT_HELP.get(name, ""),
+            }
+            for name, value in head_environment.items()
+        ],
+    }
+
+
 def _detail_context(cluster: Cluster) -> dict:
     now = timezone.now()
     nodes = list(cluster.nodes.all())
@@ -387,8 +438,17 @@ def _detail_context(cluster: Cluster) -> dict:
         "workers_max": max(0, MAX_NODES - machines),
         "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
     }
+    context["volume"] = next(iter(cluster.volumes.all()), None)
     if cluster.status in Cluster.BILLED:
         context["ssh_head"] = _ssh_to_head(cluster)
+        context.update(_connect_panel(cluster))
+        quote = {
+            "gpu": machine_type.gpu.slug,
+            "nodes": machines or cluster.size,
+            "interconnect": "infiniband",
+            "location": machine_type.location.code,
+        }
+        context["quote_url"] = f"{reverse('offers:quote')}?{urlencode(quote)}"
     if cluster.status == Cluster.Status.FAILED:
         offers = list_offers(
             gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
@@ -405,6 +465,13 @@ def _detail_context(cluster: Cluster) -> dict:
 def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk, details=True)
     context = _detail_context(cluster)
+    # The poll says which connect panel it shows; an unchanged panel is not sent again (the
+    # page keeps its own, hx-preserve), so a poll never wipes a selection or a copy in it.
+    context["panel_unchanged"] = bool(
+        request.htmx
+        and context.get("connect_version")
+        and request.GET.get("connect") == context["connect_version"]
+    )
     if request.htmx:
         response = render(request, "clusters/detail.html#status", context)
         if cluster.is_final:
@@ -468,3 +535,117 @@ def cluster_add_workers(request: HttpRequest, pk: int) -> HttpResponse:
         noun = "worker" if count == 1 else "workers"
         messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
     return redirect("clusters:detail", pk=cluster.pk)
+
+
+# --- downloads: the SSH config, the hostfile, the kubeconfig -----------------------------------
+
+
+def _connectable(request: HttpRequest, pk: int) -> Cluster:
+    """The project's cluster while its machines are up; anything else is a 404."""
+    queryset = Cluster.objects.select_related("machine_type__location").prefetch_related(
+        "nodes", "volumes"
+    )
+    cluster = get_for_project(request, queryset, pk=pk)
+    if cluster.status not in Cluster.BILLED:
+        raise Http404("This cluster's machines are not up.")
+    return cluster
+
+
+def _download(content: str, filename: str, content_type: str) -> HttpResponse:
+    response = HttpResponse(content, content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@login_required
+def cluster_ssh_config(request: HttpRequest, pk: int) -> HttpResponse:
+    shape = connect.shape_for(_connectable(request, pk))
+    return _download(connect.ssh_config(shape), f"{shape.name}.ssh-config", "text/plain")
+
+
+@login_required
+def cluster_hostfile(request: HttpRequest, pk: int) -> HttpResponse:
+    shape = connect.shape_for(_connectable(request, pk))
+    return _download(connect.hostfile(shape), "hostfile", "text/plain")
+
+
+@login_required
+def cluster_kubeconfig(request: HttpRequest, pk: int) -> HttpResponse:
+    cluster = _connectable(request, pk)
+    if cluster.software != Cluster.Software.KUBERNETES:
+        raise Http404("This cluster runs no Kubernetes.")
+    shape = connect.shape_for(cluster)
+    try:
+        content = connect.kubeconfig(shape)
+    except connect.NoRoute as no_route:
+        raise Http404(str(no_route)) from None
+    return _download(content, f"{shape.name}-kubeconfig.yaml", "application/yaml")
+
+
+# --- the Storage page: volumes ----------------------------------------------------------------
+
+
+def _get_volume_for_user(request: HttpRequest, pk: int) -> Volume:
+    queryset = Volume.objects.filter(deleted_at__isnull=True).select_related("location", "cluster")
+    return get_for_project(request, queryset, pk=pk)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def storage(request: HttpRequest) -> HttpResponse:
+    """The project's volumes, and the form that creates one."""
+    project = request.project
+    locations = list(Location.objects.order_by("code"))
+    if request.method == "POST":
+        form = VolumeForm(request.POST, locations=locations)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                volume = volumes.create_volume(
+                    project=project,
+                    name=data["name"],
+                    location=data["location"],
+                    size_gb=data["size_gb"],
+                )
+            except ClusterRefused as refusal:
+                form.add_refusal(refusal)
+            else:
+                messages.success(
+                    request,
+                    f"Volume {volume.name} created: {volume.size_gb:,} GB in "
+                    f"{volume.location.code}, ${_usd(volume.price_per_month)} per month.",
+                )
+                return redirect("storage:list")
+    else:
+        form = VolumeForm(locations=locations)
+    live = list(volumes.live_volumes(project))
+    context = {
+        "form": form,
+        "rows": [
+            {
+                "volume": volume,
+                "rate": volumes.rate(volume.price_per_gb_month),
+                "per_month": _usd(volume.price_per_month),
+            }
+            for volume in live
+        ],
+        "monthly_total": _usd(sum((v.price_per_month for v in live), Decimal("0"))),
+    }
+    return render(request, "clusters/storage.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def volume_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks for confirmation, POST deletes: refused while a cluster holds the volume."""
+    volume = _get_volume_for_user(request, pk)
+    if request.method == "GET":
+        return render(request, "clusters/volume_delete.html", {"volume": volume})
+    try:
+        volumes.delete_volume(volume=volume)
+    except ClusterRefused as refusal:
+        messages.error(request, refusal.message)
+    else:
+        messages.success(request, f"Volume {volume.name} deleted; its billing ended now.")
+    return redirect("storage:list")

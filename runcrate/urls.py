@@ -12,5 +12,6 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("offers/", include("offers.urls")),
     path("clusters/", include("clusters.urls")),
+    path("storage/", include("clusters.storage_urls")),
     path("billing/", include("billing.urls")),
 ]

@@ -1,0 +1,353 @@
+"""The connect panel on the cluster page, its downloads, `GET /api/v1/clusters/{id}/connect`,
+and the ready email: what a user needs to get on a cluster and run, for the cluster as it is."""
+
+import io
+import json
+import re
+
+import paramiko
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from clusters.models import Cluster, Event, Node
+from clusters.notifications import send_pending_cluster_emails
+from offers.models import MachineType
+from tests.factories import ClusterFactory, EventFactory, LocationFactory, MachineTypeFactory
+
+HTMX = {"HX-Request": "true"}
+GATEWAY = "gw.us-east-2.runcrate.net:22"
+
+
+def text_of(response) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", response.content.decode()).split())
+
+
+def running_cluster(
+    person,
+    *,
+    status: str = Cluster.Status.READY,
+    gateway: str = "",
+    kind: str = MachineType.Kind.BARE_METAL,
+    software: str = "none",
+    size: int = 2,
+    gpus: int = 8,
+    community: bool = False,
+    name: str = "train",
+) -> Cluster:
+    """A cluster whose machines are up, each at 203.0.113.(10+i) unless behind a gateway."""
+    now = timezone.now()
+    machine_type = MachineTypeFactory(
+        location=LocationFactory(code="us-east-2", name="Columbus, Ohio", ssh_gateway=gateway),
+        machine_kind=kind,
+        gpus_per_machine=gpus,
+        community=community,
+    )
+    cluster = ClusterFactory(
+        project=person.project,
+        name=name,
+        machine_type=machine_type,
+        size=size,
+        software=software,
+        status=status,
+        joined_at=now,
+        ready_at=now if status == Cluster.Status.READY else None,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+        machines__step=Node.Step.DONE,
+    )
+    if not gateway:
+        for node in cluster.nodes.all():
+            node.public_address = f"203.0.113.{10 + node.index}"
+            node.save(update_fields=["public_address"])
+    return cluster
+
+
+# --- the panel ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status", [Cluster.Status.INSTALLING, Cluster.Status.READY, Cluster.Status.DEGRADED]
+)
+def test_it_shows_the_connect_panel_while_the_machines_are_up(owner, status):
+    cluster = running_cluster(owner, status=status)
+
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/")
+    html, page = response.content.decode(), text_of(response)
+
+    assert "Connect and run" in page
+    assert '<code id="ssh-node-0">ssh root@203.0.113.10</code>' in html
+    assert '<code id="ssh-node-1">ssh root@203.0.113.11</code>' in html
+    assert 'data-copy="ssh-node-1"' in html
+    assert f'href="/clusters/{cluster.pk}/ssh-config"' in html
+    assert f'href="/clusters/{cluster.pk}/hostfile"' in html
+    assert '<pre id="connect-hostfile">node-0 slots=8\nnode-1 slots=8\n</pre>' in html
+    for key in ("torchrun", "mpirun", "deepspeed", "nccl_test"):
+        assert f'data-copy="cmd-{key}"' in html
+    assert "torchrun --nnodes=2 --nproc-per-node=8" in html
+    assert "all_reduce_perf" in html
+    assert "about 1-2 Gbit/s between machines" in page
+    assert "/offers/quote/?gpu=h100-sxm&amp;nodes=2&amp;interconnect=infiniband" in html
+    for variable in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "GPUS_PER_NODE"):
+        assert variable in page
+    assert "WORLD_SIZE 16" in page
+    assert "Every node mounts /shared, exported from node-0" in page
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        Cluster.Status.PROVISIONING,
+        Cluster.Status.FAILED,
+        Cluster.Status.TERMINATING,
+        Cluster.Status.TERMINATED,
+        Cluster.Status.STOPPED,
+    ],
+)
+def test_it_shows_no_connect_panel_when_no_machine_is_up_for_use(owner, status):
+    cluster = running_cluster(owner, status=status)
+
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    assert "Connect and run" not in html
+    assert "ssh-config" not in html
+
+
+def test_it_jumps_through_the_gateway_behind_one(owner):
+    cluster = running_cluster(owner, gateway=GATEWAY)
+
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    assert f"ssh -J c{cluster.pk}@{GATEWAY} root@node-1" in html
+    assert "gw.us-east-2.runcrate.net:22</code>, where node names resolve" in html
+    assert "ssh -J None" not in html
+
+
+def test_it_says_containers_keep_their_own_disk_and_where_the_hostfile_is(owner):
+    cluster = running_cluster(owner, kind=MachineType.Kind.CONTAINER)
+
+    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/"))
+
+    assert "Containers share no folder: each node keeps its own disk" in page
+    assert "Hostfile /etc/runcrate/hostfile on each node" in page
+    assert "--hostfile /etc/runcrate/hostfile" in page
+
+
+def test_it_shows_the_examples_of_the_clusters_software(owner):
+    slurm = running_cluster(owner, software="slurm", name="s")
+    kubernetes = running_cluster(owner, software="kubernetes", name="k")
+    ray = running_cluster(owner, software="ray", name="r")
+    client = owner.browser_client()
+
+    slurm_page = text_of(client.get(f"/clusters/{slurm.pk}/"))
+    kube_html = client.get(f"/clusters/{kubernetes.pk}/").content.decode()
+    ray_page = text_of(client.get(f"/clusters/{ray.pk}/"))
+
+    assert "partition gpu" in slurm_page
+    assert "sbatch --partition=gpu --nodes=2 --ntasks-per-node=8" in slurm_page
+    assert "squeue --long" in slurm_page
+    assert f'href="/clusters/{kubernetes.pk}/kubeconfig"' in kube_html
+    assert "https://203.0.113.10:6443" in kube_html
+    assert "nvidia.com/gpu: &quot;8&quot;" in kube_html
+    assert "node-0:6379" in ray_page
+    assert "ray job submit --address http://node-0:8265" in ray_page
+    assert "kubeconfig" not in client.get(f"/clusters/{slurm.pk}/").content.decode()
+
+
+def test_it_keeps_the_panel_through_polls_until_what_it_shows_changes(owner):
+    cluster = running_cluster(owner)
+    client = owner.browser_client()
+    html = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    version = re.search(r'id="connect-([0-9a-f]{12})" hx-preserve', html).group(1)
+    assert f'hx-get="/clusters/{cluster.pk}/?connect={version}"' in html
+
+    poll = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
+    polled = poll.content.decode()
+    # The page keeps the panel it has (hx-preserve): the poll sends an empty one with its id.
+    assert f'<section class="card connect" id="connect-{version}" hx-preserve></section>' in polled
+    assert "ssh root@203.0.113.10" not in polled.split("connect-")[1]
+
+    Node.objects.filter(cluster=cluster, index=1).update(public_address="203.0.113.99")
+    changed = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
+    assert f'id="connect-{version}"' not in changed.content.decode()
+    assert "ssh root@203.0.113.99" in changed.content.decode()
+
+
+def test_it_warns_about_community_hosts_on_the_cluster_page(owner):
+    community = running_cluster(owner, community=True, name="shared-gpus")
+    datacenter = running_cluster(owner, name="private")
+    client = owner.browser_client()
+
+    assert "Machines run by independent operators: keep secrets you would not give them" in (
+        text_of(client.get(f"/clusters/{community.pk}/"))
+    )
+    assert "independent operators" not in text_of(client.get(f"/clusters/{datacenter.pk}/"))
+
+
+# --- downloads ----------------------------------------------------------------------------
+
+
+def test_it_downloads_an_ssh_config_that_paramiko_reads(owner):
+    cluster = running_cluster(owner, gateway=GATEWAY)
+
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/ssh-config")
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; charset=utf-8"
+    assert response["Content-Disposition"] == 'attachment; filename="train.ssh-config"'
+    config = paramiko.SSHConfig()
+    config.parse(io.StringIO(response.content.decode()))
+    entry = config.lookup("node-1")
+    assert (entry["hostname"], entry["user"]) == ("node-1", "root")
+    assert entry["proxyjump"] == f"c{cluster.pk}@{GATEWAY}"
+
+
+def test_it_downloads_the_hostfile(owner):
+    cluster = running_cluster(owner, size=3, gpus=4)
+
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/hostfile")
+
+    assert response["Content-Disposition"] == 'attachment; filename="hostfile"'
+    assert response.content.decode() == "node-0 slots=4\nnode-1 slots=4\nnode-2 slots=4\n"
+
+
+def test_it_downloads_the_kubeconfig_of_a_kubernetes_cluster_only(owner):
+    kubernetes = running_cluster(owner, software="kubernetes", name="k")
+    slurm = running_cluster(owner, software="slurm", name="s")
+    client = owner.browser_client()
+
+    response = client.get(f"/clusters/{kubernetes.pk}/kubeconfig")
+
+    assert response["Content-Disposition"] == 'attachment; filename="k-kubeconfig.yaml"'
+    config = json.loads(response.content)
+    assert config["clusters"][0]["cluster"]["server"] == "https://203.0.113.10:6443"
+    assert client.get(f"/clusters/{slurm.pk}/kubeconfig").status_code == 404
+
+
+@pytest.mark.parametrize("download", ["ssh-config", "hostfile", "kubeconfig"])
+def test_it_answers_404_to_a_stranger_downloading(owner, stranger, download):
+    cluster = running_cluster(owner, software="kubernetes")
+
+    response = stranger.browser_client().get(f"/clusters/{cluster.pk}/{download}")
+
+    assert response.status_code == 404
+    assert b"node-0" not in response.content
+    assert owner.browser_client().get(f"/clusters/{cluster.pk}/{download}").status_code == 200
+
+
+@pytest.mark.parametrize("download", ["ssh-config", "hostfile", "kubeconfig"])
+def test_it_has_nothing_to_download_before_the_machines_are_up(owner, download):
+    cluster = running_cluster(owner, software="kubernetes", status=Cluster.Status.PROVISIONING)
+
+    assert owner.browser_client().get(f"/clusters/{cluster.pk}/{download}").status_code == 404
+
+
+def test_it_asks_an_anonymous_visitor_to_log_in_before_downloading(owner, client):
+    cluster = running_cluster(owner)
+
+    response = client.get(f"/clusters/{cluster.pk}/ssh-config")
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+
+
+# --- the API ------------------------------------------------------------------------------
+
+
+def test_it_gives_everything_in_the_connect_api(owner):
+    cluster = running_cluster(owner, software="kubernetes", kind=MachineType.Kind.VM)
+
+    response = owner.api().get(f"/api/v1/clusters/{cluster.pk}/connect")
+
+    assert response.status_code == 200
+    data = response.json()["data"]
+    assert data["cluster_id"] == cluster.pk and data["status"] == "ready"
+    assert data["ssh"] == [
+        {
+            "node": "node-0",
+            "role": "head",
+            "private_ip": "10.77.0.1",
+            "address": "203.0.113.10",
+            "command": "ssh root@203.0.113.10",
+        },
+        {
+            "node": "node-1",
+            "role": "worker",
+            "private_ip": "10.77.0.2",
+            "address": "203.0.113.11",
+            "command": "ssh root@203.0.113.11",
+        },
+    ]
+    assert "Host node-0 train-node-0\n    HostName 203.0.113.10\n" in data["ssh_config"]
+    assert data["hostfile"] == {
+        "path": "/shared/hostfile",
+        "content": "node-0 slots=8\nnode-1 slots=8\n",
+    }
+    assert set(data["commands"]) == {"torchrun", "mpirun", "deepspeed", "nccl_test"}
+    assert data["environment"][1] == {
+        "node": "node-1",
+        "variables": {
+            "MASTER_ADDR": "node-0",
+            "MASTER_PORT": "29500",
+            "NODE_RANK": "1",
+            "NNODES": "2",
+            "GPUS_PER_NODE": "8",
+            "WORLD_SIZE": "16",
+        },
+    }
+    assert data["storage"]["shared"] == "/shared"
+    assert data["software"]["name"] == "kubernetes"
+    assert json.loads(data["software"]["kubeconfig"])["current-context"] == "train"
+
+
+def test_it_answers_404_to_a_stranger_asking_for_connect_details(owner, stranger):
+    cluster = running_cluster(owner)
+
+    response = stranger.api().get(f"/api/v1/clusters/{cluster.pk}/connect")
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+def test_it_answers_409_for_connect_details_before_the_machines_are_up(owner):
+    cluster = running_cluster(owner, status=Cluster.Status.PROVISIONING)
+
+    response = owner.api().get(f"/api/v1/clusters/{cluster.pk}/connect")
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "invalid_state"
+    assert "provisioning" in response.json()["error"]["message"]
+
+
+def test_it_reads_the_connect_details_in_a_fixed_number_of_queries(
+    owner, django_assert_num_queries
+):
+    small = running_cluster(owner, size=2, name="small")
+    large = running_cluster(owner, size=16, name="large")
+    api = owner.api()
+    api.get(f"/api/v1/clusters/{small.pk}/connect")  # warm the key's last-used stamp
+
+    with django_assert_num_queries(4):  # the key, the cluster, its nodes, its volumes
+        assert api.get(f"/api/v1/clusters/{small.pk}/connect").status_code == 200
+    with django_assert_num_queries(4):
+        assert api.get(f"/api/v1/clusters/{large.pk}/connect").status_code == 200
+
+
+# --- the ready email ------------------------------------------------------------------------
+
+
+def test_it_puts_the_connect_panel_in_the_ready_email(owner, settings):
+    settings.SITE_URL = "https://runcrate.example"
+    cluster = running_cluster(owner, software="slurm", size=3)
+    EventFactory(cluster=cluster, reason=Event.Reason.READY, message="Ready.")
+
+    assert send_pending_cluster_emails() == 1
+
+    body = mail.outbox[0].body
+    assert "node-2  ssh root@203.0.113.12" in body
+    assert f"https://runcrate.example/clusters/{cluster.pk}/ssh-config" in body
+    assert "torchrun --nnodes=3 --nproc-per-node=8" in body
+    assert "sbatch --partition=gpu --nodes=3" in body
+    assert "Every node mounts /shared" in body
+    html = mail.outbox[0].alternatives[0][0]
+    assert "mpirun -np 24 --hostfile /shared/hostfile" in html
