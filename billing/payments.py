@@ -102,9 +102,14 @@ def start_checkout(
         idempotency_key=idempotency_key,
         defaults={"project": project, "created_by": user, "amount": amount},
     )
-    if payment.project_id != project.pk or payment.amount != amount:
-        # The same form sent for another amount (or a key that is not this project's):
-        # that is a new payment, under a new key.
+    if (
+        payment.project_id != project.pk
+        or payment.amount != amount
+        or payment.status in Payment.FINAL
+    ):
+        # The same form sent for another amount, a form from before a payment that is over
+        # (the browser's back button), or a key that is not this project's: that is a new
+        # payment, under a new key.
         payment = Payment.objects.create(
             project=project,
             created_by=user,

@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -79,6 +80,7 @@ def _month_context(request: HttpRequest, month: usage.Month) -> dict:
 
 @billing_view
 @require_GET
+@never_cache  # the balance, and a fresh Idempotency-Key in the Add credit form
 def index(request: HttpRequest) -> HttpResponse:
     month = _month(request)
     context = _month_context(request, month)

@@ -179,3 +179,18 @@ def test_it_lists_payments_for_staff_in_admin(owner, stripe_server):
     assert listing.status_code == detail.status_code == 200
     assert "cs_test_0001" in listing.content.decode()
     assert client.get("/admin/billing/payment/add/").status_code == 403
+
+
+def test_it_starts_a_new_payment_when_an_old_form_comes_back_after_its_payment(
+    owner, stripe_server
+):
+    client = owner.browser_client()
+    add_credit(client, "50.00", key="form-key-old")
+    Payment.objects.update(status=Payment.Status.PAID)
+
+    response = add_credit(client, "50.00", key="form-key-old")  # the browser's back button
+
+    assert Payment.objects.count() == 2
+    fresh = Payment.objects.exclude(idempotency_key="form-key-old").get()
+    assert response["Location"] == fresh.checkout_url != ""
+    assert stripe_server.requests[-1]["key"] == fresh.idempotency_key
