@@ -344,3 +344,40 @@ def test_it_degrades_a_cluster_whose_software_never_becomes_ready(project, clock
     event = cluster.events.get(reason="install_timeout")
     assert event.node.name == "node-1"
     assert "idle*" in event.message and "idle*" in event.output
+
+
+# --- cost -----------------------------------------------------------------------------------
+
+
+def advance_queries(project, size: int, at_seconds: float, *, reports_first: bool) -> int:
+    """Queries of the one `advance` that moves every node of a `size`-node cluster at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from clusters import lifecycle
+
+    machine_type = inventory(hosts=size, boot_seconds=BOOT)
+    with time_machine.travel(T0, tick=False) as clock, Sim() as sim:
+        cluster = create(project, machine_type, nodes=size)
+        sim.run_until(clock, at(at_seconds - 1))
+        clock.move_to(at(at_seconds))
+        if reports_first:  # the agents' network reports come in; nobody has looked yet
+            lifecycle.advance(cluster_id=cluster.pk)
+            for work in sim.dispatcher.work:
+                lifecycle.do_node_work(node_id=work[0], action=work[1], token=work[2])
+        with CaptureQueriesContext(connection) as queries:
+            done = lifecycle.advance(cluster_id=cluster.pk)
+    assert len(done) >= size  # every node moved in this one pass
+    return len(queries.captured_queries)
+
+
+def test_it_sees_every_machine_up_in_the_same_queries_for_any_size(project):
+    assert advance_queries(project, 2, BOOT, reports_first=False) == advance_queries(
+        project, 16, BOOT, reports_first=False
+    )
+
+
+def test_it_joins_any_size_in_the_same_queries(project):
+    joining = [advance_queries(project, size, BOOT * 1.5, reports_first=True) for size in (2, 16)]
+    assert joining[0] == joining[1]
+    assert Cluster.objects.filter(status="ready").count() == 2
