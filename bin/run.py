@@ -144,7 +144,8 @@ def _describe_database(url: str, var_dir: Path) -> str:
     if not url:
         return f"SQLite ({var_dir / 'db.sqlite3'})"
     parts = urlsplit(url)
-    return f"{parts.scheme} on {parts.hostname or 'localhost'}{parts.path}"
+    engine = "PostgreSQL" if parts.scheme.startswith(("postgres", "pgsql")) else parts.scheme
+    return f"{engine} on {parts.hostname or 'localhost'}{parts.path}"
 
 
 def _describe_broker(url: str, var_dir: Path) -> str:
