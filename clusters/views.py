@@ -19,6 +19,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
@@ -463,21 +464,25 @@ def _detail_context(cluster: Cluster) -> dict:
 
 @login_required
 def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """The page; a poll (htmx) answers the status section, the machines and events out of band,
+    and the connect panel out of band only when it differs from the version the page shows (the
+    poll's `connect`), so a poll never touches a panel the user is selecting or copying from."""
     cluster = _get_cluster_for_user(request, pk, details=True)
     context = _detail_context(cluster)
-    # The poll says which connect panel it shows; an unchanged panel is not sent again (the
-    # page keeps its own, hx-preserve), so a poll never wipes a selection or a copy in it.
-    context["panel_unchanged"] = bool(
-        request.htmx
-        and context.get("connect_version")
-        and request.GET.get("connect") == context["connect_version"]
-    )
-    if request.htmx:
-        response = render(request, "clusters/detail.html#status", context)
+    context.setdefault("connect_version", "")
+    if not request.htmx:
+        response = render(request, "clusters/detail.html", context)
+    else:
+        context["oob"] = True
+        parts = [
+            render_to_string("clusters/detail.html#status", context, request),
+            render_to_string("clusters/detail.html#activity", context, request),
+        ]
+        if request.GET.get("connect", "") != context["connect_version"]:
+            parts.append(render_to_string("clusters/detail.html#connect", context, request))
+        response = HttpResponse("".join(parts))
         if cluster.is_final:
             response.status_code = STOP_POLLING
-    else:
-        response = render(request, "clusters/detail.html", context)
     patch_vary_headers(response, ("HX-Request",))
     return response
 

@@ -154,23 +154,51 @@ def test_it_shows_the_examples_of_the_clusters_software(owner):
     assert "kubeconfig" not in client.get(f"/clusters/{slurm.pk}/").content.decode()
 
 
-def test_it_keeps_the_panel_through_polls_until_what_it_shows_changes(owner):
+def test_it_sends_the_panel_to_a_poll_only_when_what_it_shows_changed(owner):
     cluster = running_cluster(owner)
     client = owner.browser_client()
     html = client.get(f"/clusters/{cluster.pk}/").content.decode()
-    version = re.search(r'id="connect-([0-9a-f]{12})" hx-preserve', html).group(1)
+    version = re.search(r'<div id="connect-panel" data-version="([0-9a-f]{12})">', html).group(1)
     assert f'hx-get="/clusters/{cluster.pk}/?connect={version}"' in html
+    # The panel is not inside the polled section.
+    section = html.split('<section id="cluster-status"')[1].split("</section>\n\n")[0]
+    assert "connect-panel" not in section
 
-    poll = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
-    polled = poll.content.decode()
-    # The page keeps the panel it has (hx-preserve): the poll sends an empty one with its id.
-    assert f'<section class="card connect" id="connect-{version}" hx-preserve></section>' in polled
-    assert "ssh root@203.0.113.10" not in polled.split("connect-")[1]
+    same = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
+    polled = same.content.decode()
+    assert polled.lstrip().startswith('<section id="cluster-status"')
+    assert '<div id="cluster-activity" class="cluster-page" hx-swap-oob="true">' in polled
+    assert "connect-panel" not in polled and 'data-copy="ssh-node-0"' not in polled
 
     Node.objects.filter(cluster=cluster, index=1).update(public_address="203.0.113.99")
     changed = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
-    assert f'id="connect-{version}"' not in changed.content.decode()
-    assert "ssh root@203.0.113.99" in changed.content.decode()
+    body = changed.content.decode()
+    fresh = re.search(r'<div id="connect-panel" data-version="(\w+)" hx-swap-oob="true">', body)
+    assert fresh and fresh.group(1) != version
+    assert "ssh root@203.0.113.99" in body
+    assert f'hx-get="/clusters/{cluster.pk}/?connect={fresh.group(1)}"' in body
+
+
+def test_it_brings_the_panel_in_when_the_machines_come_up_and_takes_it_away_after(owner):
+    cluster = running_cluster(owner, status=Cluster.Status.PROVISIONING)
+    client = owner.browser_client()
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert '<div id="connect-panel" data-version="">' in page
+    assert f'hx-get="/clusters/{cluster.pk}/?connect="' in page
+    assert (
+        "connect-panel"
+        not in client.get(f"/clusters/{cluster.pk}/?connect=", headers=HTMX).content.decode()
+    )
+
+    Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.READY)
+    up = client.get(f"/clusters/{cluster.pk}/?connect=", headers=HTMX).content.decode()
+    assert 'hx-swap-oob="true">' in up and "Connect and run" in up
+    version = re.search(r'id="connect-panel" data-version="(\w+)"', up).group(1)
+
+    Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.TERMINATING)
+    down = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
+    assert '<div id="connect-panel" data-version="" hx-swap-oob="true">' in down.content.decode()
+    assert "Connect and run" not in down.content.decode()
 
 
 def test_it_warns_about_community_hosts_on_the_cluster_page(owner):
