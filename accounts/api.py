@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Annotated
 
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 
 from accounts import keys
 from accounts.models import SshKey
@@ -129,7 +129,7 @@ def create_ssh_key(request: HttpRequest, payload: SshKeyIn) -> tuple[int, dict]:
         )
     except keys.KeyRefused as refusal:
         raise _refused(refusal) from None
-    return 201, {"data": key}
+    return Status(201, {"data": key})
 
 
 def _ssh_key(request: HttpRequest, key_id: int) -> SshKey:
@@ -156,4 +156,4 @@ def get_ssh_key(request: HttpRequest, key_id: int) -> dict:
 )
 def delete_ssh_key(request: HttpRequest, key_id: int) -> tuple[int, None]:
     keys.remove_ssh_key(key=_ssh_key(request, key_id))
-    return 204, None
+    return Status(204, None)
