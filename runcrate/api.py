@@ -103,7 +103,10 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     )
 
 
-def _register_routers() -> None:
+def mount_routers() -> None:
+    """Attach every app's router. Called once, by the URLconf: were it called here at import,
+    an app's api module imported first (it imports ApiError from here) would import itself
+    half-initialised."""
     from accounts.api import router as accounts_router
     from billing.api import router as billing_router
     from clusters.api import router as clusters_router
@@ -116,6 +119,3 @@ def _register_routers() -> None:
     from clusters.agent.api import router as agent_router  # nodes' agents, by node token
 
     api.add_router("/", agent_router)
-
-
-_register_routers()

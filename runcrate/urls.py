@@ -2,7 +2,9 @@ from django.contrib import admin
 from django.urls import include, path
 
 from runcrate import views
-from runcrate.api import api
+from runcrate.api import api, mount_routers
+
+mount_routers()
 
 urlpatterns = [
     path("", views.home, name="home"),
