@@ -195,8 +195,7 @@ def expected_bandwidth() -> str:
     return (
         f"On the Ethernet private network expect about {ETHERNET_GBITS} between machines: "
         "all_reduce_perf reports a bus bandwidth of roughly 0.1-0.25 GB/s across nodes, while "
-        "GPUs inside one machine talk at NVLink/PCIe speed. For InfiniBand or RoCE, request a "
-        "quote."
+        "GPUs inside one machine talk at NVLink/PCIe speed."
     )
 
 

@@ -144,7 +144,7 @@ class VolumeForm(forms.Form):
     size_gb = forms.IntegerField(
         label="Size (GB)",
         error_messages={"invalid": "The size is a whole number of GB, from 1 to 100,000."},
-        widget=forms.NumberInput(attrs={"min": 1, "max": 100_000, "step": 1}),
+        widget=forms.NumberInput(attrs={"min": 1, "max": 100_000, "step": 1, "placeholder": "500"}),
     )
 
     def __init__(self, *args, locations, **kwargs) -> None:
@@ -152,7 +152,7 @@ class VolumeForm(forms.Form):
         self.fields["location"].choices = [
             (
                 location.code,
-                f"{location.name} ({location.code}) · "
+                f"{location.code} · {location.name} · "
                 f"${volumes.rate(location.volume_price_per_gb_month)} per GB-month",
             )
             for location in locations

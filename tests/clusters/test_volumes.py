@@ -139,7 +139,9 @@ def test_it_refuses_a_bad_volume_on_the_page_beside_its_field(owner, ohio, field
     assert response.status_code == 400
     html = response.content.decode()
     assert message in text_of(response)
-    assert re.search(rf'<div class="field has-error">\s*<label for="id_{field}">', html)
+    assert re.search(
+        rf'<div class="field field-{field} has-error">\s*<label for="id_{field}">', html
+    )
     assert snapshot() == before
 
 
