@@ -13,6 +13,7 @@ class LedgerEntry(models.Model):
         TOPUP = "topup", "Top-up"
         USAGE = "usage", "Usage"
         ADJUSTMENT = "adjustment", "Adjustment"
+        STORAGE = "storage", "Volume storage"
 
     project = models.ForeignKey("accounts.Project", on_delete=models.PROTECT, related_name="ledger")
     kind = models.CharField(max_length=12, choices=Kind.choices)
@@ -35,6 +36,11 @@ class LedgerEntry(models.Model):
     machine_seconds = models.PositiveBigIntegerField(
         default=0, help_text="Usage: the machine-seconds this line charges."
     )
+    # Storage lines only (billing/meter.py `charge_storage`): one line per volume per day (UTC),
+    # `period_start` its midnight, `machine_seconds` the volume-seconds it charges.
+    volume = models.ForeignKey(
+        "clusters.Volume", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -50,7 +56,12 @@ class LedgerEntry(models.Model):
                 fields=["cluster", "period_start"],
                 condition=Q(kind="usage"),
                 name="ledger_usage_one_per_cluster_hour",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["volume", "period_start"],
+                condition=Q(kind="storage"),
+                name="ledger_storage_one_per_volume_day",
+            ),
         ]
 
     def __str__(self) -> str:
