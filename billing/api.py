@@ -185,13 +185,16 @@ def usage_of_month(
 
 class TransactionOut(Schema):
     id: int
-    type: str = Field(description="topup, usage or adjustment.")
+    type: str = Field(description="topup, usage, adjustment or storage (a volume's day).")
     amount: str = Field(description="USD: positive credits, negative debits.")
     note: str
     created_at: str
     cluster_id: int | None
     cluster_name: str | None
-    period_start: str | None = Field(description="Usage: the clock hour (UTC) it charges.")
+    volume_id: int | None = Field(description="Storage: the volume it charges.")
+    period_start: str | None = Field(
+        description="Usage: the clock hour (UTC) it charges; storage: the day."
+    )
     machine_seconds: int | None = Field(description="Usage: machine-seconds charged.")
     accumulating: bool = Field(description="Usage: this hour's charge is still growing.")
 
@@ -209,7 +212,7 @@ class TransactionList(Schema):
 def transactions(
     request: HttpRequest,
     type: Annotated[  # noqa: A002 - the API's documented parameter name
-        Literal["topup", "usage", "adjustment"] | None,
+        Literal["topup", "usage", "adjustment", "storage"] | None,
         Query(description="Only lines of this type."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
@@ -233,6 +236,7 @@ def transactions(
                 "created_at": _utc(entry.created_at),
                 "cluster_id": entry.cluster_id,
                 "cluster_name": entry.cluster.name if entry.cluster_id else None,
+                "volume_id": entry.volume_id,
                 "period_start": _utc(entry.period_start),
                 "machine_seconds": entry.machine_seconds if is_usage else None,
                 "accumulating": bool(

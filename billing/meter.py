@@ -365,3 +365,161 @@ def is_accumulating(entry: LedgerEntry, *, cluster_ended: bool, now: datetime) -
     if entry.kind != LedgerEntry.Kind.USAGE or entry.period_start is None:
         return False
     return not cluster_ended and now < entry.period_start + HOUR
+
+
+# ---- volume storage (docs/billing.md "Volume storage", docs/volumes.md) ------------------------
+
+# A storage month is 30 days: a volume costs size × price per GB-month every 2,592,000 seconds,
+# charged per second like a machine, whatever the calendar month's length.
+STORAGE_MONTH_SECONDS = 30 * 24 * 3600
+DAY = timedelta(days=1)
+
+
+def storage_cost_in_cents(price_per_gb_month: Decimal, size_gb: int, seconds: int) -> int:
+    """`price × size × seconds / 2,592,000` in cents, rounded half up, in exact integers (a
+    location's price has at most 4 decimals: counted in 1/10,000 USD)."""
+    units = int((price_per_gb_month * 10_000).to_integral_value())
+    denominator = STORAGE_MONTH_SECONDS * 100  # 1/10,000 USD·s per GB → cents
+    return (2 * units * size_gb * seconds + denominator) // (2 * denominator)
+
+
+def _days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
+    """`[start, end)` cut at midnight (UTC): (the day's midnight, piece end)."""
+    while start < end:
+        day = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        piece_end = min(end, day + DAY)
+        yield day, piece_end
+        start = piece_end
+
+
+def _chargeable_volumes(queryset: QuerySet, now: datetime) -> QuerySet:
+    """Live volumes, and deleted ones not yet charged to their deletion."""
+    return queryset.filter(
+        Q(deleted_at__isnull=True) | Q(charged_until__lt=F("deleted_at")), charged_until__lt=now
+    )
+
+
+def _charge_volumes(volumes: Iterable, now: datetime) -> ChargeResult:
+    """Charge locked volumes up to `now` (or their deletion) onto their per-day storage lines.
+
+    Like machines, a volume's cost is computed over its whole life from `created_at`, so its
+    debits add up to the rounded cost of everything it stored, however often this runs."""
+    from clusters.models import Volume
+
+    lines: dict[tuple[int, datetime], _Line] = defaultdict(lambda: _Line(project_id=0))
+    names: dict[int, str] = {}
+    changed = []
+    result = ChargeResult()
+    for volume in volumes:
+        until = min(now, volume.deleted_at) if volume.deleted_at else now
+        if until <= volume.charged_until:
+            continue
+        price, size, created = volume.price_per_gb_month, volume.size_gb, volume.created_at
+        seconds_before = billed_seconds(created, volume.charged_until)
+        cents_before = storage_cost_in_cents(price, size, seconds_before)
+        for day, piece_end in _days(volume.charged_until, until):
+            seconds_after = billed_seconds(created, piece_end)
+            cents_after = storage_cost_in_cents(price, size, seconds_after)
+            line = lines[(volume.pk, day)]
+            line.project_id = volume.project_id
+            line.cents += cents_after - cents_before
+            line.machine_seconds += seconds_after - seconds_before
+            seconds_before, cents_before = seconds_after, cents_after
+        volume.charged_until = until
+        volume.charged_amount = cents(cents_before)
+        names[volume.pk] = volume.name
+        changed.append(volume)
+        result.records += 1
+        result.project_ids.add(volume.project_id)
+    if changed:
+        # Volumes are few next to machines: Django's own bulk update is fast enough here.
+        Volume.objects.bulk_update(changed, ["charged_until", "charged_amount"])
+    result.amount = _post_storage_lines(lines, names, now)
+    return result
+
+
+def _lock_storage_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], LedgerEntry]:
+    # Locked in one order (volume, day), so two meters never deadlock.
+    rows = (
+        LedgerEntry.objects.select_for_update()
+        .filter(
+            kind=LedgerEntry.Kind.STORAGE,
+            volume_id__in={volume_id for volume_id, _ in keys},
+            period_start__in={day for _, day in keys},
+        )
+        .order_by("volume_id", "period_start")
+        .only("pk", "volume_id", "period_start", "amount", "machine_seconds")
+    )
+    return {
+        (entry.volume_id, entry.period_start): entry
+        for entry in rows
+        if (entry.volume_id, entry.period_start) in keys
+    }
+
+
+def _post_storage_lines(
+    lines: dict[tuple[int, datetime], _Line], names: dict[int, str], now: datetime
+) -> Decimal:
+    """Add each volume-day's debit to its storage line, creating the line when it is new (the
+    same ON CONFLICT DO NOTHING, lock, then add as the machines' lines)."""
+    lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
+    if not lines:
+        return Decimal("0.00")
+    entries = _lock_storage_lines(set(lines))
+    missing = sorted(set(lines) - set(entries))
+    if missing:
+        LedgerEntry.objects.bulk_create(
+            [
+                LedgerEntry(
+                    project_id=lines[key].project_id,
+                    kind=LedgerEntry.Kind.STORAGE,
+                    volume_id=key[0],
+                    period_start=key[1],
+                    amount=Decimal("0.00"),
+                    note=f"Volume storage — {names[key[0]]}",
+                    created_at=now,
+                )
+                for key in missing
+            ],
+            ignore_conflicts=True,
+        )
+        entries.update(_lock_storage_lines(set(missing)))
+    # The lines are locked: what they hold now is what this meter adds to.
+    for key, line in lines.items():
+        entries[key].amount -= cents(line.cents)
+        entries[key].machine_seconds += line.machine_seconds
+    LedgerEntry.objects.bulk_update([entries[key] for key in lines], ["amount", "machine_seconds"])
+    return cents(sum(line.cents for line in lines.values()))
+
+
+def charge_storage(
+    *,
+    now: datetime | None = None,
+    volume_ids: Iterable[int] | None = None,
+    batch_size: int = BATCH_SIZE,
+) -> ChargeResult:
+    """Charge every volume's storage up to `now` (or its deletion), batch by batch; with
+    `volume_ids`, only those (waiting for a meter that holds them). Safe to run twice and on
+    several workers at once: a batch another meter holds is skipped, and a volume is only
+    charged past its own `charged_until`."""
+    from clusters.models import Volume
+
+    now = now or timezone.now()
+    queryset = Volume.objects.all()
+    if volume_ids is not None:
+        queryset = queryset.filter(pk__in=list(volume_ids))
+    result = ChargeResult()
+    after_pk = 0
+    while True:
+        with transaction.atomic():
+            chargeable = _chargeable_volumes(queryset.filter(pk__gt=after_pk), now)
+            if connection.features.has_select_for_update_skip_locked and volume_ids is None:
+                chargeable = chargeable.select_for_update(skip_locked=True)
+            else:
+                chargeable = chargeable.select_for_update()
+            batch = list(chargeable.order_by("pk")[:batch_size])
+            if batch:
+                result.add(_charge_volumes(batch, now))
+        if len(batch) < batch_size:
+            return result
+        after_pk = batch[-1].pk

@@ -9,10 +9,13 @@ from billing import meter, stops
 @shared_task(ignore_result=True)
 def run_meter() -> dict:
     charged = meter.charge_accrued()
+    stored = meter.charge_storage()
     limits = stops.enforce_limits()
     return {
         "records_charged": charged.records,
         "amount_charged": f"{charged.amount:.2f}",
+        "volumes_charged": stored.records,
+        "storage_charged": f"{stored.amount:.2f}",
         "stopped_for_balance": limits.stopped_for_balance,
         "stopped_for_budget": limits.stopped_for_budget,
         "emails": limits.low_balance_emails + limits.budget_emails + limits.stop_emails,

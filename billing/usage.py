@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import CharField, F, Max, Min, QuerySet, Sum, Value
+from django.db.models import CharField, F, IntegerField, Max, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -161,9 +161,15 @@ class Line:
         return hours(self.machine_seconds)
 
     @property
+    def is_storage(self) -> bool:
+        return self.kind == LedgerEntry.Kind.STORAGE
+
+    @property
     def label(self) -> str:
         if self.is_usage:
             return f"Cluster usage — {self.title}"
+        if self.is_storage:
+            return f"Volume storage — {self.title}"
         return self.title or LedgerEntry.Kind(self.kind).label
 
 
@@ -221,14 +227,54 @@ def _credit_lines(project_id: int, month: Month) -> QuerySet:
     )
 
 
+def _storage_lines(project_id: int, month: Month) -> QuerySet:
+    """One line per volume stored in the month, from its per-day storage lines (≤ 31 rows)."""
+    return (
+        LedgerEntry.objects.filter(
+            project_id=project_id,
+            kind=LedgerEntry.Kind.STORAGE,
+            period_start__gte=month.start,
+            period_start__lt=month.end,
+        )
+        .values("volume_id")
+        .annotate(
+            line_kind=Value(LedgerEntry.Kind.STORAGE.value, output_field=CharField()),
+            at=Min(TruncDate("period_start", tzinfo=UTC)),
+            last_period=Max("period_start"),
+            line_cluster=Value(None, output_field=IntegerField()),
+            title=F("volume__name"),
+            cluster_status=Value("", output_field=CharField()),
+            line_amount=Sum("amount"),
+            seconds=Sum("machine_seconds"),
+            entry_id=Min("pk"),
+        )
+        .values_list(
+            "line_kind",
+            "at",
+            "last_period",
+            "line_cluster",
+            "title",
+            "cluster_status",
+            "line_amount",
+            "seconds",
+            "entry_id",
+        )
+    )
+
+
 def statement(*, project_id: int, month: Month) -> QuerySet:
     """The month's lines, newest first, as one query (slice it to paginate): one line per
-    top-up or adjustment and one per cluster that was billed in the month."""
+    top-up or adjustment, one per cluster that was billed in the month, and one per volume
+    whose storage was charged in it."""
     # The parts of a UNION cannot be ordered on their own (SQLite): the whole is.
     return (
         _cluster_lines(project_id, month)
         .order_by()
-        .union(_credit_lines(project_id, month).order_by(), all=True)
+        .union(
+            _credit_lines(project_id, month).order_by(),
+            _storage_lines(project_id, month).order_by(),
+            all=True,
+        )
         .order_by("-at", "-entry_id")
     )
 
@@ -273,33 +319,59 @@ def _aware(moment: datetime | str) -> datetime:
 class MonthTotals:
     usage: Decimal  # positive: what the month's usage cost
     credits: Decimal  # top-ups and adjustments, signed
+    storage: Decimal = ZERO  # positive: what the month's volume storage cost
 
 
 def month_totals(*, project_id: int, month: Month) -> MonthTotals:
     usage = UsageDay.objects.filter(
         project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
     ).aggregate(total=Sum("amount"))["total"]
-    credits = (
-        LedgerEntry.objects.filter(
-            project_id=project_id, created_at__gte=month.start, created_at__lt=month.end
-        )
-        .filter(kind__in=CREDIT_KINDS)
-        .aggregate(total=Sum("amount"))["total"]
+    credit = Q(kind__in=CREDIT_KINDS, created_at__gte=month.start, created_at__lt=month.end)
+    storage = Q(
+        kind=LedgerEntry.Kind.STORAGE, period_start__gte=month.start, period_start__lt=month.end
     )
-    return MonthTotals(usage=-(usage or ZERO), credits=credits or ZERO)
+    totals = (
+        LedgerEntry.objects.filter(project_id=project_id)
+        .filter(credit | storage)
+        .aggregate(credits=Sum("amount", filter=credit), storage=Sum("amount", filter=storage))
+    )
+    return MonthTotals(
+        usage=-(usage or ZERO),
+        credits=totals["credits"] or ZERO,
+        storage=-(totals["storage"] or ZERO),
+    )
 
 
 def spend_per_day(*, project_id: int, month: Month) -> list[tuple[date, Decimal]]:
-    """Usage charged on each day of the month (every day, zero included): one query."""
-    rows = (
+    """Usage and volume storage charged on each day of the month (every day, zero included):
+    one query."""
+    machines = (
         UsageDay.objects.filter(
             project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
         )
         .values("day")
         .annotate(total=Sum("amount"))
+        .values_list("day", "total")
         .order_by()
     )
-    by_day = {row["day"]: -row["total"] for row in rows}
+    storage = (
+        LedgerEntry.objects.filter(
+            project_id=project_id,
+            kind=LedgerEntry.Kind.STORAGE,
+            period_start__gte=month.start,
+            period_start__lt=month.end,
+        )
+        .annotate(day=TruncDate("period_start", tzinfo=UTC))
+        .values("day")
+        .annotate(total=Sum("amount"))
+        .values_list("day", "total")
+        .order_by()
+    )
+    by_day: dict[date, Decimal] = defaultdict(lambda: ZERO)
+    for day, total in machines.union(storage, all=True):
+        if isinstance(day, str):  # a UNION's columns lose their types on SQLite
+            day = date.fromisoformat(day[:10])
+        by_day[day] -= Decimal(total)
     first = month.first_day
     return [
         (first + timedelta(days=n), by_day.get(first + timedelta(days=n), ZERO))
@@ -469,6 +541,7 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
             f"{entry.amount:.2f}",
             entry.note,
         ]
+    yield from _storage_csv_rows(project_id=project_id, month=month)
     for records in machine_rows_by_cluster(project_id=project_id, month=month).values():
         for row in records:
             yield [
@@ -485,3 +558,45 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
                 f"{-row.cost:.2f}",
                 "running" if row.ended_at is None else "",
             ]
+
+
+def _storage_csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
+    """One row per volume whose storage was charged in the month (its cost as a debit)."""
+    volumes = (
+        LedgerEntry.objects.filter(
+            project_id=project_id,
+            kind=LedgerEntry.Kind.STORAGE,
+            period_start__gte=month.start,
+            period_start__lt=month.end,
+        )
+        .values(
+            "volume_id",
+            "volume__name",
+            "volume__size_gb",
+            "volume__location__code",
+            "volume__price_per_gb_month",
+            "volume__created_at",
+            "volume__deleted_at",
+        )
+        .annotate(total=Sum("amount"))
+        .order_by("volume__name", "volume_id")
+    )
+    for row in volumes:
+        start = max(row["volume__created_at"], month.start)
+        deleted = row["volume__deleted_at"]
+        end = deleted if deleted is not None and deleted < month.end else None
+        yield [
+            "storage",
+            _iso(start),
+            "",
+            "",
+            "",
+            row["volume__location__code"],
+            _iso(start),
+            _iso(end),
+            "",
+            "",
+            f"{row['total']:.2f}",
+            f"Volume storage — {row['volume__name']} ({row['volume__size_gb']} GB at "
+            f"${row['volume__price_per_gb_month'].normalize():f} per GB-month)",
+        ]
