@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -34,13 +33,16 @@ from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
-from django.utils import timezone
 
+from accounts.keys import add_ssh_key
 from accounts.models import ApiKey, User, hash_api_key
 from accounts.projects import create_project
 from offers.models import GpuModel, Host, Location, MachineType
 
 BENCH_EMAIL = "bench@runcrate.invalid"
+BENCH_SSH_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICRczkmZeBpuajNQwWKjiQ/cJwxpalTuZcRymKW1v0SO bench"
+)
 OFFERS_GPU = "h100-sxm"
 OFFERS_NODES = 8
 GOAL_RATIO = 2.0
@@ -302,69 +304,44 @@ def bench_person() -> tuple[User, str]:
 
 
 def build_ready_cluster(*, user: User, nodes: int = 8) -> int:
-    """A ready cluster of `nodes` machines with an event log, built row by row; its id."""
-    from clusters.models import Cluster, Event, Node
+    """A ready Slurm cluster of `nodes` machines, brought up by the lifecycle itself on the
+    simulated data center with instant boot (its work run in this process); its id."""
+    from billing import ledger
+    from clusters import lifecycle
+    from clusters.models import Cluster
 
     project = user.memberships.get().project
     machine_type = MachineType.objects.filter(
-        gpu__slug=OFFERS_GPU, interconnect=MachineType.Interconnect.ETHERNET, community=False
+        gpu__slug=OFFERS_GPU,
+        interconnect=MachineType.Interconnect.ETHERNET,
+        community=False,
+        location__capacity_reporting=Location.CapacityReporting.COUNT,
     ).first()
-    hosts = list(Host.objects.filter(machine_type=machine_type, state=Host.State.FREE)[:nodes])
-    now = timezone.now()
-    cluster = Cluster.objects.create(
-        project=project,
-        environment=project.environments.get(name="default"),
-        created_by=user,
-        name="bench-cluster",
-        machine_type=machine_type,
-        size=nodes,
-        software=Cluster.Software.SLURM,
-        status=Cluster.Status.READY,
-        authorized_keys="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchmarkOnly bench@runcrate",
-        created_at=now - timedelta(minutes=12),
-        joined_at=now - timedelta(minutes=8),
-        ready_at=now - timedelta(minutes=5),
-        give_up_at=now + timedelta(minutes=13),
-    )
-    Host.objects.filter(pk__in=[host.pk for host in hosts]).update(state=Host.State.IN_USE)
-    Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            index=index,
-            host=host,
-            holds_host=True,
-            status=Node.Status.JOINED,
-            step=Node.Step.DONE,
-            reserved_at=cluster.created_at,
-            running_at=cluster.created_at + timedelta(minutes=2),
-            agent_at=cluster.created_at + timedelta(minutes=3),
-            network_at=cluster.joined_at,
-            installed_at=cluster.ready_at,
+    ledger.credit(project=project, amount=Decimal("100000"), note="benchmark")
+    add_ssh_key(project=project, user=user, name="bench", public_key=BENCH_SSH_KEY)
+    with (
+        override_settings(RUNCRATE_SIM_SPEED=1e9),
+        lifecycle.dispatching_to(lifecycle.CollectingDispatcher()) as work,
+    ):
+        cluster = lifecycle.create_cluster(
+            project=project,
+            user=user,
+            environment=project.environments.get(name="default"),
+            offer_slug=machine_type.slug,
+            nodes=nodes,
+            name="bench-cluster",
+            software=Cluster.Software.SLURM,
         )
-        for index, host in enumerate(hosts)
-    )
-    made = list(cluster.nodes.order_by("index"))
-    steps = [
-        (Event.Reason.MACHINE_RUNNING, Node.Step.RUNNING, "is running"),
-        (Event.Reason.AGENT_CHECKED_IN, Node.Step.AGENT, "checked in"),
-        (Event.Reason.NETWORK_OK, Node.Step.NETWORK, "reaches every peer"),
-    ]
-    log = [Event(cluster=cluster, reason=Event.Reason.CREATED, message="Created.")]
-    log += [
-        Event(cluster=cluster, node=node, step=step, reason=reason, message=f"{node} {text}.")
-        for reason, step, text in steps
-        for node in made
-    ]
-    log += [
-        Event(cluster=cluster, reason=reason, message=message)
-        for reason, message in [
-            (Event.Reason.JOINED, "Every machine joined; billing started."),
-            (Event.Reason.INSTALLING, "Installing Slurm."),
-            (Event.Reason.INSTALLED, "Slurm is installed."),
-            (Event.Reason.READY, "Ready."),
-        ]
-    ]
-    Event.objects.bulk_create(log)
+        deadline = time.monotonic() + 60
+        while cluster.status != Cluster.Status.READY and time.monotonic() < deadline:
+            work.advance(cluster.pk)
+            work.run()
+            cluster.refresh_from_db()
+            if cluster.is_final:
+                break
+            time.sleep(0.1)  # readiness checks run again after a moment of real time
+    if cluster.status != Cluster.Status.READY:
+        raise RuntimeError(f"the benchmark's cluster did not become ready: {cluster.status}")
     return cluster.pk
 
 
