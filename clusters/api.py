@@ -68,6 +68,11 @@ class EventOut(Schema):
     message: str
 
 
+class AttachedVolumeOut(Schema):
+    id: int
+    name: str
+
+
 class ClusterSummaryOut(Schema):
     id: int
     name: str
@@ -91,6 +96,9 @@ class ClusterSummaryOut(Schema):
     ended_at: datetime | None
     failure: FailureOut | None
     stop_reason: str | None = Field(description="balance or budget for a stopped cluster.")
+    volume: AttachedVolumeOut | None = Field(
+        description="The volume attached (at /shared/volume on node-0); null once it ended."
+    )
     machines: list[MachineOut]
 
 
@@ -139,7 +147,7 @@ def _clusters(request: HttpRequest) -> QuerySet[Cluster]:
     return (
         Cluster.objects.filter(project=request.project)  # type: ignore[attr-defined]
         .select_related("environment", "machine_type__location", "machine_type__gpu")
-        .prefetch_related(Prefetch("nodes", queryset=Node.objects.order_by("index")))
+        .prefetch_related(Prefetch("nodes", queryset=Node.objects.order_by("index")), "volumes")
     )
 
 
@@ -188,6 +196,10 @@ def _summary(cluster: Cluster) -> dict:
         "ended_at": cluster.ended_at,
         "failure": failure,
         "stop_reason": cluster.stop_reason or None,
+        "volume": next(
+            ({"id": v.pk, "name": v.name} for v in cluster.volumes.all() if v.deleted_at is None),
+            None,
+        ),
         "machines": [
             {
                 "name": node.name,

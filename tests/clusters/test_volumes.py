@@ -279,6 +279,7 @@ def test_it_attaches_a_volume_of_the_same_location_to_a_new_cluster(owner, offer
     response = create_cluster_api(owner, volume_id=datasets.pk)
 
     assert response.status_code == 201
+    assert response.json()["data"]["volume"] == {"id": datasets.pk, "name": "datasets"}
     cluster = Cluster.objects.get(pk=response.json()["data"]["id"])
     datasets.refresh_from_db()
     assert datasets.cluster == cluster and datasets.attached_at == cluster.created_at
@@ -513,5 +514,6 @@ def test_it_detaches_the_volume_when_the_cluster_ends(owner, ohio, end):
 
     datasets.refresh_from_db()
     assert datasets.cluster is None and datasets.attached_at is None
+    assert owner.api().get(f"/api/v1/clusters/{cluster.pk}").json()["data"]["volume"] is None
     assert Node.objects.filter(cluster=cluster, holds_host=True).count() == 0
     assert owner.api().delete(f"{API}/{datasets.pk}").status_code == 204
