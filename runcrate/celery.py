@@ -2,6 +2,8 @@ import os
 
 from celery import Celery
 
+import runcrate.broker  # noqa: F401 - registers the embedded broker's URL scheme
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runcrate.settings")
 
 app = Celery("runcrate")

@@ -159,13 +159,14 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 else:
-    # kombu's filesystem transport: one file per message. It does not create its folders,
+    # kombu's filesystem transport with atomic writes (runcrate/broker.py): one file per
+    # message. It does not create its folders,
     # and without `control_folder` it writes its exchange tables to ./control of whatever
     # directory the process started in.
     _broker_dir = VAR_DIR / "broker"
     for _sub in ("queue", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://localhost//"
+    CELERY_BROKER_URL = "runcrate-fs://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),

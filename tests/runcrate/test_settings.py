@@ -62,7 +62,7 @@ def test_it_runs_on_sqlite_and_the_embedded_broker_when_nothing_is_set(load_sett
     assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
     assert settings.DATABASES["default"]["NAME"] == var / "db.sqlite3"
     assert settings.IS_POSTGRES is False
-    assert settings.CELERY_BROKER_URL.startswith("filesystem://")
+    assert settings.CELERY_BROKER_URL.startswith("runcrate-fs://")
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     assert options["data_folder_in"] == options["data_folder_out"] == str(var / "broker" / "queue")
     # kombu creates none of its folders; the control folder would otherwise land in the cwd.
