@@ -160,9 +160,8 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 else:
     # kombu's filesystem transport with atomic writes (runcrate/broker.py): one file per
-    # message. It does not create its folders,
-    # and without `control_folder` it writes its exchange tables to ./control of whatever
-    # directory the process started in.
+    # message. It does not create its folders, and without `control_folder` it writes its
+    # exchange tables to ./control of whatever directory the process started in.
     _broker_dir = VAR_DIR / "broker"
     for _sub in ("queue", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
