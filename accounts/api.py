@@ -8,24 +8,9 @@ from ninja import Field, Query, Router, Schema, Status
 
 from accounts import keys
 from accounts.models import SshKey
-from runcrate.api import ApiError
+from runcrate.api import ApiError, ErrorOut, ListMeta
 
 router = Router(tags=["accounts"])
-
-
-class ErrorDetail(Schema):
-    code: str
-    message: str
-
-
-class ErrorOut(Schema):
-    error: ErrorDetail
-
-
-class ListMeta(Schema):
-    total: int = Field(description="How many objects match, across every page.")
-    limit: int
-    offset: int
 
 
 class ProjectOut(Schema):

@@ -18,7 +18,7 @@ from billing.access import can_manage_billing
 from billing.meter import HOUR
 from billing.models import LedgerEntry
 from clusters.models import Cluster
-from runcrate.api import ApiError
+from runcrate.api import ApiError, ErrorOut, ListMeta
 
 router = Router(tags=["billing"])
 
@@ -40,21 +40,6 @@ def _billing_project(request: HttpRequest):
             403, "forbidden", "Only the project's owners and managers see and manage billing."
         )
     return project
-
-
-class ErrorDetail(Schema):
-    code: str
-    message: str
-
-
-class ErrorOut(Schema):
-    error: ErrorDetail
-
-
-class ListMeta(Schema):
-    total: int = Field(description="How many objects match, across every page.")
-    limit: int
-    offset: int
 
 
 # ---- balance ----------------------------------------------------------------------------------

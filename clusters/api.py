@@ -21,7 +21,7 @@ from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Event, Node, Volume
-from runcrate.api import ApiError
+from runcrate.api import ApiError, ErrorOut, ListMeta
 
 router = Router(tags=["clusters"])
 
@@ -29,21 +29,6 @@ MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
 
 
 # --- schemas --------------------------------------------------------------------------------
-
-
-class ErrorDetail(Schema):
-    code: str
-    message: str
-
-
-class ErrorOut(Schema):
-    error: ErrorDetail
-
-
-class ListMeta(Schema):
-    total: int = Field(description="How many clusters match, across every page.")
-    limit: int
-    offset: int
 
 
 class FailureOut(Schema):

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from ninja import NinjaAPI
+from ninja import Field, NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
@@ -29,6 +29,25 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+class ErrorDetail(Schema):
+    code: str
+    message: str
+
+
+class ErrorOut(Schema):
+    """The body of every refusal, for the OpenAPI document."""
+
+    error: ErrorDetail
+
+
+class ListMeta(Schema):
+    """The `meta` of a paginated list."""
+
+    total: int = Field(description="How many objects match, across every page.")
+    limit: int
+    offset: int
 
 
 class ApiKeyAuth(HttpBearer):
