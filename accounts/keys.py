@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import ApiKey, Project, SshKey, User, hash_api_key
+from runcrate.errors import Refused
 
 NAME_MAX_LENGTH = 100
 API_KEY_PREFIX_LENGTH = 12  # "rc_live_" and four random characters: enough to tell keys apart
@@ -39,20 +40,10 @@ SUPPORTED_DESCRIPTION = (
 )
 
 
-class KeyRefused(ValueError):
+class KeyRefused(Refused, ValueError):
     """A key (or its name) refused with a stable code, a message, and the form field to blame."""
 
     STATUS = {"invalid_ssh_key": 422, "ssh_key_exists": 409, "invalid_name": 422}
-
-    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-
-    @property
-    def status(self) -> int:
-        return self.STATUS.get(self.code, 422)
 
 
 def _invalid(message: str) -> KeyRefused:

@@ -1,4 +1,7 @@
-class ClusterRefused(Exception):
+from runcrate.errors import Refused
+
+
+class ClusterRefused(Refused):
     """A cluster request refused with a stable code and a sentence for a person.
 
     Raised by the service functions in `clusters/lifecycle.py` before anything is reserved or
@@ -23,13 +26,3 @@ class ClusterRefused(Exception):
         "volume_not_allowed": 422,
         "volume_in_use": 409,
     }
-
-    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-
-    @property
-    def status(self) -> int:
-        return self.STATUS.get(self.code, 422)
