@@ -419,6 +419,19 @@ def _connect_panel(cluster: Cluster) -> dict:
     }
 
 
+# A settled cluster (ready or degraded, no machine joining) changes only when its user acts,
+# which reloads the page, or when it is stopped: a slower poll spares the server.
+POLL_SECONDS_MOVING = 2
+POLL_SECONDS_SETTLED = 10
+
+
+def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
+    settled = cluster.status in (Cluster.Status.READY, Cluster.Status.DEGRADED) and not any(
+        n.status == Node.Status.STARTING for n in nodes
+    )
+    return POLL_SECONDS_SETTLED if settled else POLL_SECONDS_MOVING
+
+
 def _detail_context(cluster: Cluster) -> dict:
     now = timezone.now()
     nodes = list(cluster.nodes.all())
@@ -435,6 +448,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "events": list(cluster.events.all()),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,
+        "poll_seconds": _poll_seconds(cluster, nodes),
         "can_terminate": cluster.status in TERMINABLE,
         "workers_max": max(0, MAX_NODES - machines),
         "create_again_url": _create_again_url(cluster) if cluster.is_final else "",

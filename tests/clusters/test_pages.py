@@ -172,10 +172,25 @@ def test_it_drops_the_poll_and_answers_286_once_the_cluster_is_final(owner, stat
     page = client.get(f"/clusters/{cluster.pk}/").content.decode()
     fragment = client.get(f"/clusters/{cluster.pk}/", headers=HTMX)
 
-    assert POLL not in page
+    assert 'hx-trigger="every' not in page
     assert fragment.status_code == 286
-    assert POLL not in fragment.content.decode()
+    assert 'hx-trigger="every' not in fragment.content.decode()
     assert f">{status}</span>" in fragment.content.decode()
+
+
+def test_it_polls_a_settled_cluster_slowly_and_fast_again_while_a_worker_joins(owner):
+    cluster = ClusterFactory(
+        project=owner.project,
+        status=Cluster.Status.READY,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+    client = owner.browser_client()
+
+    assert 'hx-trigger="every 10s"' in client.get(f"/clusters/{cluster.pk}/").content.decode()
+
+    cluster.nodes.filter(index=1).update(status=Node.Status.STARTING, is_worker=True)
+    assert POLL in client.get(f"/clusters/{cluster.pk}/", headers=HTMX).content.decode()
 
 
 def test_it_says_which_node_and_step_failed_and_offers_what_can_start_now(owner):
