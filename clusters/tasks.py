@@ -12,12 +12,18 @@ from clusters import lifecycle
 
 @shared_task(name="clusters.tasks.tick", ignore_result=True)
 def tick() -> int:
-    """Enqueue `advance` for every cluster with something to do; report orphaned hosts."""
+    """Enqueue `advance` for every cluster with something to do."""
     cluster_ids = lifecycle.clusters_needing_work()
     for cluster_id in cluster_ids:
         lifecycle.enqueue_advance(cluster_id)
-    lifecycle.sweep_orphan_hosts()
     return len(cluster_ids)
+
+
+@shared_task(name="clusters.tasks.sweep_hosts", ignore_result=True)
+def sweep_hosts() -> int:
+    """Report hosts marked taken that no node holds. A scan of the whole inventory: it runs
+    on its own, slower schedule, not in every tick."""
+    return len(lifecycle.sweep_orphan_hosts())
 
 
 @shared_task(name="clusters.tasks.advance", ignore_result=True)

@@ -203,6 +203,7 @@ CELERY_BEAT_SCHEDULE["clusters-tick"] = {
     "task": "clusters.tasks.tick",
     "schedule": RUNCRATE_TICK_SECONDS,
 }
+CELERY_BEAT_SCHEDULE["hosts-sweep"] = {"task": "clusters.tasks.sweep_hosts", "schedule": 300.0}
 RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
 # The meter charges usage, stops what the balance or a budget no longer covers (billing/tasks.py).
 CELERY_BEAT_SCHEDULE["billing-meter"] = {

@@ -73,3 +73,11 @@ def test_it_reports_hosts_held_by_no_node(project, caplog):
     assert "stray-01 is in_use but no node holds it" in caplog.text
     stray.refresh_from_db()
     assert stray.state == Host.State.IN_USE  # reported for staff, never freed blindly
+
+
+def test_it_sweeps_hosts_on_the_beat_schedule_of_its_own(project, settings):
+    machine_type = inventory(hosts=1)
+    HostFactory(machine_type=machine_type, state=Host.State.RESERVED, name="stray-02")
+
+    assert tasks.sweep_hosts.apply().get() == 1
+    assert settings.CELERY_BEAT_SCHEDULE["hosts-sweep"]["task"] == "clusters.tasks.sweep_hosts"
