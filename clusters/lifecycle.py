@@ -365,16 +365,9 @@ def create_cluster(
         )
     keys = _resolve_ssh_keys(project=project, ssh_key_ids=ssh_key_ids)
 
-    one_hour = machine_type.price_per_hour * nodes
-    needed = max(settings.RUNCRATE_MIN_BALANCE, one_hour)
-    balance = ledger.balance(project=project)
-    if balance < needed:
-        raise ClusterRefused(
-            "insufficient_balance",
-            f"Your balance is {money(balance)}; creating this cluster needs at least "
-            f"{money(needed)} (one hour of the whole cluster; never less than "
-            f"{money(settings.RUNCRATE_MIN_BALANCE)}).",
-        )
+    _require_balance(
+        project=project, machine_type=machine_type, machines=nodes, doing="creating this cluster"
+    )
     if environment.monthly_budget is not None:
         spent = budgets.month_to_date_spend(environment=environment, now=now)
         if spent >= environment.monthly_budget:
@@ -1346,6 +1339,21 @@ def retry_install(*, cluster: Cluster) -> Cluster:
     return locked
 
 
+def _require_balance(
+    *, project: Project, machine_type: MachineType, machines: int, doing: str
+) -> None:
+    """The balance must cover one hour of the whole cluster, and never less than the minimum."""
+    needed = max(settings.RUNCRATE_MIN_BALANCE, machine_type.price_per_hour * machines)
+    balance = ledger.balance(project=project)
+    if balance < needed:
+        raise ClusterRefused(
+            "insufficient_balance",
+            f"Your balance is {money(balance)}; {doing} needs at least {money(needed)} "
+            f"(one hour of the whole cluster; never less than "
+            f"{money(settings.RUNCRATE_MIN_BALANCE)}).",
+        )
+
+
 def add_workers(*, cluster: Cluster, count: int) -> Cluster:
     """Add `count` machines of the same type to a ready cluster; each is billed once it joins,
     and one that fails is released alone."""
@@ -1369,6 +1377,12 @@ def add_workers(*, cluster: Cluster, count: int) -> Cluster:
                 f"{MAX_NODES - live} more.",
                 field="count",
             )
+        _require_balance(
+            project=locked.project,
+            machine_type=locked.machine_type,
+            machines=live + count,
+            doing=f"a cluster of {live + count} machines",
+        )
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)
         first = (nodes.aggregate(last=Max("index"))["last"] or 0) + 1
         added = _new_nodes(cluster=locked, hosts=hosts, first_index=first, is_worker=True, now=now)

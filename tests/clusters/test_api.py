@@ -342,6 +342,7 @@ def test_it_adds_workers_to_a_ready_cluster_only(owner):
         machines__status=Node.Status.JOINED,
     )
     starting = ClusterFactory(project=owner.project, machine_type=machine_type, machines=True)
+    credit(owner.project)  # adding workers needs an hour of the grown cluster
     api = owner.api()
 
     def add(cluster, count):

@@ -2,10 +2,12 @@
 `invalid_state` when the status does not fit, and the machines' billing following suit."""
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 import time_machine
 
+from billing import ledger
 from billing.models import UsageRecord
 from clusters import lifecycle
 from clusters.errors import ClusterRefused
@@ -295,6 +297,26 @@ def test_it_refuses_workers_when_machines_run_out_and_reserves_none(person, sim,
     assert refused.value.code == "not_enough_machines"
     assert free_hosts(machine_type) == 1
     assert cluster.nodes.count() == 2
+
+
+def test_it_refuses_workers_the_balance_cannot_run_for_an_hour_and_reserves_none(
+    person, sim, clock
+):
+    _, project = person
+    cluster, machine_type = ready_cluster(project, sim, clock, hosts=4)
+    balance = ledger.balance(project=project)
+    # Enough for the two machines running now and one more, not for two more (20.00 each).
+    ledger.credit(project=project, amount=Decimal("60.00") - balance, note="test")
+
+    with pytest.raises(ClusterRefused) as refused:
+        lifecycle.add_workers(cluster=cluster, count=2)
+
+    assert refused.value.code == "insufficient_balance"
+    assert "$60.00" in refused.value.message and "$80.00" in refused.value.message
+    assert free_hosts(machine_type) == 2
+    assert cluster.nodes.count() == 2
+    lifecycle.add_workers(cluster=cluster, count=1)
+    assert free_hosts(machine_type) == 1
 
 
 @pytest.mark.parametrize("status", ["provisioning", "installing", "degraded", "terminated"])
