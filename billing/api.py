@@ -4,7 +4,6 @@ Owners and managers only (developers see no billing, SPEC §5). Money is a decim
 2 places; times are ISO 8601 in UTC.
 """
 
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
@@ -18,19 +17,9 @@ from billing.access import can_manage_billing
 from billing.meter import HOUR
 from billing.models import LedgerEntry
 from clusters.models import Cluster
-from runcrate.api import ApiError, ErrorOut, ListMeta
+from runcrate.api import ApiError, ErrorOut, ListMeta, money_str, utc_str
 
 router = Router(tags=["billing"])
-
-
-def _money(value: Decimal | None) -> str | None:
-    return None if value is None else f"{value:.2f}"
-
-
-def _utc(moment: datetime | None) -> str | None:
-    if moment is None:
-        return None
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _billing_project(request: HttpRequest):
@@ -68,9 +57,9 @@ def balance(request: HttpRequest) -> dict:
     summary = usage.summary(project_id=project.pk)
     return {
         "data": {
-            "balance": _money(summary.balance),
-            "burn_rate": _money(summary.burn_rate),
-            "hours_remaining": _money(summary.hours_remaining),
+            "balance": money_str(summary.balance),
+            "burn_rate": money_str(summary.burn_rate),
+            "hours_remaining": money_str(summary.hours_remaining),
             "currency": "USD",
         }
     }
@@ -136,19 +125,19 @@ def usage_of_month(
             {
                 "cluster_id": line.cluster_id,
                 "name": line.name,
-                "hours": _money(line.hours),
-                "total": _money(line.total),
+                "hours": money_str(line.hours),
+                "total": money_str(line.total),
                 "accumulating": line.accumulating,
                 "machines": [
                     {
                         "node": row.node,
                         "gpu": row.gpu,
                         "location": row.location,
-                        "started_at": _utc(row.started_at),
-                        "ended_at": _utc(row.ended_at),
-                        "hours": _money(row.hours),
-                        "rate": _money(row.rate),
-                        "cost": _money(row.cost),
+                        "started_at": utc_str(row.started_at),
+                        "ended_at": utc_str(row.ended_at),
+                        "hours": money_str(row.hours),
+                        "rate": money_str(row.rate),
+                        "cost": money_str(row.cost),
                     }
                     for row in line.machines
                 ],
@@ -160,7 +149,7 @@ def usage_of_month(
             "limit": limit,
             "offset": offset,
             "month": chosen.param,
-            "total_usage": _money(totals.usage),
+            "total_usage": money_str(totals.usage),
         },
     }
 
@@ -216,13 +205,13 @@ def transactions(
             {
                 "id": entry.pk,
                 "type": entry.kind,
-                "amount": _money(entry.amount),
+                "amount": money_str(entry.amount),
                 "note": entry.note,
-                "created_at": _utc(entry.created_at),
+                "created_at": utc_str(entry.created_at),
                 "cluster_id": entry.cluster_id,
                 "cluster_name": entry.cluster.name if entry.cluster_id else None,
                 "volume_id": entry.volume_id,
-                "period_start": _utc(entry.period_start),
+                "period_start": utc_str(entry.period_start),
                 "machine_seconds": entry.machine_seconds if is_usage else None,
                 "accumulating": bool(
                     is_usage
@@ -280,8 +269,8 @@ def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
     return {
         "data": {
             "name": environment.name,
-            "monthly_budget": _money(environment.monthly_budget),
-            "month_to_date_spend": _money(spent),
+            "monthly_budget": money_str(environment.monthly_budget),
+            "month_to_date_spend": money_str(spent),
             "budget_reached": amount is not None and spent >= amount,
         }
     }

@@ -9,7 +9,6 @@ Every endpoint calls the same `clusters.lifecycle` functions as the pages; a ref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from decimal import Decimal
 from typing import Annotated
 
 from django.db.models import Prefetch, QuerySet
@@ -21,7 +20,7 @@ from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Event, Node, Volume
-from runcrate.api import ApiError, ErrorOut, ListMeta
+from runcrate.api import ApiError, ErrorOut, ListMeta, money_str
 
 router = Router(tags=["clusters"])
 
@@ -123,10 +122,6 @@ class WorkersIn(Schema):
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _money(value: Decimal) -> str:
-    return f"{value:.2f}"
-
-
 def _clusters(request: HttpRequest) -> QuerySet[Cluster]:
     """The project's clusters with what their objects show, in a fixed number of queries."""
     return (
@@ -172,8 +167,8 @@ def _summary(cluster: Cluster) -> dict:
         "location": machine_type.location.code,
         "nodes": size,
         "software": cluster.software,
-        "price_per_hour": _money(machine_type.price_per_hour * size),
-        "machine_price_per_hour": _money(machine_type.price_per_hour),
+        "price_per_hour": money_str(machine_type.price_per_hour * size),
+        "machine_price_per_hour": money_str(machine_type.price_per_hour),
         "created_at": cluster.created_at,
         "joined_at": cluster.joined_at,
         "billing_started_at": cluster.joined_at,
@@ -492,7 +487,7 @@ def _volume(volume: Volume) -> dict:
         "location": volume.location.code,
         "size_gb": volume.size_gb,
         "price_per_gb_month": volumes.rate(volume.price_per_gb_month),
-        "price_per_month": _money(volume.price_per_month),
+        "price_per_month": money_str(volume.price_per_month),
         "created_at": volume.created_at,
         "attached_to": (
             {"id": volume.cluster.pk, "name": volume.cluster.name} if volume.cluster else None

@@ -1,7 +1,6 @@
 """The catalog and offers API: `/api/v1/gpus`, `/api/v1/offers`, `/api/v1/quotes`."""
 
-from datetime import UTC, date, datetime
-from decimal import Decimal
+from datetime import date
 
 from django.http import Http404, HttpRequest, JsonResponse
 from ninja import Field, Router, Schema, Status
@@ -10,17 +9,9 @@ from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
 from offers.offers import Offer, gpu_cards, list_offers
 from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
-from runcrate.api import ApiError
+from runcrate.api import ApiError, money_str, utc_str
 
 router = Router(tags=["offers"])
-
-
-def _money(value: Decimal | None) -> str | None:
-    return None if value is None else f"{value:.2f}"
-
-
-def _utc(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 # --- GPUs and offers ----------------------------------------------------------------------
@@ -55,7 +46,7 @@ def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
             "slug": card.gpu.slug,
             "name": card.gpu.name,
             "memory_gib": card.gpu.memory_gib,
-            "lowest_machine_price_per_hour": _money(card.lowest_machine_price),
+            "lowest_machine_price_per_hour": money_str(card.lowest_machine_price),
             "gpu_counts": list(card.gpu_counts),
         }
         for card in gpu_cards(include_community=include_community)
@@ -105,8 +96,8 @@ def offer_json(offer: Offer) -> dict:
         "interconnect": machine_type.interconnect,
         "machine_kind": machine_type.machine_kind,
         "community": machine_type.community,
-        "machine_price_per_hour": _money(offer.machine_price_per_hour),
-        "price_per_hour": _money(offer.price_per_hour),
+        "machine_price_per_hour": money_str(offer.machine_price_per_hour),
+        "price_per_hour": money_str(offer.price_per_hour),
         "nodes_available": offer.nodes_available,
         "max_nodes": offer.max_nodes,
         "availability": offer.availability.value,
@@ -207,7 +198,7 @@ def quote_json(quote: QuoteRequest) -> dict:
         "contact_name": quote.contact_name,
         "contact_email": quote.contact_email,
         "notes": quote.notes,
-        "created_at": _utc(quote.created_at),
+        "created_at": utc_str(quote.created_at),
     }
 
 

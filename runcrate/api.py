@@ -4,7 +4,8 @@ Success is `{"data": …}` (lists add `"meta"`); an error is
 `{"error": {"code": "snake_case", "message": "a sentence"}}` with a 4xx status.
 """
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -29,6 +30,16 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+def money_str(value: Decimal | None) -> str | None:
+    """Money as the API shows it: a decimal string with 2 places."""
+    return None if value is None else f"{value:.2f}"
+
+
+def utc_str(moment: datetime | None) -> str | None:
+    """A time as the API shows it: ISO 8601 in UTC, with Z."""
+    return None if moment is None else moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class ErrorDetail(Schema):
