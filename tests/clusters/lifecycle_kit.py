@@ -28,6 +28,11 @@ T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 _people = itertools.count()
 
 
+def at(seconds: float) -> datetime:
+    """`seconds` after T0, where the `clock` fixture (tests/clusters/conftest.py) starts."""
+    return T0 + timedelta(seconds=seconds)
+
+
 def new_project(*, balance: str = "10000.00", keys: int = 1) -> tuple[User, Project]:
     """A user with a project, credit and SSH keys; no password hashing (it is slow)."""
     n = next(_people)

@@ -4,7 +4,6 @@ host's fault), and the agent's service functions that both the real agent and it
 from datetime import timedelta
 
 import pytest
-import time_machine
 
 from clusters.agent.service import (
     AgentRefused,
@@ -23,24 +22,13 @@ from tests.clusters.lifecycle_kit import (
     T0,
     Sim,
     assert_failed_cleanly,
+    at,
     create,
     inventory,
-    new_project,
     node,
 )
 
 BOOT = 180
-
-
-@pytest.fixture
-def project(db):
-    return new_project()[1]
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 def started_node(project, *, fault="", hosts=2):
@@ -49,10 +37,6 @@ def started_node(project, *, fault="", hosts=2):
         cluster = create(project, machine_type)
         sim.tick()  # starts the machines
     return node(cluster, 0)
-
-
-def at(seconds: float):
-    return T0 + timedelta(seconds=seconds)
 
 
 def test_it_picks_the_driver_a_host_is_registered_with(db):

@@ -5,7 +5,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-import time_machine
 
 from billing import ledger
 from billing.models import UsageRecord
@@ -31,12 +30,6 @@ UP = timedelta(seconds=BOOT * 1.5)  # a simulated cluster joins 1.5 boot times a
 @pytest.fixture
 def person(db):
     return new_project()
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture

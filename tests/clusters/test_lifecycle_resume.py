@@ -6,34 +6,18 @@ that outlived its lease changes nothing."""
 from datetime import timedelta
 
 import pytest
-import time_machine
 
 from billing.models import UsageRecord
 from clusters import lifecycle
 from clusters.drivers.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, Node
-from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project, node
+from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node
 
 BOOT = 180
 
 
 class WorkerKilled(Exception):
     pass
-
-
-@pytest.fixture
-def project(db):
-    return new_project()[1]
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
-
-
-def at(seconds: float):
-    return T0 + timedelta(seconds=seconds)
 
 
 def test_it_carries_on_after_advance_dies_between_two_steps(project, clock, monkeypatch):

@@ -15,29 +15,14 @@ from tests.clusters.lifecycle_kit import (
     T0,
     Sim,
     assert_failed_cleanly,
+    at,
     create,
     free_hosts,
     inventory,
-    new_project,
     node,
 )
 
 BOOT = 180  # seconds: a VM's default boot time
-
-
-def at(seconds: float):
-    return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def project(db):
-    return new_project()[1]
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 def failure_event(cluster: Cluster) -> Event:

@@ -3,19 +3,13 @@ nothing. Both are plain functions a test calls without a worker."""
 
 import logging
 
-import pytest
 import time_machine
 
 from clusters import lifecycle, tasks
 from clusters.models import Cluster
 from offers.models import Host
-from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
+from tests.clusters.lifecycle_kit import T0, Sim, create, inventory
 from tests.factories import HostFactory
-
-
-@pytest.fixture
-def project(db):
-    return new_project()[1]
 
 
 def test_it_ticks_only_the_clusters_with_something_to_do(project):

@@ -1,33 +1,13 @@
 """What drivers are given and what they report back for connecting: the node plan at start
 (and again at install), and the public address each machine is reached at once it runs."""
 
-from datetime import timedelta
-
-import pytest
-import time_machine
-
 from clusters import connect, lifecycle
 from clusters.drivers.simulated import SimulatedDriver, simulated_public_address
 from clusters.models import Cluster
 from offers.models import Host, MachineType
-from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project, node
+from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node
 
 BOOT = 180
-
-
-@pytest.fixture
-def project(db):
-    return new_project()[1]
-
-
-@pytest.fixture
-def clock():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
-
-
-def at(seconds: float):
-    return T0 + timedelta(seconds=seconds)
 
 
 def test_it_derives_a_documentation_address_from_the_host_id():

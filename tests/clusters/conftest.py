@@ -1,0 +1,18 @@
+"""Fixtures of the lifecycle tests: a project with credit and keys, and a frozen clock at T0
+that a test moves (`clock.move_to(at(seconds))`)."""
+
+import pytest
+import time_machine
+
+from tests.clusters.lifecycle_kit import T0, new_project
+
+
+@pytest.fixture
+def project(db):
+    return new_project()[1]
+
+
+@pytest.fixture
+def clock():
+    with time_machine.travel(T0, tick=False) as traveller:
+        yield traveller
