@@ -35,7 +35,7 @@ class AgentRefused(Exception):
 def _locked_node(node: Node | int, token: str) -> Node:
     node_id = node.pk if isinstance(node, Node) else node
     cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
-    if cluster_id is None or lifecycle._lock_cluster(cluster_id) is None:
+    if cluster_id is None or lifecycle.lock_cluster(cluster_id) is None:
         raise AgentRefused("unknown_node", "No such node.")
     found = Node.objects.get(pk=node_id)
     expected = found.agent_token_hash
@@ -107,7 +107,7 @@ def agent_check_in(*, node: Node | int, token: str, gpus: Any) -> Node:
             fields += ["agent_at", "gpus"]
         found.driver_state["agent_seen_at"] = now.isoformat()
         found.save(update_fields=fields)
-        lifecycle._dispatcher.advance(found.cluster_id)
+        lifecycle.enqueue_advance(found.cluster_id)
     return found
 
 
@@ -124,5 +124,5 @@ def agent_report_network(*, node: Node | int, token: str, reachability: Any) -> 
             found.reachability = reachability
             found.network_reported_at = now
             found.save(update_fields=["reachability", "network_reported_at"])
-            lifecycle._dispatcher.advance(found.cluster_id)
+            lifecycle.enqueue_advance(found.cluster_id)
     return found

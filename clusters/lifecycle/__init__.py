@@ -1,0 +1,83 @@
+"""Every transition of a cluster and its nodes (SPEC §2-§3, DESIGN.md "The lifecycle is a
+reconciler"). Views, the API, tasks and the admin call these functions; none re-implements them.
+
+- `create_cluster` validates, then reserves every host in one transaction with row locks.
+- `advance` is level-triggered: it reads the cluster's rows and the clock, does what is due in
+  one transaction with the cluster row locked, and returns what it did. Running it twice does
+  nothing new. Slow work (starting a machine, an install, a check, wiping a host) is handed to a
+  per-node task under a lease and never runs inside the transaction; the task writes its result
+  back only while its lease token still matches (`do_node_work`).
+- `terminate`, `retry_install`, `add_workers` change what the reconciler aims for.
+
+Every write to a cluster's nodes happens with the cluster row locked, so `advance`, the agent's
+check-ins and the tasks' write-backs never overwrite each other. The rules decided here where
+SPEC is silent are written down in docs/lifecycle.md.
+
+The package, by concern: `rules` (limits, deadlines, tokens, the cluster lock, the judgements on
+what agents report), `dispatch` (handing work to Celery or to memory), `reserve` (create and
+reservation), `reconcile` (`advance` and its one pass over a cluster), `work` (per-node work
+under a lease, talking to drivers), `actions` (terminate, stop, retry, add workers), `watch`
+(what the periodic tasks look at). Callers import this package, never its modules.
+"""
+
+from clusters.lifecycle.actions import add_workers, retry_install, stop, terminate
+from clusters.lifecycle.dispatch import (
+    CollectingDispatcher,
+    Dispatcher,
+    advance_pending_key,
+    dispatching_to,
+    enqueue_advance,
+)
+from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance
+from clusters.lifecycle.reserve import create_cluster, reserve_hosts
+from clusters.lifecycle.rules import (
+    CHECK_EVERY,
+    INSTALL_SECONDS,
+    LEASE_SECONDS,
+    RELEASE_ATTEMPTS,
+    RETRY_AFTER,
+    agent_token,
+    hardware_problem,
+    lock_cluster,
+    money,
+    reachability_matrix,
+    step_deadline,
+    token_hash,
+)
+from clusters.lifecycle.watch import clusters_needing_work, sweep_orphan_hosts
+from clusters.lifecycle.work import do_node_work, install_plan, node_plan_for
+
+__all__ = [
+    "CHECK_EVERY",
+    "INSTALL_SECONDS",
+    "LEASE_SECONDS",
+    "NODE_FIELDS",
+    "RELEASE_ATTEMPTS",
+    "RETRY_AFTER",
+    "CollectingDispatcher",
+    "Dispatcher",
+    "Failure",
+    "_Pass",
+    "add_workers",
+    "advance",
+    "advance_pending_key",
+    "agent_token",
+    "clusters_needing_work",
+    "create_cluster",
+    "dispatching_to",
+    "do_node_work",
+    "enqueue_advance",
+    "hardware_problem",
+    "install_plan",
+    "lock_cluster",
+    "money",
+    "node_plan_for",
+    "reachability_matrix",
+    "reserve_hosts",
+    "retry_install",
+    "step_deadline",
+    "stop",
+    "sweep_orphan_hosts",
+    "terminate",
+    "token_hash",
+]

@@ -1,0 +1,110 @@
+"""Handing work on: to Celery once the transaction commits by default, in memory for tests and
+the benchmark (`CollectingDispatcher`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.core.cache import cache
+from django.db import transaction
+
+from clusters.lifecycle.rules import ADVANCE_PENDING_SECONDS
+from clusters.models import Cluster, Event, Node
+
+log = logging.getLogger(__name__)
+
+
+log = logging.getLogger(__name__)
+
+Status = Cluster.Status
+Step = Node.Step
+NodeStatus = Node.Status
+Reason = Event.Reason
+
+# --- handing work on: Celery by default, in memory for tests and the benchmark -----------------
+
+
+def advance_pending_key(cluster_id: int) -> str:
+    return f"clusters:advance-pending:{cluster_id}"
+
+
+class Dispatcher:
+    """Hands work to Celery once the current transaction commits.
+
+    Advances are coalesced: while one is queued for a cluster (a marker in the cache, removed
+    by the task before it reads anything), more requests add nothing, so 64 nodes reporting at
+    once cost one advance, not 64. A marker whose task never ran expires; the tick covers it.
+    """
+
+    def advance(self, cluster_id: int) -> None:
+        from clusters import tasks
+
+        def enqueue() -> None:
+            if cache.add(advance_pending_key(cluster_id), True, timeout=ADVANCE_PENDING_SECONDS):
+                tasks.advance.delay(cluster_id)
+
+        transaction.on_commit(enqueue)
+
+    def node_work(self, node_id: int, action: str, token: str) -> None:
+        from clusters import tasks
+
+        transaction.on_commit(lambda: tasks.node_work.delay(node_id, action, token))
+
+
+class CollectingDispatcher(Dispatcher):
+    """Keeps handed-off work in memory and runs it in this process on `run()`."""
+
+    def __init__(self) -> None:
+        self.advances: list[int] = []
+        self.work: list[tuple[int, str, str]] = []
+        self.ran = 0
+
+    def advance(self, cluster_id: int) -> None:
+        if cluster_id not in self.advances:
+            self.advances.append(cluster_id)
+
+    def node_work(self, node_id: int, action: str, token: str) -> None:
+        self.work.append((node_id, action, token))
+
+    def run(self, *, limit: int = 100_000) -> int:
+        """Run everything handed off, and what that hands off, until nothing is left."""
+        from clusters.lifecycle.reconcile import advance
+        from clusters.lifecycle.work import do_node_work
+
+        ran = 0
+        while self.work or self.advances:
+            if self.work:
+                node_id, action, token = self.work.pop(0)
+                do_node_work(node_id=node_id, action=action, token=token)
+            else:
+                advance(cluster_id=self.advances.pop(0))
+            ran += 1
+            if ran > limit:
+                raise RuntimeError("the handed-off work does not settle")
+        self.ran += ran
+        return ran
+
+
+_dispatcher: Dispatcher = Dispatcher()
+
+
+def enqueue_advance(cluster_id: int) -> None:
+    """Ask for `advance` on this cluster (after the current transaction commits)."""
+    _dispatcher.advance(cluster_id)
+
+
+@contextmanager
+def dispatching_to(dispatcher: Dispatcher) -> Iterator[Dispatcher]:
+    global _dispatcher
+    previous, _dispatcher = _dispatcher, dispatcher
+    try:
+        yield dispatcher
+    finally:
+        _dispatcher = previous
+
+
+def current() -> Dispatcher:
+    """Where handed-off work goes now (Celery, unless a test or the benchmark swapped it)."""
+    return _dispatcher

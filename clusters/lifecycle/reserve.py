@@ -1,0 +1,273 @@
+"""Creating a cluster: SPEC §2's refusals in order, then every host reserved in one transaction
+with row locks (all or none)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from accounts.models import Environment, Project, SshKey, User
+from billing import budgets, ledger
+from clusters import connect, volumes
+from clusters.errors import ClusterRefused
+from clusters.lifecycle import dispatch
+from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_deadline, token_hash
+from clusters.models import NAME_RE, Cluster, Event, Node, give_up_after
+from offers.models import MAX_NODES, MIN_NODES, Host, MachineType
+from offers.offers import Availability, get_offer
+
+log = logging.getLogger(__name__)
+
+
+log = logging.getLogger(__name__)
+
+Status = Cluster.Status
+Step = Node.Step
+NodeStatus = Node.Status
+Reason = Event.Reason
+
+# --- reservation ---------------------------------------------------------------------------
+
+
+def reserve_hosts(*, machine_type: MachineType, count: int, now: datetime) -> list[Host]:
+    """Take `count` free hosts of `machine_type`, all or none. Call inside a transaction.
+
+    On PostgreSQL the rows are locked (`FOR UPDATE SKIP LOCKED`): two requests racing for the
+    last machines never get the same one, and neither waits on the other. SQLite has no row
+    locks; its IMMEDIATE transactions (see settings) already let one writer in at a time. The
+    conditional update is checked either way.
+    """
+    free = Host.objects.filter(machine_type=machine_type, state=Host.State.FREE).order_by("pk")
+    if connection.features.has_select_for_update_skip_locked:
+        free = free.select_for_update(skip_locked=True)
+    hosts = list(free[:count])
+    taken = 0
+    if len(hosts) == count:
+        taken = Host.objects.filter(pk__in=[h.pk for h in hosts], state=Host.State.FREE).update(
+            state=Host.State.RESERVED, state_changed_at=now
+        )
+    if taken != count:
+        raise ClusterRefused(
+            "not_enough_machines",
+            f"Only {len(hosts) if taken == 0 else taken} machines of this type are free right "
+            f"now and this needs {count}; nothing was reserved. Pick another offer or fewer "
+            "machines.",
+            field="nodes",
+        )
+    return hosts
+
+
+def new_nodes(
+    *, cluster: Cluster, hosts: list[Host], first_index: int, is_worker: bool, now: datetime
+) -> list[Node]:
+    machine_type = cluster.machine_type
+    nodes = []
+    for offset, host in enumerate(hosts):
+        node = Node(
+            cluster=cluster,
+            index=first_index + offset,
+            host=host,
+            holds_host=True,
+            is_worker=is_worker,
+            status=NodeStatus.STARTING,
+            step=Step.RUNNING,
+            step_started_at=now,
+            reserved_at=now,
+        )
+        node.step_deadline = step_deadline(
+            start=now,
+            seconds=2 * machine_type.boot_seconds,
+            cap=node_give_up_at(node, machine_type),
+        )
+        node.agent_token_hash = token_hash(agent_token(node))
+        nodes.append(node)
+    return Node.objects.bulk_create(nodes)
+
+
+# --- create ------------------------------------------------------------------------------------
+
+
+def _resolve_ssh_keys(*, project: Project, ssh_key_ids: list[int] | None) -> list[SshKey]:
+    keys = SshKey.objects.filter(project=project).order_by("pk")
+    if ssh_key_ids is None:
+        found = list(keys)
+    else:
+        wanted = set(ssh_key_ids)
+        found = list(keys.filter(pk__in=wanted))
+        missing = wanted - {k.pk for k in found}
+        if missing:
+            raise ClusterRefused(
+                "unknown_ssh_key",
+                f"SSH key {', '.join(str(m) for m in sorted(missing))} is not one of this "
+                "project's keys.",
+                field="ssh_keys",
+            )
+    if not found:
+        raise ClusterRefused(
+            "no_ssh_keys",
+            "Add an SSH public key first (or choose one): every node needs a key to let you in.",
+            field="ssh_keys",
+        )
+    return found
+
+
+def create_cluster(
+    *,
+    project: Project,
+    user: User | None,
+    environment: Environment,
+    offer_slug: str,
+    nodes: int,
+    name: str,
+    software: str,
+    ssh_key_ids: list[int] | None = None,
+    volume_id: int | None = None,
+) -> Cluster:
+    """Validate a request (SPEC §2, in this order), reserve every host, create the cluster,
+    attach the volume `volume_id` if one is asked for.
+
+    Raises ClusterRefused before anything is reserved or written.
+    """
+    now = timezone.now()
+    if environment.project_id != project.pk:
+        raise ClusterRefused("unknown_environment", "No such environment in this project.")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= MAX_NODES:
+        raise ClusterRefused(
+            "invalid_nodes",
+            f"A cluster has {MIN_NODES} to {MAX_NODES} machines; {nodes!r} is not in that range.",
+            field="nodes",
+        )
+    offer = get_offer(slug=offer_slug, nodes=nodes)
+    if offer is None:
+        raise ClusterRefused(
+            "unknown_offer", f"There is no self-serve offer {offer_slug!r}.", field="offer"
+        )
+    machine_type = offer.machine_type
+    if offer.availability is Availability.RESERVED_AHEAD:
+        raise ClusterRefused(
+            "invalid_nodes",
+            f"{machine_type.location.name} only says whether it has machines, so self-serve "
+            f"clusters there stop at {offer.max_nodes} machines; request a quote for {nodes}.",
+            field="nodes",
+        )
+    if not offer.is_available:
+        free = f"only {offer.free_hosts} are free" if offer.counts_capacity else "none are free"
+        raise ClusterRefused(
+            "not_enough_machines",
+            f"This offer cannot start {nodes} machines now: {free}. Pick fewer machines or "
+            "another offer.",
+            field="nodes",
+        )
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ClusterRefused(
+            "invalid_name",
+            "A cluster name is a DNS label: 1-63 lowercase letters, digits and hyphens, starting "
+            "and ending with a letter or digit.",
+            field="name",
+        )
+    if Cluster.objects.filter(environment=environment, name=name, status__in=Cluster.LIVE).exists():
+        raise ClusterRefused(
+            "name_taken",
+            f"A live cluster named {name!r} already exists in {environment.name}; pick another "
+            "name.",
+            field="name",
+        )
+    if software not in Cluster.Software.values:
+        raise ClusterRefused(
+            "software_not_offered",
+            f"Software {software!r} is not offered; choose none, slurm, kubernetes or ray.",
+            field="software",
+        )
+    if software == Cluster.Software.KUBERNETES and not machine_type.supports_kubernetes:
+        raise ClusterRefused(
+            "software_not_offered",
+            "Kubernetes needs virtual machines or bare metal; this offer runs containers.",
+            field="software",
+        )
+    volume = None
+    if volume_id is not None:
+        volume = volumes.volume_to_attach(
+            project=project, volume_id=volume_id, machine_type=machine_type
+        )
+    keys = _resolve_ssh_keys(project=project, ssh_key_ids=ssh_key_ids)
+
+    require_balance(
+        project=project, machine_type=machine_type, machines=nodes, doing="creating this cluster"
+    )
+    if environment.monthly_budget is not None:
+        spent = budgets.month_to_date_spend(environment=environment, now=now)
+        if spent >= environment.monthly_budget:
+            raise ClusterRefused(
+                "budget_reached",
+                f"The {environment.name} environment has spent {money(spent)} this month, its "
+                f"whole monthly budget of {money(environment.monthly_budget)}; raise the budget "
+                "to create clusters here.",
+            )
+
+    try:
+        with transaction.atomic():
+            hosts = reserve_hosts(machine_type=machine_type, count=nodes, now=now)
+            cluster = Cluster.objects.create(
+                project=project,
+                environment=environment,
+                created_by=user,
+                name=name,
+                machine_type=machine_type,
+                size=nodes,
+                software=software,
+                status=Status.PROVISIONING,
+                authorized_keys="\n".join(k.public_key.strip() for k in keys) + "\n",
+                created_at=now,
+                give_up_at=now + give_up_after(machine_type.slow_boot),
+            )
+            cluster.ssh_keys.set(keys)
+            if volume is not None:
+                volumes.attach(volume=volume, cluster=cluster, now=now)
+            new_nodes(cluster=cluster, hosts=hosts, first_index=0, is_worker=False, now=now)
+            attached = (
+                f" Volume {volume.name} attached at {connect.VOLUME_DIR} on node-0."
+                if volume
+                else ""
+            )
+            Event.objects.create(
+                cluster=cluster,
+                at=now,
+                reason=Reason.CREATED,
+                message=(
+                    f"Created: {nodes} × {machine_type.gpus_per_machine} {machine_type.gpu.name} "
+                    f"in {machine_type.location.name}; {nodes} machines reserved.{attached}"
+                ),
+            )
+            dispatch.current().advance(cluster.pk)
+    except IntegrityError:
+        # Another request took the name between the check above and this insert.
+        if Cluster.objects.filter(
+            environment=environment, name=name, status__in=Cluster.LIVE
+        ).exists():
+            raise ClusterRefused(
+                "name_taken",
+                f"A live cluster named {name!r} already exists in {environment.name}; pick "
+                "another name.",
+                field="name",
+            ) from None
+        raise
+    return cluster
+
+
+def require_balance(
+    *, project: Project, machine_type: MachineType, machines: int, doing: str
+) -> None:
+    """The balance must cover one hour of the whole cluster, and never less than the minimum."""
+    needed = max(settings.RUNCRATE_MIN_BALANCE, machine_type.price_per_hour * machines)
+    balance = ledger.balance(project=project)
+    if balance < needed:
+        raise ClusterRefused(
+            "insufficient_balance",
+            f"Your balance is {money(balance)}; {doing} needs at least {money(needed)} "
+            f"(one hour of the whole cluster; never less than "
+            f"{money(settings.RUNCRATE_MIN_BALANCE)}).",
+        )

@@ -1,0 +1,140 @@
+"""The lifecycle's limits and small rules: deadlines, tokens, the cluster lock, and the
+judgements on what an agent reports (its GPUs, its reachability row)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+
+from clusters.models import Cluster, Event, Node, give_up_after
+from offers.models import MachineType
+
+log = logging.getLogger(__name__)
+
+
+log = logging.getLogger(__name__)
+
+Status = Cluster.Status
+Step = Node.Step
+NodeStatus = Node.Status
+Reason = Event.Reason
+
+Reason = Event.Reason
+
+# How long an install may take before the cluster is degraded (`install_timeout`); at least
+# RUNCRATE_MIN_STEP_SECONDS.
+INSTALL_SECONDS = 15 * 60
+# How often a pending readiness check runs again.
+CHECK_EVERY = timedelta(seconds=5)
+# A per-node task that failed is tried again after this long.
+RETRY_AFTER = timedelta(seconds=10)
+# Wiping a host is tried this many times before the host goes offline for staff.
+RELEASE_ATTEMPTS = 3
+# How long each kind of per-node work may hold its lease before the next tick may retry it.
+LEASE_SECONDS = {
+    "start": 120,
+    "agent": 60,
+    "network": 60,
+    "install": 30 * 60,
+    "check": 120,
+    "stop": 300,
+}
+# How long a queued advance keeps others from being queued for the same cluster.
+ADVANCE_PENDING_SECONDS = 30
+# Statuses in which a user may terminate.
+TERMINABLE = {Status.PROVISIONING, Status.INSTALLING, Status.READY, Status.DEGRADED}
+
+
+# --- small rules -------------------------------------------------------------------------------
+
+
+def money(amount: Decimal) -> str:
+    return f"${amount:,.2f}"
+
+
+def duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds} seconds"
+    minutes = seconds / 60
+    return f"{minutes:.0f} minutes" if minutes == int(minutes) else f"{minutes:.1f} minutes"
+
+
+def step_deadline(*, start: datetime, seconds: float, cap: datetime) -> datetime:
+    """`start + seconds`, never less than RUNCRATE_MIN_STEP_SECONDS, never past `cap`."""
+    seconds = max(seconds, settings.RUNCRATE_MIN_STEP_SECONDS)
+    return min(start + timedelta(seconds=seconds), cap)
+
+
+def node_give_up_at(node: Node, machine_type: MachineType) -> datetime:
+    """Nothing waits for a node past 25 minutes from its reservation (45 on slow-boot types);
+    for the nodes created with the cluster that is the cluster's own `give_up_at`."""
+    return node.reserved_at + give_up_after(machine_type.slow_boot)
+
+
+def agent_token(node: Node) -> str:
+    """The node's agent credential, derived rather than stored: only its hash is kept."""
+    message = f"runcrate-agent:{node.cluster_id}:{node.index}:{node.reserved_at.isoformat()}"
+    return hmac.new(settings.SECRET_KEY.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def lock_cluster(cluster_id: int) -> Cluster | None:
+    return (
+        Cluster.objects.select_for_update(of=("self",))
+        .select_related("machine_type__gpu", "machine_type__location")
+        .filter(pk=cluster_id)
+        .first()
+    )
+
+
+# --- checks on what the agent reports ---------------------------------------------------
+
+
+def gpu_line(gpu: dict) -> str:
+    return ", ".join(str(gpu.get(k, "")) for k in ("name", "memory_total_mib", "uuid"))
+
+
+def hardware_problem(node: Node, machine_type: MachineType) -> str | None:
+    """Why the GPUs the agent saw are not what the machine type sells, or None."""
+    gpus = node.gpus or []
+    expected = machine_type.gpus_per_machine
+    model = machine_type.gpu
+    if len(gpus) != expected:
+        return f"{node.name} reports {len(gpus)} GPUs; {machine_type.slug} has {expected}."
+    for gpu in gpus:
+        memory_gib = float(gpu.get("memory_total_mib", 0)) / 1024
+        if abs(memory_gib - model.memory_gib) > 0.1 * model.memory_gib:
+            return (
+                f"{node.name} reports {gpu.get('name')} with {memory_gib:.0f} GiB; "
+                f"{machine_type.slug} sells {model.name} ({model.memory_gib} GiB)."
+            )
+    return None
+
+
+def reachability_matrix(nodes: list[Node]) -> str:
+    """The N×N matrix of what each node's agent reached: ok, FAIL, or ? (not reported)."""
+    names = [n.name for n in nodes if n.status != NodeStatus.ENDED or n.reachability]
+    rows = {n.name: (n.reachability or {}) for n in nodes}
+    corner = "from \\ to"
+    width = max(len(corner), *(len(name) for name in names)) + 2
+    lines = [corner.ljust(width) + "".join(name.ljust(width) for name in names)]
+    for source in names:
+        cells = []
+        for target in names:
+            if source == target:
+                cells.append("-")
+            elif target not in rows[source]:
+                cells.append("?")
+            else:
+                cells.append("ok" if rows[source][target] else "FAIL")
+        lines.append(source.ljust(width) + "".join(c.ljust(width) for c in cells))
+    return "\n".join(line.rstrip() for line in lines)
