@@ -49,7 +49,7 @@ class Cluster(models.Model):
     TRANSITIONS = {
         Status.PROVISIONING: {Status.INSTALLING, Status.READY, Status.FAILED, Status.TERMINATING},
         Status.INSTALLING: {Status.READY, Status.DEGRADED, Status.TERMINATING},
-        Status.READY: {Status.TERMINATING},
+        Status.READY: {Status.DEGRADED, Status.TERMINATING},  # degraded: a machine was lost
         Status.DEGRADED: {Status.INSTALLING, Status.TERMINATING},
         Status.TERMINATING: {Status.TERMINATED, Status.STOPPED},
     }
@@ -103,6 +103,12 @@ class Cluster(models.Model):
     failure_message = models.TextField(blank=True, default="")
     stop_reason = models.CharField(max_length=8, choices=StopReason.choices, blank=True, default="")
     install_attempts = models.PositiveSmallIntegerField(default=0)
+    acceptance = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The acceptance report, kept when every machine joined and before billing: per "
+        "node the GPUs seen, its reachability row, latency and bandwidth to node-0.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -146,9 +152,24 @@ class Node(models.Model):
         JOINED = "joined"  # passed network; billed while the cluster runs
         FAILED = "failed"
         ENDED = "ended"  # released after terminate/stop, or with its failed cluster
+        LOST = "lost"  # its agent fell silent (or its machine vanished) after it joined
 
     # The steps that gate joining, in order.
     JOIN_STEPS = (Step.RUNNING, Step.AGENT, Step.NETWORK)
+    # Every legal move of a node's status and of its step; anything else raises (`move_to`).
+    TRANSITIONS = {
+        Status.STARTING: {Status.JOINED, Status.FAILED, Status.ENDED},
+        Status.JOINED: {Status.FAILED, Status.ENDED, Status.LOST},
+    }
+    STEP_TRANSITIONS = {
+        Step.RUNNING: {Step.AGENT},
+        Step.AGENT: {Step.NETWORK},
+        Step.NETWORK: {Step.INSTALL, Step.DONE},
+        Step.INSTALL: {Step.INSTALL, Step.DONE},  # install again: a retry
+        Step.DONE: {Step.INSTALL},  # retry install on a degraded cluster
+    }
+    # Statuses in which a node still serves its cluster.
+    LIVE = {Status.STARTING, Status.JOINED}
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
     index = models.PositiveSmallIntegerField()
@@ -182,6 +203,20 @@ class Node(models.Model):
         "empty behind the location's SSH gateway.",
     )
 
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its agent last checked in (its heartbeat)."
+    )
+    wireguard_key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="The WireGuard public key its agent reported; the private key never leaves it.",
+    )
+    acceptance = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What its agent measured to node-0 inside `network`: latency, bandwidth.",
+    )
     agent_token_hash = models.CharField(max_length=64, blank=True, default="")
     gpus = models.JSONField(default=list, blank=True, help_text="What the agent reported.")
     reachability = models.JSONField(
@@ -217,6 +252,21 @@ class Node(models.Model):
         if self.step_deadline is None or self.status != self.Status.STARTING:
             return None
         return max(0, int((self.step_deadline - (now or timezone.now())).total_seconds()))
+
+    def move_to(self, *, status: "Node.Status | None" = None, step: "Node.Step | None" = None):
+        """Change status and/or step along `TRANSITIONS`; an illegal move is a bug and raises."""
+        if status is not None and status != self.status:
+            if status not in self.TRANSITIONS.get(self.status, set()):
+                raise IllegalTransition(
+                    f"node {self.pk} ({self.name}): {self.status} -> {status} is not allowed"
+                )
+            self.status = status
+        if step is not None:
+            if step not in self.STEP_TRANSITIONS.get(self.step, set()):
+                raise IllegalTransition(
+                    f"node {self.pk} ({self.name}): step {self.step} -> {step} is not allowed"
+                )
+            self.step = step
 
     def lease_is_held(self, now: datetime | None = None) -> bool:
         return bool(self.lease_token) and (self.lease_expires_at or timezone.now()) > (
@@ -254,6 +304,9 @@ class Event(models.Model):
         CLUSTER_TIMEOUT = "cluster_timeout"
         WORKER_FAILED = "worker_failed"
         RELEASE_FAILED = "release_failed"
+        HOST_KEY_MISMATCH = "host_key_mismatch"
+        MACHINE_LOST = "machine_lost"
+        ACCEPTANCE_FAILED = "acceptance_failed"
         # stops (billing)
         STOPPED_BALANCE = "stopped_balance"
         STOPPED_BUDGET = "stopped_budget"
@@ -271,10 +324,13 @@ class Event(models.Model):
         Reason.CLUSTER_TIMEOUT,
         Reason.WORKER_FAILED,
         Reason.RELEASE_FAILED,
+        Reason.HOST_KEY_MISMATCH,
+        Reason.MACHINE_LOST,
+        Reason.ACCEPTANCE_FAILED,
     }
 
     # Failures that leave the cluster running and billed (status degraded).
-    DEGRADING = {Reason.INSTALL_FAILED, Reason.INSTALL_TIMEOUT}
+    DEGRADING = {Reason.INSTALL_FAILED, Reason.INSTALL_TIMEOUT, Reason.MACHINE_LOST}
     # Failures for staff, not for the cluster's owner.
     STAFF_ONLY = {Reason.RELEASE_FAILED}
 

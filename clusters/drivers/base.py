@@ -38,6 +38,8 @@ class Observation:
     # Where users reach a running machine over SSH; "" where it has no address of its own (its
     # location's SSH gateway reaches it) or the driver does not know it yet.
     public_address: str = ""
+    # For a failure: the Event reason to fail with ("" means machine_failed / machine_gone).
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,28 @@ class CheckResult:
     output: str = ""
 
 
+class DriverError(Exception):
+    """Slow work that failed in a way the driver can say. With a `reason` (an Event reason such as
+    `host_key_mismatch`) the lifecycle fails the node at once; without one the work is retried
+    until its step's deadline (`machine_failed` after `START_ATTEMPTS` for a start)."""
+
+    def __init__(self, message: str, *, reason: str = "", output: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.output = output
+
+
 class Driver:
-    """Start, watch, install, check and stop the machine serving a node."""
+    """Start, watch, install, check and stop the machine serving a node.
+
+    Every driver goes through the same calls; the lifecycle knows no driver by name. A node's
+    agent reports on its own over HTTP (`clusters.agent.service`); a driver whose machines have
+    no agent of their own (the simulated data center) plays it through `agent_work_due` and
+    `do_agent_work`, which the lifecycle calls for every driver.
+    """
 
     name = "base"
-    # The simulated data center also plays the nodes' agents (DESIGN.md: it calls the same
-    # service functions as the real agent's endpoints); real drivers leave that to the agent.
-    simulates_agent = False
 
     def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
         """Begin booting the host for `node` and bootstrap it with `plan`
@@ -109,5 +126,21 @@ class Driver:
         raise NotImplementedError
 
     def stop(self, node: Node) -> None:
-        """Stop the machine and wipe it (`/shared` included). Idempotent."""
+        """Stop the machine and wipe it (`/shared` included), then verify it is clean; raises
+        DriverError when it is not. Idempotent."""
         raise NotImplementedError
+
+    # --- the node's agent, where the driver must do part of its work ------------------------
+
+    def agent_work_due(self, node: Node, *, step: str, now: datetime, since: datetime) -> bool:
+        """Whether the lifecycle should hand this node's `step` ("agent" or "network") to
+        `do_agent_work` now; `since` is when the step started for the whole batch. Real
+        machines' agents report on their own: never."""
+        return False
+
+    def do_agent_work(self, node: Node, *, step: str, agent_token: str) -> None:
+        raise NotImplementedError
+
+    def last_heard(self, node: Node, *, now: datetime) -> datetime | None:
+        """When the node's agent was last heard from (its heartbeat); None if never."""
+        return node.heartbeat_at

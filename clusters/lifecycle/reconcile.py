@@ -24,6 +24,7 @@ from clusters.lifecycle.rules import (
     LEASE_SECONDS,
     RELEASE_ATTEMPTS,
     RETRY_AFTER,
+    START_ATTEMPTS,
     duration,
     gpu_line,
     hardware_problem,
@@ -166,7 +167,7 @@ class _Pass:
             since = min(observation.since or self.now, node.agent_at or self.now, self.now)
             if since <= node.step_deadline:
                 node.running_at = since
-                node.step = Step.AGENT
+                node.move_to(step=Step.AGENT)
                 node.step_started_at = since
                 node.step_deadline = step_deadline(
                     start=since, seconds=self.boot, cap=node_give_up_at(node, self.machine_type)
@@ -182,6 +183,10 @@ class _Pass:
 
     def step_running(self, node: Node) -> Failure | None:
         start = self.record(node, "start")
+        if not start.get("ok") and start.get("attempts"):
+            failure = self._start_failure(node, start)
+            if failure is not None:
+                return failure
         if not start.get("ok") and not self._backing_off(start):
             self.hand_off(node, "start")
         if node.step == Step.RUNNING and self.now >= node.step_deadline:
@@ -195,6 +200,24 @@ class _Pass:
             )
         return None
 
+    def _start_failure(self, node: Node, start: dict) -> Failure | None:
+        """A start the driver refused for good (it named a reason: a host key that does not
+        match), or that failed START_ATTEMPTS times (the host does not answer)."""
+        if start.get("reason"):
+            reason = start["reason"]
+        elif start["attempts"] >= START_ATTEMPTS:
+            reason = Reason.MACHINE_FAILED
+        else:
+            return None
+        return Failure(
+            reason,
+            node,
+            Step.RUNNING,
+            f"{node.name}'s machine could not be started: "
+            f"{start.get('error') or 'no reason given'}",
+            output=start.get("output", ""),
+        )
+
     def step_agent(self, node: Node) -> Failure | None:
         if node.agent_at is not None and node.agent_at <= node.step_deadline:
             problem = hardware_problem(node, self.machine_type)
@@ -206,7 +229,7 @@ class _Pass:
                     problem,
                     output="\n".join(gpu_line(g) for g in node.gpus),
                 )
-            node.step = Step.NETWORK
+            node.move_to(step=Step.NETWORK)
             node.step_started_at = node.agent_at
             node.step_deadline = None  # set when the last agent of its batch checks in
             self.touch(node)
@@ -227,12 +250,10 @@ class _Pass:
                 f"{node.name}'s agent did not check in within {duration(allowed)} of the "
                 f"machine running ({self._limit_note(node, 1)}).",
             )
-        driver = get_driver(node.host)
-        if (
-            driver.simulates_agent
-            and driver.agent_due(node, now=self.now)
-            and not self._backing_off(self.record(node, "agent"))
-        ):
+        due = get_driver(node.host).agent_work_due(
+            node, step=Step.AGENT, now=self.now, since=node.step_started_at
+        )
+        if due and not self._backing_off(self.record(node, "agent")):
             self.hand_off(node, "agent")
         return None
 
@@ -295,11 +316,11 @@ class _Pass:
                     )
                 )
                 continue
-            driver = get_driver(node.host)
             if (
-                driver.simulates_agent
-                and any(p not in reached for p in peers)
-                and driver.network_due(node, now=self.now, last_agent_at=last)
+                any(p not in reached for p in peers)
+                and get_driver(node.host).agent_work_due(
+                    node, step=Step.NETWORK, now=self.now, since=last
+                )
                 and not self._backing_off(self.record(node, "network"))
             ):
                 self.hand_off(node, "network")
@@ -393,7 +414,7 @@ class _Pass:
         )
 
     def end_node(self, node: Node, status: Node.Status) -> None:
-        node.status = status
+        node.move_to(status=status)
         node.ended_at = self.now
         node.step_deadline = None
         node.lease_token = ""
@@ -404,7 +425,7 @@ class _Pass:
 
     def start_billing(self, nodes: list[Node]) -> None:
         for node in nodes:
-            node.status = NodeStatus.JOINED
+            node.move_to(status=NodeStatus.JOINED)
             self.touch(node)
             self.set_host(node, Host.State.IN_USE)
             self.usage.append(
@@ -441,7 +462,7 @@ class _Pass:
             )
 
     def finish_node(self, node: Node) -> None:
-        node.step = Step.DONE
+        node.move_to(step=Step.DONE)
         node.step_started_at = self.now
         node.step_deadline = None
         self.touch(node)
@@ -461,7 +482,7 @@ class _Pass:
     # -- software ------------------------------------------------------------------------
 
     def begin_install(self, node: Node) -> None:
-        node.step = Step.INSTALL
+        node.move_to(step=Step.INSTALL)
         node.step_started_at = self.now
         node.installed_at = None
         node.step_deadline = self.now + timedelta(

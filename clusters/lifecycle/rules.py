@@ -33,6 +33,9 @@ INSTALL_SECONDS = 15 * 60
 CHECK_EVERY = timedelta(seconds=5)
 # A per-node task that failed is tried again after this long.
 RETRY_AFTER = timedelta(seconds=10)
+# Starting a machine (connecting to it, bootstrapping it) is tried this many times before the
+# node fails with `machine_failed`.
+START_ATTEMPTS = 3
 # Wiping a host is tried this many times before the host goes offline for staff.
 RELEASE_ATTEMPTS = 3
 # How long each kind of per-node work may hold its lease before the next tick may retry it.

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from clusters import connect
 from clusters.drivers import InstallPlan, PlanNode, get_driver
+from clusters.drivers.base import DriverError
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import agent_token, lock_cluster
 from clusters.models import Cluster, Event, Node
@@ -74,32 +75,15 @@ def install_plan(
     )
 
 
-def _peer_names(node: Node) -> list[str]:
-    peers = Node.objects.filter(
-        cluster_id=node.cluster_id, status__in=[NodeStatus.STARTING, NodeStatus.JOINED]
-    ).exclude(pk=node.pk)
-    return [f"node-{i}" for i in peers.order_by("index").values_list("index", flat=True)]
-
-
 def _run(node: Node, action: str, now: datetime) -> dict:
-    """The slow part of one piece of work: talks to the driver (or plays the agent)."""
-    from clusters.agent.service import agent_check_in, agent_report_network
-
+    """The slow part of one piece of work: the driver's call for it."""
     driver = get_driver(node.host)
     kind, _, key = action.partition(":")
     if kind == "start":
         state = driver.start(node, agent_token=agent_token(node), plan=node_plan_for(node))
         return {"ok": True, "state": state}
-    if kind == "agent":
-        agent_check_in(node=node.pk, token=agent_token(node), gpus=driver.agent_gpus(node))
-        return {"ok": True}
-    if kind == "network":
-        peers = _peer_names(node)
-        agent_report_network(
-            node=node.pk,
-            token=agent_token(node),
-            reachability=driver.reachability(node, peers=peers),
-        )
+    if kind in ("agent", "network"):
+        driver.do_agent_work(node, step=kind, agent_token=agent_token(node))
         return {"ok": True}
     cluster = node.cluster
     if kind == "install":
@@ -136,6 +120,15 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
         return False
     try:
         result = _run(node, action, now)
+    except DriverError as error:  # the driver says what went wrong: no traceback needed
+        log.warning("node %s: %s failed: %s", node_id, action, error.message)
+        result = {
+            "ok": False,
+            "key": action.partition(":")[2],
+            "error": error.message[:500],
+            "reason": error.reason,
+            "output": error.output[-20_000:],
+        }
     except Exception as error:  # the work failed; record it and let the reconciler decide
         log.exception("node %s: %s failed", node_id, action)
         result = {
