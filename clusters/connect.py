@@ -103,7 +103,7 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
         cluster_id=cluster.pk,
         name=cluster.name,
         nodes=tuple(
-            NodeAccess(index=n.index, address=None if gateway else (n.public_address or None))
+            NodeAccess(index=n.index, address=n.public_address or None)
             for n in sorted(nodes, key=lambda n: n.index)
         ),
         gpus_per_node=machine_type.gpus_per_machine,
@@ -121,7 +121,9 @@ def ssh_command(shape: ClusterShape, node: NodeAccess) -> str:
     """`ssh root@ADDRESS`, or `ssh -J cID@GATEWAY root@node-i`; raises NoRoute for a node
     that has neither."""
     if shape.gateway:
-        return f"ssh -J {shape.jump} {SSH_USER}@{node.name}"
+        # Behind the gateway a node's address (where the gateway forwards to) is reachable only
+        # through it; without one known yet, the gateway resolves the node's name.
+        return f"ssh -J {shape.jump} {SSH_USER}@{node.address or node.name}"
     if node.address:
         return f"ssh {SSH_USER}@{node.address}"
     raise NoRoute(f"{node.name} has no public address yet and its location has no SSH gateway.")
@@ -143,7 +145,7 @@ def ssh_config(shape: ClusterShape) -> str:
         lines += [
             "",
             f"Host {node.name} {shape.name}-{node.name}",
-            f"    HostName {node.name if shape.gateway else node.address}",
+            f"    HostName {node.address or node.name}",
             f"    User {SSH_USER}",
         ]
         if shape.gateway:

@@ -149,6 +149,7 @@ class HostForm(forms.ModelForm):
             driver=cleaned.get("driver", ""),
             fault=cleaned.get("fault", ""),
             address=cleaned.get("address", ""),
+            host_key=cleaned.get("host_key", ""),
         ):
             if field not in self.errors:
                 sentence = f"this field {problem}" if problem.startswith("is ") else problem

@@ -327,6 +327,18 @@ def _host_key(value: Any) -> str:
     return value
 
 
+def _http_url(value: Any) -> str:
+    """An http(s) URL with a host and no spaces (a location's apt mirror or pip index)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > 200:
+        raise _Invalid("must be an http:// or https:// URL of at most 200 characters")
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or any(c.isspace() for c in value):
+        raise _Invalid(f"must be an http:// or https:// URL, not {json.dumps(value)}")
+    return value
+
+
 def check_host_field(field_name: str, value: str) -> str:
     """A host's `address`, `user` or `host_key` as the loader accepts it (admin's form uses
     the same rules); raises ValueError with the problem."""
@@ -347,7 +359,9 @@ def check_gateway(value: str) -> str:
         raise ValueError(invalid.problem.replace("null or ", "empty or ")) from None
 
 
-def host_setup_problems(*, driver: str, fault: str, address: str) -> list[tuple[str, str]]:
+def host_setup_problems(
+    *, driver: str, fault: str, address: str, host_key: str = ""
+) -> list[tuple[str, str]]:
     """(field, problem) for a host whose driver, fault and address do not go together.
 
     Shared by the loader and the admin form.
@@ -359,6 +373,10 @@ def host_setup_problems(*, driver: str, fault: str, address: str) -> list[tuple[
         )
     if driver == Host.Driver.SSH and not address:
         problems.append(("address", "is required for the ssh driver"))
+    if driver == Host.Driver.SSH and not host_key:
+        problems.append(
+            ("host_key", "is required for the ssh driver: the host key is pinned, never trusted")
+        )
     return problems
 
 
@@ -489,7 +507,10 @@ _LOCATION_KEYS = (
     "country",
     "capacity_reporting",
     "ssh_gateway",
+    "ssh_gateway_host_key",
     "volume_price_per_gb_month",
+    "apt_mirror",
+    "pip_index_url",
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
@@ -551,6 +572,9 @@ def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
                 "capacity_reporting", _one_of(*Location.CapacityReporting.values)
             ),
             "ssh_gateway": entry.get("ssh_gateway", _gateway, default=""),
+            "ssh_gateway_host_key": entry.get("ssh_gateway_host_key", _host_key, default=""),
+            "apt_mirror": entry.get("apt_mirror", _http_url, default=""),
+            "pip_index_url": entry.get("pip_index_url", _http_url, default=""),
             "volume_price_per_gb_month": entry.get(
                 "volume_price_per_gb_month",
                 _amount(places=4, max_digits=8, positive=False),
@@ -609,7 +633,10 @@ def _check_host(
     }
     if entry.ok:
         for field_name, problem in host_setup_problems(
-            driver=fields["driver"], fault=fields["fault"], address=fields["address"]
+            driver=fields["driver"],
+            fault=fields["fault"],
+            address=fields["address"],
+            host_key=fields["host_key"],
         ):
             entry.fail(field_name, problem)
     if _claim(seen, name, label, entry, "name") and entry.ok:

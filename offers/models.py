@@ -39,8 +39,20 @@ class Location(models.Model):
         default="",
         help_text="host:port, or empty when hosts have their own public address.",
     )
+    ssh_gateway_host_key = models.TextField(
+        blank=True, default="", help_text="The gateway's pinned SSH host key (type base64)."
+    )
     volume_price_per_gb_month = models.DecimalField(
         max_digits=8, decimal_places=4, default=Decimal("0.10")
+    )
+    apt_mirror = models.URLField(
+        blank=True,
+        default="",
+        help_text="The Debian/Ubuntu mirror its hosts install from; empty: hosts are imaged with "
+        "everything.",
+    )
+    pip_index_url = models.URLField(
+        blank=True, default="", help_text="The Python package index its hosts install from."
     )
 
     class Meta:

@@ -211,6 +211,23 @@ CELERY_BEAT_SCHEDULE["billing-meter"] = {
     "schedule": RUNCRATE_METER_SECONDS,
 }
 RUNCRATE_SIM_SPEED = env_float("RUNCRATE_SIM_SPEED", 1.0)
+
+# Real machines (the ssh driver, docs/drivers.md). Agents reach the dashboard at
+# RUNCRATE_AGENT_URL; the operator's key lives in RUNCRATE_SSH_KEY_FILE (made on first use).
+RUNCRATE_AGENT_URL = env_str("RUNCRATE_AGENT_URL", SITE_URL).rstrip("/")
+RUNCRATE_SSH_KEY_FILE = Path(
+    env_str("RUNCRATE_SSH_KEY_FILE", str(VAR_DIR / "ssh" / "id_ed25519"))
+).resolve()
+RUNCRATE_SSH_CONNECT_SECONDS = env_float("RUNCRATE_SSH_CONNECT_SECONDS", 10.0)
+RUNCRATE_SSH_COMMAND_SECONDS = env_float("RUNCRATE_SSH_COMMAND_SECONDS", 600.0)
+# A node of a ready or degraded cluster silent this long is lost; the watch runs this often.
+RUNCRATE_HEARTBEAT_LOST_SECONDS = env_int("RUNCRATE_HEARTBEAT_LOST_SECONDS", 180, minimum=1)
+CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {
+    "task": "clusters.tasks.watch_heartbeats",
+    "schedule": 30.0,
+}
+# Acceptance: a node whose measured bandwidth to node-0 is below this fails the cluster.
+RUNCRATE_ACCEPTANCE_MIN_MBIT = env_float("RUNCRATE_ACCEPTANCE_MIN_MBIT", 50.0)
 RUNCRATE_SALES_EMAIL = env_str("RUNCRATE_SALES_EMAIL", "sales@runcrate.localhost")
 RUNCRATE_MIN_BALANCE = env_decimal("RUNCRATE_MIN_BALANCE", "10.00")
 RUNCRATE_QUOTE_RATE_LIMIT = env_int("RUNCRATE_QUOTE_RATE_LIMIT", 5, minimum=1)  # per hour

@@ -10,7 +10,8 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema
 
 from clusters.agent.service import AgentRefused, agent_check_in, agent_report_network
-from clusters.models import Node
+from clusters.drivers.ssh import WIREGUARD_PORT
+from clusters.models import Node, private_ip
 from runcrate.api import error_response
 
 router = Router(tags=["agent"], auth=None)
@@ -19,10 +20,13 @@ router = Router(tags=["agent"], auth=None)
 class CheckInIn(Schema):
     gpus: list[dict[str, Any]] | None = None
     nvidia_smi: str | None = None  # the raw CSV, as an alternative to `gpus`
+    wireguard_public_key: str | None = None
+    hostname: str | None = None
 
 
 class NetworkIn(Schema):
     reachability: dict[str, bool]
+    acceptance: dict[str, Any] | None = None
 
 
 def _token(request: HttpRequest) -> str:
@@ -31,26 +35,45 @@ def _token(request: HttpRequest) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def _peers(node: Node) -> dict[str, str]:
-    """Every other node the agent must reach: name -> private address."""
-    others = Node.objects.filter(
-        cluster_id=node.cluster_id, status__in=[Node.Status.STARTING, Node.Status.JOINED]
-    ).exclude(pk=node.pk)
-    return {o.name: o.private_ip for o in others.order_by("index")}
-
-
 def _answer(request: HttpRequest, call) -> HttpResponse | dict:
     try:
         node = call()
     except AgentRefused as refused:
         return error_response(request, refused.status, refused.code, refused.message)
+    peers = list(
+        Node.objects.filter(cluster_id=node.cluster_id, status__in=Node.LIVE)
+        .exclude(pk=node.pk)
+        .select_related("host")
+        .only("index", "agent_at", "wireguard_key", "host__address")
+        .order_by("index")
+    )
     return {
         "data": {
             "node": node.name,
             "private_ip": node.private_ip,
             "step": node.step,
             "status": node.status,
-            "peers": _peers(node),
+            "peers": {p.name: p.private_ip for p in peers},
+            # Every peer has checked in (with its WireGuard key, where this node has one): the
+            # private network can be tested.
+            "peers_ready": all(
+                p.agent_at is not None and (p.wireguard_key or not node.wireguard_key)
+                for p in peers
+            ),
+            "wireguard": {
+                "listen_port": WIREGUARD_PORT,
+                "peers": [
+                    {
+                        "name": p.name,
+                        "public_key": p.wireguard_key,
+                        "endpoint": f"{p.host.address}:{WIREGUARD_PORT}",
+                        "allowed_ip": f"{p.private_ip}/32",
+                    }
+                    for p in peers
+                    if p.wireguard_key and p.host and p.host.address
+                ],
+            },
+            "head": {"name": "node-0", "private_ip": private_ip(0)},
         }
     }
 
@@ -59,7 +82,13 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
 def check_in(request: HttpRequest, node_id: int, payload: CheckInIn):
     gpus = payload.nvidia_smi if payload.nvidia_smi is not None else payload.gpus
     return _answer(
-        request, lambda: agent_check_in(node=node_id, token=_token(request), gpus=gpus or [])
+        request,
+        lambda: agent_check_in(
+            node=node_id,
+            token=_token(request),
+            gpus=gpus or [],
+            wireguard_key=payload.wireguard_public_key,
+        ),
     )
 
 
@@ -68,6 +97,9 @@ def network(request: HttpRequest, node_id: int, payload: NetworkIn):
     return _answer(
         request,
         lambda: agent_report_network(
-            node=node_id, token=_token(request), reachability=payload.reachability
+            node=node_id,
+            token=_token(request),
+            reachability=payload.reachability,
+            acceptance=payload.acceptance,
         ),
     )

@@ -8,6 +8,7 @@ reached) and enqueue the reconciler, which judges them against the node's deadli
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Any
 
 from django.db import transaction
@@ -94,35 +95,90 @@ def _clean_gpus(gpus: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
-def agent_check_in(*, node: Node | int, token: str, gpus: Any) -> Node:
-    """The agent is up on `node` and sees `gpus` (step `agent`); later calls are heartbeats."""
+_WIREGUARD_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=$")
+_METHODS = {"iperf3", "tcp-stream", "simulated"}
+
+
+def _clean_wireguard_key(key: Any) -> str | None:
+    if key is None or key == "":
+        return None
+    if not isinstance(key, str) or not _WIREGUARD_KEY.match(key):
+        raise AgentRefused(
+            "invalid_report", "wireguard_public_key must be a WireGuard public key (44 base64)."
+        )
+    return key
+
+
+def _clean_acceptance(acceptance: Any) -> dict[str, Any]:
+    """What the agent measured to node-0: latency (ms), bandwidth (Mbit/s), how, and why not."""
+    if acceptance is None:
+        return {}
+    if not isinstance(acceptance, dict):
+        raise AgentRefused("invalid_report", "acceptance must be an object.")
+    cleaned: dict[str, Any] = {}
+    for key in ("latency_ms", "bandwidth_mbit"):
+        value = acceptance.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9
+        ):
+            raise AgentRefused("invalid_report", f"acceptance.{key} must be a number ≥ 0 or null.")
+        cleaned[key] = None if value is None else round(float(value), 3)
+    method = acceptance.get("method")
+    if method is not None and method not in _METHODS:
+        raise AgentRefused(
+            "invalid_report", f"acceptance.method must be one of {', '.join(sorted(_METHODS))}."
+        )
+    cleaned["method"] = method
+    error = acceptance.get("error")
+    if error is not None and not isinstance(error, str):
+        raise AgentRefused("invalid_report", "acceptance.error must be a string or null.")
+    cleaned["error"] = error[:300] if error else None
+    return cleaned
+
+
+def agent_check_in(*, node: Node | int, token: str, gpus: Any, wireguard_key: Any = None) -> Node:
+    """The agent is up on `node` and sees `gpus` (step `agent`); later calls are heartbeats.
+
+    `wireguard_key` is the public key of the node's WireGuard interface, which its peers need
+    (the private key never leaves the node)."""
     cleaned = _clean_gpus(gpus)
+    key = _clean_wireguard_key(wireguard_key)
     now = timezone.now()
     with transaction.atomic():
         found = _locked_node(node, token)
-        fields = ["driver_state"]
+        fields = ["heartbeat_at"]
+        found.heartbeat_at = now
         if found.agent_at is None:
             found.agent_at = now
             found.gpus = cleaned
             fields += ["agent_at", "gpus"]
-        found.driver_state["agent_seen_at"] = now.isoformat()
+        if key and key != found.wireguard_key:
+            found.wireguard_key = key
+            fields.append("wireguard_key")
         found.save(update_fields=fields)
-        lifecycle.enqueue_advance(found.cluster_id)
+        if found.status == Node.Status.STARTING or len(fields) > 1:
+            # A heartbeat of a node that has joined moves nothing: no advance for it.
+            lifecycle.enqueue_advance(found.cluster_id)
     return found
 
 
-def agent_report_network(*, node: Node | int, token: str, reachability: Any) -> Node:
-    """The agent's test of the private network: peer name -> reached (step `network`)."""
+def agent_report_network(
+    *, node: Node | int, token: str, reachability: Any, acceptance: Any = None
+) -> Node:
+    """The agent's test of the private network: peer name -> reached (step `network`), and
+    what it measured to node-0 (the acceptance report)."""
     if not isinstance(reachability, dict) or not all(
         isinstance(k, str) and isinstance(v, bool) for k, v in reachability.items()
     ):
         raise AgentRefused("invalid_report", "reachability must map peer names to true or false.")
+    measured = _clean_acceptance(acceptance)
     now = timezone.now()
     with transaction.atomic():
         found = _locked_node(node, token)
         if found.status == Node.Status.STARTING:
             found.reachability = reachability
+            found.acceptance = measured
             found.network_reported_at = now
-            found.save(update_fields=["reachability", "network_reported_at"])
+            found.save(update_fields=["reachability", "acceptance", "network_reported_at"])
             lifecycle.enqueue_advance(found.cluster_id)
     return found

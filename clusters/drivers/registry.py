@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from clusters.drivers.base import Driver, MachineState, Observation
 from clusters.drivers.simulated import SimulatedDriver
+from clusters.drivers.ssh import SshDriver
 
 if TYPE_CHECKING:
     from clusters.models import Node
@@ -34,7 +35,7 @@ class UnavailableDriver(Driver):
         return None
 
 
-_DRIVERS: dict[str, Driver] = {"simulated": SimulatedDriver()}
+_DRIVERS: dict[str, Driver] = {"simulated": SimulatedDriver(), "ssh": SshDriver()}
 
 
 def get_driver(host: Host) -> Driver:

@@ -409,7 +409,10 @@ def test_it_reaches_nodes_at_the_address_their_driver_reported(db):
         machines__public_address="203.0.113.9",
     )
     s = shape_for(behind)
-    assert ssh_command(s, s.nodes[0]) == f"ssh -J c{behind.pk}@gw.example:22 root@node-0"
+    # Behind a gateway, the address is the one the gateway forwards to (its jump user may only
+    # open that): a stock sshd cannot tell one cluster's node-0 from another's by name.
+    assert ssh_command(s, s.nodes[0]) == f"ssh -J c{behind.pk}@gw.example:22 root@203.0.113.9"
+    assert "    HostName 203.0.113.9\n" in ssh_config(s)
 
 
 def test_it_leaves_a_worker_out_of_the_hostfile_until_it_joins(db):

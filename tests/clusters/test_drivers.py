@@ -15,6 +15,7 @@ from clusters.drivers import get_driver
 from clusters.drivers.base import MachineState
 from clusters.drivers.registry import UnavailableDriver
 from clusters.drivers.simulated import SimulatedDriver
+from clusters.drivers.ssh import SshDriver
 from clusters.lifecycle import agent_token
 from clusters.models import Cluster, Node
 from offers.models import Host
@@ -41,19 +42,20 @@ def started_node(project, *, fault="", hosts=2):
 
 def test_it_picks_the_driver_a_host_is_registered_with(db):
     assert isinstance(get_driver(Host(driver="simulated")), SimulatedDriver)
-    unavailable = get_driver(Host(driver="ssh"))
+    assert isinstance(get_driver(Host(driver="ssh")), SshDriver)
+    unavailable = get_driver(Host(driver="ec2"))  # a cloud API driver: not built yet
     assert isinstance(unavailable, UnavailableDriver)
 
 
 def test_it_fails_a_cluster_on_hosts_whose_driver_is_not_available(project, clock):
     machine_type = inventory(hosts=2, boot_seconds=BOOT)
-    Host.objects.filter(machine_type=machine_type).update(driver="ssh")
+    Host.objects.filter(machine_type=machine_type).update(driver="ec2")
     with Sim() as sim:
         cluster = create(project, machine_type)
         sim.tick()
     assert_failed_cleanly(cluster, machine_type)
     assert cluster.failure_reason == "machine_failed"
-    assert "'ssh' driver is not available" in cluster.failure_message
+    assert "'ec2' driver is not available" in cluster.failure_message
 
 
 def test_it_boots_a_simulated_machine_in_its_boot_time(project, clock):
@@ -121,7 +123,7 @@ def test_it_records_an_agent_check_in_with_its_gpus(project, clock):
     n.refresh_from_db()
     assert n.agent_at == T0
     assert len(n.gpus) == 8 and n.gpus[0]["memory_total_mib"] == 81559
-    assert n.driver_state["agent_seen_at"] == at(30).isoformat()
+    assert n.heartbeat_at == at(30)
 
 
 def test_it_refuses_an_agent_with_a_wrong_token_or_a_released_node(project, clock):

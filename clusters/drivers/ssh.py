@@ -1,0 +1,483 @@
+"""The `ssh` driver: real Linux hosts an operator already has, reached over SSH with paramiko.
+
+Every connection pins the host key the inventory gives (`Host.host_key`): a host that offers any
+other key is never bootstrapped; its node fails with `host_key_mismatch` and the event shows the
+key it offered. The operator's key is `RUNCRATE_SSH_KEY_FILE` (made on first use;
+`manage.py operator_ssh_key` prints its public half for the hosts' `authorized_keys`).
+
+- `start` uploads the node plan as files and runs `clusters/software/host/bootstrap.sh`
+  (hostname, /etc/hosts, keys, environment, hostfile, WireGuard, the agent); it is idempotent.
+- `observe` reads what `start` recorded: no connection inside the lifecycle's transaction.
+- `stop` runs `wipe.sh`, then `verify.sh` over a new connection; anything left is an error.
+- At a location with an SSH gateway, `start` and `stop` also keep the cluster's jump user on
+  the gateway (`gateway.sh`): users reach the hosts with `ProxyJump c<id>@gateway`.
+
+Connections run in the per-node tasks under their leases, with timeouts; what goes wrong
+becomes the failure message ("could not connect to 203.0.113.7:22: timed out").
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import re
+import shlex
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from clusters.drivers.base import (
+    CheckResult,
+    CheckState,
+    Driver,
+    DriverError,
+    InstallPlan,
+    InstallResult,
+    MachineState,
+    Observation,
+)
+
+if TYPE_CHECKING:
+    from clusters.models import Node
+    from offers.models import Host
+
+log = logging.getLogger(__name__)
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "software" / "host"
+AGENT_FILE = Path(__file__).resolve().parent.parent / "agent" / "runcrate_agent.py"
+INCOMING = "/var/lib/runcrate/incoming"
+WIREGUARD_PORT = 51820
+_STATUS_LINE = re.compile(r"^runcrate: (\w+)=(.*)$")
+
+
+# --- the operator's key ---------------------------------------------------------------------
+
+
+def operator_key_file() -> Path:
+    """The operator's private key, made (ed25519, mode 0600) the first time it is needed."""
+    path = Path(settings.RUNCRATE_SSH_KEY_FILE)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private, public = _openssh_pair(Ed25519PrivateKey.generate(), "runcrate-operator")
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(private)
+        tmp.rename(path)
+        path.with_suffix(".pub").write_text(public + "\n")
+    return path
+
+
+def operator_public_key() -> str:
+    key = paramiko.Ed25519Key.from_private_key_file(str(operator_key_file()))
+    return f"{key.get_name()} {key.get_base64()} runcrate-operator"
+
+
+def _openssh_pair(key: Ed25519PrivateKey, comment: str) -> tuple[str, str]:
+    """(private key in OpenSSH format, public key line) of `key`."""
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, f"{public.decode()} {comment}"
+
+
+# --- connections ------------------------------------------------------------------------------
+
+
+class _Pinned(paramiko.MissingHostKeyPolicy):
+    """Refuses any key that is not the pinned one, and remembers what the host offered."""
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        raise HostKeyMismatch(hostname, key)
+
+
+class HostKeyMismatch(paramiko.SSHException):
+    def __init__(self, hostname: str, offered: paramiko.PKey) -> None:
+        super().__init__(f"{hostname} offered a host key that is not pinned")
+        self.hostname = hostname
+        self.offered = offered
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return key.fingerprint  # "SHA256:…", as ssh-keygen -l prints it
+
+
+def _known_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _pinned_key(host_key: str) -> paramiko.PKey:
+    kind, _, data = host_key.partition(" ")
+    try:
+        raw = base64.b64decode(data.strip(), validate=True)
+    except binascii.Error as error:
+        raise ValueError(f"not base64: {error}") from None
+    return paramiko.PKey.from_type_string(kind, raw)
+
+
+class Session:
+    """One SSH connection to a host: run commands, upload files."""
+
+    def __init__(self, client: paramiko.SSHClient, where: str) -> None:
+        self.client = client
+        self.where = where
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None):
+        """Run `command`; returns (exit status, stdout + stderr)."""
+        timeout = timeout or settings.RUNCRATE_SSH_COMMAND_SECONDS
+        try:
+            channel_in, channel_out, _ = self.client.exec_command(
+                command, timeout=timeout, get_pty=False
+            )
+            channel_out.channel.set_combine_stderr(True)
+            if stdin is not None:
+                channel_in.write(stdin)
+                channel_in.channel.shutdown_write()
+            output = channel_out.read().decode(errors="replace")
+            status = channel_out.channel.recv_exit_status()
+        except TimeoutError:
+            raise DriverError(
+                f"{self.where}: {command.split()[0]} did not finish within {timeout:.0f} seconds"
+            ) from None
+        except (paramiko.SSHException, OSError) as error:
+            raise DriverError(f"{self.where}: the connection broke: {error}") from None
+        return status, output
+
+    def upload(self, files: dict[str, tuple[str, int]], directory: str) -> None:
+        """Write `files` (name -> (content, mode)) into `directory`, made mode 0700 first."""
+        status, output = self.run(
+            f"rm -rf {shlex.quote(directory)} && mkdir -p -m 700 {shlex.quote(directory)}"
+        )
+        if status != 0:
+            raise DriverError(f"{self.where}: cannot write {directory}: {output.strip()}")
+        sftp = self.client.open_sftp()
+        try:
+            for name, (content, mode) in files.items():
+                path = f"{directory}/{name}"
+                with sftp.open(path, "w") as handle:
+                    handle.chmod(mode)
+                    handle.write(content.encode())
+        finally:
+            sftp.close()
+
+
+@contextmanager
+def connect(*, address: str, port: int, user: str, host_key: str, name: str):
+    """An SSH session to a host whose key must be `host_key`; DriverError when it cannot be
+    had (with reason `host_key_mismatch` for a key that does not match)."""
+    where = f"{address}:{port}"
+    if not host_key:
+        raise DriverError(
+            f"{name} has no pinned host key in the inventory; it is never connected to.",
+            reason="host_key_mismatch",
+        )
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(_Pinned())
+    try:
+        pinned = _pinned_key(host_key)
+    except (ValueError, paramiko.SSHException) as error:
+        raise DriverError(
+            f"{name}'s pinned host key cannot be read ({error}).", reason="host_key_mismatch"
+        ) from None
+    client.get_host_keys().add(_known_name(address, port), pinned.get_name(), pinned)
+    timeout = settings.RUNCRATE_SSH_CONNECT_SECONDS
+    try:
+        client.connect(
+            address,
+            port=port,
+            username=user,
+            key_filename=str(operator_key_file()),
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            look_for_keys=False,
+            allow_agent=False,
+            disabled_algorithms={"pubkeys": []},
+        )
+    except HostKeyMismatch as mismatch:
+        client.close()
+        offered = mismatch.offered
+        raise DriverError(
+            f"{name} ({where}) offered host key {_fingerprint(offered)}, not the pinned "
+            f"{_fingerprint(pinned)}; it was not bootstrapped.",
+            reason="host_key_mismatch",
+            output=f"offered: {offered.get_name()} {offered.get_base64()}\npinned:  {host_key}",
+        ) from None
+    except paramiko.BadHostKeyException as bad:
+        client.close()
+        raise DriverError(
+            f"{name} ({where}) offered host key {_fingerprint(bad.key)}, not the pinned "
+            f"{_fingerprint(pinned)}; it was not bootstrapped.",
+            reason="host_key_mismatch",
+            output=f"offered: {bad.key.get_name()} {bad.key.get_base64()}\npinned:  {host_key}",
+        ) from None
+    except paramiko.AuthenticationException:
+        client.close()
+        raise DriverError(
+            f"could not log in to {where} as {user}: the operator's key is not authorised there "
+            "(add `manage.py operator_ssh_key` to its authorized_keys)"
+        ) from None
+    except TimeoutError:
+        client.close()
+        raise DriverError(f"could not connect to {where}: timed out") from None
+    except (OSError, paramiko.SSHException) as error:
+        client.close()
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise DriverError(f"could not connect to {where}: {reason.lower()}") from None
+    try:
+        yield Session(client, where)
+    finally:
+        client.close()
+
+
+def host_session(host: Host):
+    return connect(
+        address=host.address,
+        port=host.port,
+        user=host.user or "root",
+        host_key=host.host_key,
+        name=host.name,
+    )
+
+
+def _sudo(host: Host) -> str:
+    return "" if (host.user or "root") == "root" else "sudo -n "
+
+
+def status_lines(output: str) -> dict[str, str]:
+    """The `runcrate: key=value` lines a script prints, as a dict."""
+    found = {}
+    for line in output.splitlines():
+        match = _STATUS_LINE.match(line.strip())
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+class SshDriver(Driver):
+    name = "ssh"
+
+    def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
+        host = node.host
+        files = bootstrap_files(node, agent_token=agent_token, plan=plan)
+        with host_session(host) as session:
+            session.upload(files, INCOMING)
+            status, output = session.run(
+                f"{_sudo(host)}env INCOMING={INCOMING} sh {INCOMING}/bootstrap.sh"
+            )
+        facts = status_lines(output)
+        last = output.strip().splitlines()[-1] if output.strip() else ""
+        if status != 0 or last != "runcrate: ok":
+            why = last.removeprefix("runcrate: ") or f"exit status {status}"
+            refused = status == 3
+            raise DriverError(
+                f"the bootstrap of {host.name} {'refused' if refused else 'failed'}: "
+                f"{why.removeprefix('refused: ').removeprefix('failed: ')}",
+                reason="machine_failed" if refused else "",
+                output=output[-20_000:],
+            )
+        gateway_sync(node)
+        return {
+            "bootstrapped_at": timezone.now().isoformat(),
+            "os": facts.get("os", ""),
+            "wireguard": facts.get("wireguard", ""),
+            "original_hostname": facts.get("original_hostname", ""),
+            "changed": [
+                line.removeprefix("runcrate: changed ")
+                for line in output.splitlines()
+                if line.startswith("runcrate: changed ")
+            ],
+        }
+
+    def observe(self, node: Node, *, now: datetime) -> Observation:
+        up = parse_datetime(node.driver_state.get("bootstrapped_at") or "")
+        if up is None:
+            return Observation(MachineState.BOOTING)
+        # The address users reach: the host's own, or (behind a gateway) the one the gateway
+        # forwards to.
+        return Observation(MachineState.RUNNING, since=up, public_address=node.host.address)
+
+    def install(self, node: Node, *, plan: InstallPlan) -> InstallResult:
+        # Installing Slurm, Kubernetes and Ray on real hosts is the next release's work
+        # (docs/drivers.md); until then say so plainly instead of pretending.
+        return InstallResult(
+            ok=False,
+            output=f"Installing {plan.software} on ssh hosts is not available yet; the machines "
+            "are up with their private network. Terminate the cluster, or use it without the "
+            "software.",
+        )
+
+    def check(self, node: Node, *, plan: InstallPlan, now: datetime) -> CheckResult:
+        return CheckResult(
+            state=CheckState.FAILED,
+            problems={node.name: f"{plan.software} is not installed on ssh hosts yet"},
+        )
+
+    def stop(self, node: Node) -> None:
+        host = node.host
+        user = shlex.quote(host.user or "root")
+        original = shlex.quote(node.driver_state.get("original_hostname") or "")
+        with host_session(host) as session:
+            status, output = session.run(
+                f"{_sudo(host)}sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text()
+            )
+        if status != 0:
+            raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])
+        # A new connection: what is checked is what the next cluster would find.
+        with host_session(host) as session:
+            status, output = session.run(
+                f"{_sudo(host)}sh -s {user} {original}", stdin=(SCRIPTS / "verify.sh").read_text()
+            )
+        if status != 0:
+            leftovers = [line for line in output.splitlines() if line.startswith("leftover:")]
+            raise DriverError(
+                f"{host.name} is not clean after the wipe: "
+                f"{'; '.join(x.removeprefix('leftover: ') for x in leftovers) or output[-200:]}",
+                output=output[-20_000:],
+            )
+        gateway_sync(node, leaving=True)
+
+
+# --- what the bootstrap is given ---------------------------------------------------------------
+
+
+def _env_line(name: str, value: str) -> str:
+    return f"{name}={shlex.quote(value)}\n"
+
+
+def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tuple[str, int]]:
+    """The node plan (`clusters.connect.node_plan`) as the files bootstrap.sh reads."""
+    from clusters.models import Node as NodeModel
+
+    cluster = node.cluster
+    location = cluster.machine_type.location
+    peers = list(
+        NodeModel.objects.filter(cluster_id=cluster.pk, status__in=NodeModel.LIVE)
+        .select_related("host")
+        .order_by("index")
+    )
+    known_hosts = "".join(
+        f"{p.name},{p.private_ip} {p.host.host_key}\n" for p in peers if p.host and p.host.host_key
+    )
+    hosts = "".join(f"{ip} {name}\n" for name, ip in sorted(plan["hosts"].items()))
+    environment = "".join(f"{k}={v}\n" for k, v in sorted(plan["environment"].items()))
+    agent = {
+        "runcrate_url": settings.RUNCRATE_AGENT_URL,
+        "runcrate_node_id": str(node.pk),
+        "runcrate_node_token": agent_token,
+        "interface": "rc0",
+        "private_ip": plan["private_ip"],
+        "is_head": plan["role"] == "head",
+    }
+    plan_env = "".join(
+        [
+            _env_line("NODE_NAME", plan["hostname"]),
+            _env_line("PRIVATE_IP", plan["private_ip"]),
+            _env_line("WG_PORT", str(WIREGUARD_PORT)),
+            _env_line("LOGIN_USER", "root"),
+            _env_line("HOSTFILE_PATH", plan["hostfile"]["path"]),
+            _env_line("APT_MIRROR", location.apt_mirror),
+            _env_line("PIP_INDEX_URL", location.pip_index_url),
+        ]
+    )
+    key_state = cluster_keys(node)
+    return {
+        "plan.env": (plan_env, 0o600),
+        "hosts": (hosts, 0o644),
+        "environment": (environment, 0o644),
+        "hostfile": (plan["hostfile"]["content"], 0o644),
+        "authorized_keys": (cluster.authorized_keys.strip() + "\n" + key_state[1] + "\n", 0o600),
+        "known_hosts": (known_hosts, 0o644),
+        "cluster_key": (key_state[0], 0o600),
+        "cluster_key.pub": (key_state[1] + "\n", 0o644),
+        "agent.json": (json.dumps(agent, indent=2) + "\n", 0o600),
+        "runcrate_agent.py": (AGENT_FILE.read_text(), 0o755),
+        "bootstrap.sh": ((SCRIPTS / "bootstrap.sh").read_text(), 0o700),
+    }
+
+
+def cluster_keys(node: Node) -> tuple[str, str]:
+    """The cluster's node-to-node key pair, derived from the secret key and the cluster, so
+    every node gets the same pair without it being stored anywhere."""
+    seed = hmac.new(
+        settings.SECRET_KEY.encode(),
+        f"runcrate-cluster-key:{node.cluster_id}:{node.cluster.created_at.isoformat()}".encode(),
+        hashlib.sha256,
+    ).digest()
+    return _openssh_pair(
+        Ed25519PrivateKey.from_private_bytes(seed), f"runcrate-cluster-{node.cluster_id}"
+    )
+
+
+# --- the location's SSH gateway -----------------------------------------------------------------
+
+
+def gateway_sync(node: Node, *, leaving: bool = False) -> None:
+    """Keep the cluster's jump user `c<id>` on the location's gateway: the users' keys, each
+    allowed to forward only to this cluster's hosts. Removed with the last host."""
+    from clusters.models import Node as NodeModel
+
+    location = node.cluster.machine_type.location
+    if not location.ssh_gateway:
+        return
+    address, _, port = location.ssh_gateway.rpartition(":")
+    address = address.strip("[]")
+    holding = (
+        NodeModel.objects.filter(cluster_id=node.cluster_id, holds_host=True)
+        .select_related("host")
+        .order_by("index")
+    )
+    if leaving:
+        holding = holding.exclude(pk=node.pk)
+    targets = sorted({f"{n.host.address}:{n.host.port}" for n in holding if n.host})
+    user = f"c{node.cluster_id}"
+    if targets:
+        options = "restrict,port-forwarding," + ",".join(f'permitopen="{t}"' for t in targets)
+        keys = "".join(
+            f"{options} {line.strip()}\n"
+            for line in node.cluster.authorized_keys.splitlines()
+            if line.strip()
+        )
+        command = f"sh -s add {user}"
+    else:
+        keys = ""
+        command = f"sh -s remove {user}"
+    script = (SCRIPTS / "gateway.sh").read_text()
+    with connect(
+        address=address,
+        port=int(port or 22),
+        user="root",
+        host_key=location.ssh_gateway_host_key,
+        name=f"the {location.code} gateway",
+    ) as session:
+        # The keys travel as a here-document after the script, never on a command line.
+        status, output = session.run(
+            command, stdin=script + "\n" + _heredoc(keys) if targets else script
+        )
+    if status != 0:
+        raise DriverError(
+            f"the {location.code} gateway refused the jump user: {output.strip()[-300:]}"
+        )
+
+
+def _heredoc(keys: str) -> str:
+    return f"write_keys <<'RUNCRATE_KEYS'\n{keys}RUNCRATE_KEYS\n"

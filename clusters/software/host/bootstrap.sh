@@ -1,0 +1,211 @@
+#!/bin/sh
+# Runcrate bootstrap: make this host node-i of a cluster (clusters/drivers/ssh.py runs it).
+#
+# The driver uploads the node plan into $INCOMING (default /var/lib/runcrate/incoming) as files
+# (plan.env, hosts, environment, hostfile, authorized_keys, known_hosts, cluster_key[.pub],
+# agent.json, runcrate_agent.py) and runs this script as root. It is idempotent: each change it
+# makes prints one "runcrate: changed WHAT" line, and a second run prints none. The last line is
+# "runcrate: ok" or "runcrate: refused: WHY" (exit 3, nothing changed) or "runcrate: failed: WHY".
+#
+# Supported: Debian 12, Ubuntu 22.04 and 24.04. It installs only what is missing (python3,
+# iproute2, wireguard-tools, wireguard-go where the kernel has no WireGuard, iperf3 if it can),
+# from the location's APT_MIRROR only; a host imaged with everything needs no package source.
+set -eu
+umask 022
+INCOMING="${INCOMING:-/var/lib/runcrate/incoming}"
+STATE=/var/lib/runcrate
+CONF=/etc/runcrate
+IFACE=rc0
+BEGIN="# BEGIN runcrate"
+END="# END runcrate"
+
+say() { echo "runcrate: $*"; }
+refuse() { say "refused: $*"; exit 3; }
+fail() { say "failed: $*"; exit 4; }
+
+[ "$(id -u)" = 0 ] || refuse "the bootstrap must run as root (or through sudo)"
+[ -f "$INCOMING/plan.env" ] || refuse "no node plan in $INCOMING"
+# shellcheck disable=SC1091
+. "$INCOMING/plan.env"
+
+# --- the operating system ---------------------------------------------------------------------
+[ -r /etc/os-release ] || refuse "no /etc/os-release: cannot tell which system this is"
+OS_ID=$(. /etc/os-release; echo "${ID:-}")
+OS_VERSION=$(. /etc/os-release; echo "${VERSION_ID:-}")
+CODENAME=$(. /etc/os-release; echo "${VERSION_CODENAME:-}")
+case "$OS_ID $OS_VERSION" in
+  "debian 12"|"ubuntu 22.04"|"ubuntu 24.04") ;;
+  *) refuse "$OS_ID $OS_VERSION is not supported; Runcrate hosts run Debian 12, Ubuntu 22.04 or Ubuntu 24.04" ;;
+esac
+say "os=$OS_ID-$OS_VERSION"
+
+# --- what is missing, from the location's mirror only ------------------------------------------
+kernel_wireguard() {
+  command -v ip >/dev/null 2>&1 || return 1
+  if ip link add rc-probe type wireguard >/dev/null 2>&1; then
+    ip link del rc-probe >/dev/null 2>&1 || true
+    return 0
+  fi
+  return 1
+}
+missing=""
+command -v python3 >/dev/null 2>&1 || missing="$missing python3"
+command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
+command -v wg >/dev/null 2>&1 || missing="$missing wireguard-tools"
+if kernel_wireguard; then WG_MODE=kernel; else WG_MODE=wireguard-go; fi
+[ "$WG_MODE" = kernel ] || command -v wireguard-go >/dev/null 2>&1 || missing="$missing wireguard-go"
+optional=""
+command -v iperf3 >/dev/null 2>&1 || optional="iperf3"
+if [ -n "$missing$optional" ] && [ -n "${APT_MIRROR:-}" ]; then
+  list=/etc/apt/sources.list.d/runcrate.list
+  line="deb $APT_MIRROR $CODENAME main"
+  if [ "$(cat "$list" 2>/dev/null)" != "$line" ]; then
+    echo "$line" > "$list"
+    say "changed apt-source"
+  fi
+  apt_opts="-o Dir::Etc::sourcelist=$list -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq update >/dev/null 2>&1 \
+    || fail "apt-get update from $APT_MIRROR failed"
+  if [ -n "$missing" ]; then
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends $missing \
+      >/dev/null 2>&1 || fail "could not install$missing from $APT_MIRROR"
+    say "changed packages$missing"
+  fi
+  if [ -n "$optional" ]; then
+    # shellcheck disable=SC2086
+    if DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
+      $optional >/dev/null 2>&1; then say "changed packages $optional"; fi
+  fi
+elif [ -n "$missing" ]; then
+  refuse "this host lacks$missing and its location has no apt_mirror to install from"
+fi
+mkdir -p "$STATE" "$CONF"
+chmod 700 "$CONF"
+if [ -n "${PIP_INDEX_URL:-}" ] && { [ ! -e /etc/pip.conf ] || [ -e "$STATE/pip-conf" ]; }; then
+  pipconf="[global]
+index-url = $PIP_INDEX_URL"
+  if [ "$(cat /etc/pip.conf 2>/dev/null)" != "$pipconf" ]; then
+    echo "$pipconf" > /etc/pip.conf
+    touch "$STATE/pip-conf"
+    say "changed pip-index"
+  fi
+fi
+
+# --- a managed block in a file: replaced only when it differs ----------------------------------
+block() {  # block FILE CONTENT-FILE WHAT [MODE]
+  file=$1; content=$2; what=$3
+  [ -f "$file" ] || { : > "$file"; [ -z "${4:-}" ] || chmod "$4" "$file"; }
+  current=$(awk -v b="$BEGIN" -v e="$END" '$0==b{on=1;next} $0==e{on=0;next} on' "$file")
+  if [ "$current" != "$(cat "$content")" ] || ! grep -qx "$BEGIN" "$file"; then
+    tmp="$file.runcrate.$$"
+    awk -v b="$BEGIN" -v e="$END" '$0==b{on=1;next} $0==e{on=0;next} !on' "$file" > "$tmp"
+    { echo "$BEGIN"; cat "$content"; echo "$END"; } >> "$tmp"
+    cat "$tmp" > "$file"; rm -f "$tmp"
+    say "changed $what"
+  fi
+}
+install_file() {  # install_file SRC DEST MODE WHAT
+  if ! cmp -s "$1" "$2" 2>/dev/null; then
+    mkdir -p "$(dirname "$2")"
+    cp "$1" "$2.runcrate.$$"; chmod "$3" "$2.runcrate.$$"; mv "$2.runcrate.$$" "$2"
+    say "changed $4"
+  fi
+}
+
+# --- hostname, /etc/hosts, the environment ----------------------------------------------------
+[ -f "$STATE/original-hostname" ] || hostname > "$STATE/original-hostname"
+say "original_hostname=$(cat "$STATE/original-hostname")"
+if [ "$(hostname)" != "$NODE_NAME" ] || [ "$(cat /etc/hostname 2>/dev/null)" != "$NODE_NAME" ]; then
+  echo "$NODE_NAME" > /etc/hostname
+  hostname "$NODE_NAME"
+  say "changed hostname"
+fi
+block /etc/hosts "$INCOMING/hosts" hosts
+block /etc/environment "$INCOMING/environment" environment
+
+# --- SSH: the user's keys, the cluster's key pair, the peers' pinned host keys -----------------
+LOGIN_HOME=$(getent passwd "$LOGIN_USER" | cut -d: -f6)
+[ -n "$LOGIN_HOME" ] || refuse "no user $LOGIN_USER on this host"
+mkdir -p "$LOGIN_HOME/.ssh"; chmod 700 "$LOGIN_HOME/.ssh"
+block "$LOGIN_HOME/.ssh/authorized_keys" "$INCOMING/authorized_keys" authorized-keys 600
+install_file "$INCOMING/cluster_key" "$LOGIN_HOME/.ssh/runcrate_cluster" 600 cluster-key
+install_file "$INCOMING/cluster_key.pub" "$LOGIN_HOME/.ssh/runcrate_cluster.pub" 644 cluster-key-pub
+printf 'Host node-* 10.77.0.*\n    IdentityFile %s/.ssh/runcrate_cluster\n    StrictHostKeyChecking yes\n' \
+  "$LOGIN_HOME" > "$INCOMING/ssh_config"
+block "$LOGIN_HOME/.ssh/config" "$INCOMING/ssh_config" ssh-config 600
+mkdir -p /etc/ssh
+block /etc/ssh/ssh_known_hosts "$INCOMING/known_hosts" known-hosts 644
+chown -R "$LOGIN_USER" "$LOGIN_HOME/.ssh" 2>/dev/null || true
+
+# --- the hostfile (and /shared, exported over NFS in a later release) --------------------------
+mkdir -p "$(dirname "$HOSTFILE_PATH")"
+install_file "$INCOMING/hostfile" "$HOSTFILE_PATH" 644 hostfile
+
+# --- the private network: WireGuard, the key made here and never sent anywhere -----------------
+mkdir -p "$CONF/wireguard"; chmod 700 "$CONF/wireguard"
+if [ ! -s "$CONF/wireguard/private.key" ]; then
+  (umask 077; wg genkey > "$CONF/wireguard/private.key")
+  say "changed wireguard-key"
+fi
+if ! ip link show "$IFACE" >/dev/null 2>&1; then
+  if [ "$WG_MODE" = kernel ]; then
+    ip link add "$IFACE" type wireguard
+  else
+    WG_QUICK_USERSPACE_IMPLEMENTATION=wireguard-go wireguard-go "$IFACE" >/dev/null 2>&1 \
+      || fail "wireguard-go could not create $IFACE (is /dev/net/tun there?)"
+  fi
+  say "changed wireguard-interface"
+fi
+if [ "$(wg show "$IFACE" listen-port 2>/dev/null)" != "$WG_PORT" ] \
+  || [ "$(wg show "$IFACE" private-key 2>/dev/null)" != "$(cat "$CONF/wireguard/private.key")" ]; then
+  wg set "$IFACE" listen-port "$WG_PORT" private-key "$CONF/wireguard/private.key"
+  say "changed wireguard-config"
+fi
+if ! ip -o -4 addr show dev "$IFACE" | grep -q " $PRIVATE_IP/24 "; then
+  ip addr flush dev "$IFACE"
+  ip addr add "$PRIVATE_IP/24" dev "$IFACE"
+  say "changed private-address"
+fi
+if ! ip link show "$IFACE" | grep -q "[<,]UP[,>]"; then
+  ip link set "$IFACE" up
+  say "changed wireguard-up"
+fi
+say "wireguard=$WG_MODE"
+say "wireguard_public_key=$(wg show "$IFACE" public-key)"
+
+# --- the agent: a systemd unit where systemd runs, otherwise a daemon with a pidfile -----------
+install_file "$INCOMING/runcrate_agent.py" /opt/runcrate/runcrate_agent.py 755 agent
+agent_changed=0
+if ! cmp -s "$INCOMING/agent.json" "$CONF/agent.json" 2>/dev/null; then agent_changed=1; fi
+install_file "$INCOMING/agent.json" "$CONF/agent.json" 600 agent-config
+AGENT="/opt/runcrate/runcrate_agent.py"
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  unit=/etc/systemd/system/runcrate-agent.service
+  printf '[Unit]\nDescription=Runcrate cluster agent\nAfter=network-online.target\n\n[Service]\nExecStart=/usr/bin/python3 %s\nRestart=always\nRestartSec=5\n\n[Install]\nWantedBy=multi-user.target\n' \
+    "$AGENT" > "$INCOMING/unit"
+  install_file "$INCOMING/unit" "$unit" 644 agent-unit
+  systemctl daemon-reload
+  if [ "$agent_changed" = 1 ] || ! systemctl is-active --quiet runcrate-agent; then
+    systemctl enable --now runcrate-agent >/dev/null 2>&1
+    systemctl restart runcrate-agent
+    say "changed agent-running"
+  fi
+  say "agent=systemd"
+else
+  pidfile=/run/runcrate-agent.pid
+  running=0
+  if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then running=1; fi
+  if [ "$running" = 1 ] && [ "$agent_changed" = 1 ]; then
+    kill "$(cat "$pidfile")" 2>/dev/null || true
+    i=0; while kill -0 "$(cat "$pidfile" 2>/dev/null || echo 0)" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    running=0
+  fi
+  if [ "$running" = 0 ]; then
+    python3 "$AGENT" --daemon --pidfile "$pidfile" --log-file /var/log/runcrate-agent.log
+    say "changed agent-running"
+  fi
+  say "agent=daemon"
+fi
+say "ok"

@@ -1,0 +1,27 @@
+#!/bin/sh
+# Runcrate verify: after wipe.sh, over a new connection, list anything the bootstrap left.
+# Prints "leftover: WHAT" per finding and exits 1 if there is any; prints "runcrate: clean" and
+# exits 0 otherwise. Usage: verify.sh LOGIN_USER EXPECTED_HOSTNAME
+LOGIN_USER="${1:-root}"
+EXPECTED_HOSTNAME="${2:-}"
+found=0
+left() { echo "leftover: $*"; found=1; }
+
+pgrep -f /opt/runcrate/runcrate_agent.py >/dev/null 2>&1 && left "the agent is still running"
+pgrep -f "wireguard-go rc0" >/dev/null 2>&1 && left "wireguard-go is still running"
+command -v ip >/dev/null 2>&1 && ip link show rc0 >/dev/null 2>&1 && left "interface rc0"
+for path in /shared /etc/runcrate /opt/runcrate /var/lib/runcrate /run/runcrate-agent.pid \
+  /etc/systemd/system/runcrate-agent.service /etc/apt/sources.list.d/runcrate.list; do
+  [ -e "$path" ] && left "$path"
+done
+LOGIN_HOME=$(getent passwd "$LOGIN_USER" | cut -d: -f6)
+for file in "$LOGIN_HOME/.ssh/authorized_keys" "$LOGIN_HOME/.ssh/config" /etc/hosts \
+  /etc/environment /etc/ssh/ssh_known_hosts; do
+  grep -qs "^# BEGIN runcrate" "$file" && left "the runcrate block in $file"
+done
+[ -e "$LOGIN_HOME/.ssh/runcrate_cluster" ] && left "the cluster key in $LOGIN_HOME/.ssh"
+if [ -n "$EXPECTED_HOSTNAME" ] && [ "$(hostname)" != "$EXPECTED_HOSTNAME" ]; then
+  left "hostname is $(hostname), not $EXPECTED_HOSTNAME"
+fi
+[ "$found" = 0 ] && echo "runcrate: clean"
+exit "$found"

@@ -1,0 +1,72 @@
+#!/bin/sh
+# Runcrate wipe: undo everything bootstrap.sh did, so the host can serve the next cluster
+# (clusters/drivers/ssh.py runs it on terminate, stop and failure, then verify.sh over a new
+# connection). Idempotent; it never touches what sits outside the runcrate blocks (the
+# operator's own key in authorized_keys stays). Usage: wipe.sh LOGIN_USER
+set -u
+LOGIN_USER="${1:-root}"
+STATE=/var/lib/runcrate
+CONF=/etc/runcrate
+IFACE=rc0
+BEGIN="# BEGIN runcrate"
+END="# END runcrate"
+say() { echo "runcrate: $*"; }
+
+unblock() {  # remove the runcrate block from FILE, keep the rest
+  [ -f "$1" ] || return 0
+  grep -qx "$BEGIN" "$1" || return 0
+  tmp="$1.runcrate.$$"
+  awk -v b="$BEGIN" -v e="$END" '$0==b{on=1;next} $0==e{on=0;next} !on' "$1" > "$tmp"
+  cat "$tmp" > "$1"; rm -f "$tmp"
+  say "removed block from $1"
+}
+
+# The agent first, so it cannot report anything half-wiped.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  systemctl disable --now runcrate-agent >/dev/null 2>&1 || true
+  rm -f /etc/systemd/system/runcrate-agent.service
+  systemctl daemon-reload >/dev/null 2>&1 || true
+fi
+if [ -s /run/runcrate-agent.pid ]; then
+  kill "$(cat /run/runcrate-agent.pid)" 2>/dev/null || true
+fi
+pkill -f /opt/runcrate/runcrate_agent.py 2>/dev/null || true
+pkill -f "iperf3 -s -B 10.77.0." 2>/dev/null || true
+i=0
+while pgrep -f /opt/runcrate/runcrate_agent.py >/dev/null 2>&1 && [ $i -lt 50 ]; do
+  sleep 0.1; i=$((i+1))
+done
+pkill -9 -f /opt/runcrate/runcrate_agent.py 2>/dev/null || true
+rm -f /run/runcrate-agent.pid /var/log/runcrate-agent.log
+
+# The private network.
+if command -v ip >/dev/null 2>&1 && ip link show "$IFACE" >/dev/null 2>&1; then
+  ip link del "$IFACE" 2>/dev/null || true
+  say "removed $IFACE"
+fi
+pkill -f "wireguard-go $IFACE" 2>/dev/null || true
+rm -f "/var/run/wireguard/$IFACE.sock"
+
+# Keys, files, folders.
+LOGIN_HOME=$(getent passwd "$LOGIN_USER" | cut -d: -f6)
+if [ -n "$LOGIN_HOME" ]; then
+  unblock "$LOGIN_HOME/.ssh/authorized_keys"
+  unblock "$LOGIN_HOME/.ssh/config"
+  rm -f "$LOGIN_HOME/.ssh/runcrate_cluster" "$LOGIN_HOME/.ssh/runcrate_cluster.pub"
+fi
+unblock /etc/ssh/ssh_known_hosts
+unblock /etc/hosts
+unblock /etc/environment
+rm -rf /shared /opt/runcrate "$CONF"
+rm -f /etc/apt/sources.list.d/runcrate.list
+[ -e "$STATE/pip-conf" ] && rm -f /etc/pip.conf
+
+# The hostname last, from what the first bootstrap saw.
+if [ -s "$STATE/original-hostname" ]; then
+  original=$(cat "$STATE/original-hostname")
+  echo "$original" > /etc/hostname
+  hostname "$original"
+  say "hostname restored to $original"
+fi
+rm -rf "$STATE"
+say "wiped"
