@@ -1,29 +1,73 @@
 #!/usr/bin/env python3
-"""The Runcrate cluster agent: one stdlib-only file copied to every node (DESIGN.md).
+"""The Runcrate cluster agent: one stdlib-only file copied to every node (DESIGN.md "The agent").
 
-It checks in with the node's token, reporting its GPUs as nvidia-smi sees them (step
-`agent`); tests reaching every peer over the private network and reports the result (step
-`network`); then heartbeats. Configuration comes from the environment, or from
-/etc/runcrate/agent.json with the same keys in lowercase:
+For as long as it runs, it:
 
-    RUNCRATE_URL         e.g. https://clusters.runcrate.example (the dashboard)
-    RUNCRATE_NODE_ID     this node's id
-    RUNCRATE_NODE_TOKEN  this node's token (never logged)
+1. Checks in with the dashboard (`POST {url}/api/v1/agent/nodes/{id}/check-in`, with the node's
+   token as `Authorization: Bearer`), reporting its GPUs (nvidia-smi's CSV), its WireGuard public
+   key and its hostname. The check-in is also the heartbeat: every `heartbeat_seconds` once the
+   node has joined, every 5 s while it is starting.
+2. After every answer, makes the WireGuard interface's peers the answer's list (`wg set`). Where
+   `wg` or the interface is missing (tests, simulations) it says so once and goes on.
+3. While the node is `starting` in step `network` and every peer has checked in (`peers_ready`),
+   tests the private network: it TCP-connects to each peer's probe port, retrying unreachable
+   peers for ~20 s; measures latency and bandwidth to the head (iperf3 where the head runs it,
+   else its own timed TCP stream to the head's sink); and reports it all (`POST .../network`).
+   A measurement that fails is reported as nulls with the reason; it never holds the report up.
+4. On the head, serves a bandwidth sink on private_ip:bandwidth_port for its whole life (and
+   `iperf3 -s` on port 7078 where iperf3 is installed), binding again until the address exists.
 
-Usage: runcrate_agent.py [--once]
+It stops (exit 1) when the dashboard answers 403, 404 or 410 (a wrong token, an unknown node, a
+released node); it retries every 5 s on network errors and 5xx answers; a 422 (a report the
+dashboard refused) is logged with the dashboard's message and sent again at the next interval.
+It logs one line per change, never the token.
+
+Configuration comes from /etc/runcrate/agent.json (lowercase keys) and the environment
+(uppercase keys, which win):
+
+    runcrate_url         the dashboard, e.g. https://clusters.runcrate.example
+    runcrate_node_id     this node's id
+    runcrate_node_token  this node's token (never logged)
+    interface            the WireGuard interface the bootstrap made (default rc0)
+    probe_port           the TCP port each peer is tested on (default 22: sshd)
+    bandwidth_port       the head's bandwidth sink (default 7077)
+    heartbeat_seconds    between check-ins once joined (default 30)
+    private_ip           this node's private address, e.g. 10.77.0.1
+    is_head              whether this node is the head (also true when private_ip is the head's)
+
+Usage:
+    runcrate_agent.py          run in the foreground (under systemd)
+    runcrate_agent.py --once   one check-in (and the network test if due), then exit
+    runcrate_agent.py --daemon --pidfile /run/runcrate-agent.pid
+                      --log-file /var/log/runcrate-agent.log
+                               detach (hosts without systemd); does nothing (exit 0) when the
+                               pidfile names a running agent; the pidfile goes at exit
+
+It needs Python 3.10 or later (Ubuntu 22.04's python3) and nothing outside the standard library.
 """
 
 from __future__ import annotations
 
+import argparse
+import atexit
 import json
+import logging
 import os
+import shutil
+import signal
 import socket
+import socketserver
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CONFIG_FILE = Path("/etc/runcrate/agent.json")
 NVIDIA_SMI = [
@@ -33,32 +77,170 @@ NVIDIA_SMI = [
 ]
 PROBE_PORT = 22  # every node runs sshd on its private address
 PROBE_TIMEOUT = 3.0
-HEARTBEAT_SECONDS = 30
-RETRY_SECONDS = 5
+BANDWIDTH_PORT = 7077
+IPERF3_PORT = 7078
+HEARTBEAT_SECONDS = 30.0
+RETRY_SECONDS = 5.0
+STOP_CODES = (403, 404, 410)  # a wrong token, an unknown node, a released node
+LATENCY_SAMPLES = 5
+STREAM_CHUNK = bytes(64 * 1024)
+CONFIG_KEYS = (
+    "runcrate_url",
+    "runcrate_node_id",
+    "runcrate_node_token",
+    "interface",
+    "probe_port",
+    "bandwidth_port",
+    "heartbeat_seconds",
+    "private_ip",
+    "is_head",
+)
+
+log = logging.getLogger("runcrate-agent")
 
 
-def load_config(environ: dict[str, str] | None = None) -> dict[str, str]:
+# --- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How this node's agent behaves, beyond whom it talks to."""
+
+    interface: str | None = "rc0"
+    probe_port: int = PROBE_PORT
+    bandwidth_port: int = BANDWIDTH_PORT
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
+    private_ip: str | None = None
+    is_head: bool = False
+    # Not read from the configuration; tests shorten them.
+    iperf3_port: int = IPERF3_PORT
+    retry_seconds: float = RETRY_SECONDS  # between check-ins while starting, and after errors
+    reach_seconds: float = 20.0  # how long unreachable peers are tried again
+    stream_seconds: float = 1.0  # how long the TCP stream to the head's sink sends
+    stall_seconds: float = 10.0  # when the sink drops a client that sends nothing
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    node_id: str
+    token: str = field(repr=False)
+    settings: Settings = Settings()
+
+
+def load_config(environ: dict[str, str] | None = None, path: Path | None = None) -> Config:
+    """The configuration file's values, overridden by the environment's."""
     environ = dict(os.environ if environ is None else environ)
-    config: dict[str, str] = {}
-    if CONFIG_FILE.exists():
-        config.update({k.upper(): str(v) for k, v in json.loads(CONFIG_FILE.read_text()).items()})
-    for key in ("RUNCRATE_URL", "RUNCRATE_NODE_ID", "RUNCRATE_NODE_TOKEN"):
-        if environ.get(key):
-            config[key] = environ[key]
-        if not config.get(key):
-            raise SystemExit(f"runcrate-agent: {key} is not set (environment or {CONFIG_FILE}).")
-    return config
+    path = CONFIG_FILE if path is None else path
+    values: dict[str, Any] = {}
+    if path.exists():
+        values = {key.lower(): value for key, value in json.loads(path.read_text()).items()}
+    for key in CONFIG_KEYS:
+        if environ.get(key.upper()):
+            values[key] = environ[key.upper()]
+    for key in ("runcrate_url", "runcrate_node_id", "runcrate_node_token"):
+        if not values.get(key):
+            raise SystemExit(f"runcrate-agent: {key.upper()} is not set (environment or {path}).")
+    settings = Settings(
+        interface=_text(values, "interface", "rc0"),
+        probe_port=_number(values, "probe_port", PROBE_PORT, int),
+        bandwidth_port=_number(values, "bandwidth_port", BANDWIDTH_PORT, int),
+        heartbeat_seconds=_number(values, "heartbeat_seconds", HEARTBEAT_SECONDS, float),
+        private_ip=_text(values, "private_ip", None),
+        is_head=_boolean(values, "is_head"),
+    )
+    return Config(
+        url=str(values["runcrate_url"]),
+        node_id=str(values["runcrate_node_id"]),
+        token=str(values["runcrate_node_token"]),
+        settings=settings,
+    )
+
+
+def _text(values: dict[str, Any], key: str, default: str | None) -> str | None:
+    value = values.get(key, default)
+    return str(value) if value else None
+
+
+def _number(values: dict[str, Any], key: str, default: float, kind: type) -> Any:
+    try:
+        number = kind(values.get(key, default))
+    except (TypeError, ValueError):
+        raise SystemExit(f"runcrate-agent: {key} must be a number, not {values[key]!r}.") from None
+    if number <= 0:
+        raise SystemExit(f"runcrate-agent: {key} must be positive, not {number}.")
+    return number
+
+
+def _boolean(values: dict[str, Any], key: str) -> bool:
+    value = values.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"runcrate-agent: {key} must be true or false, not {value!r}.")
+
+
+# --- what the node reports about itself ------------------------------------------------------
+
+
+def run_command(command: list[str], timeout: float = 30) -> str | None:
+    """The command's output, or None when it is missing, fails or hangs."""
+    try:
+        done = subprocess.run(  # noqa: S603 (our own command lines, no shell)
+            command, capture_output=True, text=True, timeout=timeout, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout
 
 
 def read_gpus() -> str:
-    """nvidia-smi's CSV; empty on a machine without it (the server then sees 0 GPUs)."""
-    try:
-        done = subprocess.run(  # noqa: S603 (a fixed command line, no input in it)
-            NVIDIA_SMI, capture_output=True, text=True, timeout=60, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout
+    """nvidia-smi's CSV; empty on a machine without it (the dashboard then sees 0 GPUs)."""
+    return run_command(NVIDIA_SMI, timeout=60) or ""
+
+
+def wireguard_public_key(interface: str | None) -> str | None:
+    if interface is None or shutil.which("wg") is None:
+        return None
+    return (run_command(["wg", "show", interface, "public-key"]) or "").strip() or None
+
+
+def wireguard_peers(interface: str | None) -> set[str] | None:
+    """The public keys of the interface's peers; None without `wg` or without the interface."""
+    if interface is None or shutil.which("wg") is None:
+        return None
+    output = run_command(["wg", "show", interface, "peers"])
+    return None if output is None else set(output.split())
+
+
+def set_wireguard_peers(
+    interface: str, peers: list[dict[str, Any]], present: set[str]
+) -> tuple[list[str], list[str]]:
+    """Make the interface's peers (`present`, their keys) exactly `peers`: the keys it removed and
+    the names of the peers it failed to set. Setting a peer that is already there changes
+    nothing, so every answer is applied whole."""
+    listed, failed = set(), []
+    for peer in peers:
+        key = peer.get("public_key")
+        if not key or not peer.get("allowed_ip"):
+            continue
+        listed.add(key)
+        command = ["wg", "set", interface, "peer", key]
+        if peer.get("endpoint"):
+            command += ["endpoint", peer["endpoint"]]
+        command += ["allowed-ips", peer["allowed_ip"], "persistent-keepalive", "25"]
+        if run_command(command) is None:
+            failed.append(str(peer.get("name", key)))
+    removed = sorted(present - listed)
+    for key in removed:
+        run_command(["wg", "set", interface, "peer", key, "remove"])
+    return removed, failed
+
+
+# --- testing the private network -------------------------------------------------------------
 
 
 def probe(address: str, port: int = PROBE_PORT, timeout: float = PROBE_TIMEOUT) -> bool:
@@ -70,15 +252,228 @@ def probe(address: str, port: int = PROBE_PORT, timeout: float = PROBE_TIMEOUT) 
         return False
 
 
+def reach_peers(peers: dict[str, str], port: int, *, within: float) -> dict[str, bool]:
+    """Peer name -> whether its port opened. A peer that has not configured us yet refuses for a
+    moment, so the unreachable ones are tried again, about once a second, for `within` seconds."""
+    deadline = time.monotonic() + within
+    reached = dict.fromkeys(sorted(peers), False)
+    while True:
+        for name in [name for name, ok in reached.items() if not ok]:
+            reached[name] = probe(peers[name], port)
+        left = deadline - time.monotonic()
+        if all(reached.values()) or left <= 0:
+            return reached
+        time.sleep(min(1.0, left))
+
+
+def connect_seconds(address: str, port: int, timeout: float = PROBE_TIMEOUT) -> float:
+    """How long a TCP connection to address:port takes to open: one round trip."""
+    started = time.perf_counter()
+    with socket.create_connection((address, port), timeout=timeout):
+        return time.perf_counter() - started
+
+
+def measure_latency(address: str, port: int) -> float:
+    """The median of a few TCP connects' round trips, in milliseconds."""
+    samples = [connect_seconds(address, port) for _ in range(LATENCY_SAMPLES)]
+    return round(statistics.median(samples) * 1000, 3)
+
+
+def iperf3_bandwidth(address: str, port: int = IPERF3_PORT) -> float | None:
+    """Mbit/s the head's `iperf3 -s` received in 2 s, or None when iperf3 fails (it serves one
+    client at a time, so a busy head refuses)."""
+    output = run_command(["iperf3", "-c", address, "-p", str(port), "-t", "2", "-J"], timeout=15)
+    try:
+        bits = json.loads(output or "")["end"]["sum_received"]["bits_per_second"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return round(bits / 1e6, 1)
+
+
+def stream_bandwidth(
+    address: str, port: int, *, seconds: float = 1.0, timeout: float = 10.0
+) -> float:
+    """Mbit/s of a timed TCP stream to the head's sink: zero-filled 64 KiB buffers for `seconds`,
+    then the sink's count of what it received, from the first send to its reply."""
+    with socket.create_connection((address, port), timeout=timeout) as stream:
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            stream.sendall(STREAM_CHUNK)
+        stream.shutdown(socket.SHUT_WR)
+        reply = _read_line(stream)
+        elapsed = time.monotonic() - started
+    if not reply.isdigit() or int(reply) == 0:
+        raise ValueError(f"the sink answered {reply!r}, not a byte count")
+    return round(8 * int(reply) / elapsed / 1e6, 1)
+
+
+def _read_line(connection: socket.socket) -> str:
+    reply = b""
+    while not reply.endswith(b"\n") and len(reply) < 64:
+        chunk = connection.recv(64)
+        if not chunk:
+            break
+        reply += chunk
+    return reply.decode("ascii", "replace").strip()
+
+
+def measure_bandwidth(head: str, settings: Settings) -> tuple[float, str]:
+    """Mbit/s to the head and how it was measured: iperf3 where the head runs it, else our own
+    TCP stream to its sink."""
+    if shutil.which("iperf3") and probe(head, settings.iperf3_port):
+        mbit = iperf3_bandwidth(head, settings.iperf3_port)
+        if mbit is not None:
+            return mbit, "iperf3"
+    mbit = stream_bandwidth(head, settings.bandwidth_port, seconds=settings.stream_seconds)
+    return mbit, "tcp-stream"
+
+
+def unmeasured(error: str | None = None) -> dict[str, Any]:
+    return {"latency_ms": None, "bandwidth_mbit": None, "method": None, "error": error}
+
+
+def measure_acceptance(head: str | None, settings: Settings) -> dict[str, Any]:
+    """Latency and bandwidth to the head; whatever fails is null, and `error` says why."""
+    if head is None:
+        return unmeasured("the dashboard named no head")
+    acceptance, errors = unmeasured(), []
+    try:
+        acceptance["latency_ms"] = measure_latency(head, settings.probe_port)
+    except OSError as error:
+        errors.append(f"latency to {head}:{settings.probe_port}: {error}")
+    try:
+        acceptance["bandwidth_mbit"], acceptance["method"] = measure_bandwidth(head, settings)
+    except (OSError, ValueError) as error:
+        errors.append(f"bandwidth to {head}:{settings.bandwidth_port}: {error}")
+    acceptance["error"] = "; ".join(errors) or None
+    return acceptance
+
+
+# --- the head's side of the measurement ------------------------------------------------------
+
+
+class _SinkHandler(socketserver.BaseRequestHandler):
+    """Reads until the client shuts its side, then answers how many bytes came."""
+
+    def handle(self) -> None:
+        self.request.settimeout(self.server.stall_seconds)
+        received = 0
+        try:
+            while chunk := self.request.recv(256 * 1024):
+                received += len(chunk)
+            self.request.sendall(f"{received}\n".encode())
+        except OSError:  # a timeout included: a client that stalls is dropped
+            return
+
+
+class _SinkServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], stall_seconds: float) -> None:
+        self.stall_seconds = stall_seconds
+        super().__init__(address, _SinkHandler)
+
+
+class Sink:
+    """The head's bandwidth sink on address:port, served from a daemon thread, a thread per
+    client. The private address appears only once WireGuard is up, so it binds again every
+    `retry_seconds` until it can, then calls `when_bound`."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        *,
+        stall_seconds: float = 10.0,
+        retry_seconds: float = RETRY_SECONDS,
+        when_bound: Callable[[], None] | None = None,
+    ) -> None:
+        self.address = address
+        self.port = port
+        self.stall_seconds = stall_seconds
+        self.retry_seconds = retry_seconds
+        self.when_bound = when_bound
+        self.bound = threading.Event()
+        self._stopping = threading.Event()
+        self._server: _SinkServer | None = None
+
+    def start(self) -> Sink:
+        threading.Thread(target=self._serve, name="runcrate-sink", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+
+    def _serve(self) -> None:
+        server = self._bind()
+        if server is None:
+            return
+        with server:
+            self._server = server
+            self.bound.set()
+            log.info("serving the bandwidth sink on %s:%s", self.address, self.port)
+            if self.when_bound is not None:
+                self.when_bound()
+            server.serve_forever(poll_interval=0.5)
+
+    def _bind(self) -> _SinkServer | None:
+        said = False
+        while not self._stopping.is_set():
+            try:
+                return _SinkServer((self.address, self.port), self.stall_seconds)
+            except OSError as error:
+                if not said:
+                    log.info(
+                        "cannot serve on %s:%s yet (%s); retrying", self.address, self.port, error
+                    )
+                    said = True
+                self._stopping.wait(self.retry_seconds)
+        return None
+
+
+def start_iperf3_server(address: str, port: int = IPERF3_PORT) -> None:
+    """`iperf3 -s` on the head, detached (-D), where iperf3 is installed."""
+    if shutil.which("iperf3") is None:
+        return
+    command = ["iperf3", "-s", "-B", address, "-p", str(port), "-D"]
+    try:  # no pipes: the detached server would hold them open
+        subprocess.run(  # noqa: S603 (our own command line, no shell)
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("iperf3 -s on %s:%s did not start: %s", address, port, error)
+        return
+    log.info("started iperf3 -s on %s:%s", address, port)
+
+
+# --- the agent -------------------------------------------------------------------------------
+
+
+def network_test_due(state: dict[str, Any]) -> bool:
+    # A dashboard that does not say whether the peers are ready is taken to mean they are.
+    ready = state.get("peers_ready", True) is True
+    return state["status"] == "starting" and state["step"] == "network" and ready
+
+
 class Agent:
-    def __init__(self, url: str, node_id: str, token: str, *, port: int = PROBE_PORT) -> None:
+    """One node's agent: talks to the dashboard as `node_id` with `token`."""
+
+    def __init__(
+        self, url: str, node_id: str, token: str, *, settings: Settings | None = None
+    ) -> None:
         if not url.startswith(("https://", "http://")):
             raise SystemExit(f"runcrate-agent: RUNCRATE_URL must be an http(s) URL, not {url!r}.")
         self.base = f"{url.rstrip('/')}/api/v1/agent/nodes/{node_id}"
         self.token = token
-        self.port = port
+        self.settings = settings or Settings()
+        self.sink: Sink | None = None
+        self._status = "starting"
+        self._said: dict[str, str] = {}
 
-    def _post(self, path: str, body: dict) -> dict:
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(  # noqa: S310 (the scheme is checked in __init__)
             f"{self.base}/{path}",
             data=json.dumps(body).encode(),
@@ -86,46 +481,239 @@ class Agent:
             headers={
                 "Authorization": f"Bearer {self.token}",
                 "Content-Type": "application/json",
-                "User-Agent": "runcrate-agent/1",
+                "User-Agent": "runcrate-agent/2",
             },
         )
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
-            return json.loads(response.read())["data"]
-
-    def check_in(self) -> dict:
-        return self._post("check-in", {"nvidia_smi": read_gpus()})
-
-    def test_network(self, peers: dict[str, str]) -> dict:
-        reachability = {name: probe(ip, self.port) for name, ip in sorted(peers.items())}
-        return self._post("network", {"reachability": reachability})
-
-    def run_once(self) -> dict:
-        state = self.check_in()
-        if state["status"] == "starting" and state["step"] in ("network", "agent"):
-            state = self.test_network(state["peers"])
+            state = json.loads(response.read())["data"]
+        self._answered(state)
         return state
+
+    def _note(self, topic: str, message: str) -> None:
+        """Log `message` unless it is what was last said about `topic`: one line per change."""
+        if self._said.get(topic) != message:
+            self._said[topic] = message
+            log.info("%s", message)
+
+    def _answered(self, state: dict[str, Any]) -> None:
+        """What every answer of the dashboard leads to."""
+        self._status = state["status"]
+        self._note("state", f"{state['node']} is {state['status']} (step {state['step']})")
+        if "wireguard" in state:
+            self.apply_wireguard(state["wireguard"]["peers"])
+
+    def apply_wireguard(self, peers: list[dict[str, Any]]) -> None:
+        interface = self.settings.interface
+        present = wireguard_peers(interface)
+        if interface is None or present is None:
+            self._note("wireguard", f"no wg or no WireGuard interface {interface}; no peers set")
+            return
+        removed, failed = set_wireguard_peers(interface, peers, present)
+        names = ", ".join(sorted(str(p.get("name")) for p in peers if p.get("public_key")))
+        message = f"WireGuard {interface} peers: {names or 'none'}"
+        if removed:
+            self._said.pop("wireguard", None)  # a removal is always worth a line
+            message += f"; removed {len(removed)}"
+        if failed:
+            message += f"; wg set failed for {', '.join(failed)}"
+        self._note("wireguard", message)
+
+    def check_in(self) -> dict[str, Any]:
+        return self._post(
+            "check-in",
+            {
+                "nvidia_smi": read_gpus(),
+                "wireguard_public_key": wireguard_public_key(self.settings.interface),
+                "hostname": socket.gethostname(),
+            },
+        )
+
+    def own_address(self, state: dict[str, Any]) -> str | None:
+        return self.settings.private_ip or state.get("private_ip")
+
+    def is_head(self, state: dict[str, Any]) -> bool:
+        head = state.get("head") or {}
+        mine = self.own_address(state)
+        return self.settings.is_head or (mine is not None and head.get("private_ip") == mine)
+
+    def test_network(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Reach every peer, measure the way to the head, report both; the dashboard's answer."""
+        settings = self.settings
+        reachability = reach_peers(
+            state["peers"], settings.probe_port, within=settings.reach_seconds
+        )
+        if self.is_head(state):
+            acceptance = unmeasured()  # nothing to measure the way to
+        else:
+            acceptance = measure_acceptance((state.get("head") or {}).get("private_ip"), settings)
+        self._note("network", _describe(reachability, acceptance))
+        return self._post("network", {"reachability": reachability, "acceptance": acceptance})
+
+    def run_once(self) -> dict[str, Any]:
+        """One check-in, and the network test when it is due: --once."""
+        state = self.check_in()
+        if network_test_due(state):
+            state = self.test_network(state)
+        return state
+
+    def serve_if_head(self, state: dict[str, Any]) -> None:
+        """On the head, start the sink (once; it lives as long as the agent)."""
+        address = self.own_address(state)
+        if self.sink is not None or address is None or not self.is_head(state):
+            return
+        port = self.settings.iperf3_port
+        self.sink = Sink(
+            address,
+            self.settings.bandwidth_port,
+            stall_seconds=self.settings.stall_seconds,
+            retry_seconds=self.settings.retry_seconds,
+            when_bound=lambda: start_iperf3_server(address, port),
+        ).start()
+
+    def next_check_in_seconds(self) -> float:
+        starting = self._status == "starting"
+        return self.settings.retry_seconds if starting else self.settings.heartbeat_seconds
+
+    def run(self) -> int:
+        """Check in until the dashboard says to stop; the exit status."""
+        self.serve_if_head({})  # a head that its configuration names serves before it checks in
+        while True:
+            try:
+                state = self.check_in()
+                self.serve_if_head(state)
+                if network_test_due(state):
+                    self.test_network(state)
+            except urllib.error.HTTPError as error:
+                if error.code in STOP_CODES:
+                    log.error("stopping: the dashboard answered %s (%s)", error.code, _why(error))
+                    return 1
+                wait = self._after_refusal(error)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                # OSError includes urllib's URLError; the others: an answer we cannot read.
+                self._note("dashboard", f"no answer from the dashboard ({error!r}); retrying")
+                wait = self.settings.retry_seconds
+            else:
+                if self._said.pop("dashboard", None) is not None:
+                    log.info("the dashboard answers again")
+                wait = self.next_check_in_seconds()
+            time.sleep(wait)
+
+    def _after_refusal(self, error: urllib.error.HTTPError) -> float:
+        """Log the dashboard's refusal; how long to wait before the next try."""
+        if error.code == 422:  # a report it cannot take: sent again, as it then is, next time
+            self._note("dashboard", f"the dashboard refused a report: {_why(error)}")
+            return self.next_check_in_seconds()
+        self._note("dashboard", f"the dashboard answered {error.code} ({_why(error)}); retrying")
+        return self.settings.retry_seconds
+
+
+def _why(error: urllib.error.HTTPError) -> str:
+    """The dashboard's message in its error envelope, else the HTTP reason."""
+    try:
+        return str(json.loads(error.read())["error"]["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(error.reason)
+
+
+def _describe(reachability: dict[str, bool], acceptance: dict[str, Any]) -> str:
+    unreached = sorted(name for name, reached in reachability.items() if not reached)
+    line = f"network test: reached {len(reachability) - len(unreached)}/{len(reachability)} peers"
+    if unreached:
+        line += f" (not {', '.join(unreached)})"
+    if acceptance["latency_ms"] is not None:
+        line += f"; head {acceptance['latency_ms']} ms"
+    if acceptance["bandwidth_mbit"] is not None:
+        line += f", {acceptance['bandwidth_mbit']} Mbit/s by {acceptance['method']}"
+    if acceptance["error"]:
+        line += f"; {acceptance['error']}"
+    return line
+
+
+# --- running as a daemon ---------------------------------------------------------------------
+
+
+def running_agent(pidfile: Path) -> int | None:
+    """The pid that `pidfile` names, when that process is alive and runs this agent."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if Path(__file__).name.encode() in command_line else None
+
+
+def daemonize(pidfile: Path, log_file: Path) -> None:
+    """Detach (fork, setsid, fork), write the pidfile and send all output to `log_file`. Returns
+    in the daemon; the caller's process exits once the pidfile is written, so whoever started us
+    can read it at once."""
+    pidfile, log_file = pidfile.absolute(), log_file.absolute()  # the daemon works from /
+    ready_read, ready_write = os.pipe()
+    if os.fork() > 0:
+        os.close(ready_write)
+        with os.fdopen(ready_read) as ready:
+            os._exit(0 if ready.read() == "ok" else 1)
+    os.close(ready_read)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.chdir("/")
+    pid = os.getpid()
+    pidfile.write_text(f"{pid}\n")
+    atexit.register(_remove_pidfile, pidfile, pid)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # so atexit runs
+    with open(os.devnull) as nothing, open(log_file, "a") as output:
+        os.dup2(nothing.fileno(), 0)
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+    os.write(ready_write, b"ok")
+    os.close(ready_write)
+
+
+def _remove_pidfile(pidfile: Path, pid: int) -> None:
+    try:
+        if pidfile.read_text().strip() == str(pid):
+            pidfile.unlink()
+    except OSError:
+        return
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="runcrate_agent.py", description="The Runcrate agent.")
+    parser.add_argument("--once", action="store_true", help="check in once, then exit")
+    parser.add_argument("--daemon", action="store_true", help="detach (hosts without systemd)")
+    parser.add_argument("--pidfile", type=Path, default=Path("/run/runcrate-agent.pid"))
+    parser.add_argument("--log-file", type=Path, default=Path("/var/log/runcrate-agent.log"))
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
+    arguments = parse_arguments(argv)
     config = load_config()
-    agent = Agent(config["RUNCRATE_URL"], config["RUNCRATE_NODE_ID"], config["RUNCRATE_NODE_TOKEN"])
-    while True:
-        try:
-            state = agent.run_once()
-        except urllib.error.HTTPError as error:
-            if error.code in (403, 404, 410):  # wrong token, or this node was released
-                print(f"runcrate-agent: stopping ({error.code})", file=sys.stderr)
-                return 1
-            time.sleep(RETRY_SECONDS)
-            continue
-        except (urllib.error.URLError, OSError) as error:
-            print(f"runcrate-agent: {error}; retrying", file=sys.stderr)
-            time.sleep(RETRY_SECONDS)
-            continue
-        if "--once" in argv:
+    agent = Agent(config.url, config.node_id, config.token, settings=config.settings)
+    if arguments.daemon:
+        pid = running_agent(arguments.pidfile)
+        if pid is not None:
+            print(f"runcrate-agent: already running (pid {pid})", file=sys.stderr)
             return 0
-        # Until the node has joined, report again soon: peers may still be checking in.
-        time.sleep(HEARTBEAT_SECONDS if state["status"] == "joined" else RETRY_SECONDS)
+        daemonize(arguments.pidfile, arguments.log_file)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s runcrate-agent: %(message)s", stream=sys.stderr
+    )
+    if arguments.once:
+        return run_once(agent)
+    return agent.run()
+
+
+def run_once(agent: Agent) -> int:
+    try:
+        agent.run_once()
+    except urllib.error.HTTPError as error:
+        log.error("the dashboard answered %s (%s)", error.code, _why(error))
+        return 1
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.error("no answer from the dashboard (%r)", error)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
