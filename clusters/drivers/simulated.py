@@ -114,8 +114,17 @@ class SimulatedDriver(Driver):
             return
         peers = self._peer_names(node)
         agent_report_network(
-            node=node.pk, token=agent_token, reachability=self.reachability(node, peers=peers)
+            node=node.pk,
+            token=agent_token,
+            reachability=self.reachability(node, peers=peers),
+            acceptance=self.acceptance(node),
         )
+
+    def acceptance(self, node: Node) -> dict:
+        """What a simulated agent measures to node-0: the Ethernet network's typical figures."""
+        if node.index == 0:
+            return {"latency_ms": None, "bandwidth_mbit": None, "method": None, "error": None}
+        return {"latency_ms": 0.25, "bandwidth_mbit": 1600.0, "method": "simulated", "error": None}
 
     def last_heard(self, node: Node, *, now: datetime) -> datetime | None:
         # A simulated agent never falls silent: it is heard from whenever anyone asks.

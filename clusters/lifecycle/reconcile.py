@@ -25,10 +25,13 @@ from clusters.lifecycle.rules import (
     RELEASE_ATTEMPTS,
     RETRY_AFTER,
     START_ATTEMPTS,
+    acceptance_problem,
+    acceptance_report,
     duration,
     gpu_line,
     hardware_problem,
     lock_cluster,
+    measured_note,
     node_give_up_at,
     reachability_matrix,
     step_deadline,
@@ -292,11 +295,15 @@ class _Pass:
                 and node.network_reported_at is not None
                 and node.network_reported_at <= node.step_deadline
             ):
+                problem = acceptance_problem(node)
+                if problem:
+                    failures.append(Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem))
+                    continue
                 node.network_at = node.network_reported_at
                 self.touch(node)
                 self.event(
                     Reason.NETWORK_OK,
-                    f"{node.name} reaches every other node.",
+                    f"{node.name} reaches every other node{measured_note(node)}.",
                     node=node,
                     step=Step.NETWORK,
                 )
@@ -442,6 +449,7 @@ class _Pass:
     def join_cluster(self, batch: list[Node]) -> None:
         cluster = self.cluster
         cluster.joined_at = self.now
+        cluster.acceptance = acceptance_report(batch, self.machine_type, at=self.now)
         self.start_billing(batch)
         self.event(
             Reason.JOINED,
@@ -599,6 +607,9 @@ class _Pass:
                 self.fail_worker(failure)
             for node in starting:
                 if node.status == NodeStatus.STARTING and node.network_at is not None:
+                    report = acceptance_report([node], self.machine_type, at=self.now)
+                    self.cluster.acceptance.setdefault("nodes", []).extend(report["nodes"])
+                    self.cluster_dirty = True
                     self.start_billing([node])
                     if self.cluster.software == Cluster.Software.NONE:
                         self.finish_node(node)

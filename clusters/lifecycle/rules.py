@@ -141,3 +141,59 @@ def reachability_matrix(nodes: list[Node]) -> str:
                 cells.append("ok" if rows[source][target] else "FAIL")
         lines.append(source.ljust(width) + "".join(c.ljust(width) for c in cells))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def acceptance_problem(node: Node) -> str | None:
+    """Why what the node's agent measured to node-0 fails acceptance, or None. node-0 measures
+    nothing to itself."""
+    if node.index == 0:
+        return None
+    measured = node.acceptance or {}
+    bandwidth = measured.get("bandwidth_mbit")
+    if bandwidth is None:
+        why = measured.get("error") or "its agent reported no measurement"
+        return f"{node.name} could not measure its bandwidth to node-0 ({why})."
+    minimum = settings.RUNCRATE_ACCEPTANCE_MIN_MBIT
+    if bandwidth < minimum:
+        return (
+            f"{node.name} moves {bandwidth:,.0f} Mbit/s to node-0 over the private network; "
+            f"acceptance needs at least {minimum:,.0f} Mbit/s."
+        )
+    return None
+
+
+def measured_note(node: Node) -> str:
+    measured = node.acceptance or {}
+    if node.index == 0 or measured.get("bandwidth_mbit") is None:
+        return ""
+    latency = measured.get("latency_ms")
+    return f"; {measured['bandwidth_mbit']:,.0f} Mbit/s" + (
+        f" and {latency:.2f} ms to node-0" if latency is not None else " to node-0"
+    )
+
+
+def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datetime) -> dict:
+    """The cluster's acceptance report, kept before billing starts: per node the GPUs its agent
+    saw, its reachability row, and latency and bandwidth to node-0."""
+    return {
+        "measured_at": at.isoformat(),
+        "expected": {
+            "gpu": machine_type.gpu.name,
+            "gpus_per_machine": machine_type.gpus_per_machine,
+            "memory_gib": machine_type.gpu.memory_gib,
+        },
+        "nodes": [
+            {
+                "name": n.name,
+                "gpus": [
+                    {"name": g.get("name", ""), "memory_total_mib": g.get("memory_total_mib")}
+                    for g in n.gpus or []
+                ],
+                "reachability": dict(sorted((n.reachability or {}).items())),
+                "latency_ms": (n.acceptance or {}).get("latency_ms"),
+                "bandwidth_mbit": (n.acceptance or {}).get("bandwidth_mbit"),
+                "method": (n.acceptance or {}).get("method"),
+            }
+            for n in sorted(nodes, key=lambda n: n.index)
+        ],
+    }

@@ -165,9 +165,14 @@ def test_it_jumps_through_the_gateway_where_hosts_have_no_address():
 
 
 def test_it_prefers_the_gateway_when_a_location_has_one():
-    # A host's own address does not matter where the location puts a gateway in front of it.
+    # Behind a gateway the node's address is the one the gateway forwards to (the cluster's
+    # jump user may open only its own hosts); the jump always goes through the gateway.
     s = shape(nodes=2, gpus=8, gateway=GATEWAY)
-    assert ssh_command(s, s.nodes[1]) == "ssh -J c42@gw.fra-1.runcrate.net:2222 root@node-1"
+    assert ssh_command(s, s.nodes[1]) == "ssh -J c42@gw.fra-1.runcrate.net:2222 root@203.0.113.11"
+    unknown = ClusterShape(**{**s.__dict__, "nodes": (NodeAccess(index=0, address=None),)})
+    assert ssh_command(unknown, unknown.nodes[0]) == (
+        "ssh -J c42@gw.fra-1.runcrate.net:2222 root@node-0"
+    )
 
 
 def test_it_fills_the_launch_commands_for_sixteen_eight_gpu_containers():
