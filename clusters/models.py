@@ -236,6 +236,12 @@ class Node(models.Model):
                 fields=["host"], condition=Q(holds_host=True), name="host_held_by_one_node"
             ),
         ]
+        indexes = [
+            # The heartbeat watch reads only joined nodes whose heartbeat is old.
+            models.Index(
+                fields=["heartbeat_at"], condition=Q(status="joined"), name="node_joined_heartbeat"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -359,9 +365,11 @@ class Event(models.Model):
 
     @property
     def notification(self) -> str | None:
-        """Which email this event asks for: "ready", "failed", "degraded", or None."""
+        """Which email this event asks for: "ready", "failed", "degraded", "lost", or None."""
         if self.reason == self.Reason.READY:
             return "ready"
+        if self.reason == self.Reason.MACHINE_LOST:
+            return "lost"
         if self.reason in self.DEGRADING:
             return "degraded"
         if self.reason in self.FAILURES - self.DEGRADING - self.STAFF_ONLY:

@@ -26,6 +26,12 @@ def sweep_hosts() -> int:
     return len(lifecycle.sweep_orphan_hosts())
 
 
+@shared_task(name="clusters.tasks.watch_heartbeats", ignore_result=True)
+def watch_heartbeats() -> int:
+    """Mark lost the machines of ready clusters whose agents fell silent."""
+    return len(lifecycle.watch_heartbeats())
+
+
 @shared_task(name="clusters.tasks.advance", ignore_result=True)
 def advance(cluster_id: int) -> list[str]:
     # Cleared before reading anything, so a change committed from here on queues a new one.

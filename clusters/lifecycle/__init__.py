@@ -20,7 +20,7 @@ under a lease, talking to drivers), `actions` (terminate, stop, retry, add worke
 (what the periodic tasks look at). Callers import this package, never its modules.
 """
 
-from clusters.lifecycle.actions import add_workers, retry_install, stop, terminate
+from clusters.lifecycle.actions import add_workers, mark_lost, retry_install, stop, terminate
 from clusters.lifecycle.dispatch import (
     CollectingDispatcher,
     Dispatcher,
@@ -36,6 +36,7 @@ from clusters.lifecycle.rules import (
     LEASE_SECONDS,
     RELEASE_ATTEMPTS,
     RETRY_AFTER,
+    START_ATTEMPTS,
     agent_token,
     hardware_problem,
     lock_cluster,
@@ -44,7 +45,7 @@ from clusters.lifecycle.rules import (
     step_deadline,
     token_hash,
 )
-from clusters.lifecycle.watch import clusters_needing_work, sweep_orphan_hosts
+from clusters.lifecycle.watch import clusters_needing_work, sweep_orphan_hosts, watch_heartbeats
 from clusters.lifecycle.work import do_node_work, install_plan, node_plan_for
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "NODE_FIELDS",
     "RELEASE_ATTEMPTS",
     "RETRY_AFTER",
+    "START_ATTEMPTS",
     "CollectingDispatcher",
     "Dispatcher",
     "Failure",
@@ -70,6 +72,7 @@ __all__ = [
     "hardware_problem",
     "install_plan",
     "lock_cluster",
+    "mark_lost",
     "money",
     "node_plan_for",
     "reachability_matrix",
@@ -80,4 +83,5 @@ __all__ = [
     "sweep_orphan_hosts",
     "terminate",
     "token_hash",
+    "watch_heartbeats",
 ]

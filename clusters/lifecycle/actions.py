@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from accounts.models import User
-from billing.models import UsageRecord
+from billing.models import LedgerEntry, UsageRecord
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.reconcile import _Pass, charge_on_commit
 from clusters.lifecycle.reserve import new_nodes, require_balance, reserve_hosts
-from clusters.lifecycle.rules import TERMINABLE, lock_cluster
+from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money
 from clusters.models import Cluster, Event, Node
-from offers.models import MAX_NODES
-
-log = logging.getLogger(__name__)
-
+from offers.models import MAX_NODES, Host
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +147,73 @@ def add_workers(*, cluster: Cluster, count: int) -> Cluster:
         )
         dispatch.current().advance(locked.pk)
     return locked
+
+
+def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | None = None) -> bool:
+    """A joined node of a ready or degraded cluster is gone silent (or gone): its billing ends
+    at its last heartbeat (what was charged past it is refunded), its host is wiped and
+    released, and the cluster is degraded (`machine_lost`, naming the node). Returns whether
+    the node was marked."""
+    now = now or timezone.now()
+    cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
+    with transaction.atomic():
+        locked = lock_cluster(cluster_id) if cluster_id else None
+        if locked is None or locked.status not in (Status.READY, Status.DEGRADED):
+            return False
+        nodes = list(locked.nodes.select_related("host").order_by("index"))
+        node = next((n for n in nodes if n.pk == node_id), None)
+        if node is None or node.status != NodeStatus.JOINED:
+            return False
+        work = _Pass(cluster=locked, nodes=nodes, now=now)
+        refunded = _end_usage_at(node=node, cluster=locked, at=last_heard)
+        node.move_to(status=NodeStatus.LOST)
+        node.ended_at = last_heard
+        node.step_deadline = None
+        node.lease_token = ""
+        node.lease_expires_at = None
+        work.touch(node)
+        if node.holds_host:
+            work.set_host(node, Host.State.CLEANING)
+        if locked.status == Status.READY:
+            work.set_status(Status.DEGRADED)
+        refund = f" ({money(refunded)} charged past it was refunded)" if refunded else ""
+        work.event(
+            Reason.MACHINE_LOST,
+            f"{node.name} was lost: {why}. Its billing ended at its last heartbeat, "
+            f"{last_heard:%H:%M:%S} UTC{refund}. The cluster is degraded: the other machines "
+            "keep running and billed; terminate it when you are done.",
+            node=node,
+            step=node.step,
+        )
+        work.flush()
+        dispatch.current().advance(locked.pk)
+    log.warning("cluster %s: %s lost (%s)", locked.pk, node.name, why)
+    return True
+
+
+def _end_usage_at(*, node: Node, cluster: Cluster, at: datetime) -> Decimal:
+    """End the node's usage at `at`; refund (an adjustment on the ledger) what the meter had
+    already charged past it. Returns the refund."""
+    from billing import meter
+
+    refunded = Decimal("0.00")
+    records = UsageRecord.objects.select_for_update().filter(node=node, ended_at__isnull=True)
+    for record in records:
+        end = max(at, record.started_at)
+        if record.charged_until > end:
+            over = meter.cost_between(record, end, record.charged_until)
+            if over > 0:
+                LedgerEntry.objects.create(
+                    project_id=cluster.project_id,
+                    kind=LedgerEntry.Kind.ADJUSTMENT,
+                    amount=over,
+                    note=f"Refund: {cluster.name} {node.name} was lost; billed past its last "
+                    "heartbeat",
+                )
+                refunded += over
+            record.charged_amount -= over
+            record.charged_until = end
+        record.ended_at = end
+        record.save(update_fields=["ended_at", "charged_until", "charged_amount"])
+    charge_on_commit(record_ids=[r.pk for r in records])
+    return refunded

@@ -41,9 +41,6 @@ from offers.models import Host, MachineType
 
 log = logging.getLogger(__name__)
 
-
-log = logging.getLogger(__name__)
-
 Status = Cluster.Status
 Step = Node.Step
 NodeStatus = Node.Status
@@ -656,7 +653,11 @@ class _Pass:
     def release(self) -> None:
         freed = []
         for node in self.nodes:
-            if not node.holds_host or node.status not in (NodeStatus.FAILED, NodeStatus.ENDED):
+            if not node.holds_host or node.status not in (
+                NodeStatus.FAILED,
+                NodeStatus.ENDED,
+                NodeStatus.LOST,
+            ):
                 continue
             stop = self.record(node, "stop")
             if stop.get("ok"):

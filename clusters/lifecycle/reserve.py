@@ -22,9 +22,6 @@ from offers.offers import Availability, get_offer
 
 log = logging.getLogger(__name__)
 
-
-log = logging.getLogger(__name__)
-
 Status = Cluster.Status
 Step = Node.Step
 NodeStatus = Node.Status

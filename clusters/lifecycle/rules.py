@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -13,9 +14,6 @@ from django.conf import settings
 
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.models import MachineType
-
-log = logging.getLogger(__name__)
-
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +104,18 @@ def gpu_line(gpu: dict) -> str:
     return ", ".join(str(gpu.get(k, "")) for k in ("name", "memory_total_mib", "uuid"))
 
 
+def _words(name: str) -> set[str]:
+    return {w for w in re.split(r"[^a-z0-9]+", name.lower()) if w}
+
+
+def model_tokens(name: str) -> set[str]:
+    """The words of a GPU's name that say which model it is: those with a digit that are not a
+    memory size ("H100 SXM 80GB" -> {"h100"}; nvidia-smi's "NVIDIA H100 80GB HBM3" -> {"h100",
+    "hbm3"}; "NVIDIA A100-SXM4-80GB" -> {"a100", "sxm4"}). A GPU passes the hardware check when
+    every model word of the GPU model it is sold as appears in the name nvidia-smi reports."""
+    return {w for w in _words(name) if re.search(r"\d", w) and not re.fullmatch(r"\d+gb", w)}
+
+
 def hardware_problem(node: Node, machine_type: MachineType) -> str | None:
     """Why the GPUs the agent saw are not what the machine type sells, or None."""
     gpus = node.gpus or []
@@ -113,7 +123,14 @@ def hardware_problem(node: Node, machine_type: MachineType) -> str | None:
     model = machine_type.gpu
     if len(gpus) != expected:
         return f"{node.name} reports {len(gpus)} GPUs; {machine_type.slug} has {expected}."
+    wanted = model_tokens(model.name)
     for gpu in gpus:
+        seen = str(gpu.get("name", ""))
+        if not wanted <= model_tokens(seen):
+            return (
+                f"{node.name} reports {seen or 'a GPU without a name'}; {machine_type.slug} "
+                f"sells {model.name}."
+            )
         memory_gib = float(gpu.get("memory_total_mib", 0)) / 1024
         if abs(memory_gib - model.memory_gib) > 0.1 * model.memory_gib:
             return (

@@ -1,16 +1,20 @@
-"""Periodic checks: which clusters a tick advances, and hosts held by nothing."""
+"""Periodic checks: which clusters a tick advances, hosts held by nothing, and the heartbeats of
+the machines of ready clusters (a silent one is lost)."""
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
+from clusters.drivers import get_driver
+from clusters.drivers.base import MachineState
+from clusters.lifecycle.actions import mark_lost
 from clusters.models import Cluster, Event, Node
 from offers.models import Host
-
-log = logging.getLogger(__name__)
-
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +22,9 @@ Status = Cluster.Status
 Step = Node.Step
 NodeStatus = Node.Status
 Reason = Event.Reason
+
+# Node statuses whose host is wiped and released.
+RELEASED = [NodeStatus.FAILED, NodeStatus.ENDED, NodeStatus.LOST]
 
 # --- periodic -------------------------------------------------------------------------------
 
@@ -28,7 +35,7 @@ def clusters_needing_work() -> list[int]:
         Cluster.objects.filter(
             Q(status__in=[Status.PROVISIONING, Status.INSTALLING, Status.TERMINATING])
             | Q(nodes__status=NodeStatus.STARTING)
-            | Q(nodes__holds_host=True, nodes__status__in=[NodeStatus.FAILED, NodeStatus.ENDED])
+            | Q(nodes__holds_host=True, nodes__status__in=RELEASED)
             | Q(status=Status.READY, nodes__step=Step.INSTALL, nodes__status=NodeStatus.JOINED)
         )
         .order_by("pk")
@@ -47,3 +54,39 @@ def sweep_orphan_hosts() -> list[Host]:
     for host in orphans:
         log.error("host %s is %s but no node holds it", host.name, host.state)
     return orphans
+
+
+def watch_heartbeats(*, now: datetime | None = None) -> list[str]:
+    """Mark lost every node of a ready or degraded cluster whose agent has been silent for
+    RUNCRATE_HEARTBEAT_LOST_SECONDS, or whose machine its driver reports gone. Only nodes whose
+    stored heartbeat is already old are read (an index on joined nodes' heartbeats), so a fleet
+    of healthy clusters costs one query."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.RUNCRATE_HEARTBEAT_LOST_SECONDS)
+    stale = (
+        Node.objects.filter(
+            status=NodeStatus.JOINED,
+            cluster__status__in=[Status.READY, Status.DEGRADED],
+        )
+        .filter(Q(heartbeat_at__lte=cutoff) | Q(heartbeat_at__isnull=True))
+        .select_related("host", "cluster__machine_type__location")
+        .order_by("cluster_id", "index")
+    )
+    lost = []
+    for node in stale:
+        driver = get_driver(node.host)
+        observation = driver.observe(node, now=now)
+        heard = driver.last_heard(node, now=now)
+        if observation.state is MachineState.GONE:
+            why = observation.message or "its machine is gone"
+        elif heard is not None and heard > cutoff:
+            # Heard from since (a driver that knows more than the stored heartbeat).
+            Node.objects.filter(pk=node.pk).update(heartbeat_at=heard)
+            continue
+        else:
+            silent = int((now - (heard or node.running_at or now)).total_seconds())
+            why = f"its agent has been silent for {silent} seconds"
+        last = heard or node.running_at or now
+        if mark_lost(node_id=node.pk, last_heard=min(last, now), why=why, now=now):
+            lost.append(f"{node.cluster_id}/{node.name}")
+    return lost

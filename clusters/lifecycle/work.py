@@ -19,9 +19,6 @@ from clusters.models import Cluster, Event, Node
 
 log = logging.getLogger(__name__)
 
-
-log = logging.getLogger(__name__)
-
 Status = Cluster.Status
 Step = Node.Step
 NodeStatus = Node.Status
