@@ -75,6 +75,9 @@ ANCHOR = Path("/run/runcrate-lab")
 NETNS_PREFIX = "rclab-"
 VETH_PREFIX = "rcl-"
 NFT_TABLE = "rclab"
+# Kept even after `down`: what is sent to a lab address while the bridge is gone fails here
+# instead of leaving by the machine's default route.
+GUARD_ROUTE = ["unreachable", SUBNET, "metric", "4242"]
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Tools the lab runs on the machine, and the Debian package of each (installed when missing).
@@ -134,10 +137,13 @@ def _env_lab_dir() -> Path:
 
 
 def _lab_dir() -> Path:
-    """The lab directory in use: the one a running lab was made in, else $RUNCRATE_VAR_DIR/lab."""
+    """The lab directory in use: the one a running lab was made in (whatever RUNCRATE_VAR_DIR
+    says now: the bridge and addresses are the machine's, so there is one lab a machine), else
+    $RUNCRATE_VAR_DIR/lab."""
     with contextlib.suppress(OSError):
         target = (ANCHOR / "lab").resolve(strict=True)
-        if (target / "state.json").is_file():
+        state = _read_state(target)
+        if state and any(_running(r) for r in state.get("hosts", {}).values()):
             return target
     return _env_lab_dir()
 
@@ -332,7 +338,7 @@ def unavailable_reason() -> str | None:
             text=True,
         ).stdout
         for line in routes.splitlines():
-            if "default" in line.split()[:1]:
+            if line.split()[:1] in (["default"], ["unreachable"]):
                 continue
             if f"dev {BRIDGE}" not in line:
                 return f"{SUBNET} is already routed on this machine: {line.strip()}"
@@ -658,6 +664,7 @@ def _open_ports() -> str:
 
 
 def _ensure_network() -> None:
+    _run(["ip", "route", "replace", *GUARD_ROUTE])
     if not Path(f"/sys/class/net/{BRIDGE}").exists():
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
     with contextlib.suppress(OSError):
@@ -979,6 +986,10 @@ def _stop_host(record: dict) -> None:
     _kill(record.get("launcher_pid"), record.get("launcher_start"))
     _wait_gone(record.get("init_pid"), record.get("init_start"))
     _teardown_netns(record["name"])
+    launcher = _LAUNCHERS.pop(record["name"], None)
+    if launcher is not None and launcher.pid == record.get("launcher_pid"):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            launcher.wait(timeout=5)
     _wait_gone(record.get("launcher_pid"), record.get("launcher_start"), timeout=2)
     _reap()
 
@@ -1283,18 +1294,25 @@ def current() -> Lab | None:
 
 
 def down() -> None:
-    """Remove everything the lab made but its cache and its hosts' keys; idempotent, and best
-    effort after a crash (what a lost state file no longer names is found by its names)."""
+    """Remove everything the lab made but its cache, its hosts' keys and the guard route;
+    idempotent, and best effort after a crash (what a lost state file no longer names is found
+    by its names)."""
     if os.geteuid() != 0:
         raise LabError("down() needs root, as up() did")
     lab_dirs = {_lab_dir(), _env_lab_dir()}
+    with contextlib.suppress(OSError):
+        lab_dirs.add((ANCHOR / "lab").resolve(strict=True))
+    killed = []
     for lab_dir in lab_dirs:
         state = _read_state(lab_dir) or {}
         for record in state.get("hosts", {}).values():
             _kill(record.get("init_pid"), record.get("init_start"))
             _kill(record.get("launcher_pid"), record.get("launcher_start"))
+            killed.append((record.get("init_pid"), record.get("init_start")))
         mirror = state.get("mirror") or {}
         _kill(mirror.get("pid"), mirror.get("start"))
+    for pid, start in killed:
+        _wait_gone(pid, start, timeout=5)
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in listing.splitlines():
         netns = line.split()[0] if line.split() else ""
