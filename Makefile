@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 export PORT
 
-.PHONY: install run test bench lint clean
+.PHONY: install run test bench lint clean lab lab-down
 
 $(BIN)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
@@ -34,6 +34,33 @@ bench: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The host lab (docs/lab.md): real hosts in namespaces on this machine, loaded as ssh-driven
+# hosts of locations `lab` and `lab-gw`. Linux and root only; the first run builds its image.
+LAB_HOSTS ?= 3
+LAB_GATEWAY_HOSTS ?= 0
+LAB_DIR := $(or $(RUNCRATE_VAR_DIR),var)/lab
+
+lab: install
+	@$(BIN)/python manage.py migrate --noinput -v0
+	@mkdir -p $(LAB_DIR)
+	@$(BIN)/python manage.py operator_ssh_key > $(LAB_DIR)/operator.out
+	@tail -n1 $(LAB_DIR)/operator.out > $(LAB_DIR)/operator.pub && rm -f $(LAB_DIR)/operator.out
+	@$(BIN)/python -m lab up --hosts $(LAB_HOSTS) --authorized-key-file $(LAB_DIR)/operator.pub \
+		--inventory $(LAB_DIR)/inventory.json --gateway-hosts $(LAB_GATEWAY_HOSTS)
+	@$(BIN)/python manage.py load_inventory $(LAB_DIR)/inventory.json
+	@echo ""
+	@echo "  The host lab is up: lab-1..lab-$(LAB_HOSTS) (172.30.77.11...) and the SSH gateway"
+	@echo "  lab-gw (172.30.77.10), loaded as ssh hosts of locations lab and lab-gw"
+	@echo "  ($(LAB_DIR)/inventory.json). The operator's key ($(LAB_DIR)/operator.pub) logs in as root."
+	@echo ""
+	@echo "  Start the product where the hosts' agents reach it:  HOST=172.30.77.1 make run"
+	@echo "  Inside a host:   .venv/bin/python -m lab exec lab-1 -- hostname"
+	@echo "  What is up:      .venv/bin/python -m lab status"
+	@echo "  Take it down:    make lab-down"
+
+lab-down:
+	@$(or $(wildcard $(BIN)/python),python3) -m lab down
 
 # The virtualenv and build leftovers only: var/ holds the SQLite database and sent mail.
 clean:
