@@ -72,6 +72,9 @@ REPO = Path(__file__).resolve().parent.parent
 IMAGE_FILES = Path(__file__).resolve().parent / "image"
 # Points at the lab directory in use, whatever RUNCRATE_VAR_DIR says: there is one lab a machine.
 ANCHOR = Path("/run/runcrate-lab")
+# Every process that called up() holds a shared lock on this file until it exits, so that a
+# test about to take the lab down can tell whether someone else is using it (never deleted).
+USERS_LOCK = Path("/run/runcrate-lab.users.lock")
 NETNS_PREFIX = "rclab-"
 VETH_PREFIX = "rcl-"
 NFT_TABLE = "rclab"
@@ -186,6 +189,36 @@ def _write_anchor(lab_dir: Path) -> None:
         tmp.unlink()
     tmp.symlink_to(lab_dir)
     tmp.replace(link)
+
+
+_users_handle = None
+
+
+def _hold_users_lock() -> None:
+    global _users_handle
+    if _users_handle is None:
+        _users_handle = open(USERS_LOCK, "a")  # noqa: SIM115 (held until the process exits)
+    fcntl.flock(_users_handle, fcntl.LOCK_SH)
+
+
+def others_using() -> bool:
+    """Whether another process has called up() and is still running (it may be using the lab:
+    a test should not take the lab down from under it)."""
+    if _users_handle is not None:
+        fcntl.flock(_users_handle, fcntl.LOCK_UN)
+    try:
+        with open(USERS_LOCK, "a") as probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(probe, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+    finally:
+        if _users_handle is not None:
+            fcntl.flock(_users_handle, fcntl.LOCK_SH)
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -1225,6 +1258,7 @@ def up(count: int = 3, *, authorized_key: str, gateway: bool = True) -> Lab:
     key = _check_key(authorized_key)
     if not 0 <= count <= MAX_HOSTS:
         raise ValueError(f"count must be 0 to {MAX_HOSTS}")
+    _hold_users_lock()
     lab_dir = _lab_dir()
     lab_dir.mkdir(parents=True, exist_ok=True)
     _ensure_tools(RUNTIME_TOOLS)
