@@ -1,5 +1,5 @@
-"""One host lab for the whole session: brought up once (two GPU hosts and the gateway), taken
-down at the end unless it was up before the session began."""
+"""One host lab for the whole session: brought up once (two GPU hosts and the gateway; reset if
+they were up already), taken down at the end unless it was up before the session began."""
 
 import subprocess
 from pathlib import Path
@@ -37,6 +37,11 @@ def lab(lab_before, operator_key) -> hostlab.Lab:
         # These tests reset hosts and take the lab down: not while someone else uses it.
         pytest.skip("another process that called hostlab.up() is running: its lab is in use")
     made = hostlab.up(2, authorized_key=operator_key[1], gateway=True)
+    if lab_before is not None:
+        # Hosts that were up before are kept as they were (another suite's bootstrap, say):
+        # these tests start from pristine ones.
+        for host in ["lab-gw", *(h.name for h in made.hosts)]:
+            made.reset(host)
     yield made
     if lab_before is None and not hostlab.others_using():
         hostlab.down()
