@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except BrokenPipeError:  # `python -m lab status | head`
+        return 0
     except (hostlab.LabError, ValueError, OSError) as error:
         print(f"lab: {error}", file=sys.stderr)
         return 1
