@@ -236,6 +236,12 @@ def connect(*, address: str, port: int, user: str, host_key: str, name: str):
     except TimeoutError:
         client.close()
         raise DriverError(f"could not connect to {where}: timed out") from None
+    except paramiko.ssh_exception.NoValidConnectionsError as error:
+        client.close()
+        reasons = {e.strerror or str(e) for e in error.errors.values()} or {str(error)}
+        raise DriverError(
+            f"could not connect to {where}: {'; '.join(sorted(reasons)).lower()}"
+        ) from None
     except (OSError, paramiko.SSHException) as error:
         client.close()
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
@@ -287,7 +293,9 @@ class SshDriver(Driver):
         facts = status_lines(output)
         last = output.strip().splitlines()[-1] if output.strip() else ""
         if status != 0 or last != "runcrate: ok":
-            why = last.removeprefix("runcrate: ") or f"exit status {status}"
+            why = last.removeprefix("runcrate: ") or "no output"
+            if not last.startswith(("runcrate: refused", "runcrate: failed")):
+                why = f"it stopped (exit status {status}) after: {why}"
             refused = status == 3
             raise DriverError(
                 f"the bootstrap of {host.name} {'refused' if refused else 'failed'}: "
@@ -441,8 +449,11 @@ def gateway_sync(node: Node, *, leaving: bool = False) -> None:
         return
     address, _, port = location.ssh_gateway.rpartition(":")
     address = address.strip("[]")
+    # The hosts of the nodes still serving the cluster: once it ends, none.
     holding = (
-        NodeModel.objects.filter(cluster_id=node.cluster_id, holds_host=True)
+        NodeModel.objects.filter(
+            cluster_id=node.cluster_id, holds_host=True, status__in=NodeModel.LIVE
+        )
         .select_related("host")
         .order_by("index")
     )

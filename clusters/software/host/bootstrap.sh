@@ -130,8 +130,14 @@ LOGIN_HOME=$(getent passwd "$LOGIN_USER" | cut -d: -f6)
 [ -n "$LOGIN_HOME" ] || refuse "no user $LOGIN_USER on this host"
 mkdir -p "$LOGIN_HOME/.ssh"; chmod 700 "$LOGIN_HOME/.ssh"
 block "$LOGIN_HOME/.ssh/authorized_keys" "$INCOMING/authorized_keys" authorized-keys 600
-install_file "$INCOMING/cluster_key" "$LOGIN_HOME/.ssh/runcrate_cluster" 600 cluster-key
-install_file "$INCOMING/cluster_key.pub" "$LOGIN_HOME/.ssh/runcrate_cluster.pub" 644 cluster-key-pub
+# The private key's file differs on every upload (OpenSSH's format has a random check field)
+# for the same key: it is replaced only when the public half changes.
+if ! cmp -s "$INCOMING/cluster_key.pub" "$LOGIN_HOME/.ssh/runcrate_cluster.pub" 2>/dev/null \
+  || [ ! -s "$LOGIN_HOME/.ssh/runcrate_cluster" ]; then
+  install_file "$INCOMING/cluster_key" "$LOGIN_HOME/.ssh/runcrate_cluster" 600 cluster-key
+  install_file "$INCOMING/cluster_key.pub" "$LOGIN_HOME/.ssh/runcrate_cluster.pub" 644 \
+    cluster-key-pub
+fi
 printf 'Host node-* 10.77.0.*\n    IdentityFile %s/.ssh/runcrate_cluster\n    StrictHostKeyChecking yes\n' \
   "$LOGIN_HOME" > "$INCOMING/ssh_config"
 block "$LOGIN_HOME/.ssh/config" "$INCOMING/ssh_config" ssh-config 600

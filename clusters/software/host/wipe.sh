@@ -30,13 +30,13 @@ fi
 if [ -s /run/runcrate-agent.pid ]; then
   kill "$(cat /run/runcrate-agent.pid)" 2>/dev/null || true
 fi
-pkill -f /opt/runcrate/runcrate_agent.py 2>/dev/null || true
-pkill -f "iperf3 -s -B 10.77.0." 2>/dev/null || true
+pkill -f '/opt/runcrate/[r]uncrate_agent.py' 2>/dev/null || true
+pkill -f "[i]perf3 -s -B 10.77.0." 2>/dev/null || true
 i=0
-while pgrep -f /opt/runcrate/runcrate_agent.py >/dev/null 2>&1 && [ $i -lt 50 ]; do
+while pgrep -f '/opt/runcrate/[r]uncrate_agent.py' >/dev/null 2>&1 && [ $i -lt 50 ]; do
   sleep 0.1; i=$((i+1))
 done
-pkill -9 -f /opt/runcrate/runcrate_agent.py 2>/dev/null || true
+pkill -9 -f '/opt/runcrate/[r]uncrate_agent.py' 2>/dev/null || true
 rm -f /run/runcrate-agent.pid /var/log/runcrate-agent.log
 
 # The private network.
@@ -44,7 +44,7 @@ if command -v ip >/dev/null 2>&1 && ip link show "$IFACE" >/dev/null 2>&1; then
   ip link del "$IFACE" 2>/dev/null || true
   say "removed $IFACE"
 fi
-pkill -f "wireguard-go $IFACE" 2>/dev/null || true
+pkill -f "wireguard-go [r]c0" 2>/dev/null || true
 rm -f "/var/run/wireguard/$IFACE.sock"
 
 # Keys, files, folders.

@@ -1,0 +1,419 @@
+"""The ssh driver on real Linux hosts: the lab's namespaces, each with its own sshd (docs/lab.md).
+
+Clusters come up through the real bootstrap, the real agent (talking to a live dashboard on
+the lab's bridge) and a real WireGuard network; users log in with the real `ssh` client and the
+product's SSH config; faults are made inside the hosts; terminate leaves them clean. Skipped,
+with the reason, where the lab cannot start (not root, no namespaces).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import time_machine
+from django.test.testcases import LiveServerThread
+from django.utils import timezone
+
+from accounts.models import SshKey
+from billing.models import UsageRecord
+from clusters import connect, lifecycle
+from clusters.drivers import get_driver
+from clusters.drivers.ssh import operator_public_key
+from clusters.lifecycle import reconcile
+from clusters.models import Cluster, Event, Node
+from lab import hostlab
+from offers.inventory import load_inventory
+from offers.models import Host, MachineType
+from tests.clusters.lifecycle_kit import Sim, create, new_project
+
+pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+HOSTS = 5  # lab-1..lab-3 in `lab` (own addresses), lab-4 and lab-5 behind the gateway
+BOOT = 300  # generous: a first bootstrap installs WireGuard from the lab's mirror
+WAIT = 180  # seconds any one test waits for a cluster to move
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = hostlab.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    was_up = hostlab.current() is not None
+    the_lab = hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
+    yield the_lab
+    if not was_up:
+        hostlab.down()
+
+
+@pytest.fixture
+def dashboard(transactional_db, settings):
+    """The live dashboard on the lab's bridge, where the hosts' agents reach it."""
+    port = random.randint(8100, 8899)  # the lab lets its hosts reach 8000-8999 on the bridge
+    server = LiveServerThread(hostlab.BRIDGE_ADDRESS, _static_handler(), port=port)
+    server.daemon = True
+    server.start()
+    server.is_ready.wait(10)
+    if server.error:
+        raise server.error
+    settings.RUNCRATE_AGENT_URL = f"http://{hostlab.BRIDGE_ADDRESS}:{server.port}"
+    settings.ALLOWED_HOSTS = ["*"]
+    yield settings.RUNCRATE_AGENT_URL
+    server.terminate()
+
+
+def _static_handler():
+    from django.test.testcases import _StaticFilesHandler
+
+    return _StaticFilesHandler
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(reconcile, "RETRY_AFTER", timedelta(seconds=1))
+
+
+@pytest.fixture
+def fleet(lab, dashboard):
+    """The lab's hosts in the inventory: machine types `lab-h100x2-vm` and `lab-gw-h100x2-vm`."""
+    load_inventory(lab.inventory(boot_seconds=BOOT, gateway_hosts=2))
+    yield lab
+    # A test that failed half-way leaves nothing for the next one.
+    for host in lab.hosts:
+        if lab.exec(host.name, "test -e /var/lib/runcrate", check=False).returncode == 0:
+            lab.reset(host.name)
+
+
+@pytest.fixture
+def user_key(tmp_path) -> Path:
+    key = tmp_path / "id_user"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "user@test", "-f", str(key)],
+        check=True,
+    )
+    return key
+
+
+def project_with(user_key: Path):
+    _, project = new_project(keys=0)
+    public = user_key.with_suffix(".pub").read_text().strip()
+    SshKey.objects.create(project=project, name="mine", public_key=public, fingerprint="SHA256:x")
+    return project
+
+
+def machine_type(slug: str) -> MachineType:
+    return MachineType.objects.get(slug=slug)
+
+
+def drive(cluster: Cluster, *statuses: str, timeout: float = WAIT) -> Cluster:
+    """Run the reconciler and its per-node work here (the agents talk to the live dashboard)
+    until the cluster reaches one of `statuses`; a bounded wait on real hosts."""
+    deadline = time.monotonic() + timeout
+    with Sim() as sim:
+        while True:
+            sim.tick()
+            cluster.refresh_from_db()
+            if cluster.status in statuses:
+                return cluster
+            if time.monotonic() > deadline:
+                events = "\n".join(f"  {e.reason}: {e.message}" for e in cluster.events.all())
+                raise AssertionError(
+                    f"cluster is {cluster.status}, not {statuses}:\n{events}\n{agent_logs(cluster)}"
+                )
+            time.sleep(0.5)
+
+
+def agent_logs(cluster: Cluster) -> str:
+    """The agents' logs on the cluster's hosts, for a test that timed out."""
+    lab = hostlab.current()
+    if lab is None:
+        return ""
+    logs = []
+    for n in cluster.nodes.select_related("host"):
+        done = lab.exec(n.host.name, "tail -n 20 /var/log/runcrate-agent.log", check=False)
+        logs.append(f"--- {n.name} ({n.host.name}):\n{done.stdout}{done.stderr}")
+    return "\n".join(logs)
+
+
+def released(cluster: Cluster, timeout: float = WAIT, allowed=(Host.State.FREE,)) -> None:
+    """Every host the cluster held is wiped and free again."""
+    deadline = time.monotonic() + timeout
+    with Sim() as sim:
+        while cluster.nodes.filter(holds_host=True).exists():
+            assert time.monotonic() < deadline, list(cluster.events.values_list("message"))
+            sim.tick()
+            time.sleep(0.5)
+    hosts = Host.objects.filter(nodes__cluster=cluster)
+    assert set(hosts.values_list("state", flat=True)) <= set(allowed)
+
+
+def assert_clean(lab, host: Host) -> None:
+    """Nothing of the cluster is left inside the host."""
+    checks = {
+        "agent": "! pgrep -f '/opt/runcrate/[r]uncrate_agent.py'",
+        "wireguard": "! ip link show rc0",
+        "shared": "test ! -e /shared",
+        "user key": "! grep -q 'user@test' /root/.ssh/authorized_keys",
+        "operator key kept": "grep -q runcrate-operator /root/.ssh/authorized_keys",
+        "hostname": f'test "$(hostname)" = {host.name}',
+        "state": "test ! -e /var/lib/runcrate -a ! -e /etc/runcrate",
+    }
+    failed = [
+        what
+        for what, command in checks.items()
+        if lab.exec(host.name, command, check=False).returncode != 0
+    ]
+    assert failed == [], f"{host.name} is not clean: {failed}"
+
+
+def ssh_config_file(cluster: Cluster, tmp_path: Path, user_key: Path, lab) -> Path:
+    """The product's SSH config, with what a user's own ~/.ssh/config adds: their key and
+    known_hosts with the pinned host keys."""
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"{h.address} {h.host_key}\n" for h in [*lab.hosts, lab.gateway]))
+    shape = connect.shape_for(
+        Cluster.objects.prefetch_related("nodes", "volumes").get(pk=cluster.pk)
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        connect.ssh_config(shape)
+        + f"\nHost *\n    IdentityFile {user_key}\n    IdentitiesOnly yes\n"
+        f"    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n    BatchMode yes\n"
+        "    ConnectTimeout 10\n"
+    )
+    return config
+
+
+def ssh(config: Path, target: str, command: str) -> str:
+    done = subprocess.run(
+        ["ssh", "-F", str(config), target, command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def assert_failed_at(cluster: Cluster, reason: str, node: str, step: str) -> Event:
+    assert (cluster.status, cluster.failure_reason, cluster.failure_node, cluster.failure_step) == (
+        Cluster.Status.FAILED,
+        reason,
+        node,
+        step,
+    ), cluster.failure_message
+    assert not UsageRecord.objects.filter(cluster=cluster).exists()  # nothing was billed
+    return cluster.events.get(reason=reason)
+
+
+# --- a cluster on real hosts -------------------------------------------------------------------
+
+
+def test_a_cluster_comes_up_on_real_hosts_users_log_in_and_terminate_wipes_them(
+    fleet, user_key, tmp_path
+):
+    lab = fleet
+    project = project_with(user_key)
+    cluster = create(project, machine_type("lab-h100x2-vm"), nodes=3, name="real")
+    drive(cluster, Cluster.Status.READY, Cluster.Status.FAILED)
+    assert cluster.status == Cluster.Status.READY, cluster.failure_message
+
+    # Billing started once, for all three machines at the same instant.
+    starts = set(UsageRecord.objects.filter(cluster=cluster).values_list("started_at", flat=True))
+    assert (
+        starts == {cluster.joined_at} and UsageRecord.objects.filter(cluster=cluster).count() == 3
+    )
+    # The acceptance report: GPUs seen, reachability, and what each node measured to node-0.
+    rows = {row["name"]: row for row in cluster.acceptance["nodes"]}
+    assert [g["name"] for g in rows["node-1"]["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert rows["node-2"]["reachability"] == {"node-0": True, "node-1": True}
+    for name in ("node-1", "node-2"):
+        assert rows[name]["bandwidth_mbit"] > 0 and rows[name]["latency_ms"] > 0
+        assert rows[name]["method"] in ("iperf3", "tcp-stream")
+
+    # The user's own key logs in to every node with the product's SSH config.
+    config = ssh_config_file(cluster, tmp_path, user_key, lab)
+    for i in range(3):
+        assert ssh(config, f"node-{i}", "hostname") == f"node-{i}"
+    # The private network: node-0 reaches node-1 at 10.77.0.2 over WireGuard, and every node
+    # by name without a password (the cluster's own key).
+    assert ssh(config, "node-0", "ip -o -4 addr show rc0").split()[3] == "10.77.0.1/24"
+    assert ssh(config, "node-0", "ping -c 1 -W 5 10.77.0.2 >/dev/null && echo up") == "up"
+    for i in (1, 2):
+        assert ssh(config, "node-0", f"ssh -o BatchMode=yes node-{i} hostname") == f"node-{i}"
+    assert ssh(config, "node-1", "cat /shared/hostfile") == (
+        "node-0 slots=2\nnode-1 slots=2\nnode-2 slots=2"
+    )
+    # The agents heartbeat.
+    assert all(n.heartbeat_at is not None for n in cluster.nodes.all())
+
+    # Running the bootstrap again on a node changes nothing.
+    node1 = cluster.nodes.select_related("host", "cluster__machine_type__location").get(index=1)
+    before = lab.exec(node1.host.name, "cat /etc/hosts /etc/hostname; wg show rc0 public-key")
+    again = get_driver(node1.host).start(
+        node1, agent_token=lifecycle.agent_token(node1), plan=lifecycle.node_plan_for(node1)
+    )
+    assert again["changed"] == []
+    assert (
+        lab.exec(node1.host.name, "cat /etc/hosts /etc/hostname; wg show rc0 public-key").stdout
+        == before.stdout
+    )
+
+    with Sim():
+        lifecycle.terminate(cluster=cluster)
+    drive(cluster, Cluster.Status.TERMINATED)
+    released(cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        assert_clean(lab, host)
+
+
+def test_users_reach_nodes_behind_the_location_gateway(fleet, user_key, tmp_path):
+    lab = fleet
+    project = project_with(user_key)
+    cluster = create(project, machine_type("lab-gw-h100x2-vm"), nodes=2, name="behind")
+    drive(cluster, Cluster.Status.READY, Cluster.Status.FAILED)
+    assert cluster.status == Cluster.Status.READY, cluster.failure_message
+
+    config = ssh_config_file(cluster, tmp_path, user_key, lab)
+    assert f"ProxyJump c{cluster.pk}@{lab.gateway.address}:22" in config.read_text()
+    assert ssh(config, "node-1", "hostname") == "node-1"
+    # The jump user may only forward to this cluster's hosts.
+    direct = subprocess.run(
+        ["ssh", "-F", str(config), "-J", f"c{cluster.pk}@{lab.gateway.address}",
+         f"root@{lab.hosts[0].address}", "hostname"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert direct.returncode != 0
+
+    with Sim():
+        lifecycle.terminate(cluster=cluster)
+    drive(cluster, Cluster.Status.TERMINATED)
+    released(cluster)
+    assert lab.exec(lab.gateway.name, f"id c{cluster.pk}", check=False).returncode != 0
+
+
+# --- faults on real hosts: each fails the cluster at its step, releasing every host ---------
+
+
+def test_a_host_whose_sshd_does_not_answer_fails_the_cluster(fleet, user_key, quick_retries):
+    lab = fleet
+    rule = "INPUT -p tcp --dport 22 -j REJECT --reject-with tcp-reset"
+    lab.exec("lab-2", f"iptables -I {rule}")
+    try:
+        cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+        drive(cluster, Cluster.Status.FAILED)
+    finally:
+        lab.exec("lab-2", f"iptables -D {rule}")
+    assert_failed_at(cluster, "machine_failed", "node-1", "running")
+    assert "could not connect to 172.30.77.12:22: connection refused" in cluster.failure_message
+    released(cluster)
+    assert_clean(lab, Host.objects.get(name="lab-1"))
+
+
+def test_a_host_whose_key_does_not_match_is_never_bootstrapped(fleet, user_key):
+    lab = fleet
+    Host.objects.filter(name="lab-2").update(host_key=lab.hosts[2].host_key)  # lab-3's key
+    cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+    drive(cluster, Cluster.Status.FAILED)
+    # Never wiped either (nothing was done to it); it cannot be, with the key pinned: offline.
+    released(cluster, allowed={Host.State.FREE, Host.State.OFFLINE})
+    assert Host.objects.get(name="lab-2").state == Host.State.OFFLINE
+    event = assert_failed_at(cluster, "host_key_mismatch", "node-1", "running")
+    assert "offered host key SHA256:" in cluster.failure_message
+    assert f"offered: {lab.hosts[1].host_key}" in event.output  # what staff look at
+    assert lab.exec("lab-2", "test -e /var/lib/runcrate", check=False).returncode != 0
+    assert_clean(lab, Host.objects.get(name="lab-1"))
+
+
+def test_an_agent_that_cannot_reach_the_dashboard_fails_the_cluster(fleet, user_key, settings):
+    lab = fleet
+    settings.RUNCRATE_AGENT_URL = f"http://{hostlab.BRIDGE_ADDRESS}:8999"  # nothing listens
+    cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+    deadline = time.monotonic() + WAIT
+    while cluster.nodes.filter(step=Node.Step.AGENT).count() != 2:
+        assert time.monotonic() < deadline
+        drive(cluster, Cluster.Status.PROVISIONING, timeout=5)
+        time.sleep(0.5)
+    # The agents run and retry; past the agent step's deadline the cluster fails.
+    with time_machine.travel(timezone.now() + timedelta(seconds=BOOT + 1), tick=True):
+        drive(cluster, Cluster.Status.FAILED, timeout=10)
+    assert_failed_at(cluster, "agent_timeout", "node-0", "agent")
+    released(cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        assert_clean(lab, host)
+
+
+def test_a_peer_whose_private_traffic_is_dropped_fails_the_network_step(fleet, user_key):
+    lab = fleet
+    lab.exec("lab-3", "iptables -I INPUT -i rc0 -j DROP")
+    try:
+        cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=3)
+        drive(cluster, Cluster.Status.FAILED)
+    finally:
+        lab.exec("lab-3", "iptables -D INPUT -i rc0 -j DROP")
+    event = assert_failed_at(cluster, "network_unreachable", cluster.failure_node, "network")
+    assert "node-2" in cluster.failure_message  # lab-3 serves node-2
+    assert "FAIL" in event.output  # the N×N matrix
+    released(cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        assert_clean(lab, host)
+
+
+def test_a_host_with_another_gpu_model_fails_the_hardware_check(fleet, user_key):
+    lab = fleet
+    lab.set_gpus("lab-2", model="NVIDIA A100-SXM4-80GB", memory_mib=81920, count=2)
+    try:
+        cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+        drive(cluster, Cluster.Status.FAILED)
+    finally:
+        lab.set_gpus("lab-2", model="NVIDIA H100 80GB HBM3", memory_mib=81559, count=2)
+    assert_failed_at(cluster, "hardware_mismatch", "node-1", "agent")
+    assert "NVIDIA A100-SXM4-80GB" in cluster.failure_message
+    released(cluster)
+
+
+# --- watching a ready cluster ----------------------------------------------------------------
+
+
+def test_a_node_whose_agent_is_killed_is_lost_and_billed_to_its_last_heartbeat(
+    fleet, user_key, settings
+):
+    lab = fleet
+    cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+    drive(cluster, Cluster.Status.READY, Cluster.Status.FAILED)
+    assert cluster.status == Cluster.Status.READY, cluster.failure_message
+    node1 = cluster.nodes.select_related("host").get(index=1)
+    lab.exec(node1.host.name, "pkill -f '/opt/runcrate/[r]uncrate_agent.py'")
+    node1.refresh_from_db()
+    last = node1.heartbeat_at
+    later = timezone.now() + timedelta(seconds=settings.RUNCRATE_HEARTBEAT_LOST_SECONDS + 1)
+    with time_machine.travel(later, tick=True), Sim() as sim:
+        # The clock jumps for the dashboard too: node-0's agent, alive, heartbeats within 30 s
+        # (on the moved clock); node-1's, killed, never again.
+        deadline = time.monotonic() + 45
+        node0 = cluster.nodes.get(index=0)
+        while node0.heartbeat_at < later:
+            assert time.monotonic() < deadline, "node-0's agent stopped heartbeating"
+            time.sleep(0.5)
+            node0.refresh_from_db()
+        assert lifecycle.watch_heartbeats() == [f"{cluster.pk}/node-1"]
+        sim.dispatcher.run()
+    cluster.refresh_from_db()
+    node1.refresh_from_db()
+    assert cluster.status == Cluster.Status.DEGRADED
+    assert node1.status == Node.Status.LOST
+    # Billed up to its last heartbeat (or nothing, if that came before billing started).
+    usage = UsageRecord.objects.get(node=node1)
+    assert usage.ended_at == max(last, usage.started_at) < later
+    assert UsageRecord.objects.get(node__index=0, cluster=cluster).ended_at is None
+
+    with Sim():
+        lifecycle.terminate(cluster=cluster)
+    drive(cluster, Cluster.Status.TERMINATED)
+    released(cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        assert_clean(lab, host)
