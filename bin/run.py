@@ -9,6 +9,7 @@ only (LOG_LEVEL=INFO shows every task).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -22,7 +23,9 @@ from typing import TextIO
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
+# The address the web server binds: HOST (default 127.0.0.1). The host lab's agents reach the
+# dashboard on the lab's bridge: `HOST=172.30.77.1 make run`.
+HOST = os.environ.get("HOST") or "127.0.0.1"
 DEMO_LOGIN = ("demo@runcrate.localhost", "demo-gpus-2026")
 
 
@@ -165,6 +168,17 @@ def main() -> int:
     # The demo's simulated machines boot in their real boot time divided by this: a 600 s
     # bare-metal boot takes 20 s at 30x, so the demo is lively.
     env.setdefault("RUNCRATE_SIM_SPEED", "30")
+    try:
+        ipaddress.IPv4Address(HOST)
+    except ValueError:
+        print(
+            f"HOST must be an IPv4 address to bind (e.g. 127.0.0.1), not {HOST!r}", file=sys.stderr
+        )
+        return 2
+    if HOST not in ("127.0.0.1", "localhost"):
+        # Agents on real hosts reach the dashboard where it listens.
+        env.setdefault("RUNCRATE_AGENT_URL", f"http://{HOST}:{port}")
+        env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{HOST}")
     var_dir = Path(env.get("RUNCRATE_VAR_DIR") or ROOT / "var").resolve()
     log_level = env.get("LOG_LEVEL", "WARNING")
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -86,8 +86,38 @@ class ClusterSummaryOut(Schema):
     machines: list[MachineOut]
 
 
+class AcceptanceGpuOut(Schema):
+    name: str
+    memory_total_mib: int | None
+
+
+class AcceptanceNodeOut(Schema):
+    name: str
+    gpus: list[AcceptanceGpuOut] = Field(description="The GPUs its agent saw (nvidia-smi).")
+    reachability: dict[str, bool] = Field(description="Peer name -> reached over 10.77.0.0/24.")
+    latency_ms: float | None = Field(description="Median TCP round trip to node-0; null on it.")
+    bandwidth_mbit: float | None = Field(description="Measured to node-0; null on node-0.")
+    method: str | None = Field(description="iperf3, tcp-stream (the agent's own) or simulated.")
+
+
+class AcceptanceExpectedOut(Schema):
+    gpu: str
+    gpus_per_machine: int
+    memory_gib: int
+
+
+class AcceptanceOut(Schema):
+    measured_at: datetime = Field(description="When every machine joined, before billing.")
+    expected: AcceptanceExpectedOut = Field(description="What the offer sells per machine.")
+    nodes: list[AcceptanceNodeOut]
+
+
 class ClusterOut(ClusterSummaryOut):
     events: list[EventOut] = Field(description="Every transition and failure, oldest first.")
+    acceptance: AcceptanceOut | None = Field(
+        description="The acceptance report measured inside `network`, before billing started; "
+        "null until every machine joined."
+    )
 
 
 class ClusterEnvelope(Schema):
@@ -205,6 +235,7 @@ def _detail(cluster: Cluster) -> dict:
             }
             for event in cluster.events.all()
         ],
+        "acceptance": cluster.acceptance or None,
     }
 
 

@@ -23,6 +23,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project
@@ -346,6 +347,10 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
         if node.status == Node.Status.FAILED:
             tone = "bad"
             doing = f"Failed at {FAILED_AT.get(node.step, node.step)}"
+        elif node.status == Node.Status.LOST:
+            tone = "bad"
+            heard = node.heartbeat_at or node.ended_at
+            doing = f"Lost: silent since {heard:%H:%M:%S} UTC" if heard else "Lost"
         elif done == len(fields):
             tone = "ok"
         else:
@@ -432,6 +437,23 @@ def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
     return POLL_SECONDS_SETTLED if settled else POLL_SECONDS_MOVING
 
 
+def _acceptance(cluster: Cluster) -> dict | None:
+    """The acceptance report as the page shows it (SPEC §3), or None before the cluster joined."""
+    report = cluster.acceptance or {}
+    if not report.get("nodes"):
+        return None
+    measured = parse_datetime(report.get("measured_at") or "")
+    rows = [
+        {
+            **row,
+            "peers": len(row.get("reachability") or {}),
+            "reached": sum(1 for ok in (row.get("reachability") or {}).values() if ok),
+        }
+        for row in report["nodes"]
+    ]
+    return {"measured_at": measured, "expected": report.get("expected", {}), "nodes": rows}
+
+
 def _detail_context(cluster: Cluster) -> dict:
     now = timezone.now()
     nodes = list(cluster.nodes.all())
@@ -454,6 +476,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
+    context["acceptance"] = _acceptance(cluster)
     if cluster.status in Cluster.BILLED:
         context["ssh_head"] = _ssh_to_head(cluster)
         context.update(_connect_panel(cluster))

@@ -176,6 +176,11 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
             work.set_host(node, Host.State.CLEANING)
         if locked.status == Status.READY:
             work.set_status(Status.DEGRADED)
+        locked.failure_reason = Reason.MACHINE_LOST
+        locked.failure_node = node.name
+        locked.failure_step = node.step
+        locked.failure_message = f"{node.name} was lost: {why}."
+        work.cluster_dirty = True
         refund = f" ({money(refunded)} charged past it was refunded)" if refunded else ""
         work.event(
             Reason.MACHINE_LOST,

@@ -377,3 +377,28 @@ def test_it_lists_the_clusters_in_the_openapi_schema(client, db):
 
     assert {"/api/v1/clusters", "/api/v1/clusters/{cluster_id}"} <= set(paths)
     assert "delete" in paths["/api/v1/clusters/{cluster_id}/machines/{name}"]
+
+
+def test_it_reads_the_acceptance_report_of_a_joined_cluster_and_null_before(owner):
+    report = {
+        "measured_at": "2026-03-02T12:04:30+00:00",
+        "expected": {"gpu": "H100 SXM 80GB", "gpus_per_machine": 2, "memory_gib": 80},
+        "nodes": [
+            {
+                "name": "node-1",
+                "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}],
+                "reachability": {"node-0": True},
+                "latency_ms": 0.31,
+                "bandwidth_mbit": 1712.4,
+                "method": "tcp-stream",
+            }
+        ],
+    }
+    joined = ClusterFactory(project=owner.project, acceptance=report, joined_at=timezone.now())
+    starting = ClusterFactory(project=owner.project)
+
+    data = owner.api().get(f"/api/v1/clusters/{joined.pk}").json()["data"]
+    assert data["acceptance"]["measured_at"] == "2026-03-02T12:04:30Z"
+    assert data["acceptance"]["nodes"][0]["bandwidth_mbit"] == 1712.4
+    assert data["acceptance"]["nodes"][0]["reachability"] == {"node-0": True}
+    assert owner.api().get(f"/api/v1/clusters/{starting.pk}").json()["data"]["acceptance"] is None

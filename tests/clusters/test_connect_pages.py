@@ -119,7 +119,7 @@ def test_it_jumps_through_the_gateway_behind_one(owner):
     html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
 
     assert f"ssh -J c{cluster.pk}@{GATEWAY} root@node-1" in html
-    assert "gw.us-east-2.runcrate.net:22</code>, where node names resolve" in html
+    assert "gw.us-east-2.runcrate.net:22</code>, as this cluster's own jump user" in html
     assert "ssh -J None" not in html
 
 

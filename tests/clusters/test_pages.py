@@ -594,3 +594,50 @@ def test_it_shows_how_to_reach_node_0_on_a_running_cluster(owner):
     html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
 
     assert f"ssh -J c{cluster.pk}@gw.us-east-2.runcrate.net:22 root@node-0" in html
+
+
+def test_the_cluster_page_shows_the_acceptance_report_and_a_lost_machine(owner):
+    now = timezone.now()
+    report = {
+        "measured_at": now.isoformat(),
+        "expected": {"gpu": "H100 SXM 80GB", "gpus_per_machine": 2, "memory_gib": 80},
+        "nodes": [
+            {
+                "name": "node-0",
+                "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}] * 2,
+                "reachability": {"node-1": True},
+                "latency_ms": None,
+                "bandwidth_mbit": None,
+                "method": None,
+            },
+            {
+                "name": "node-1",
+                "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}] * 2,
+                "reachability": {"node-0": True},
+                "latency_ms": 0.314,
+                "bandwidth_mbit": 1712.4,
+                "method": "tcp-stream",
+            },
+        ],
+    }
+    cluster = ClusterFactory(
+        project=owner.project,
+        status=Cluster.Status.DEGRADED,
+        joined_at=now,
+        ready_at=now,
+        acceptance=report,
+        failure_reason="machine_lost",
+        failure_node="node-1",
+        failure_message="node-1 was lost: its agent has been silent for 181 seconds.",
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+    cluster.nodes.filter(index=1).update(status=Node.Status.LOST, heartbeat_at=now)
+
+    page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "Acceptance report" in page
+    assert "1,712 Mbit/s" in page and "0.31 ms" in page and "tcp-stream" in page
+    assert "2 × NVIDIA H100 80GB HBM3" in page
+    assert "A machine was lost: node-1." in page
+    assert f"Lost: silent since {now:%H:%M:%S} UTC" in page
+    assert "did not install" not in page
