@@ -43,6 +43,8 @@ LAB_DIR := $(or $(RUNCRATE_VAR_DIR),var)/lab
 
 lab: install
 	@$(BIN)/python manage.py migrate --noinput -v0
+	@# The demo first (only into an empty database): its user then sees the lab's offers too.
+	@$(BIN)/python manage.py seed_demo
 	@mkdir -p $(LAB_DIR)
 	@$(BIN)/python manage.py operator_ssh_key > $(LAB_DIR)/operator.out
 	@tail -n1 $(LAB_DIR)/operator.out > $(LAB_DIR)/operator.pub && rm -f $(LAB_DIR)/operator.out
