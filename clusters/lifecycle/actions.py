@@ -18,7 +18,7 @@ from clusters.lifecycle.reconcile import _Pass, charge_on_commit
 from clusters.lifecycle.reserve import new_nodes, require_balance, reserve_hosts
 from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money
 from clusters.models import Cluster, Event, Node
-from offers.models import MAX_NODES, Host
+from offers.models import MAX_NODES
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +166,7 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
             return False
         work = _Pass(cluster=locked, nodes=nodes, now=now)
         refunded = _end_usage_at(node=node, cluster=locked, at=last_heard)
-        node.move_to(status=NodeStatus.LOST)
-        node.ended_at = last_heard
-        node.step_deadline = None
-        node.lease_token = ""
-        node.lease_expires_at = None
-        work.touch(node)
-        if node.holds_host:
-            work.set_host(node, Host.State.CLEANING)
+        work.end_node(node, NodeStatus.LOST, at=last_heard)
         if locked.status == Status.READY:
             work.set_status(Status.DEGRADED)
         locked.failure_reason = Reason.MACHINE_LOST

@@ -417,9 +417,10 @@ class _Pass:
             failure.step,
         )
 
-    def end_node(self, node: Node, status: Node.Status) -> None:
+    def end_node(self, node: Node, status: Node.Status, *, at: datetime | None = None) -> None:
+        """The node stops serving the cluster (at `at`, default now); its host is wiped."""
         node.move_to(status=status)
-        node.ended_at = self.now
+        node.ended_at = at or self.now
         node.step_deadline = None
         node.lease_token = ""
         node.lease_expires_at = None

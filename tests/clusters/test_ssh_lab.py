@@ -23,12 +23,13 @@ from accounts.models import SshKey
 from billing.models import UsageRecord
 from clusters import connect, lifecycle
 from clusters.drivers import get_driver
+from clusters.drivers.base import DriverError
 from clusters.drivers.ssh import operator_public_key
 from clusters.lifecycle import reconcile
 from clusters.models import Cluster, Event, Node
 from lab import hostlab
 from offers.inventory import load_inventory
-from offers.models import Host, MachineType
+from offers.models import Host, Location, MachineType
 from tests.clusters.lifecycle_kit import Sim, create, new_project
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
@@ -170,6 +171,16 @@ def assert_clean(lab, host: Host) -> None:
     assert failed == [], f"{host.name} is not clean: {failed}"
 
 
+def terminate_and_check(lab, cluster: Cluster) -> None:
+    """Terminate; every host is wiped, verified clean inside, and free again."""
+    with Sim():
+        lifecycle.terminate(cluster=cluster)
+    drive(cluster, Cluster.Status.TERMINATED)
+    released(cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        assert_clean(lab, host)
+
+
 def ssh_config_file(cluster: Cluster, tmp_path: Path, user_key: Path, lab) -> Path:
     """The product's SSH config, with what a user's own ~/.ssh/config adds: their key and
     known_hosts with the pinned host keys."""
@@ -263,12 +274,7 @@ def test_a_cluster_comes_up_on_real_hosts_users_log_in_and_terminate_wipes_them(
         == before.stdout
     )
 
-    with Sim():
-        lifecycle.terminate(cluster=cluster)
-    drive(cluster, Cluster.Status.TERMINATED)
-    released(cluster)
-    for host in Host.objects.filter(nodes__cluster=cluster):
-        assert_clean(lab, host)
+    terminate_and_check(lab, cluster)
 
 
 def test_users_reach_nodes_behind_the_location_gateway(fleet, user_key, tmp_path):
@@ -411,9 +417,54 @@ def test_a_node_whose_agent_is_killed_is_lost_and_billed_to_its_last_heartbeat(
     assert usage.ended_at == max(last, usage.started_at) < later
     assert UsageRecord.objects.get(node__index=0, cluster=cluster).ended_at is None
 
+    terminate_and_check(lab, cluster)
+
+
+# --- the bootstrap on its own ----------------------------------------------------------------
+
+
+def started(cluster: Cluster, index: int):
+    node = cluster.nodes.select_related("host", "cluster__machine_type__location").get(index=index)
+    return node, get_driver(node.host)
+
+
+def bootstrap(cluster: Cluster, index: int) -> dict:
+    node, driver = started(cluster, index)
+    return driver.start(
+        node, agent_token=lifecycle.agent_token(node), plan=lifecycle.node_plan_for(node)
+    )
+
+
+def test_the_bootstrap_refuses_a_system_it_does_not_support_and_changes_nothing(fleet, user_key):
+    lab = fleet
+    lab.exec("lab-1", "printf 'ID=centos\\nVERSION_ID=\"9\"\\n' > /etc/os-release")
+    try:
+        cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+        drive(cluster, Cluster.Status.FAILED)
+    finally:
+        lab.reset("lab-1")
+    assert_failed_at(cluster, "machine_failed", "node-0", "running")
+    assert "centos 9 is not supported" in cluster.failure_message
+    assert "Debian 12, Ubuntu 22.04 or Ubuntu 24.04" in cluster.failure_message
+
+
+def test_an_imaged_host_needs_no_package_source_and_a_bare_one_says_what_it_lacks(fleet, user_key):
+    lab = fleet
+    cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+    first = bootstrap(cluster, 0)  # from the lab's mirror where lab-1 lacks the packages
+    assert first["wireguard"] == "wireguard-go"
+    Location.objects.filter(code="lab").update(apt_mirror="", pip_index_url="")
+    # lab-1 has everything now, like a host its operator imaged: no package source needed.
+    again = bootstrap(cluster, 0)
+    assert not [c for c in again["changed"] if c.startswith(("packages", "apt-source"))]
+    # lab-2, made anew, lacks WireGuard: with no mirror the bootstrap refuses, naming it.
+    lab.reset("lab-2")
+    with pytest.raises(DriverError) as refused:
+        bootstrap(cluster, 1)
+    assert refused.value.reason == "machine_failed"
+    assert "lacks wireguard-tools wireguard-go" in refused.value.message
+    assert "no apt_mirror" in refused.value.message
+    assert lab.exec("lab-2", "test -e /etc/runcrate", check=False).returncode != 0
     with Sim():
         lifecycle.terminate(cluster=cluster)
     drive(cluster, Cluster.Status.TERMINATED)
-    released(cluster)
-    for host in Host.objects.filter(nodes__cluster=cluster):
-        assert_clean(lab, host)
