@@ -666,23 +666,22 @@ class _Pass:
                 self.touch(node)
                 self.set_host(node, Host.State.FREE)
                 freed.append(node)
+            elif self.record(node, "start").get("reason") == Reason.HOST_KEY_MISMATCH:
+                # Never connected to, so nothing to wipe; and it must not serve anyone until
+                # staff know why it offers another key (re-imaged, or not the machine at all).
+                self.take_offline(
+                    node,
+                    f"{node.host.name} offered a host key that is not the pinned one; it was "
+                    "never touched and is offline until staff check it and update its host_key.",
+                    self.record(node, "start").get("error", ""),
+                )
             elif stop.get("attempts", 0) >= RELEASE_ATTEMPTS:
-                node.holds_host = False
-                self.touch(node)
-                self.set_host(node, Host.State.OFFLINE)
-                self.event(
-                    Reason.RELEASE_FAILED,
+                self.take_offline(
+                    node,
                     f"{node.host.name} could not be wiped after {RELEASE_ATTEMPTS} attempts "
                     f"({stop.get('error', 'no reason given')}); it is offline until staff look "
                     "at it.",
-                    node=node,
-                )
-                log.error(
-                    "host %s (cluster %s, %s) could not be released; now offline: %s",
-                    node.host.name,
-                    self.cluster.pk,
-                    node.name,
-                    stop.get("error"),
+                    stop.get("error", ""),
                 )
             elif not self._backing_off(stop):
                 self.hand_off(node, "stop")
@@ -694,6 +693,19 @@ class _Pass:
                 f"Released {names}: wiped and returned to the pool."
                 + ("" if still_held else " Every machine of this cluster is released."),
             )
+
+    def take_offline(self, node: Node, message: str, why: str) -> None:
+        node.holds_host = False
+        self.touch(node)
+        self.set_host(node, Host.State.OFFLINE)
+        self.event(Reason.RELEASE_FAILED, message, node=node)
+        log.error(
+            "host %s (cluster %s, %s) could not be released; now offline: %s",
+            node.host.name,
+            self.cluster.pk,
+            node.name,
+            why,
+        )
 
     def finish_terminating(self) -> None:
         if any(n.holds_host for n in self.nodes):

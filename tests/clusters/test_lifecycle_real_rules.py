@@ -104,9 +104,17 @@ def test_it_fails_a_node_whose_driver_refuses_the_start_for_good(project, clock,
         sim.tick()
         sim.tick()
 
-    assert_failed_cleanly(cluster, machine_type)
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.FAILED
     assert (cluster.failure_reason, cluster.failure_node) == ("host_key_mismatch", "node-1")
     assert "offered host key SHA256:x" in cluster.failure_message
+    # The host that offered another key is never wiped (never touched) and never free again
+    # until staff look: it goes offline at once; the other is wiped and free.
+    states = dict(Host.objects.filter(nodes__cluster=cluster).values_list("nodes__index", "state"))
+    assert states == {0: Host.State.FREE, 1: Host.State.OFFLINE}
+    event = Event.objects.get(cluster=cluster, reason="release_failed")
+    assert "never touched" in event.message and event.node.index == 1
+    assert not UsageRecord.objects.filter(cluster=cluster).exists()
 
 
 def test_it_fails_a_machine_that_cannot_be_started_three_times(project, clock, monkeypatch):

@@ -325,8 +325,9 @@ def test_a_host_whose_key_does_not_match_is_never_bootstrapped(fleet, user_key):
     Host.objects.filter(name="lab-2").update(host_key=lab.hosts[2].host_key)  # lab-3's key
     cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
     drive(cluster, Cluster.Status.FAILED)
-    # Never wiped either (nothing was done to it); it cannot be, with the key pinned: offline.
+    # Never wiped either (nothing was done to it): offline at once, for staff.
     released(cluster, allowed={Host.State.FREE, Host.State.OFFLINE})
+    assert cluster.events.get(reason="release_failed").node.host.name == "lab-2"
     assert Host.objects.get(name="lab-2").state == Host.State.OFFLINE
     event = assert_failed_at(cluster, "host_key_mismatch", "node-1", "running")
     assert "offered host key SHA256:" in cluster.failure_message
