@@ -23,7 +23,6 @@ from offers.models import MAX_NODES
 log = logging.getLogger(__name__)
 
 Status = Cluster.Status
-Step = Node.Step
 NodeStatus = Node.Status
 Reason = Event.Reason
 

@@ -3,7 +3,6 @@ the benchmark (`CollectingDispatcher`)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,14 +10,6 @@ from django.core.cache import cache
 from django.db import transaction
 
 from clusters.lifecycle.rules import ADVANCE_PENDING_SECONDS
-from clusters.models import Cluster, Event, Node
-
-log = logging.getLogger(__name__)
-
-Status = Cluster.Status
-Step = Node.Step
-NodeStatus = Node.Status
-Reason = Event.Reason
 
 # --- handing work on: Celery by default, in memory for tests and the benchmark -----------------
 

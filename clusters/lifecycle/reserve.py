@@ -3,7 +3,6 @@ with row locks (all or none)."""
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 
 from django.conf import settings
@@ -19,8 +18,6 @@ from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_d
 from clusters.models import NAME_RE, Cluster, Event, Node, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, Host, MachineType
 from offers.offers import Availability, get_offer
-
-log = logging.getLogger(__name__)
 
 Status = Cluster.Status
 Step = Node.Step

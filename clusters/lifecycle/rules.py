@@ -5,24 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
 
-from clusters.models import Cluster, Event, Node, give_up_after
+from clusters.models import Cluster, Node, give_up_after
 from offers.models import MachineType
 
-log = logging.getLogger(__name__)
-
 Status = Cluster.Status
-Step = Node.Step
 NodeStatus = Node.Status
-Reason = Event.Reason
 
-Reason = Event.Reason
 
 # How long an install may take before the cluster is degraded (`install_timeout`); at least
 # RUNCRATE_MIN_STEP_SECONDS.

@@ -13,7 +13,7 @@ from django.utils import timezone
 from clusters.drivers import get_driver
 from clusters.drivers.base import MachineState
 from clusters.lifecycle.actions import mark_lost
-from clusters.models import Cluster, Event, Node
+from clusters.models import Cluster, Node
 from offers.models import Host
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 Status = Cluster.Status
 Step = Node.Step
 NodeStatus = Node.Status
-Reason = Event.Reason
 
 # Node statuses whose host is wiped and released.
 RELEASED = [NodeStatus.FAILED, NodeStatus.ENDED, NodeStatus.LOST]

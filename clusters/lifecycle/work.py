@@ -15,14 +15,12 @@ from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import DriverError
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import agent_token, lock_cluster
-from clusters.models import Cluster, Event, Node
+from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
 
 Status = Cluster.Status
-Step = Node.Step
 NodeStatus = Node.Status
-Reason = Event.Reason
 
 # --- per-node work, outside any transaction ---------------------------------------------------
 
