@@ -134,3 +134,65 @@ def test_it_checks_in_and_reports_the_network_against_the_real_server(live_serve
     n = node(cluster, 0)
     assert n.agent_at is not None and n.gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
     assert n.reachability == {"node-1": True}
+
+
+def test_it_keeps_the_wireguard_key_and_the_measurement_an_agent_reports(cluster, client):
+    n = node(cluster, 1)
+    key = "x" * 42 + "A="  # 32 bytes in base64, as `wg pubkey` prints
+    with Sim():
+        checked = post(
+            client,
+            f"/api/v1/agent/nodes/{n.pk}/check-in",
+            {"nvidia_smi": "", "wireguard_public_key": key},
+            agent_token(n),
+        )
+        reported = post(
+            client,
+            f"/api/v1/agent/nodes/{n.pk}/network",
+            {
+                "reachability": {"node-0": True},
+                "acceptance": {"latency_ms": 0.3, "bandwidth_mbit": 940.25, "method": "iperf3"},
+            },
+            agent_token(n),
+        )
+    assert checked.status_code == 200 and reported.status_code == 200
+    n.refresh_from_db()
+    assert n.wireguard_key == key and n.heartbeat_at is not None
+    assert n.acceptance == {
+        "latency_ms": 0.3,
+        "bandwidth_mbit": 940.25,
+        "method": "iperf3",
+        "error": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("check-in", {"wireguard_public_key": "not-a-key"}, "wireguard_public_key must be"),
+        (
+            "network",
+            {"reachability": {}, "acceptance": {"bandwidth_mbit": "fast"}},
+            "acceptance.bandwidth_mbit must be a number",
+        ),
+        (
+            "network",
+            {"reachability": {}, "acceptance": {"latency_ms": -1}},
+            "acceptance.latency_ms must be a number",
+        ),
+        (
+            "network",
+            {"reachability": {}, "acceptance": {"method": "guess"}},
+            "acceptance.method must be one of",
+        ),
+    ],
+)
+def test_it_refuses_a_bad_key_or_measurement_and_records_nothing(cluster, client, path, body, says):
+    n = node(cluster, 1)
+    with Sim():
+        response = post(client, f"/api/v1/agent/nodes/{n.pk}/{path}", body, agent_token(n))
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_report"
+    assert says in response.json()["error"]["message"]
+    n.refresh_from_db()
+    assert (n.wireguard_key, n.acceptance, n.heartbeat_at) == ("", {}, None)

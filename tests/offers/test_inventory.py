@@ -429,6 +429,15 @@ BAD_FILES = {
         _delete("hosts", 0, "address"),
         "hosts[0] (gpu-ssh-1).address: is required for the ssh driver",
     ),
+    "ssh host without a host key": (
+        _delete("hosts", 0, "host_key"),
+        "hosts[0] (gpu-ssh-1).host_key: is required for the ssh driver: the host key is pinned,"
+        " never trusted",
+    ),
+    "apt mirror that is not a URL": (
+        _set("locations", 0, "apt_mirror", "ftp://mirror"),
+        'locations[0] (us-east-2).apt_mirror: must be an http:// or https:// URL, not "ftp://mirror"',
+    ),
     "bad host key": (
         _set("hosts", 0, "host_key", "not a key"),
         'hosts[0] (gpu-ssh-1).host_key: must be "<key type> <base64 key>"',
