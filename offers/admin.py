@@ -9,6 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html_join
 
 from offers.inventory import (
     HELD_STATES,
@@ -180,8 +181,28 @@ class HostAdmin(admin.ModelAdmin):
     list_select_related = ["machine_type__location", "machine_type__gpu"]
     search_fields = ["name", "address", "machine_type__slug"]
     autocomplete_fields = ["machine_type"]
-    readonly_fields = ["state", "state_changed_at"]
+    readonly_fields = ["state", "state_changed_at", "what_went_wrong"]
     actions = ["mark_offline", "mark_free"]
+
+    # Events for staff about this host: a host key it offered instead of the pinned one, a
+    # wipe that failed. The newest few, with their output (the offered key, the leftovers).
+    STAFF_REASONS = ("host_key_mismatch", "release_failed")
+
+    @admin.display(description="What went wrong lately")
+    def what_went_wrong(self, host: Host) -> str:
+        from clusters.models import Event
+
+        events = Event.objects.filter(node__host=host, reason__in=self.STAFF_REASONS).order_by(
+            "-at"
+        )[:5]
+        if not events:
+            return "Nothing."
+        return format_html_join(
+            "",
+            "<p><strong>{}</strong> <code>{}</code>: {}</p><pre>{}</pre>",
+            ((f"{e.at:%Y-%m-%d %H:%M:%S} UTC", e.reason, e.message, e.output) for e in events),
+        )
+
     show_full_result_count = False  # the inventory can hold tens of thousands of hosts
 
     @admin.display(description="location", ordering="machine_type__location__code")

@@ -6,9 +6,10 @@ import pytest
 from django.urls import reverse
 
 from accounts.models import User
+from clusters.models import Event
 from offers.inventory import return_hosts_to_service, take_hosts_offline
 from offers.models import Host, Location, MachineType, QuoteRequest
-from tests.factories import HostFactory, MachineTypeFactory, ProjectFactory
+from tests.factories import ClusterFactory, HostFactory, MachineTypeFactory, ProjectFactory
 
 
 @pytest.fixture
@@ -212,3 +213,28 @@ def test_the_location_form_checks_the_gateway_like_the_file(staff_client):
     errors = response.context["adminform"].form.errors
     assert errors["ssh_gateway"] == ['Must be empty or "host:port" with a port from 1 to 65535.']
     assert not Location.objects.filter(code="us-east-9").exists()
+
+
+def test_staff_see_the_key_a_host_offered_instead_of_its_pinned_one(staff_client):
+    host = HostFactory(driver="ssh", address="203.0.113.7", host_key="ssh-ed25519 AAAA")
+    cluster = ClusterFactory(machines=True)
+    node = cluster.nodes.first()
+    node.host = host
+    node.save()
+    Event.objects.create(
+        cluster=cluster,
+        node=node,
+        reason="host_key_mismatch",
+        message="gpu-7 offered host key SHA256:abc, not the pinned SHA256:def.",
+        output="offered: ssh-ed25519 AAAAoffered<script>",
+    )
+
+    page = staff_client.get(reverse("admin:offers_host_change", args=[host.pk])).content.decode()
+    assert "What went wrong lately" in page
+    assert "offered: ssh-ed25519 AAAAoffered&lt;script&gt;" in page  # escaped, never markup
+    assert "<code>host_key_mismatch</code>: gpu-7 offered host key SHA256:abc" in page
+    quiet = HostFactory()
+    assert (
+        "Nothing."
+        in staff_client.get(reverse("admin:offers_host_change", args=[quiet.pk])).content.decode()
+    )
