@@ -199,7 +199,8 @@ class HostAdmin(admin.ModelAdmin):
             return "Nothing."
         return format_html_join(
             "",
-            "<p><strong>{}</strong> <code>{}</code>: {}</p><pre>{}</pre>",
+            "<p><strong>{}</strong> <code>{}</code>: {}</p>"
+            '<pre style="white-space: pre-wrap; overflow-wrap: anywhere">{}</pre>',
             ((f"{e.at:%Y-%m-%d %H:%M:%S} UTC", e.reason, e.message, e.output) for e in events),
         )
 
