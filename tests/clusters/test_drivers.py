@@ -12,7 +12,7 @@ from clusters.agent.service import (
     parse_nvidia_smi,
 )
 from clusters.drivers import get_driver
-from clusters.drivers.base import MachineState
+from clusters.drivers.base import DriverError, MachineState
 from clusters.drivers.registry import UnavailableDriver
 from clusters.drivers.simulated import SimulatedDriver
 from clusters.drivers.ssh import SshDriver
@@ -200,3 +200,14 @@ def test_it_counts_a_check_in_made_before_the_deadline_though_seen_later(project
     assert cluster.status == Cluster.Status.READY
     assert node(cluster, 0).agent_at == at(BOOT)
     assert node(cluster, 0).network_at == at(BOOT * 2 - 1)
+
+
+def test_the_ssh_driver_refuses_a_host_registered_with_another_user_before_connecting(
+    project, clock
+):
+    n = started_node(project)
+    n.host.driver, n.host.user, n.host.address = "ssh", "ubuntu", "203.0.113.7"
+    with pytest.raises(DriverError) as refused:
+        SshDriver().start(n, agent_token="t", plan={})
+    assert refused.value.reason == "machine_failed"
+    assert "user 'ubuntu'" in refused.value.message and "logs in as root" in refused.value.message
