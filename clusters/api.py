@@ -427,6 +427,10 @@ class ConnectOut(Schema):
     gateway: str | None = Field(description="host:port of the location's SSH gateway, or null.")
     ssh: list[SshOut]
     ssh_config: str = Field(description="An OpenSSH config with a Host entry per node.")
+    known_hosts: str = Field(
+        description="known_hosts lines for the machines' pinned host keys (under each node's "
+        "HostKeyAlias) and the gateway's; empty where none is pinned."
+    )
     hostfile: HostfileOut
     commands: dict[str, str] = Field(description="torchrun, mpirun, deepspeed, nccl_test.")
     bandwidth: str

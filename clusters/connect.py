@@ -35,7 +35,9 @@ class NoRoute(ValueError):
 @dataclass(frozen=True)
 class NodeAccess:
     index: int
-    address: str | None  # its own public address; None when reached through the gateway
+    address: str | None  # where SSH reaches it (behind a gateway: where the gateway forwards)
+    port: int = 22
+    host_key: str | None = None  # its pinned host key, where its driver pins one
 
     @property
     def name(self) -> str:
@@ -56,6 +58,7 @@ class ClusterShape:
     software: str  # none, slurm, kubernetes, ray
     gateway: str | None  # "host:port" of the location's SSH gateway, or None
     volume: str | None = None  # the attached volume's name, or None
+    gateway_host_key: str | None = None  # the gateway's pinned host key, where known
 
     @property
     def size(self) -> int:
@@ -82,6 +85,11 @@ class ClusterShape:
         """The ProxyJump spec: the gateway knows the cluster by the jump user."""
         return f"c{self.cluster_id}@{self.gateway}" if self.gateway else None
 
+    def host_key_alias(self, node: NodeAccess) -> str:
+        """The name users' known_hosts keep a node's key under: one per cluster and node, so a
+        second cluster's node-0 (behind the same gateway, at the same address) never clashes."""
+        return f"runcrate-c{self.cluster_id}-{node.name}"
+
     def reachable(self, node: NodeAccess) -> bool:
         """Whether `node` can be reached over SSH: through the gateway, or at its address."""
         return bool(self.gateway or node.address)
@@ -103,7 +111,12 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
         cluster_id=cluster.pk,
         name=cluster.name,
         nodes=tuple(
-            NodeAccess(index=n.index, address=n.public_address or None)
+            NodeAccess(
+                index=n.index,
+                address=n.public_address or None,
+                port=n.public_port,
+                host_key=n.host_key or None,
+            )
             for n in sorted(nodes, key=lambda n: n.index)
         ),
         gpus_per_node=machine_type.gpus_per_machine,
@@ -111,6 +124,7 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
         software=cluster.software,
         gateway=gateway,
         volume=volume.name if volume else None,
+        gateway_host_key=machine_type.location.ssh_gateway_host_key or None,
     )
 
 
@@ -118,14 +132,15 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
 
 
 def ssh_command(shape: ClusterShape, node: NodeAccess) -> str:
-    """`ssh root@ADDRESS`, or `ssh -J cID@GATEWAY root@node-i`; raises NoRoute for a node
-    that has neither."""
+    """`ssh root@ADDRESS`, or `ssh -J cID@GATEWAY root@ADDRESS` (`-p PORT` off port 22);
+    raises NoRoute for a node that has neither an address nor a gateway."""
+    port = f"-p {node.port} " if node.port != 22 else ""
     if shape.gateway:
         # Behind the gateway a node's address (where the gateway forwards to) is reachable only
         # through it; without one known yet, the gateway resolves the node's name.
-        return f"ssh -J {shape.jump} {SSH_USER}@{node.address or node.name}"
+        return f"ssh -J {shape.jump} {port}{SSH_USER}@{node.address or node.name}"
     if node.address:
-        return f"ssh {SSH_USER}@{node.address}"
+        return f"ssh {port}{SSH_USER}@{node.address}"
     raise NoRoute(f"{node.name} has no public address yet and its location has no SSH gateway.")
 
 
@@ -133,11 +148,18 @@ def ssh_config(shape: ClusterShape) -> str:
     """A config with a Host entry per node, so `ssh node-0` works from the user's computer.
 
     Each entry also answers to `CLUSTER-node-i`, for when the configs of two clusters are
-    included (the first `node-0` wins). A node with no route yet is a comment, not an entry."""
+    included (the first `node-0` wins), and keeps its host key under its own alias
+    (`HostKeyAlias`), which `known_hosts` gives. A node with no route yet is a comment, not an
+    entry."""
     lines = [
         f"# Runcrate cluster {shape.name}: save as ~/.ssh/config.d/{shape.name} and put",
         "# `Include config.d/*` at the top of ~/.ssh/config (or append this file to it).",
     ]
+    if any(node.host_key for node in shape.nodes):
+        lines.append(
+            "# Add the cluster's known_hosts (download it beside this file) to ~/.ssh/known_hosts:"
+        )
+        lines.append("# the machines' keys are pinned, so ssh never asks you to trust one.")
     for node in shape.nodes:
         if not shape.reachable(node):
             lines += ["", f"# {node.name}: no public address yet; download again once it runs."]
@@ -148,9 +170,26 @@ def ssh_config(shape: ClusterShape) -> str:
             f"    HostName {node.address or node.name}",
             f"    User {SSH_USER}",
         ]
+        if node.port != 22:
+            lines.append(f"    Port {node.port}")
+        lines.append(f"    HostKeyAlias {shape.host_key_alias(node)}")
         if shape.gateway:
             lines.append(f"    ProxyJump {shape.jump}")
     return "\n".join(lines) + "\n"
+
+
+def known_hosts(shape: ClusterShape) -> str:
+    """known_hosts lines for the cluster's pinned host keys: each node under its
+    `HostKeyAlias`, and the location's gateway under its address. Empty where no key is
+    pinned (the simulated data center)."""
+    lines = [
+        f"{shape.host_key_alias(node)} {node.host_key}" for node in shape.nodes if node.host_key
+    ]
+    if shape.gateway and shape.gateway_host_key:
+        host, _, port = shape.gateway.rpartition(":")
+        name = host if port == "22" else f"[{host.strip('[]')}]:{port}"
+        lines.append(f"{name} {shape.gateway_host_key}")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def hostfile(shape: ClusterShape) -> str:
@@ -173,22 +212,25 @@ def node_environment(shape: ClusterShape, node: NodeAccess) -> dict[str, str]:
 
 def launch_commands(shape: ClusterShape) -> dict[str, str]:
     n, g, hostfile_path = shape.size, shape.gpus_per_node, shape.hostfile_path
+    # OpenMPI refuses to start as root unless told to; users log in as root.
+    as_root = " --allow-run-as-root" if SSH_USER == "root" else ""
     return {
         "torchrun": (
             f"torchrun --nnodes={n} --nproc-per-node={g} --rdzv-backend=c10d "
             f"--rdzv-endpoint={shape.head.name}:{MASTER_PORT} --rdzv-id={shape.name} train.py"
         ),
         "mpirun": (
-            f"mpirun -np {shape.world_size} --hostfile {hostfile_path} --map-by ppr:{g}:node "
-            f"-x MASTER_ADDR={shape.head.name} -x MASTER_PORT={MASTER_PORT} python train.py"
+            f"mpirun{as_root} -np {shape.world_size} --hostfile {hostfile_path} "
+            f"--map-by ppr:{g}:node -x MASTER_ADDR={shape.head.name} -x MASTER_PORT={MASTER_PORT} "
+            "python train.py"
         ),
         "deepspeed": (
             f"deepspeed --hostfile {hostfile_path} --num_nodes {n} --num_gpus {g} "
             f"--master_addr {shape.head.name} --master_port {MASTER_PORT} train.py"
         ),
         "nccl_test": (
-            f"mpirun -np {shape.world_size} --hostfile {hostfile_path} --map-by ppr:{g}:node "
-            f"-x NCCL_DEBUG=WARN {NCCL_TESTS} -b 8 -e 1G -f 2 -g 1"
+            f"mpirun{as_root} -np {shape.world_size} --hostfile {hostfile_path} "
+            f"--map-by ppr:{g}:node -x NCCL_DEBUG=WARN {NCCL_TESTS} -b 8 -e 1G -f 2 -g 1"
         ),
     }
 
@@ -397,6 +439,7 @@ def details(shape: ClusterShape) -> dict:
         "gateway": shape.gateway,
         "ssh": ssh,
         "ssh_config": ssh_config(shape),
+        "known_hosts": known_hosts(shape),
         "hostfile": {"path": shape.hostfile_path, "content": hostfile(shape)},
         "commands": launch_commands(shape) if shape.nodes else {},
         "bandwidth": expected_bandwidth(),

@@ -203,6 +203,14 @@ class Node(models.Model):
         "empty behind the location's SSH gateway.",
     )
 
+    public_port = models.PositiveIntegerField(
+        default=22, help_text="The SSH port at public_address, as its driver reported it."
+    )
+    host_key = models.TextField(
+        blank=True,
+        default="",
+        help_text="The machine's pinned SSH host key, for users' known_hosts (from its driver).",
+    )
     heartbeat_at = models.DateTimeField(
         null=True, blank=True, help_text="When its agent last checked in (its heartbeat)."
     )

@@ -12,6 +12,7 @@ urlpatterns = [
     path("<int:pk>/retry-install/", views.cluster_retry_install, name="retry_install"),
     path("<int:pk>/workers/", views.cluster_add_workers, name="add_workers"),
     path("<int:pk>/ssh-config", views.cluster_ssh_config, name="ssh_config"),
+    path("<int:pk>/known-hosts", views.cluster_known_hosts, name="known_hosts"),
     path("<int:pk>/hostfile", views.cluster_hostfile, name="hostfile"),
     path("<int:pk>/kubeconfig", views.cluster_kubeconfig, name="kubeconfig"),
 ]

@@ -607,6 +607,12 @@ def cluster_ssh_config(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+def cluster_known_hosts(request: HttpRequest, pk: int) -> HttpResponse:
+    shape = connect.shape_for(_connectable(request, pk))
+    return _download(connect.known_hosts(shape), f"{shape.name}.known_hosts", "text/plain")
+
+
+@login_required
 def cluster_hostfile(request: HttpRequest, pk: int) -> HttpResponse:
     shape = connect.shape_for(_connectable(request, pk))
     return _download(connect.hostfile(shape), "hostfile", "text/plain")

@@ -38,6 +38,10 @@ class Observation:
     # Where users reach a running machine over SSH; "" where it has no address of its own (its
     # location's SSH gateway reaches it) or the driver does not know it yet.
     public_address: str = ""
+    # The SSH port at that address, and the host's pinned key (for users' known_hosts; "" where
+    # the driver pins none).
+    public_port: int = 22
+    host_key: str = ""
     # For a failure: the Event reason to fail with ("" means machine_failed / machine_gone).
     reason: str = ""
 

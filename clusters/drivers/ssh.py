@@ -328,7 +328,14 @@ class SshDriver(Driver):
             return Observation(MachineState.BOOTING)
         # The address users reach: the host's own, or (behind a gateway) the one the gateway
         # forwards to.
-        return Observation(MachineState.RUNNING, since=up, public_address=node.host.address)
+        host = node.host
+        return Observation(
+            MachineState.RUNNING,
+            since=up,
+            public_address=host.address,
+            public_port=host.port,
+            host_key=host.host_key,
+        )
 
     def install(self, node: Node, *, plan: InstallPlan) -> InstallResult:
         # Installing Slurm, Kubernetes and Ray on real hosts is the next release's work

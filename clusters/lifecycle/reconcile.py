@@ -154,12 +154,14 @@ class _Pass:
                 observation.message
                 or f"{node.name}'s machine {'disappeared' if gone else 'failed'}.",
             )
-        if (
-            observation.state is MachineState.RUNNING
-            and observation.public_address != node.public_address
+        reached = (observation.public_address, observation.public_port, observation.host_key)
+        if observation.state is MachineState.RUNNING and reached != (
+            node.public_address,
+            node.public_port,
+            node.host_key,
         ):
             # Where users reach it over SSH (the connect panel); a restarted machine may move.
-            node.public_address = observation.public_address
+            node.public_address, node.public_port, node.host_key = reached
             self.touch(node)
         if node.step == Step.RUNNING and (
             observation.state is MachineState.RUNNING or node.agent_at is not None
@@ -734,6 +736,8 @@ NODE_FIELDS = [
     "lease_token",
     "lease_expires_at",
     "public_address",
+    "public_port",
+    "host_key",
 ]
 
 

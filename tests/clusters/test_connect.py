@@ -13,6 +13,7 @@ from clusters.connect import (
     NoRoute,
     details,
     hostfile,
+    known_hosts,
     kube_api_server,
     kubeconfig,
     kubernetes_gpu_pod,
@@ -77,10 +78,12 @@ def test_it_connects_directly_where_hosts_have_a_public_address():
         "Host node-0 train-node-0\n"
         "    HostName 203.0.113.10\n"
         "    User root\n"
+        "    HostKeyAlias runcrate-c42-node-0\n"
         "\n"
         "Host node-1 train-node-1\n"
         "    HostName 203.0.113.11\n"
         "    User root\n"
+        "    HostKeyAlias runcrate-c42-node-1\n"
     )
 
 
@@ -90,8 +93,9 @@ def test_it_fills_the_launch_commands_for_two_single_gpu_machines():
             "torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d "
             "--rdzv-endpoint=node-0:29500 --rdzv-id=train train.py"
         ),
+        # OpenMPI refuses to start as root without being told: users log in as root.
         "mpirun": (
-            "mpirun -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
+            "mpirun --allow-run-as-root -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
             "-x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
         ),
         "deepspeed": (
@@ -99,7 +103,7 @@ def test_it_fills_the_launch_commands_for_two_single_gpu_machines():
             "--master_addr node-0 --master_port 29500 train.py"
         ),
         "nccl_test": (
-            "mpirun -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
+            "mpirun --allow-run-as-root -np 2 --hostfile /shared/hostfile --map-by ppr:1:node "
             "-x NCCL_DEBUG=WARN /opt/nccl-tests/build/all_reduce_perf -b 8 -e 1G -f 2 -g 1"
         ),
     }
@@ -152,6 +156,7 @@ def test_it_jumps_through_the_gateway_where_hosts_have_no_address():
         "Host node-0 train-node-0\n"
         "    HostName node-0\n"
         "    User root\n"
+        "    HostKeyAlias runcrate-c42-node-0\n"
         "    ProxyJump c42@gw.fra-1.runcrate.net:2222\n"
         "\n"
     ) in config
@@ -160,6 +165,7 @@ def test_it_jumps_through_the_gateway_where_hosts_have_no_address():
         "Host node-15 train-node-15\n"
         "    HostName node-15\n"
         "    User root\n"
+        "    HostKeyAlias runcrate-c42-node-15\n"
         "    ProxyJump c42@gw.fra-1.runcrate.net:2222\n"
     )
 
@@ -183,16 +189,17 @@ def test_it_fills_the_launch_commands_for_sixteen_eight_gpu_containers():
         ),
         # Containers share no folder: the hostfile lies on each node's own disk.
         "mpirun": (
-            "mpirun -np 128 --hostfile /etc/runcrate/hostfile --map-by ppr:8:node "
-            "-x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
+            "mpirun --allow-run-as-root -np 128 --hostfile /etc/runcrate/hostfile "
+            "--map-by ppr:8:node -x MASTER_ADDR=node-0 -x MASTER_PORT=29500 python train.py"
         ),
         "deepspeed": (
             "deepspeed --hostfile /etc/runcrate/hostfile --num_nodes 16 --num_gpus 8 "
             "--master_addr node-0 --master_port 29500 train.py"
         ),
         "nccl_test": (
-            "mpirun -np 128 --hostfile /etc/runcrate/hostfile --map-by ppr:8:node "
-            "-x NCCL_DEBUG=WARN /opt/nccl-tests/build/all_reduce_perf -b 8 -e 1G -f 2 -g 1"
+            "mpirun --allow-run-as-root -np 128 --hostfile /etc/runcrate/hostfile "
+            "--map-by ppr:8:node -x NCCL_DEBUG=WARN /opt/nccl-tests/build/all_reduce_perf "
+            "-b 8 -e 1G -f 2 -g 1"
         ),
     }
     s = shape(nodes=16, gpus=8)
@@ -432,3 +439,39 @@ def test_it_leaves_a_worker_out_of_the_hostfile_until_it_joins(db):
     assert hostfile(shape_for(cluster)) == "node-0 slots=8\nnode-1 slots=8\n"
     planned = shape_for(cluster, planning=True)
     assert [n.name for n in planned.nodes] == ["node-0", "node-1", "node-2"]
+
+
+def test_a_node_on_another_ssh_port_gets_it_in_the_command_and_the_config():
+    s = shape(nodes=2, gpus=1)
+    other = ClusterShape(
+        **{**s.__dict__, "nodes": (NodeAccess(index=0, address="203.0.113.10", port=2222),)}
+    )
+    assert ssh_command(other, other.nodes[0]) == "ssh -p 2222 root@203.0.113.10"
+    assert "    Port 2222\n" in ssh_config(other)
+    behind = ClusterShape(**{**other.__dict__, "gateway": GATEWAY})
+    assert ssh_command(behind, behind.nodes[0]) == (
+        "ssh -J c42@gw.fra-1.runcrate.net:2222 -p 2222 root@203.0.113.10"
+    )
+    assert "Port" not in ssh_config(s)
+
+
+def test_it_offers_known_hosts_lines_for_the_pinned_keys_under_each_alias():
+    s = shape(nodes=2, gpus=1)
+    assert known_hosts(s) == ""  # the simulated data center pins no key
+    pinned = ClusterShape(
+        **{
+            **s.__dict__,
+            "nodes": (
+                NodeAccess(index=0, address="203.0.113.10", host_key="ssh-ed25519 AAAA0"),
+                NodeAccess(index=1, address="203.0.113.11", host_key="ssh-ed25519 AAAA1"),
+            ),
+            "gateway": GATEWAY,
+            "gateway_host_key": "ssh-ed25519 GATE",
+        }
+    )
+    assert known_hosts(pinned) == (
+        "runcrate-c42-node-0 ssh-ed25519 AAAA0\n"
+        "runcrate-c42-node-1 ssh-ed25519 AAAA1\n"
+        "[gw.fra-1.runcrate.net]:2222 ssh-ed25519 GATE\n"
+    )
+    assert "Add the cluster's known_hosts" in ssh_config(pinned)

@@ -87,5 +87,7 @@ def test_it_keeps_the_panel_through_the_pages_polls(page, owner, ready):
     page.wait_for_timeout(100)  # let htmx settle the swap
 
     expect(page.locator("section.connect")).to_have_attribute("data-marked", "yes")
-    assert page.evaluate("getSelection().toString()").startswith("mpirun -np 16 --hostfile")
+    assert page.evaluate("getSelection().toString()").startswith(
+        "mpirun --allow-run-as-root -np 16"
+    )
     expect(page.locator("#cmd-mpirun")).to_contain_text("--hostfile /shared/hostfile")

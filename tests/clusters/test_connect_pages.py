@@ -230,6 +230,29 @@ def test_it_downloads_an_ssh_config_that_paramiko_reads(owner):
     assert entry["proxyjump"] == f"c{cluster.pk}@{GATEWAY}"
 
 
+def test_it_downloads_known_hosts_with_the_machines_pinned_keys(owner):
+    cluster = running_cluster(owner, gateway=GATEWAY)
+    cluster.nodes.filter(index=0).update(host_key="ssh-ed25519 AAAAzero")
+    cluster.machine_type.location.__class__.objects.filter(
+        pk=cluster.machine_type.location_id
+    ).update(ssh_gateway_host_key="ssh-ed25519 AAAAgate")
+
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/known-hosts")
+
+    assert response["Content-Disposition"] == 'attachment; filename="train.known_hosts"'
+    host, port = GATEWAY.rsplit(":", 1)
+    assert response.content.decode() == (
+        f"runcrate-c{cluster.pk}-node-0 ssh-ed25519 AAAAzero\n"
+        + (
+            f"{host} ssh-ed25519 AAAAgate\n"
+            if port == "22"
+            else f"[{host}]:{port} ssh-ed25519 AAAAgate\n"
+        )
+    )
+    page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    assert f'href="/clusters/{cluster.pk}/known-hosts"' in page
+
+
 def test_it_downloads_the_hostfile(owner):
     cluster = running_cluster(owner, size=3, gpus=4)
 
@@ -252,7 +275,7 @@ def test_it_downloads_the_kubeconfig_of_a_kubernetes_cluster_only(owner):
     assert client.get(f"/clusters/{slurm.pk}/kubeconfig").status_code == 404
 
 
-@pytest.mark.parametrize("download", ["ssh-config", "hostfile", "kubeconfig"])
+@pytest.mark.parametrize("download", ["ssh-config", "known-hosts", "hostfile", "kubeconfig"])
 def test_it_answers_404_to_a_stranger_downloading(owner, stranger, download):
     cluster = running_cluster(owner, software="kubernetes")
 
@@ -263,7 +286,7 @@ def test_it_answers_404_to_a_stranger_downloading(owner, stranger, download):
     assert owner.browser_client().get(f"/clusters/{cluster.pk}/{download}").status_code == 200
 
 
-@pytest.mark.parametrize("download", ["ssh-config", "hostfile", "kubeconfig"])
+@pytest.mark.parametrize("download", ["ssh-config", "known-hosts", "hostfile", "kubeconfig"])
 def test_it_has_nothing_to_download_before_the_machines_are_up(owner, download):
     cluster = running_cluster(owner, software="kubernetes", status=Cluster.Status.PROVISIONING)
 
@@ -378,4 +401,4 @@ def test_it_puts_the_connect_panel_in_the_ready_email(owner, settings):
     assert "sbatch --partition=gpu --nodes=3" in body
     assert "Every node mounts /shared" in body
     html = mail.outbox[0].alternatives[0][0]
-    assert "mpirun -np 24 --hostfile /shared/hostfile" in html
+    assert "mpirun --allow-run-as-root -np 24 --hostfile /shared/hostfile" in html

@@ -182,13 +182,16 @@ def terminate_and_check(lab, cluster: Cluster) -> None:
 
 
 def ssh_config_file(cluster: Cluster, tmp_path: Path, user_key: Path, lab) -> Path:
-    """The product's SSH config, with what a user's own ~/.ssh/config adds: their key and
-    known_hosts with the pinned host keys."""
-    known = tmp_path / "known_hosts"
-    known.write_text("".join(f"{h.address} {h.host_key}\n" for h in [*lab.hosts, lab.gateway]))
+    """The product's SSH config and known_hosts (the pinned host keys: ssh never asks to trust
+    one), with what a user's own ~/.ssh/config adds: their key."""
     shape = connect.shape_for(
-        Cluster.objects.prefetch_related("nodes", "volumes").get(pk=cluster.pk)
+        Cluster.objects.select_related("machine_type__location")
+        .prefetch_related("nodes", "volumes")
+        .get(pk=cluster.pk)
     )
+    known = tmp_path / "known_hosts"
+    known.write_text(connect.known_hosts(shape))
+    assert len(known.read_text().splitlines()) == len(shape.nodes) + bool(shape.gateway)
     config = tmp_path / "ssh_config"
     config.write_text(
         connect.ssh_config(shape)
