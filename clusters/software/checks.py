@@ -61,7 +61,20 @@ def _gres_gpus(gres: str) -> int:
     return total
 
 
+# What sinfo prints (on stderr, exit 1) while slurmctld is still starting: not ready yet, not a
+# broken check ("slurm_load_node: Unable to contact slurm controller (connect failure)").
+_SLURM_NO_CONTROLLER = "Unable to contact slurm controller"
+# What `ray list nodes` prints (exit 0) when no node matches the filter yet.
+_RAY_NO_NODES = "No resource in the cluster"
+
+
+def _not_yet(expected: Iterable[ExpectedNode], why: str, output: str) -> CheckResult:
+    return _verdict(expected, {node.name: why for node in expected}, output)
+
+
 def check_slurm(output: str, expected: list[ExpectedNode]) -> CheckResult:
+    if _SLURM_NO_CONTROLLER in output:
+        return _not_yet(expected, "the Slurm controller does not answer yet", output)
     # A node in several partitions has a line per partition: every line must be idle.
     seen: dict[str, list[tuple[str, int]]] = {}
     for number, line in enumerate(output.splitlines(), start=1):
@@ -121,6 +134,8 @@ def check_kubernetes(output: str, expected: list[ExpectedNode]) -> CheckResult:
 
 
 def check_ray(output: str, expected: list[ExpectedNode]) -> CheckResult:
+    if output.strip() == _RAY_NO_NODES:
+        return _not_yet(expected, "no node is alive in Ray yet", output)
     try:
         nodes = json.loads(output)
         if not isinstance(nodes, list):

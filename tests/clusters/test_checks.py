@@ -191,3 +191,22 @@ def test_it_parses_the_simulated_outputs_like_real_ones(software):
     assert checks.run_check(software, outputs.OUTPUTS[software](nodes), EXPECTED).state == (
         CheckState.READY
     )
+
+
+def test_a_slurm_controller_still_starting_is_pending_not_failed():
+    # sinfo's stderr (exit 1) while slurmctld starts, as the check's output.
+    output = "slurm_load_node: Unable to contact slurm controller (connect failure)\n"
+    result = checks.check_slurm(output, EXPECTED)
+    assert result.state == CheckState.PENDING
+    assert result.ready_nodes == frozenset()
+    assert set(result.problems.values()) == {"the Slurm controller does not answer yet"}
+
+
+def test_ray_with_no_node_alive_yet_is_pending_not_failed():
+    result = checks.check_ray("No resource in the cluster\n", EXPECTED)
+    assert result.state == CheckState.PENDING
+    assert set(result.problems.values()) == {"no node is alive in Ray yet"}
+    # Anything else that is not Ray's JSON still fails: the check itself is broken.
+    assert checks.check_ray("Traceback (most recent call last):", EXPECTED).state == (
+        CheckState.FAILED
+    )
