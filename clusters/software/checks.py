@@ -69,7 +69,9 @@ _RAY_NO_NODES = "No resource in the cluster"
 
 
 def _not_yet(expected: Iterable[ExpectedNode], why: str, output: str) -> CheckResult:
-    return _verdict(expected, {node.name: why for node in expected}, output)
+    """The software is still starting: no node is ready yet, and asking again will tell."""
+    problems = {node.name: why for node in expected} or {"*": why}
+    return CheckResult(state=CheckState.PENDING, problems=problems, output=output)
 
 
 def check_slurm(output: str, expected: list[ExpectedNode]) -> CheckResult:

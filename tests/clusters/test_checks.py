@@ -60,7 +60,8 @@ def test_it_does_not_pass_slurm_with_missing_nodes_or_gpus():
 
 
 def test_it_fails_slurm_output_it_cannot_read():
-    result = checks.check_slurm("slurm_load_partitions: Unable to contact slurm controller\n", [])
+    # (A controller that does not answer yet is pending: see below.)
+    result = checks.check_slurm("sinfo: error: Invalid node format specification\n", [])
     assert result.state == CheckState.FAILED
     assert "NODE|STATE|GRES" in result.problems["*"]
 
@@ -199,6 +200,7 @@ def test_a_slurm_controller_still_starting_is_pending_not_failed():
     result = checks.check_slurm(output, EXPECTED)
     assert result.state == CheckState.PENDING
     assert result.ready_nodes == frozenset()
+    assert checks.check_slurm(output, []).state == CheckState.PENDING
     assert set(result.problems.values()) == {"the Slurm controller does not answer yet"}
 
 
