@@ -40,7 +40,6 @@ from django.utils.dateparse import parse_datetime
 
 from clusters.drivers.base import (
     CheckResult,
-    CheckState,
     Driver,
     DriverError,
     InstallPlan,
@@ -48,6 +47,7 @@ from clusters.drivers.base import (
     MachineState,
     Observation,
 )
+from clusters.software import checks
 
 if TYPE_CHECKING:
     from clusters.models import Node
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parent.parent / "software" / "host"
 AGENT_FILE = Path(__file__).resolve().parent.parent / "agent" / "runcrate_agent.py"
 INCOMING = "/var/lib/runcrate/incoming"
+SOFTWARE_INCOMING = "/var/lib/runcrate/software"
 WIREGUARD_PORT = 51820
 _STATUS_LINE = re.compile(r"^runcrate: (\w+)=(.*)$")
 
@@ -338,20 +339,38 @@ class SshDriver(Driver):
         )
 
     def install(self, node: Node, *, plan: InstallPlan) -> InstallResult:
-        # Installing Slurm, Kubernetes and Ray on real hosts is the next release's work
-        # (docs/drivers.md); until then say so plainly instead of pretending.
-        return InstallResult(
-            ok=False,
-            output=f"Installing {plan.software} on ssh hosts is not available yet; the machines "
-            "are up with their private network. Terminate the cluster, or use it without the "
-            "software.",
-        )
+        """Apply the node's plan again (peers may have joined since the start), then run the
+        software's installer, `clusters/software/host/install-<software>.sh`, where there is
+        one (docs/drivers.md)."""
+        script = SCRIPTS / f"install-{plan.software}.sh"
+        if not script.exists():
+            return InstallResult(
+                ok=False,
+                output=f"Installing {plan.software} on ssh hosts is not available yet; the "
+                "machines are up with their private network. Terminate the cluster, or use it "
+                "without the software.",
+            )
+        from clusters.lifecycle import agent_token  # the lifecycle imports the drivers
+
+        self.start(node, agent_token=agent_token(node), plan=plan.node_plans[node.name])
+        files = {
+            "software.env": (software_env(node, plan), 0o600),
+            script.name: (script.read_text(), 0o700),
+        }
+        with host_session(node.host) as session:
+            session.upload(files, SOFTWARE_INCOMING)
+            status, output = session.run(f"sh {SOFTWARE_INCOMING}/{script.name}")
+        last = output.strip().splitlines()[-1] if output.strip() else ""
+        return InstallResult(ok=status == 0 and last == "runcrate: ok", output=output[-20_000:])
 
     def check(self, node: Node, *, plan: InstallPlan, now: datetime) -> CheckResult:
-        return CheckResult(
-            state=CheckState.FAILED,
-            problems={node.name: f"{plan.software} is not installed on ssh hosts yet"},
-        )
+        """The software's own readiness check, run on the head (`node`), read by the same
+        parsers as everywhere (`clusters/software/checks.py`)."""
+        expected = [checks.ExpectedNode(n.name, n.private_ip, n.gpus) for n in plan.nodes]
+        with host_session(node.host) as session:
+            # stderr too: "Unable to contact slurm controller" is how a starting one answers.
+            _, output = session.run(f"{checks.COMMANDS[plan.software]} 2>&1", timeout=60)
+        return checks.run_check(plan.software, output, expected)
 
     def stop(self, node: Node) -> None:
         host = node.host
@@ -378,6 +397,33 @@ class SshDriver(Driver):
 
 
 # --- what the bootstrap is given ---------------------------------------------------------------
+
+
+def software_env(node: Node, plan: InstallPlan) -> str:
+    """The shell variables an installer reads: who it is, the head, every node, the GPUs, the
+    package sources, and a per-cluster secret (e.g. Slurm's munge key), derived rather than
+    stored."""
+    location = node.cluster.machine_type.location
+    secret = hmac.new(
+        settings.SECRET_KEY.encode(),
+        f"runcrate-software:{node.cluster_id}:{node.cluster.created_at.isoformat()}".encode(),
+        hashlib.sha256,
+    ).digest()
+    return "".join(
+        [
+            _env_line("SOFTWARE", plan.software),
+            _env_line("CLUSTER_NAME", plan.cluster_name),
+            _env_line("NODE_NAME", node.name),
+            _env_line("ROLE", "head" if node.index == 0 else "worker"),
+            _env_line("HEAD_NAME", plan.head.name),
+            _env_line("HEAD_IP", plan.head.private_ip),
+            _env_line("NODES", " ".join(n.name for n in plan.nodes)),
+            _env_line("GPUS_PER_NODE", str(plan.gpus_per_machine)),
+            _env_line("APT_MIRROR", location.apt_mirror),
+            _env_line("PIP_INDEX_URL", location.pip_index_url),
+            _env_line("CLUSTER_SECRET_B64", base64.b64encode(secret * 32).decode()),
+        ]
+    )
 
 
 def _env_line(name: str, value: str) -> str:
