@@ -23,7 +23,8 @@ dashboard refused) is logged with the dashboard's message and sent again at the 
 It logs one line per change, never the token.
 
 Configuration comes from /etc/runcrate/agent.json (lowercase keys) and the environment
-(uppercase keys, which win):
+(which wins: RUNCRATE_URL, RUNCRATE_NODE_ID, RUNCRATE_NODE_TOKEN, and RUNCRATE_AGENT_ + the
+key in capitals for the others, e.g. RUNCRATE_AGENT_INTERFACE):
 
     runcrate_url         the dashboard, e.g. https://clusters.runcrate.example
     runcrate_node_id     this node's id
@@ -128,6 +129,12 @@ class Config:
     settings: Settings = Settings()
 
 
+def env_name(key: str) -> str:
+    """The environment variable for a configuration key: RUNCRATE_URL for runcrate_url, and
+    RUNCRATE_AGENT_INTERFACE for interface (never a bare INTERFACE a host may already have)."""
+    return key.upper() if key.startswith("runcrate_") else f"RUNCRATE_AGENT_{key.upper()}"
+
+
 def load_config(environ: dict[str, str] | None = None, path: Path | None = None) -> Config:
     """The configuration file's values, overridden by the environment's."""
     environ = dict(os.environ if environ is None else environ)
@@ -136,8 +143,8 @@ def load_config(environ: dict[str, str] | None = None, path: Path | None = None)
     if path.exists():
         values = {key.lower(): value for key, value in json.loads(path.read_text()).items()}
     for key in CONFIG_KEYS:
-        if environ.get(key.upper()):
-            values[key] = environ[key.upper()]
+        if environ.get(env_name(key)):
+            values[key] = environ[env_name(key)]
     for key in ("runcrate_url", "runcrate_node_id", "runcrate_node_token"):
         if not values.get(key):
             raise SystemExit(f"runcrate-agent: {key.upper()} is not set (environment or {path}).")

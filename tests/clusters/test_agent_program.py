@@ -426,7 +426,14 @@ def test_it_reads_the_configuration_file_and_lets_the_environment_win(tmp_path):
             }
         )
     )
-    environ = {"RUNCRATE_URL": "https://env.example", "HEARTBEAT_SECONDS": "7.5", "IS_HEAD": "no"}
+    environ = {
+        "RUNCRATE_URL": "https://env.example",
+        "RUNCRATE_AGENT_HEARTBEAT_SECONDS": "7.5",
+        "RUNCRATE_AGENT_IS_HEAD": "no",
+        # A host's own variables of the same bare names are not the agent's.
+        "IS_HEAD": "yes",
+        "INTERFACE": "eth9",
+    }
 
     config = runcrate_agent.load_config(environ, path)
 
@@ -443,7 +450,10 @@ def test_it_reads_the_configuration_file_and_lets_the_environment_win(tmp_path):
 
 @pytest.mark.parametrize(
     ("key", "value", "complaint"),
-    [("PROBE_PORT", "ssh", "probe_port must be a number"), ("IS_HEAD", "maybe", "true or false")],
+    [
+        ("RUNCRATE_AGENT_PROBE_PORT", "ssh", "probe_port must be a number"),
+        ("RUNCRATE_AGENT_IS_HEAD", "maybe", "true or false"),
+    ],
 )
 def test_it_refuses_a_bad_value(tmp_path, key, value, complaint):
     environ = {
