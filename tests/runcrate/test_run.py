@@ -28,7 +28,10 @@ run = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run)
 
 def on_start(processes):
-    print("PIDS " + json.dumps({{name: p.pid for name, p in processes.items()}}), flush=True)
+    # One write, so no child's line, written by the supervisor's reader threads, lands inside
+    # it (print writes the text and the newline apart).
+    sys.stdout.write("PIDS " + json.dumps({{name: p.pid for name, p in processes.items()}}) + "\n")
+    sys.stdout.flush()
 
 sys.exit(run.supervise(
     json.loads(sys.argv[1]), cwd=".", env=os.environ, on_start=on_start,
