@@ -30,7 +30,7 @@ spec.loader.exec_module(run)
 def on_start(processes):
     # One write, so no child's line, written by the supervisor's reader threads, lands inside
     # it (print writes the text and the newline apart).
-    sys.stdout.write("PIDS " + json.dumps({{name: p.pid for name, p in processes.items()}}) + "\n")
+    sys.stdout.write("PIDS " + json.dumps({{name: p.pid for name, p in processes.items()}}) + "\\n")
     sys.stdout.flush()
 
 sys.exit(run.supervise(
