@@ -53,8 +53,10 @@ BASE_PACKAGES = (
     "tini",
     "kmod",
 )
-# Left out of the image on purpose: the product's bootstrap installs them from the mirror.
-MIRROR_PACKAGES = ("wireguard-go", "wireguard-tools", "iperf3")
+# Left out of the image on purpose: the product's bootstrap installs them from the mirror; Slurm
+# and munge for clusters with software `slurm` (clusters/software/host/install-slurm.sh). The
+# mirror's stamp names this list: changing it rebuilds the mirror once in the cache.
+MIRROR_PACKAGES = ("wireguard-go", "wireguard-tools", "iperf3", "slurm-wlm", "munge")
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPU_MEMORY_MIB = 81559
 DEFAULT_GPU_COUNT = 2

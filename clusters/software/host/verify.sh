@@ -9,6 +9,10 @@ left() { echo "leftover: $*"; found=1; }
 
 pgrep -f '/opt/runcrate/[r]uncrate_agent.py' >/dev/null 2>&1 && left "the agent is still running"
 pgrep -f "wireguard-go [r]c0" >/dev/null 2>&1 && left "wireguard-go is still running"
+for daemon in slurmd slurmctld munged; do
+  pgrep -x "$daemon|$daemon-wlm" >/dev/null 2>&1 && left "$daemon is still running"
+done
+[ -e /etc/munge/munge.key ] && left "/etc/munge/munge.key"
 command -v ip >/dev/null 2>&1 && ip link show rc0 >/dev/null 2>&1 && left "interface rc0"
 for path in /shared /etc/runcrate /opt/runcrate /var/lib/runcrate /run/runcrate-agent.pid \
   /etc/systemd/system/runcrate-agent.service /etc/apt/sources.list.d/runcrate.list; do

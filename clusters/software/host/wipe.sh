@@ -39,6 +39,31 @@ done
 pkill -9 -f '/opt/runcrate/[r]uncrate_agent.py' 2>/dev/null || true
 rm -f /run/runcrate-agent.pid /var/log/runcrate-agent.log
 
+# Slurm and munge (install-slurm.sh): the daemons and jobs' steps, the configuration it wrote,
+# the cluster's munge key, Slurm's state and logs. The packages stay, like WireGuard's.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  systemctl disable --now slurmd slurmctld munge >/dev/null 2>&1 || true
+fi
+for pidfile in /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid; do
+  [ -s "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+done
+slurm_procs='^(slurmd|slurmd-wlm|slurmctld|slurmctld-wlm|slurmstepd|munged)$'
+pkill "$slurm_procs" 2>/dev/null || true
+i=0
+while pgrep "$slurm_procs" >/dev/null 2>&1 && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+pkill -9 "$slurm_procs" 2>/dev/null || true
+for conf in /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf; do
+  if head -n 1 "$conf" 2>/dev/null | grep -q '^# Written by runcrate'; then
+    rm -f "$conf"
+    say "removed $conf"
+  fi
+done
+rm -rf /etc/slurm/runcrate-stand-in-gpus
+if [ -e /etc/munge/munge.key ]; then rm -f /etc/munge/munge.key; say "removed the munge key"; fi
+rm -rf /var/lib/slurm/slurmctld/* /var/lib/slurm/slurmd/* /var/lib/munge/munged.seed
+rm -f /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid /run/munge/munge.socket.2* \
+  /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log /var/log/munge/munged.log
+
 # The private network.
 if command -v ip >/dev/null 2>&1 && ip link show "$IFACE" >/dev/null 2>&1; then
   ip link del "$IFACE" 2>/dev/null || true

@@ -1,0 +1,116 @@
+"""Slurm on the lab's real hosts: the real installer (clusters/software/host/install-slurm.sh),
+packages from the lab's mirror, munge, slurmctld and slurmd as daemons (no systemd), the real
+`sinfo` check; users run jobs over the product's SSH config; terminate leaves the hosts clean
+(docs/drivers.md, "Slurm on ssh hosts"). Skipped, with the reason, where the lab cannot start.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from clusters.models import Cluster
+from offers.models import Host
+from tests.clusters import test_ssh_lab as base
+from tests.clusters.lifecycle_kit import create
+from tests.clusters.test_ssh_lab import (
+    drive,
+    machine_type,
+    project_with,
+    ssh,
+    ssh_config_file,
+    terminate_and_check,
+)
+
+# The lab's fixtures, shared with the ssh driver's lab tests.
+lab = base.lab
+dashboard = base.dashboard
+fleet = base.fleet
+user_key = base.user_key
+
+pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+SLURM_LEFTOVERS = {
+    "slurmd": "! pgrep -x 'slurmd|slurmd-wlm'",
+    "slurmctld": "! pgrep -x 'slurmctld|slurmctld-wlm'",
+    "munged": "! pgrep -x munged",
+    "munge key": "test ! -e /etc/munge/munge.key",
+    "slurm.conf": "test ! -e /etc/slurm/slurm.conf",
+}
+
+
+def slurm_logs(lab, cluster: Cluster) -> str:
+    """What Slurm said on the cluster's hosts, for a test that failed."""
+    logs = []
+    for node in cluster.nodes.select_related("host"):
+        done = lab.exec(
+            node.host.name,
+            "sinfo -N -l; ps -eo pid,comm,args | grep -E '[s]lurm|[m]unge';"
+            " tail -n 25 /var/log/slurm/*.log /var/log/munge/munged.log",
+            check=False,
+        )
+        logs.append(f"--- {node.name} ({node.host.name}):\n{done.stdout}{done.stderr}")
+    return "\n".join(logs)
+
+
+def test_a_slurm_cluster_runs_jobs_on_real_hosts_and_terminate_wipes_it(fleet, user_key, tmp_path):
+    lab = fleet
+    cluster = create(
+        project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2, software="slurm"
+    )
+    try:
+        drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, Cluster.Status.FAILED)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{slurm_logs(lab, cluster)}") from None
+    events = "\n".join(
+        f"  {e.reason}: {e.message}\n{e.output[-3000:]}" for e in cluster.events.all()
+    )
+    assert cluster.status == Cluster.Status.READY, events
+
+    config = ssh_config_file(cluster, tmp_path, user_key, lab)
+    # The real check's command, as the lifecycle ran it: every node idle with its 2 GPUs.
+    assert sorted(ssh(config, "node-0", "sinfo -h -N -o '%N|%T|%G'").splitlines()) == [
+        "node-0|idle|gpu:2",
+        "node-1|idle|gpu:2",
+    ]
+    # One slurm.conf on every node; each node with the CPUs its host has.
+    confs = {ssh(config, f"node-{i}", "cat /etc/slurm/slurm.conf") for i in range(2)}
+    assert len(confs) == 1
+    assert "SlurmctldHost=node-0(10.77.0.1)" in confs.pop()
+    cpus = ssh(config, "node-1", "nproc")
+    assert f"CPUTot={cpus}" in ssh(config, "node-0", "scontrol show node node-1")
+
+    # The user's jobs, as root on node-0.
+    assert sorted(ssh(config, "node-0", "srun -N2 hostname").splitlines()) == ["node-0", "node-1"]
+    submitted = ssh(config, "node-0", "sbatch --parsable -o /dev/null --wrap hostname")
+    assert re.fullmatch(r"\d+", submitted), submitted
+    queue = ssh(config, "node-0", "squeue -h -o '%i %T'")  # running, or done already
+    assert queue == "" or queue.startswith(f"{submitted} "), queue
+    deadline = time.monotonic() + 30
+    while True:
+        job = ssh(config, "node-0", f"scontrol show job {submitted}")
+        if "JobState=COMPLETED" in job:
+            break
+        assert "JobState=FAILED" not in job, job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
+    assert ssh(config, "node-0", "squeue -h") == ""
+
+    # Running the installer again changes nothing.
+    again = lab.exec(
+        Host.objects.get(nodes__cluster=cluster, nodes__index=1).name,
+        "sh /var/lib/runcrate/software/install-slurm.sh",
+    )
+    assert [line for line in again.stdout.splitlines() if "changed" in line] == [], again.stdout
+    assert again.stdout.strip().splitlines()[-1] == "runcrate: ok"
+
+    terminate_and_check(lab, cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        left = [
+            what
+            for what, command in SLURM_LEFTOVERS.items()
+            if lab.exec(host.name, command, check=False).returncode != 0
+        ]
+        assert left == [], f"{host.name} keeps {left}"
