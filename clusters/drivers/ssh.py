@@ -209,7 +209,6 @@ def connect(*, address: str, port: int, user: str, host_key: str, name: str):
             auth_timeout=timeout,
             look_for_keys=False,
             allow_agent=False,
-            disabled_algorithms={"pubkeys": []},
         )
     except HostKeyMismatch as mismatch:
         client.close()
