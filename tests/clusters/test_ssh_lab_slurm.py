@@ -114,3 +114,35 @@ def test_a_slurm_cluster_runs_jobs_on_real_hosts_and_terminate_wipes_it(fleet, u
             if lab.exec(host.name, command, check=False).returncode != 0
         ]
         assert left == [], f"{host.name} keeps {left}"
+
+
+def test_a_broken_package_source_degrades_the_cluster_and_retry_install_reaches_ready(
+    fleet, user_key
+):
+    lab = fleet
+    # A bare lab-2 whose apt sees no Slurm package at all: the fault is in that host's own
+    # package configuration (a pin that hides them), the rest of the mirror works.
+    lab.reset("lab-2")
+    hide = "/etc/apt/preferences.d/zz-no-slurm"
+    lab.exec(
+        "lab-2",
+        f"printf 'Package: slurmd slurmctld slurm-client munge\\nPin: release *\\n"
+        f"Pin-Priority: -1\\n' > {hide}",
+    )
+    cluster = create(
+        project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2, software="slurm"
+    )
+    drive(cluster, Cluster.Status.DEGRADED, Cluster.Status.READY, Cluster.Status.FAILED)
+    assert cluster.status == Cluster.Status.DEGRADED, cluster.failure_message
+    event = cluster.events.get(reason="install_failed")
+    assert event.node.name == "node-1"
+    # The real installer's output, apt's own words included.
+    assert "runcrate: failed: could not install" in event.output
+    assert re.search(r"^E: .*(slurm|munge)", event.output, re.MULTILINE), event.output
+
+    lab.exec("lab-2", f"rm -f {hide}")
+    with base.Sim():
+        base.lifecycle.retry_install(cluster=cluster)
+    drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, timeout=240)
+    assert cluster.status == Cluster.Status.READY, slurm_logs(lab, cluster)
+    terminate_and_check(lab, cluster)
