@@ -10,7 +10,9 @@ import re
 import time
 
 import pytest
+from django.utils import timezone
 
+from clusters.drivers.base import CheckState
 from clusters.models import Cluster
 from offers.models import Host
 from tests.clusters import test_ssh_lab as base
@@ -145,4 +147,52 @@ def test_a_broken_package_source_degrades_the_cluster_and_retry_install_reaches_
         base.lifecycle.retry_install(cluster=cluster)
     drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, timeout=240)
     assert cluster.status == Cluster.Status.READY, slurm_logs(lab, cluster)
+    terminate_and_check(lab, cluster)
+
+
+def wait_ready(check) -> None:
+    deadline = time.monotonic() + 30
+    while (result := check()).state != CheckState.READY:
+        assert time.monotonic() < deadline, result.output
+        time.sleep(1)
+
+
+def test_the_check_reads_real_sinfo_states_drained_down_and_no_controller(fleet, user_key):
+    lab = fleet
+    cluster = create(
+        project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2, software="slurm"
+    )
+    drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, Cluster.Status.FAILED)
+    assert cluster.status == Cluster.Status.READY, slurm_logs(lab, cluster)
+    head = cluster.nodes.select_related("host", "cluster__machine_type__location").get(index=0)
+    plan = base.lifecycle.install_plan(cluster, list(cluster.nodes.all()))
+
+    def check():
+        return base.get_driver(head.host).check(head, plan=plan, now=timezone.now())
+
+    def on_head(command: str) -> None:
+        lab.exec(head.host.name, command)
+
+    assert check().state == CheckState.READY
+    # The real sinfo's words for each state, read by the real parser through the driver.
+    on_head("scontrol update nodename=node-1 state=drain reason=maintenance")
+    drained = check()
+    assert drained.state == CheckState.PENDING
+    assert drained.problems["node-1"].startswith("state drain"), drained.output
+    assert "node-0" in drained.ready_nodes
+    # (A drained node set down stays "drained" in sinfo: resume it first.)
+    on_head("scontrol update nodename=node-1 state=resume")
+    wait_ready(check)
+    on_head("scontrol update nodename=node-1 state=down reason=broken")
+    down = check()
+    assert down.state == CheckState.PENDING and "down" in down.problems["node-1"], down.output
+    on_head("scontrol update nodename=node-1 state=resume")
+    wait_ready(check)
+    # A controller that is gone: sinfo's error is "not ready yet", never a broken check.
+    on_head("pkill -x slurmctld || pkill -x slurmctld-wlm")
+    deadline = time.monotonic() + 15
+    while "Unable to contact slurm controller" not in (result := check()).output:
+        assert time.monotonic() < deadline, result.output
+        time.sleep(0.5)
+    assert result.state == CheckState.PENDING
     terminate_and_check(lab, cluster)
