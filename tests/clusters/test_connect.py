@@ -2,6 +2,7 @@
 
 import io
 import json
+import subprocess
 
 import paramiko
 import pytest
@@ -475,3 +476,31 @@ def test_it_offers_known_hosts_lines_for_the_pinned_keys_under_each_alias():
         "[gw.fra-1.runcrate.net]:2222 ssh-ed25519 GATE\n"
     )
     assert "Add the cluster's known_hosts" in ssh_config(pinned)
+
+
+def test_the_real_ssh_client_reads_the_config_as_meant(tmp_path):
+    # `ssh -G` prints the options ssh would use for a host, without connecting anywhere.
+    s = ClusterShape(
+        **{
+            **shape(nodes=2, gpus=1).__dict__,
+            "nodes": (
+                NodeAccess(index=0, address="203.0.113.10"),
+                NodeAccess(index=1, address="203.0.113.11", port=2222),
+            ),
+            "gateway": GATEWAY,
+        }
+    )
+    config = tmp_path / "config"
+    config.write_text(ssh_config(s))
+
+    def options(host: str) -> dict[str, str]:
+        done = subprocess.run(
+            ["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, check=True
+        )
+        return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+
+    node1 = options("node-1")
+    assert (node1["hostname"], node1["port"], node1["user"]) == ("203.0.113.11", "2222", "root")
+    assert node1["hostkeyalias"] == "runcrate-c42-node-1"
+    assert node1["proxyjump"] == "c42@gw.fra-1.runcrate.net:2222"
+    assert options("train-node-0")["hostkeyalias"] == "runcrate-c42-node-0"
