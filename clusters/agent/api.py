@@ -44,7 +44,7 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
         Node.objects.filter(cluster_id=node.cluster_id, status__in=Node.LIVE)
         .exclude(pk=node.pk)
         .select_related("host")
-        .only("index", "agent_at", "wireguard_key", "host__address")
+        .only("index", "status", "agent_at", "wireguard_key", "host__address")
         .order_by("index")
     )
     return {
@@ -74,6 +74,9 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
                 ],
             },
             "head": {"name": "node-0", "private_ip": private_ip(0)},
+            # A peer is joining (a worker being added): check in every 5 s, not every 30 s, so
+            # it finds this node's WireGuard peer for it in time.
+            "peer_starting": any(p.status == Node.Status.STARTING for p in peers),
         }
     }
 

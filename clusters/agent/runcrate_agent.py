@@ -478,6 +478,7 @@ class Agent:
         self.settings = settings or Settings()
         self.sink: Sink | None = None
         self._status = "starting"
+        self._peer_starting = False
         self._said: dict[str, str] = {}
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -505,6 +506,8 @@ class Agent:
     def _answered(self, state: dict[str, Any]) -> None:
         """What every answer of the dashboard leads to."""
         self._status = state["status"]
+        # A peer joining (a worker being added) needs this node's WireGuard peer soon.
+        self._peer_starting = bool(state.get("peer_starting"))
         self._note("state", f"{state['node']} is {state['status']} (step {state['step']})")
         if "wireguard" in state:
             self.apply_wireguard(state["wireguard"]["peers"])
@@ -578,8 +581,8 @@ class Agent:
         ).start()
 
     def next_check_in_seconds(self) -> float:
-        starting = self._status == "starting"
-        return self.settings.retry_seconds if starting else self.settings.heartbeat_seconds
+        soon = self._status == "starting" or self._peer_starting
+        return self.settings.retry_seconds if soon else self.settings.heartbeat_seconds
 
     def run(self) -> int:
         """Check in until the dashboard says to stop; the exit status."""

@@ -38,6 +38,10 @@ def test_it_takes_an_agents_check_in_and_names_its_peers(cluster, client):
     data = response.json()["data"]
     assert data["node"] == "node-1"
     assert data["peers"] == {"node-0": "10.77.0.1", "node-2": "10.77.0.3"}
+    # Its peers have not checked in (nor sent WireGuard keys) yet, and they are all starting.
+    assert data["peers_ready"] is False and data["peer_starting"] is True
+    assert data["wireguard"] == {"listen_port": 51820, "peers": []}
+    assert data["head"] == {"name": "node-0", "private_ip": "10.77.0.1"}
     n.refresh_from_db()
     assert n.agent_at is not None and len(n.gpus) == 8
     assert sim.dispatcher.advances == [cluster.pk]  # the reconciler is asked at once

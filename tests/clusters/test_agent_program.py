@@ -245,6 +245,11 @@ def test_it_heartbeats_every_heartbeat_seconds_once_joined(dashboard):
     agent.run_once()
     assert agent.next_check_in_seconds() == 30
 
+    # A worker is being added: its WireGuard peer on this node is wanted soon.
+    dashboard.answers = [answer(status="joined", step="done", peer_starting=True)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 5
+
 
 # --- testing the network -----------------------------------------------------------------------
 
