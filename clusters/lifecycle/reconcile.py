@@ -611,6 +611,7 @@ class _Pass:
                     self.cluster.acceptance.setdefault("nodes", []).extend(report["nodes"])
                     self.cluster_dirty = True
                     self.start_billing([node])
+                    self.replan_others(node)
                     if self.cluster.software == Cluster.Software.NONE:
                         self.finish_node(node)
                         self.worker_joined(node)
@@ -625,6 +626,13 @@ class _Pass:
                 self.fail_worker(failure)
             for node in became_ready:
                 self.worker_joined(node)
+
+    def replan_others(self, worker: Node) -> None:
+        """A worker joined: every other machine gets its node plan again (the worker in its
+        /etc/hosts, hostfile and pinned host keys), so node-0 reaches it by name."""
+        for node in self.nodes:
+            if node.status == NodeStatus.JOINED and node is not worker:
+                self.hand_off(node, f"replan:{worker.name}")
 
     def worker_joined(self, node: Node) -> None:
         self.event(

@@ -38,6 +38,7 @@ LEASE_SECONDS = {
     "install": 30 * 60,
     "check": 120,
     "stop": 300,
+    "replan": 120,
 }
 # How long a queued advance keeps others from being queued for the same cluster.
 ADVANCE_PENDING_SECONDS = 30

@@ -77,6 +77,11 @@ def _run(node: Node, action: str, now: datetime) -> dict:
     if kind == "start":
         state = driver.start(node, agent_token=agent_token(node), plan=node_plan_for(node))
         return {"ok": True, "state": state}
+    if kind == "replan":
+        # The same start, on a machine that runs: only the plan's changes land (idempotent);
+        # what the driver first recorded about the machine stays.
+        driver.start(node, agent_token=agent_token(node), plan=node_plan_for(node))
+        return {"ok": True, "key": key}
     if kind in ("agent", "network"):
         driver.do_agent_work(node, step=kind, agent_token=agent_token(node))
         return {"ok": True}

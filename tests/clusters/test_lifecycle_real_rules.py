@@ -244,3 +244,24 @@ def clock_now():
     from django.utils import timezone
 
     return timezone.now()
+
+
+def test_a_joining_worker_gets_every_other_machine_its_plan_again(project, clock, monkeypatch):
+    applied = []
+    original = SimulatedDriver.start
+
+    def start(self, n, *, agent_token, plan):
+        applied.append((n.name, sorted(plan["hosts"])))
+        return original(self, n, agent_token=agent_token, plan=plan)
+
+    cluster, _, sim = ready(project, clock)
+    monkeypatch.setattr(SimulatedDriver, "start", start)
+    with sim:
+        lifecycle.add_workers(cluster=cluster, count=1)
+        sim.run_until(clock, clock_now() + timedelta(seconds=BOOT * 2))
+    assert Event.objects.filter(cluster=cluster, reason="worker_joined").count() == 1
+    everyone = ["node-0", "node-1", "node-2"]
+    # node-2's own start, then node-0 and node-1 again, each with node-2 in /etc/hosts.
+    assert applied[0][0] == "node-2"
+    assert sorted(applied[1:]) == [("node-0", everyone), ("node-1", everyone)]
+    assert node(cluster, 0).driver_state["replan"]["ok"] is True

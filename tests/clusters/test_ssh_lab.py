@@ -472,3 +472,32 @@ def test_an_imaged_host_needs_no_package_source_and_a_bare_one_says_what_it_lack
     with Sim():
         lifecycle.terminate(cluster=cluster)
     drive(cluster, Cluster.Status.TERMINATED)
+
+
+def test_a_worker_added_to_a_ready_cluster_joins_its_private_network(fleet, user_key, tmp_path):
+    lab = fleet
+    cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+    drive(cluster, Cluster.Status.READY, Cluster.Status.FAILED)
+    assert cluster.status == Cluster.Status.READY, cluster.failure_message
+    with Sim():
+        lifecycle.add_workers(cluster=cluster, count=1)
+    deadline = time.monotonic() + WAIT
+    with Sim() as sim:
+        while not cluster.events.filter(reason__in=["worker_joined", "worker_failed"]).exists():
+            assert time.monotonic() < deadline, agent_logs(cluster)
+            sim.tick()
+            time.sleep(0.5)
+    joined = cluster.events.get(reason__in=["worker_joined", "worker_failed"])
+    assert joined.reason == "worker_joined", f"{joined.message}\n{agent_logs(cluster)}"
+    # The joined nodes took the worker into their WireGuard mesh, and it is billed from now.
+    config = ssh_config_file(cluster, tmp_path, user_key, lab)
+    assert ssh(config, "node-2", "hostname") == "node-2"
+    assert ssh(config, "node-0", "ssh -o BatchMode=yes node-2 hostname") == "node-2"
+    assert ssh(config, "node-2", "ping -c 1 -W 5 10.77.0.1 >/dev/null && echo up") == "up"
+    assert UsageRecord.objects.filter(cluster=cluster).count() == 3
+    assert [r["name"] for r in Cluster.objects.get(pk=cluster.pk).acceptance["nodes"]] == [
+        "node-0",
+        "node-1",
+        "node-2",
+    ]
+    terminate_and_check(lab, cluster)
