@@ -148,7 +148,7 @@ class _Pass:
         if observation.state in (MachineState.FAILED, MachineState.GONE):
             gone = observation.state is MachineState.GONE
             return Failure(
-                Reason.MACHINE_GONE if gone else Reason.MACHINE_FAILED,
+                observation.reason or (Reason.MACHINE_GONE if gone else Reason.MACHINE_FAILED),
                 node,
                 node.step,
                 observation.message

@@ -11,7 +11,7 @@ from billing import ledger, meter
 from billing.models import UsageRecord
 from clusters import lifecycle
 from clusters.agent.service import agent_check_in
-from clusters.drivers.base import DriverError
+from clusters.drivers.base import DriverError, MachineState, Observation
 from clusters.drivers.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, IllegalTransition, Node
 from clusters.notifications import send_pending_cluster_emails
@@ -265,3 +265,21 @@ def test_a_joining_worker_gets_every_other_machine_its_plan_again(project, clock
     assert applied[0][0] == "node-2"
     assert sorted(applied[1:]) == [("node-0", everyone), ("node-1", everyone)]
     assert node(cluster, 0).driver_state["replan"]["ok"] is True
+
+
+def test_a_driver_can_name_the_reason_a_machine_failed(project, clock, monkeypatch):
+    def observe(self, n, *, now):
+        if n.index == 1:
+            return Observation(MachineState.FAILED, message="gone dark", reason="machine_gone")
+        return original(self, n, now=now)
+
+    original = SimulatedDriver.observe
+    monkeypatch.setattr(SimulatedDriver, "observe", observe)
+    machine_type = inventory(hosts=2, boot_seconds=BOOT)
+    with Sim() as sim:
+        cluster = create(project, machine_type)
+        sim.tick()
+        sim.tick()
+    assert_failed_cleanly(cluster, machine_type)
+    assert (cluster.failure_reason, cluster.failure_node) == ("machine_gone", "node-1")
+    assert cluster.failure_message == "gone dark"
