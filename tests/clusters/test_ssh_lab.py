@@ -54,11 +54,16 @@ def lab():
 @pytest.fixture
 def dashboard(transactional_db, settings):
     """The live dashboard on the lab's bridge, where the hosts' agents reach it."""
-    port = random.randint(8100, 8899)  # the lab lets its hosts reach 8000-8999 on the bridge
-    server = LiveServerThread(hostlab.BRIDGE_ADDRESS, _static_handler(), port=port)
-    server.daemon = True
-    server.start()
-    server.is_ready.wait(10)
+    # The lab lets its hosts reach 8000-8999 on the bridge: a free port there (another test's
+    # server, or anything else, may hold the first one tried).
+    for port in random.sample(range(8100, 8900), 20):
+        server = LiveServerThread(hostlab.BRIDGE_ADDRESS, _static_handler(), port=port)
+        server.daemon = True
+        server.start()
+        server.is_ready.wait(10)
+        if not isinstance(server.error, OSError):
+            break
+        server.join(5)
     if server.error:
         raise server.error
     settings.RUNCRATE_AGENT_URL = f"http://{hostlab.BRIDGE_ADDRESS}:{server.port}"
