@@ -175,7 +175,7 @@ def main() -> int:
             f"HOST must be an IPv4 address to bind (e.g. 127.0.0.1), not {HOST!r}", file=sys.stderr
         )
         return 2
-    if HOST not in ("127.0.0.1", "localhost"):
+    if HOST != "127.0.0.1":
         # Agents on real hosts reach the dashboard where it listens.
         env.setdefault("RUNCRATE_AGENT_URL", f"http://{HOST}:{port}")
         env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{HOST}")
