@@ -174,3 +174,22 @@ def test_it_prints_the_login_that_seed_demo_creates():
     spec.loader.exec_module(run)
 
     assert run.DEMO_LOGIN == (seed_demo.DEMO_EMAIL, seed_demo.DEMO_PASSWORD)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"HOST": "lab.example"}, "HOST must be an IPv4 address to bind (e.g. 127.0.0.1), not"),
+        ({"PORT": "eighty"}, "PORT must be a port number (1-65535), not 'eighty'"),
+    ],
+)
+def test_make_run_refuses_a_bad_host_or_port_before_starting_anything(env, says):
+    done = subprocess.run(
+        [PYTHON, str(RUN_PY)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert says in done.stderr
