@@ -168,8 +168,10 @@ class Node(models.Model):
         Step.INSTALL: {Step.INSTALL, Step.DONE},  # install again: a retry
         Step.DONE: {Step.INSTALL},  # retry install on a degraded cluster
     }
-    # Statuses in which a node still serves its cluster.
+    # Statuses in which a node still serves its cluster, and those whose host is wiped and
+    # released (while `holds_host`).
     LIVE = {Status.STARTING, Status.JOINED}
+    RELEASED = {Status.FAILED, Status.ENDED, Status.LOST}
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
     index = models.PositiveSmallIntegerField()

@@ -109,10 +109,13 @@ class _Pinned(paramiko.MissingHostKeyPolicy):
 
 
 class HostKeyMismatch(paramiko.SSHException):
-    def __init__(self, hostname: str, offered: paramiko.PKey) -> None:
+    """No pinned key of the type the host offered; `key` is what it offered, as on paramiko's
+    BadHostKeyException (a pinned key of the same type that differs)."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
         super().__init__(f"{hostname} offered a host key that is not pinned")
         self.hostname = hostname
-        self.offered = offered
+        self.key = key
 
 
 def _fingerprint(key: paramiko.PKey) -> str:
@@ -210,22 +213,14 @@ def connect(*, address: str, port: int, user: str, host_key: str, name: str):
             look_for_keys=False,
             allow_agent=False,
         )
-    except HostKeyMismatch as mismatch:
+    except (HostKeyMismatch, paramiko.BadHostKeyException) as mismatch:
         client.close()
-        offered = mismatch.offered
+        offered = mismatch.key
         raise DriverError(
             f"{name} ({where}) offered host key {_fingerprint(offered)}, not the pinned "
             f"{_fingerprint(pinned)}; it was not bootstrapped.",
             reason="host_key_mismatch",
             output=f"offered: {offered.get_name()} {offered.get_base64()}\npinned:  {host_key}",
-        ) from None
-    except paramiko.BadHostKeyException as bad:
-        client.close()
-        raise DriverError(
-            f"{name} ({where}) offered host key {_fingerprint(bad.key)}, not the pinned "
-            f"{_fingerprint(pinned)}; it was not bootstrapped.",
-            reason="host_key_mismatch",
-            output=f"offered: {bad.key.get_name()} {bad.key.get_base64()}\npinned:  {host_key}",
         ) from None
     except paramiko.AuthenticationException:
         client.close()
@@ -273,6 +268,12 @@ def _require_root(host: Host) -> None:
         )
 
 
+def last_line(output: str) -> str:
+    """A script's verdict: its last non-empty line ("runcrate: ok", "runcrate: failed: …")."""
+    lines = output.strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
 def status_lines(output: str) -> dict[str, str]:
     """The `runcrate: key=value` lines a script prints, as a dict."""
     found = {}
@@ -297,7 +298,7 @@ class SshDriver(Driver):
             session.upload(files, INCOMING)
             status, output = session.run(f"env INCOMING={INCOMING} sh {INCOMING}/bootstrap.sh")
         facts = status_lines(output)
-        last = output.strip().splitlines()[-1] if output.strip() else ""
+        last = last_line(output)
         if status != 0 or last != "runcrate: ok":
             why = last.removeprefix("runcrate: ") or "no output"
             if not last.startswith(("runcrate: refused", "runcrate: failed")):
@@ -359,7 +360,7 @@ class SshDriver(Driver):
         with host_session(node.host) as session:
             session.upload(files, SOFTWARE_INCOMING)
             status, output = session.run(f"sh {SOFTWARE_INCOMING}/{script.name}")
-        last = output.strip().splitlines()[-1] if output.strip() else ""
+        last = last_line(output)
         return InstallResult(ok=status == 0 and last == "runcrate: ok", output=output[-20_000:])
 
     def check(self, node: Node, *, plan: InstallPlan, now: datetime) -> CheckResult:
@@ -403,11 +404,7 @@ def software_env(node: Node, plan: InstallPlan) -> str:
     package sources, and a per-cluster secret (e.g. Slurm's munge key), derived rather than
     stored."""
     location = node.cluster.machine_type.location
-    secret = hmac.new(
-        settings.SECRET_KEY.encode(),
-        f"runcrate-software:{node.cluster_id}:{node.cluster.created_at.isoformat()}".encode(),
-        hashlib.sha256,
-    ).digest()
+    secret = cluster_secret(node, "runcrate-software")
     return "".join(
         [
             _env_line("SOFTWARE", plan.software),
@@ -480,14 +477,17 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
     }
 
 
+def cluster_secret(node: Node, purpose: str) -> bytes:
+    """32 bytes derived from the secret key, the cluster and `purpose`: the same on every node
+    and every call, stored nowhere."""
+    message = f"{purpose}:{node.cluster_id}:{node.cluster.created_at.isoformat()}"
+    return hmac.new(settings.SECRET_KEY.encode(), message.encode(), hashlib.sha256).digest()
+
+
 def cluster_keys(node: Node) -> tuple[str, str]:
     """The cluster's node-to-node key pair, derived from the secret key and the cluster, so
     every node gets the same pair without it being stored anywhere."""
-    seed = hmac.new(
-        settings.SECRET_KEY.encode(),
-        f"runcrate-cluster-key:{node.cluster_id}:{node.cluster.created_at.isoformat()}".encode(),
-        hashlib.sha256,
-    ).digest()
+    seed = cluster_secret(node, "runcrate-cluster-key")
     return _openssh_pair(
         Ed25519PrivateKey.from_private_bytes(seed), f"runcrate-cluster-{node.cluster_id}"
     )

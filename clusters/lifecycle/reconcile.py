@@ -664,26 +664,22 @@ class _Pass:
     def release(self) -> None:
         freed = []
         for node in self.nodes:
-            if not node.holds_host or node.status not in (
-                NodeStatus.FAILED,
-                NodeStatus.ENDED,
-                NodeStatus.LOST,
-            ):
+            if not node.holds_host or node.status not in Node.RELEASED:
                 continue
-            stop = self.record(node, "stop")
+            stop, start = self.record(node, "stop"), self.record(node, "start")
             if stop.get("ok"):
                 node.holds_host = False
                 self.touch(node)
                 self.set_host(node, Host.State.FREE)
                 freed.append(node)
-            elif self.record(node, "start").get("reason") == Reason.HOST_KEY_MISMATCH:
+            elif start.get("reason") == Reason.HOST_KEY_MISMATCH:
                 # Never connected to, so nothing to wipe; and it must not serve anyone until
                 # staff know why it offers another key (re-imaged, or not the machine at all).
                 self.take_offline(
                     node,
                     f"{node.host.name} offered a host key that is not the pinned one; it was "
                     "never touched and is offline until staff check it and update its host_key.",
-                    self.record(node, "start").get("error", ""),
+                    start.get("error", ""),
                 )
             elif stop.get("attempts", 0) >= RELEASE_ATTEMPTS:
                 self.take_offline(

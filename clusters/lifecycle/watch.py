@@ -22,9 +22,6 @@ Status = Cluster.Status
 Step = Node.Step
 NodeStatus = Node.Status
 
-# Node statuses whose host is wiped and released.
-RELEASED = [NodeStatus.FAILED, NodeStatus.ENDED, NodeStatus.LOST]
-
 # --- periodic -------------------------------------------------------------------------------
 
 
@@ -34,7 +31,7 @@ def clusters_needing_work() -> list[int]:
         Cluster.objects.filter(
             Q(status__in=[Status.PROVISIONING, Status.INSTALLING, Status.TERMINATING])
             | Q(nodes__status=NodeStatus.STARTING)
-            | Q(nodes__holds_host=True, nodes__status__in=RELEASED)
+            | Q(nodes__holds_host=True, nodes__status__in=Node.RELEASED)
             | Q(status=Status.READY, nodes__step=Step.INSTALL, nodes__status=NodeStatus.JOINED)
         )
         .order_by("pk")
