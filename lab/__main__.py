@@ -32,9 +32,10 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _print_lab(lab: hostlab.Lab) -> None:
-    hosts = ([lab.gateway] if lab.gateway else []) + lab.hosts
+    roles = {lab.storage: "storage", lab.gateway: "ssh gateway"}
+    hosts = [host for host in (lab.storage, lab.gateway) if host] + lab.hosts
     for host in hosts:
-        role = "ssh gateway" if host is lab.gateway else "gpu host"
+        role = roles.get(host, "gpu host")
         print(f"  {host.name:8} {host.address:14} {role:12} {host.user}@ port {host.port}")
         print(f"  {'':8} host key {host.host_key}")
     print(f"  mirror   {hostlab.APT_MIRROR}  (pip: {hostlab.PIP_INDEX_URL})")

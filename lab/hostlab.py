@@ -40,6 +40,10 @@ PIP_INDEX_URL = f"http://{BRIDGE_ADDRESS}:{MIRROR_PORT}/simple/"
 
 GATEWAY_NAME = "lab-gw"
 GATEWAY_ADDRESS = "172.30.77.10"
+# The locations' storage host: volumes' files live in STORAGE_PATH there, synced over SSH.
+STORAGE_NAME = "lab-store"
+STORAGE_ADDRESS = "172.30.77.9"
+STORAGE_PATH = "/srv/runcrate/volumes"
 SUITE = "bookworm"
 DEBIAN_URL = "http://deb.debian.org/debian"
 BASE_PACKAGES = (
@@ -52,11 +56,26 @@ BASE_PACKAGES = (
     "ca-certificates",
     "tini",
     "kmod",
+    "rsync",
 )
-# Left out of the image on purpose: the product's bootstrap installs them from the mirror; Slurm
-# and munge for clusters with software `slurm` (clusters/software/host/install-slurm.sh). The
-# mirror's stamp names this list: changing it rebuilds the mirror once in the cache.
-MIRROR_PACKAGES = ("wireguard-go", "wireguard-tools", "iperf3", "slurm-wlm", "munge")
+# Left out of the image on purpose: the product's bootstrap installs them from the mirror
+# (sshfs for /shared where the kernel has no NFS); Slurm and munge for clusters with software
+# `slurm` (clusters/software/host/install-slurm.sh), python3-venv for Ray's virtualenv. The
+# mirror's stamp names these lists: changing one rebuilds the mirror once in the cache.
+MIRROR_PACKAGES = (
+    "wireguard-go",
+    "wireguard-tools",
+    "iperf3",
+    "sshfs",
+    "slurm-wlm",
+    "munge",
+    "python3-venv",
+)
+# The Python packages the lab's simple index serves (PIP_INDEX_URL), as the hosts' Python (3.11,
+# x86_64) installs them: Ray for clusters with software `ray` (install-ray.sh). Kept equal to
+# clusters.software.RAY_REQUIREMENT (a test says so).
+PYPI_PACKAGES = ("ray[default]==2.60.0",)
+PYPI_PLATFORM = ("--python-version", "3.11", "--platform", "manylinux2014_x86_64")
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPU_MEMORY_MIB = 81559
 DEFAULT_GPU_COUNT = 2
@@ -520,7 +539,9 @@ def _stop_gpg_agent(cache: Path) -> None:
 def _ensure_mirror(cache: Path, base: Path, fpr: str) -> Path:
     """A signed apt repository of MIRROR_PACKAGES and what they need that the image lacks."""
     mirror = cache / "mirror"
-    stamp_text = json.dumps({"base": base.name, "packages": MIRROR_PACKAGES, "key": fpr})
+    stamp_text = json.dumps(
+        {"base": base.name, "packages": MIRROR_PACKAGES, "pypi": PYPI_PACKAGES, "key": fpr}
+    )
     stamp = mirror / ".built"
     if stamp.is_file() and stamp.read_text() == stamp_text:
         return mirror
@@ -614,12 +635,7 @@ def _ensure_mirror(cache: Path, base: Path, fpr: str) -> Path:
         _gpg(cache, *sign, "--clearsign", "-o", str(dists / "InRelease"), str(dists / "Release"))
         _gpg(cache, *sign, "-abs", "-o", str(dists / "Release.gpg"), str(dists / "Release"))
         (debian / "runcrate-lab.gpg").write_bytes(_ensure_key(cache)[1])
-        simple = tmp / "simple"
-        simple.mkdir()
-        (simple / "index.html").write_text(
-            "<!DOCTYPE html>\n<html><head><title>runcrate lab: simple index</title></head>\n"
-            "<body><!-- PEP 503: the lab mirrors no Python package --></body></html>\n"
-        )
+        _build_simple_index(tmp)
         (tmp / ".built").write_text(stamp_text)
         old = cache / f"mirror.old-{os.getpid()}"
         if mirror.exists():
@@ -631,6 +647,43 @@ def _ensure_mirror(cache: Path, base: Path, fpr: str) -> Path:
         _remove_tree(work)
         _remove_tree(tmp)
     return mirror
+
+
+def _build_simple_index(mirror: Path) -> None:
+    """PYPI_PACKAGES and what they need, downloaded once as wheels for the hosts' Python, served
+    as a PEP 503 simple index under /simple/ (the files under /pypi/)."""
+    files = mirror / "pypi"
+    files.mkdir()
+    # The machine's own pip configuration (constraints, local wheel folders) is not the hosts'.
+    env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
+    _run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+        + ["--only-binary=:all:", *PYPI_PLATFORM, "--dest", str(files), *PYPI_PACKAGES],
+        env=env,
+        timeout=900,
+    )
+    projects: dict[str, list[Path]] = {}
+    for wheel in sorted(files.glob("*.whl")):
+        name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        projects.setdefault(name, []).append(wheel)
+    if not projects:
+        raise LabError(f"pip downloaded nothing for the lab's index ({', '.join(PYPI_PACKAGES)})")
+    simple = mirror / "simple"
+    simple.mkdir()
+    page = (
+        "<!DOCTYPE html>\n<html><head><title>runcrate lab: {}</title></head><body>\n{}"
+        "</body></html>\n"
+    )
+    links = "".join(f'<a href="{name}/">{name}</a>\n' for name in sorted(projects))
+    (simple / "index.html").write_text(page.format("simple index", links))
+    for name, wheels in projects.items():
+        (simple / name).mkdir()
+        anchors = "".join(
+            f'<a href="../../pypi/{wheel.name}#sha256='
+            f'{hashlib.sha256(wheel.read_bytes()).hexdigest()}">{wheel.name}</a>\n'
+            for wheel in wheels
+        )
+        (simple / name / "index.html").write_text(page.format(name, anchors))
 
 
 def _layer_files(public_key: bytes) -> dict[str, tuple[bytes, int]]:
@@ -845,6 +898,7 @@ for node in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
 done
 mkdir -p "$root/dev/pts" "$root/dev/shm" "$root/dev/net"
 mknod -m 0666 "$root/dev/net/tun" c 10 200
+mknod -m 0666 "$root/dev/fuse" c 10 229
 mount -t devpts -o newinstance,nosuid,noexec,ptmxmode=0666,mode=0620,gid=5 devpts "$root/dev/pts"
 ln -s pts/ptmx "$root/dev/ptmx"
 mount -t tmpfs -o nosuid,nodev,mode=1777 shm "$root/dev/shm"
@@ -919,7 +973,7 @@ def _prepare_upper(lab_dir: Path, name: str, address: str, keys: list[str], gpus
         machine_id = hashlib.sha256(f"runcrate-lab:{name}".encode()).hexdigest()[:32]
         _write(upper / "etc/machine-id", f"{machine_id}\n", 0o444)
         if not gpus:
-            _write(upper / "etc/runcrate-lab/gpus", "# the gateway has no GPU\n")
+            _write(upper / "etc/runcrate-lab/gpus", f"# {name} has no GPU\n")
     # The host key: copied in at every start, so that it is the same after a reset.
     _host_key(lab_dir, name)
     for suffix, mode in (("", 0o600), (".pub", 0o644)):
@@ -939,7 +993,9 @@ def _start_host(
 ) -> dict:
     """Start a host that is not running (its overlay kept as it is): returns its record."""
     dirs = _host_dirs(lab_dir, name)
-    _prepare_upper(lab_dir, name, address, keys, gpus=role != "gateway")
+    _prepare_upper(lab_dir, name, address, keys, gpus=role == "gpu")
+    if role == "storage":
+        (dirs["upper"] / STORAGE_PATH.lstrip("/")).mkdir(mode=0o700, parents=True, exist_ok=True)
     for path in (dirs["root"], dirs["upper"], dirs["work"], layer, base):
         if re.search(r"[,:\s]", str(path)):
             raise LabError(f"the lab cannot mount an overlay from {path}: no , : or space, please")
@@ -1060,12 +1116,22 @@ def _exec(record: dict, command: str, *, timeout: float, input: str | None):
     return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
+# Index -1 is the storage host, 0 the gateway, 1.. the GPU hosts.
+STORAGE_INDEX = -1
+
+
 def _host_name(index: int) -> str:
+    if index == STORAGE_INDEX:
+        return STORAGE_NAME
     return GATEWAY_NAME if index == 0 else f"lab-{index}"
 
 
 def _host_address(index: int) -> str:
-    return f"172.30.77.{10 + index}"
+    return STORAGE_ADDRESS if index == STORAGE_INDEX else f"172.30.77.{10 + index}"
+
+
+def _host_role(index: int) -> str:
+    return {STORAGE_INDEX: "storage", 0: "gateway"}.get(index, "gpu")
 
 
 def _lab_host(record: dict) -> LabHost:
@@ -1079,10 +1145,13 @@ def _lab_host(record: dict) -> LabHost:
 class Lab:
     hosts: list[LabHost]  # the GPU hosts, in order: lab-1 (172.30.77.11), lab-2, ...
     gateway: LabHost | None  # lab-gw (172.30.77.10): sshd only, a location's SSH gateway
+    # lab-store (172.30.77.9): sshd and rsync, the locations' storage host (volumes' files)
+    storage: LabHost | None = None
     lab_dir: Path = field(repr=False, default_factory=_lab_dir)
 
     def host(self, name: str) -> LabHost:
-        for host in [*self.hosts, *([self.gateway] if self.gateway else [])]:
+        others = [host for host in (self.gateway, self.storage) if host is not None]
+        for host in [*self.hosts, *others]:
             if name in (host.name, host.address):
                 return host
         raise LabError(f"no host {name!r} in this lab")
@@ -1148,6 +1217,12 @@ class Lab:
             "apt_mirror": APT_MIRROR,
             "pip_index_url": PIP_INDEX_URL,
         }
+        if self.storage is not None:
+            common |= {
+                "storage_host": f"{self.storage.address}:{self.storage.port}",
+                "storage_host_key": self.storage.host_key,
+                "storage_path": STORAGE_PATH,
+            }
         locations = [
             {
                 "code": location,
@@ -1250,8 +1325,8 @@ def _check_key(key: str) -> str:
     return key
 
 
-def up(count: int = 3, *, authorized_key: str, gateway: bool = True) -> Lab:
-    """Bring up lab-1..lab-COUNT (and lab-gw): hosts already up are kept as they are, and get
+def up(count: int = 3, *, authorized_key: str, gateway: bool = True, storage: bool = True) -> Lab:
+    """Bring up lab-1..lab-COUNT (and lab-gw, lab-store): hosts already up are kept, and get
     `authorized_key` added. The first call builds the cache (a few minutes, needs Debian's
     package servers); later ones take a second or two, and nothing when all is up."""
     reason = unavailable_reason()
@@ -1280,7 +1355,8 @@ def up(count: int = 3, *, authorized_key: str, gateway: bool = True) -> Lab:
         _ensure_mirror_server(state, lab_dir, mirror)
         _write_state(lab_dir, state)
         _write_anchor(lab_dir)
-        wanted = ([0] if gateway else []) + list(range(1, count + 1))
+        wanted = [STORAGE_INDEX] if storage else []
+        wanted += ([0] if gateway else []) + list(range(1, count + 1))
         started = []
         for index in wanted:
             name = _host_name(index)
@@ -1291,7 +1367,7 @@ def up(count: int = 3, *, authorized_key: str, gateway: bool = True) -> Lab:
                 continue
             if record is not None:
                 _stop_host(record)
-            role = "gateway" if index == 0 else "gpu"
+            role = _host_role(index)
             record = _start_host(lab_dir, layer, base, name, _host_address(index), keys, role)
             records[name] = record
             _write_state(lab_dir, state)
@@ -1302,6 +1378,8 @@ def up(count: int = 3, *, authorized_key: str, gateway: bool = True) -> Lab:
     lab.hosts = [lab.host(_host_name(i)) for i in range(1, count + 1)]
     if not gateway:
         lab.gateway = None
+    if not storage:
+        lab.storage = None
     return lab
 
 
@@ -1311,10 +1389,11 @@ def _lab_from(lab_dir: Path, state: dict) -> Lab:
         (r for r in records.values() if r.get("role") == "gpu" and _running(r)),
         key=lambda r: int(r["name"].rsplit("-", 1)[1]),
     )
-    gw = records.get(GATEWAY_NAME)
+    gw, store = records.get(GATEWAY_NAME), records.get(STORAGE_NAME)
     return Lab(
         hosts=[_lab_host(r) for r in gpu],
         gateway=_lab_host(gw) if _running(gw) else None,
+        storage=_lab_host(store) if _running(store) else None,
         lab_dir=lab_dir,
     )
 
@@ -1326,7 +1405,7 @@ def current() -> Lab | None:
     if not state:
         return None
     lab = _lab_from(lab_dir, state)
-    return lab if lab.hosts or lab.gateway else None
+    return lab if lab.hosts or lab.gateway or lab.storage else None
 
 
 def down() -> None:

@@ -327,6 +327,17 @@ def _host_key(value: Any) -> str:
     return value
 
 
+def _absolute_path(value: Any) -> str:
+    """An absolute folder path of plain characters (it is used in commands on a host)."""
+    if not isinstance(value, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", value):
+        raise _Invalid(
+            "must be an absolute path like /srv/runcrate/volumes (letters, digits, . _ -)"
+        )
+    if "/../" in f"{value}/" or "/./" in f"{value}/":
+        raise _Invalid("must not contain . or .. parts")
+    return value
+
+
 def _http_url(value: Any) -> str:
     """An http(s) URL with a host and no spaces (a location's apt mirror or pip index)."""
     if value is None:
@@ -511,6 +522,9 @@ _LOCATION_KEYS = (
     "volume_price_per_gb_month",
     "apt_mirror",
     "pip_index_url",
+    "storage_host",
+    "storage_host_key",
+    "storage_path",
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
@@ -575,12 +589,24 @@ def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
             "ssh_gateway_host_key": entry.get("ssh_gateway_host_key", _host_key, default=""),
             "apt_mirror": entry.get("apt_mirror", _http_url, default=""),
             "pip_index_url": entry.get("pip_index_url", _http_url, default=""),
+            "storage_host": entry.get("storage_host", _gateway, default=""),
+            "storage_host_key": entry.get("storage_host_key", _host_key, default=""),
+            "storage_path": entry.get(
+                "storage_path",
+                _absolute_path,
+                default=Location._meta.get_field("storage_path").default,
+            ),
             "volume_price_per_gb_month": entry.get(
                 "volume_price_per_gb_month",
                 _amount(places=4, max_digits=8, positive=False),
                 default=default_volume_price,
             ),
         }
+        if fields["storage_host"] and not fields["storage_host_key"]:
+            entry.fail(
+                "storage_host_key",
+                "is required with a storage_host: its host key is pinned, never trusted",
+            )
         if _claim(seen, code, label, entry, "code") and entry.ok:
             doc.locations[code] = _Spec(label, fields)
 

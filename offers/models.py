@@ -54,6 +54,24 @@ class Location(models.Model):
     pip_index_url = models.URLField(
         blank=True, default="", help_text="The Python package index its hosts install from."
     )
+    # Where volumes' files live (docs/volumes.md): a host reached over SSH with a pinned key,
+    # each volume a folder under storage_path, synced with rsync to and from a cluster's head.
+    storage_host = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="host:port of the storage host that keeps volumes' files; empty: volumes are "
+        "not synced (the simulated data center).",
+    )
+    storage_host_key = models.TextField(
+        blank=True, default="", help_text="The storage host's pinned SSH host key (type base64)."
+    )
+    storage_path = models.CharField(
+        max_length=255,
+        blank=True,
+        default="/srv/runcrate/volumes",
+        help_text="The folder on the storage host that holds one folder per volume.",
+    )
 
     class Meta:
         ordering = ["code"]

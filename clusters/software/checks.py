@@ -66,6 +66,13 @@ def _gres_gpus(gres: str) -> int:
 _SLURM_NO_CONTROLLER = "Unable to contact slurm controller"
 # What `ray list nodes` prints (exit 0) when no node matches the filter yet.
 _RAY_NO_NODES = "No resource in the cluster"
+# What it prints while Ray is still starting (tests/clusters/data/ray/): before the head has
+# written its address (a ConnectionError, exit 1), and while the dashboard, which answers the
+# state API, does not yet (exit 2).
+_RAY_STARTING = {
+    "Could not find any running Ray instance": "Ray is not running on the head yet",
+    "Failed to connect to API server": "Ray's dashboard is still starting",
+}
 
 
 def _not_yet(expected: Iterable[ExpectedNode], why: str, output: str) -> CheckResult:
@@ -138,6 +145,9 @@ def check_kubernetes(output: str, expected: list[ExpectedNode]) -> CheckResult:
 def check_ray(output: str, expected: list[ExpectedNode]) -> CheckResult:
     if output.strip() == _RAY_NO_NODES:
         return _not_yet(expected, "no node is alive in Ray yet", output)
+    for words, why in _RAY_STARTING.items():
+        if words in output:
+            return _not_yet(expected, why, output)
     try:
         nodes = json.loads(output)
         if not isinstance(nodes, list):

@@ -2,6 +2,7 @@
 `kubectl get nodes -o json`, `ray list nodes -f state=ALIVE --format json`."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +213,43 @@ def test_ray_with_no_node_alive_yet_is_pending_not_failed():
     assert checks.check_ray("Traceback (most recent call last):", EXPECTED).state == (
         CheckState.FAILED
     )
+
+
+# --- What real Ray 2.60 printed on a lab host (tests/clusters/data/ray/) ------------------------
+
+RAY_OUTPUTS = Path(__file__).parent / "data" / "ray"
+
+
+def real_ray(name: str) -> str:
+    return (RAY_OUTPUTS / f"{name}.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        # Before `ray start --head` has written its address: a ConnectionError, exit 1.
+        ("no-instance", "Ray is not running on the head yet"),
+        # The head is up but its dashboard (the state API) does not answer: exit 2.
+        ("dashboard-down", "Ray's dashboard is still starting"),
+        # Running, and no node matches the filter (exit 0).
+        ("dead-filter", "no node is alive in Ray yet"),
+    ],
+)
+def test_real_ray_outputs_while_it_starts_are_pending_not_failed(name, why):
+    result = checks.check_ray(real_ray(name), EXPECTED)
+    assert result.state == CheckState.PENDING
+    assert result.ready_nodes == frozenset()
+    assert set(result.problems.values()) == {why}
+
+
+def test_real_ray_json_is_read_by_address_with_its_gpus():
+    # One head on 172.30.77.11 with `--num-gpus=2`, as `ray list nodes --format json` printed it.
+    head = checks.ExpectedNode("node-0", "172.30.77.11", 2)
+    assert checks.check_ray(real_ray("alive"), [head]).state == CheckState.READY
+    worker = checks.ExpectedNode("node-1", "172.30.77.12", 2)
+    result = checks.check_ray(real_ray("alive"), [head, worker])
+    assert result.state == CheckState.PENDING
+    assert result.ready_nodes == {"node-0"}
+    assert result.problems == {"node-1": "172.30.77.12 is not alive in Ray"}
+    short = checks.check_ray(real_ray("alive"), [checks.ExpectedNode("node-0", "172.30.77.11", 4)])
+    assert short.problems == {"node-0": "Ray sees 2 GPUs (needs 4)"}

@@ -13,6 +13,10 @@ for daemon in slurmd slurmctld munged; do
   pgrep -x "$daemon|$daemon-wlm" >/dev/null 2>&1 && left "$daemon is still running"
 done
 [ -e /etc/munge/munge.key ] && left "/etc/munge/munge.key"
+pgrep -f '/opt/runcrate/[r]ay/|[r]aylet|[g]cs_server' >/dev/null 2>&1 && left "Ray is still running"
+[ -e /tmp/ray ] && left "/tmp/ray"
+[ -L /usr/local/bin/ray ] && left "/usr/local/bin/ray"
+grep -qs " /shared " /proc/mounts && left "/shared is still mounted"
 command -v ip >/dev/null 2>&1 && ip link show rc0 >/dev/null 2>&1 && left "interface rc0"
 for path in /shared /etc/runcrate /opt/runcrate /var/lib/runcrate /run/runcrate-agent.pid \
   /etc/systemd/system/runcrate-agent.service /etc/apt/sources.list.d/runcrate.list; do
@@ -20,7 +24,7 @@ for path in /shared /etc/runcrate /opt/runcrate /var/lib/runcrate /run/runcrate-
 done
 LOGIN_HOME=$(getent passwd "$LOGIN_USER" | cut -d: -f6)
 for file in "$LOGIN_HOME/.ssh/authorized_keys" "$LOGIN_HOME/.ssh/config" /etc/hosts \
-  /etc/environment /etc/ssh/ssh_known_hosts; do
+  /etc/environment /etc/ssh/ssh_known_hosts /etc/exports; do
   grep -qs "^# BEGIN runcrate" "$file" && left "the runcrate block in $file"
 done
 [ -e "$LOGIN_HOME/.ssh/runcrate_cluster" ] && left "the cluster key in $LOGIN_HOME/.ssh"

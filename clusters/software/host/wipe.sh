@@ -64,6 +64,31 @@ rm -rf /var/lib/slurm/slurmctld/* /var/lib/slurm/slurmd/* /var/lib/munge/munged.
 rm -f /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid /run/munge/munge.socket.2* \
   /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log /var/log/munge/munged.log
 
+# Ray (install-ray.sh): every process of it, its session files and the virtualenv (under
+# /opt/runcrate, removed below). `ray stop` first, then whatever it left.
+if [ -x /opt/runcrate/ray/bin/ray ]; then
+  RAY_USAGE_STATS_ENABLED=0 /opt/runcrate/ray/bin/ray stop --force >/dev/null 2>&1 || true
+fi
+ray_procs='/opt/runcrate/[r]ay/|[r]ay::|[r]aylet|[g]cs_server'
+pkill -9 -f "$ray_procs" 2>/dev/null || true
+i=0
+while pgrep -f "$ray_procs" >/dev/null 2>&1 && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+rm -rf /tmp/ray
+[ "$(readlink /usr/local/bin/ray 2>/dev/null)" = /opt/runcrate/ray/bin/ray ] && rm -f /usr/local/bin/ray
+
+# /shared: a worker's mount of node-0's folder is unmounted before anything is deleted, and
+# nothing below crosses into another filesystem (rm --one-file-system), so a wipe never
+# deletes the head's files through a mount that is still there.
+if grep -qs " /shared " /proc/mounts; then
+  fusermount3 -uz /shared 2>/dev/null || fusermount -uz /shared 2>/dev/null || umount -l /shared 2>/dev/null || true
+  say "unmounted /shared"
+fi
+pkill -f "[s]shfs .*:/shared /shared" 2>/dev/null || true
+if [ -f /etc/exports ] && grep -qx "$BEGIN" /etc/exports; then
+  unblock /etc/exports
+  exportfs -ra >/dev/null 2>&1 || true
+fi
+
 # The private network.
 if command -v ip >/dev/null 2>&1 && ip link show "$IFACE" >/dev/null 2>&1; then
   ip link del "$IFACE" 2>/dev/null || true
@@ -82,7 +107,12 @@ fi
 unblock /etc/ssh/ssh_known_hosts
 unblock /etc/hosts
 unblock /etc/environment
-rm -rf /shared /opt/runcrate "$CONF"
+if grep -qs " /shared " /proc/mounts; then
+  say "failed: /shared is still mounted; it is left in place"
+else
+  rm -rf --one-file-system /shared
+fi
+rm -rf --one-file-system /opt/runcrate "$CONF"
 rm -f /etc/apt/sources.list.d/runcrate.list
 [ -e "$STATE/pip-conf" ] && rm -f /etc/pip.conf
 
