@@ -1,5 +1,5 @@
-"""The clusters API: create, list, read, terminate, retry the install, add workers, the
-connection details; and volumes (list, create, delete).
+"""The clusters API: create, list, read, terminate, retry the install, add workers, run the
+network test, the connection details; and volumes (list, create, delete).
 
 Every endpoint calls the same `clusters.lifecycle` functions as the pages; a refusal
 (`ClusterRefused`) answers with its stable code and status. Another project's cluster is a 404
@@ -112,11 +112,60 @@ class AcceptanceOut(Schema):
     nodes: list[AcceptanceNodeOut]
 
 
+class NetworkTestSizeOut(Schema):
+    bytes: int = Field(description="The message size all_reduce_perf reduced.")
+    size: str = Field(description="The same, for people: 8 B, 1 KiB, 128 MiB.")
+    count: int
+    type: str
+    redop: str
+    time_us: float = Field(description="Out of place, microseconds.")
+    algbw_gbs: float = Field(description="Algorithm bandwidth, GB/s, out of place.")
+    busbw_gbs: float = Field(description="Bus bandwidth, GB/s, out of place.")
+    in_place_busbw_gbs: float
+    wrong: int | None = Field(description="Wrong values, out and in place; null unchecked.")
+
+
+class NetworkTestPairOut(Schema):
+    node: str = Field(description="The node that measured (node-1 …).")
+    to: str = Field(description="node-0, the head.")
+    gbit_s: float | None = Field(description="Bandwidth to the head; null with `error`.")
+    latency_ms: float | None
+    tool: str | None = Field(description="iperf3 or tcp-stream (the agent's own).")
+    error: str | None
+
+
+class NetworkTestOut(Schema):
+    state: str = Field(description="running, done or failed.")
+    method: str | None = Field(
+        description="nccl (all_reduce_perf across the machines) or agent (each machine to "
+        "node-0); null while running or when it failed before measuring."
+    )
+    simulated: bool = Field(description="Stand-in figures of the simulated data center.")
+    started_at: datetime
+    finished_at: datetime | None
+    requested_by: str | None
+    machines: list[str] = Field(description="The machines measured.")
+    error: str | None = Field(description="Why it failed, for a person.")
+    sizes: list[NetworkTestSizeOut] | None = Field(description="nccl: per message size.")
+    avg_busbw_gbs: float | None = Field(description="nccl: all_reduce_perf's average.")
+    peak_busbw_gbs: float | None = Field(description="nccl: the highest bus bandwidth.")
+    pairs: list[NetworkTestPairOut] | None = Field(description="agent: per machine.")
+    command: str | None = Field(description="nccl: the command that ran on node-0.")
+    expected: str = Field(description="What the Ethernet private network is expected to give.")
+
+
+class NetworkTestEnvelope(Schema):
+    data: NetworkTestOut
+
+
 class ClusterOut(ClusterSummaryOut):
     events: list[EventOut] = Field(description="Every transition and failure, oldest first.")
     acceptance: AcceptanceOut | None = Field(
         description="The acceptance report measured inside `network`, before billing started; "
         "null until every machine joined."
+    )
+    network_test: NetworkTestOut | None = Field(
+        description="The last network test asked for (POST …/network-test); null before any."
     )
 
 
@@ -236,6 +285,7 @@ def _detail(cluster: Cluster) -> dict:
             for event in cluster.events.all()
         ],
         "acceptance": cluster.acceptance or None,
+        "network_test": lifecycle.network_test_report(cluster),
     }
 
 
@@ -368,6 +418,24 @@ def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> St
     with _refusals():
         lifecycle.add_workers(cluster=cluster, count=payload.count)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+
+@router.post(
+    "/clusters/{cluster_id}/network-test",
+    response={202: NetworkTestEnvelope, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    summary="Run the network test",
+    description="Measures the private network between the machines of a ready or degraded "
+    "cluster: all_reduce_perf across them where nccl-tests is installed, otherwise the agent's "
+    "own bandwidth test from every machine to node-0. Answers at once with the running test; "
+    "the result is in `network_test` of GET /api/v1/clusters/{id}. 409 `invalid_state` for "
+    "another status (or without node-0 and another machine up), 409 `network_test_running` "
+    "while one runs.",
+)
+def run_network_test(request: HttpRequest, cluster_id: int) -> Status:
+    cluster = _get_cluster(request, cluster_id)
+    with _refusals():
+        started = lifecycle.run_network_test(cluster=cluster, user=request.user)
+    return Status(202, {"data": lifecycle.network_test_report(started)})
 
 
 @router.delete(

@@ -25,4 +25,5 @@ class ClusterRefused(Refused):
         "invalid_count": 422,
         "volume_not_allowed": 422,
         "volume_in_use": 409,
+        "network_test_running": 409,
     }

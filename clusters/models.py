@@ -44,6 +44,9 @@ class Cluster(models.Model):
     TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
     # Statuses in which machines are up and billed.
     BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
+    # Statuses in which the network test may run: the software is settled and the machines
+    # that joined are up (a degraded cluster's too: the test helps tell why).
+    NETWORK_TESTABLE = {Status.READY, Status.DEGRADED}
 
     # Every legal move; anything else is a bug and raises (`move_to`).
     TRANSITIONS = {
@@ -109,6 +112,12 @@ class Cluster(models.Model):
         help_text="The acceptance report, kept when every machine joined and before billing: per "
         "node the GPUs seen, its reachability row, latency and bandwidth to node-0.",
     )
+    network_test = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The last network test a user asked for: state (running, done, failed), when "
+        "it started and finished, its method (nccl or agent) and results (docs/lifecycle.md).",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -137,6 +146,41 @@ class Cluster(models.Model):
         if status not in self.TRANSITIONS.get(self.status, set()):
             raise IllegalTransition(f"cluster {self.pk}: {self.status} -> {status} is not allowed")
         self.status = status
+
+    def network_test_running(self, now: datetime | None = None) -> bool:
+        """Whether the last network test is still running: asked for, no result yet, and not
+        past the time it is given (a worker that died leaves it to expire)."""
+        test = self.network_test or {}
+        expires = test.get("expires_at")
+        if test.get("state") != "running" or not expires:
+            return False
+        return datetime.fromisoformat(expires) > (now or timezone.now())
+
+    def network_test_refusal(self, nodes, now: datetime | None = None) -> tuple[str, str] | None:
+        """Why a network test cannot start now, as (code, sentence), or None when it can.
+        `nodes` are the cluster's nodes (prefetched on the page, read under the lock by the
+        lifecycle), so the page's button and the action follow the same rule."""
+        if self.status not in self.NETWORK_TESTABLE:
+            return (
+                "invalid_state",
+                f"This cluster is {self.status}; the network test runs on a ready or degraded "
+                "cluster.",
+            )
+        joined = [n for n in nodes if n.status == Node.Status.JOINED]
+        if len(joined) < 2 or not any(n.index == 0 for n in joined):
+            return (
+                "invalid_state",
+                "The network test needs node-0 and at least one other machine up; this cluster "
+                f"has {len(joined)} machine{'s' if len(joined) != 1 else ''} up"
+                f"{'' if any(n.index == 0 for n in joined) else ', without node-0'}.",
+            )
+        if self.network_test_running(now):
+            return (
+                "network_test_running",
+                "A network test is already running on this cluster; its result shows here when "
+                "it is done.",
+            )
+        return None
 
 
 class Node(models.Model):
@@ -307,6 +351,9 @@ class Event(models.Model):
         TERMINATE_REQUESTED = "terminate_requested"
         TERMINATED = "terminated"
         HOST_RELEASED = "host_released"
+        NETWORK_TEST_STARTED = "network_test_started"
+        NETWORK_TEST_DONE = "network_test_done"
+        NETWORK_TEST_FAILED = "network_test_failed"
         # failures (DESIGN.md's fixed list)
         BOOT_TIMEOUT = "boot_timeout"
         MACHINE_FAILED = "machine_failed"

@@ -42,3 +42,10 @@ def advance(cluster_id: int) -> list[str]:
 @shared_task(name="clusters.tasks.node_work", ignore_result=True)
 def node_work(node_id: int, action: str, token: str) -> bool:
     return lifecycle.do_node_work(node_id=node_id, action=action, token=token)
+
+
+@shared_task(name="clusters.tasks.network_test", ignore_result=True)
+def network_test(cluster_id: int, token: str) -> bool:
+    """Measure a cluster's private network; does nothing unless `token` is still its running
+    test's, so a second delivery writes nothing."""
+    return lifecycle.do_network_test(cluster_id=cluster_id, token=token)

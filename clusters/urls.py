@@ -11,6 +11,7 @@ urlpatterns = [
     path("<int:pk>/terminate/", views.cluster_terminate, name="terminate"),
     path("<int:pk>/retry-install/", views.cluster_retry_install, name="retry_install"),
     path("<int:pk>/workers/", views.cluster_add_workers, name="add_workers"),
+    path("<int:pk>/network-test/", views.cluster_network_test, name="network_test"),
     path("<int:pk>/ssh-config", views.cluster_ssh_config, name="ssh_config"),
     path("<int:pk>/known-hosts", views.cluster_known_hosts, name="known_hosts"),
     path("<int:pk>/hostfile", views.cluster_hostfile, name="hostfile"),

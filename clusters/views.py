@@ -431,8 +431,10 @@ POLL_SECONDS_SETTLED = 10
 
 
 def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
-    settled = cluster.status in (Cluster.Status.READY, Cluster.Status.DEGRADED) and not any(
-        n.status == Node.Status.STARTING for n in nodes
+    settled = (
+        cluster.status in (Cluster.Status.READY, Cluster.Status.DEGRADED)
+        and not any(n.status == Node.Status.STARTING for n in nodes)
+        and not cluster.network_test_running()
     )
     return POLL_SECONDS_SETTLED if settled else POLL_SECONDS_MOVING
 
@@ -477,6 +479,10 @@ def _detail_context(cluster: Cluster) -> dict:
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
     context["acceptance"] = _acceptance(cluster)
+    context["network_test"] = lifecycle.network_test_report(cluster, now)
+    context["network_expected"] = connect.expected_bandwidth()
+    context["can_test_network"] = cluster.status in Cluster.NETWORK_TESTABLE
+    context["network_test_refusal"] = cluster.network_test_refusal(nodes, now)
     if cluster.status in Cluster.BILLED:
         context["ssh_head"] = _ssh_to_head(cluster)
         context.update(_connect_panel(cluster))
@@ -510,17 +516,23 @@ def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if not request.htmx:
         response = render(request, "clusters/detail.html", context)
     else:
-        context["oob"] = True
-        parts = [
-            render_to_string("clusters/detail.html#status", context, request),
-            render_to_string("clusters/detail.html#activity", context, request),
-        ]
-        if request.GET.get("connect", "") != context["connect_version"]:
-            parts.append(render_to_string("clusters/detail.html#connect", context, request))
-        response = HttpResponse("".join(parts))
-        if cluster.is_final:
-            response.status_code = STOP_POLLING
+        response = _poll_answer(request, cluster, context)
     patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def _poll_answer(request: HttpRequest, cluster: Cluster, context: dict) -> HttpResponse:
+    """What a poll gets: the status section, and the rest out of band."""
+    context["oob"] = True
+    parts = [
+        render_to_string("clusters/detail.html#status", context, request),
+        render_to_string("clusters/detail.html#activity", context, request),
+    ]
+    if request.GET.get("connect", "") != context["connect_version"]:
+        parts.append(render_to_string("clusters/detail.html#connect", context, request))
+    response = HttpResponse("".join(parts))
+    if cluster.is_final:
+        response.status_code = STOP_POLLING
     return response
 
 
@@ -577,6 +589,32 @@ def cluster_add_workers(request: HttpRequest, pk: int) -> HttpResponse:
         noun = "worker" if count == 1 else "workers"
         messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
     return redirect("clusters:detail", pk=cluster.pk)
+
+
+@login_required
+@require_POST
+def cluster_network_test(request: HttpRequest, pk: int) -> HttpResponse:
+    """Start the network test. Without JavaScript: a message and back to the page; with htmx:
+    the page's poll answer at once, so the running test shows and the page polls fast."""
+    cluster = _get_cluster_for_user(request, pk)
+    refused = ""
+    try:
+        lifecycle.run_network_test(cluster=cluster, user=request.user)
+    except ClusterRefused as refusal:
+        refused = refusal.message
+    if not request.htmx:
+        if refused:
+            messages.error(request, refused)
+        else:
+            messages.success(request, "Network test started: the result shows on this page.")
+        return redirect("clusters:detail", pk=cluster.pk)
+    cluster = _get_cluster_for_user(request, pk, details=True)
+    context = _detail_context(cluster)
+    context.setdefault("connect_version", "")
+    context["network_test_refused"] = refused
+    response = _poll_answer(request, cluster, context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
 
 
 # --- downloads: the SSH config, the hostfile, the kubeconfig -----------------------------------

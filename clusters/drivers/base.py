@@ -3,7 +3,7 @@
 The lifecycle calls `observe` inside its transaction, so it must be cheap: it reads what the
 driver already knows (its `driver_state`, the clock), never opens a connection. `start`,
 `install`, `check` and `stop` are slow work; the lifecycle runs them in per-node tasks under a
-lease, outside any transaction.
+lease, outside any transaction; so is `network_test`, run by its own task for the whole cluster.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from clusters.models import Node
+    from clusters.models import Cluster, Node
 
 
 class MachineState(StrEnum):
@@ -88,6 +88,21 @@ class CheckResult:
     output: str = ""
 
 
+@dataclass(frozen=True)
+class NetworkTestResult:
+    """What a network test measured between a cluster's machines (docs/lifecycle.md): `method`
+    `nccl` (all_reduce_perf's bus bandwidth per message size) or `agent` (Gbit/s from each
+    worker to node-0), the `results` kept on the cluster, and an `error` sentence when it
+    failed. `simulated` marks the simulated data center's stand-in figures."""
+
+    ok: bool
+    method: str = ""
+    results: dict = field(default_factory=dict)
+    error: str = ""
+    output: str = ""
+    simulated: bool = False
+
+
 class DriverError(Exception):
     """Slow work that failed in a way the driver can say. With a `reason` (an Event reason such as
     `host_key_mismatch`) the lifecycle fails the node at once; without one the work is retried
@@ -133,6 +148,15 @@ class Driver:
         """Stop the machine and wipe it (`/shared` included), then verify it is clean; raises
         DriverError when it is not. Idempotent."""
         raise NotImplementedError
+
+    def network_test(
+        self, cluster: Cluster, *, nodes: list[Node], plan: InstallPlan
+    ) -> NetworkTestResult:
+        """Measure the private network between `nodes` (the cluster's joined machines, node-0
+        first, with their hosts): slow work, run by a task outside any transaction."""
+        return NetworkTestResult(
+            ok=False, error=f"Machines of the {self.name} driver cannot run a network test."
+        )
 
     # --- the node's agent, where the driver must do part of its work ------------------------
 

@@ -29,13 +29,14 @@ from clusters.drivers.base import (
     InstallPlan,
     InstallResult,
     MachineState,
+    NetworkTestResult,
     Observation,
 )
-from clusters.software import checks
+from clusters.software import checks, network_test
 from clusters.software import simulated as outputs
 
 if TYPE_CHECKING:
-    from clusters.models import Node
+    from clusters.models import Cluster, Node
     from offers.models import Host
 
 DRIVER_VERSION = "550.54.15"
@@ -199,3 +200,19 @@ class SimulatedDriver(Driver):
         output = outputs.OUTPUTS[plan.software](sim_nodes)
         expected = [checks.ExpectedNode(n.name, n.private_ip, n.gpus) for n in plan.nodes]
         return checks.run_check(plan.software, output, expected)
+
+    # --- the network test --------------------------------------------------------------------
+
+    def network_test(
+        self, cluster: Cluster, *, nodes: list[Node], plan: InstallPlan
+    ) -> NetworkTestResult:
+        """nccl-tests' all_reduce_perf as it would print on the simulated Ethernet, read by the
+        real parser; the result is marked simulated."""
+        gpu = f"NVIDIA {cluster.machine_type.gpu.name}"
+        output = outputs.all_reduce_perf(
+            nodes=[n.name for n in nodes], gpus=plan.gpus_per_machine, gpu_name=gpu
+        )
+        command = network_test.all_reduce_perf_command(
+            path=network_test.NCCL_TESTS_PATHS[1], ranks=len(nodes), gpus=plan.gpus_per_machine
+        )
+        return network_test.read_all_reduce_perf(output, status=0, command=command, simulated=True)

@@ -8,6 +8,7 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
   per-node task under a lease and never runs inside the transaction; the task writes its result
   back only while its lease token still matches (`do_node_work`).
 - `terminate`, `retry_install`, `add_workers` change what the reconciler aims for.
+- `run_network_test` measures the private network of a ready cluster on request, in a task.
 
 Every write to a cluster's nodes happens with the cluster row locked, so `advance`, the agent's
 check-ins and the tasks' write-backs never overwrite each other. The rules decided here where
@@ -16,7 +17,8 @@ SPEC is silent are written down in docs/lifecycle.md.
 The package, by concern: `rules` (limits, deadlines, tokens, the cluster lock, the judgements on
 what agents report), `dispatch` (handing work to Celery or to memory), `reserve` (create and
 reservation), `reconcile` (`advance` and its one pass over a cluster), `work` (per-node work
-under a lease, talking to drivers), `actions` (terminate, stop, retry, add workers), `watch`
+under a lease, talking to drivers), `actions` (terminate, stop, retry, add workers),
+`network_test` (the network test a user asks for: the action, its task, how it reads), `watch`
 (what the periodic tasks look at). Callers import this package, never its modules.
 """
 
@@ -27,6 +29,12 @@ from clusters.lifecycle.dispatch import (
     advance_pending_key,
     dispatching_to,
     enqueue_advance,
+)
+from clusters.lifecycle.network_test import (
+    NETWORK_TEST_SECONDS,
+    do_network_test,
+    network_test_report,
+    run_network_test,
 )
 from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance
 from clusters.lifecycle.reserve import create_cluster, reserve_hosts
@@ -52,6 +60,7 @@ __all__ = [
     "CHECK_EVERY",
     "INSTALL_SECONDS",
     "LEASE_SECONDS",
+    "NETWORK_TEST_SECONDS",
     "NODE_FIELDS",
     "RELEASE_ATTEMPTS",
     "RETRY_AFTER",
@@ -67,6 +76,7 @@ __all__ = [
     "clusters_needing_work",
     "create_cluster",
     "dispatching_to",
+    "do_network_test",
     "do_node_work",
     "enqueue_advance",
     "hardware_problem",
@@ -74,10 +84,12 @@ __all__ = [
     "lock_cluster",
     "mark_lost",
     "money",
+    "network_test_report",
     "node_plan_for",
     "reachability_matrix",
     "reserve_hosts",
     "retry_install",
+    "run_network_test",
     "step_deadline",
     "stop",
     "sweep_orphan_hosts",

@@ -40,6 +40,11 @@ class Dispatcher:
 
         transaction.on_commit(lambda: tasks.node_work.delay(node_id, action, token))
 
+    def network_test(self, cluster_id: int, token: str) -> None:
+        from clusters import tasks
+
+        transaction.on_commit(lambda: tasks.network_test.delay(cluster_id, token))
+
 
 class CollectingDispatcher(Dispatcher):
     """Keeps handed-off work in memory and runs it in this process on `run()`."""
@@ -47,6 +52,7 @@ class CollectingDispatcher(Dispatcher):
     def __init__(self) -> None:
         self.advances: list[int] = []
         self.work: list[tuple[int, str, str]] = []
+        self.network_tests: list[tuple[int, str]] = []
         self.ran = 0
 
     def advance(self, cluster_id: int) -> None:
@@ -56,16 +62,23 @@ class CollectingDispatcher(Dispatcher):
     def node_work(self, node_id: int, action: str, token: str) -> None:
         self.work.append((node_id, action, token))
 
+    def network_test(self, cluster_id: int, token: str) -> None:
+        self.network_tests.append((cluster_id, token))
+
     def run(self, *, limit: int = 100_000) -> int:
         """Run everything handed off, and what that hands off, until nothing is left."""
+        from clusters.lifecycle.network_test import do_network_test
         from clusters.lifecycle.reconcile import advance
         from clusters.lifecycle.work import do_node_work
 
         ran = 0
-        while self.work or self.advances:
+        while self.work or self.advances or self.network_tests:
             if self.work:
                 node_id, action, token = self.work.pop(0)
                 do_node_work(node_id=node_id, action=action, token=token)
+            elif self.network_tests:
+                cluster_id, token = self.network_tests.pop(0)
+                do_network_test(cluster_id=cluster_id, token=token)
             else:
                 advance(cluster_id=self.advances.pop(0))
             ran += 1

@@ -122,3 +122,67 @@ def install_log(*, software: str, node: str, ok: bool) -> str:
         lines.append(f"[{node}] {steps[-1]} ... FAILED")
         lines.append(f"[{node}] error: {software} service exited with status 1")
     return "\n".join(lines) + "\n"
+
+
+# The simulated Ethernet between machines: a bus bandwidth plateau of 0.2 GB/s (1.6 Gbit/s,
+# what the simulated agents measure at join), reached once messages dwarf the latency.
+SIM_LINK_GBS = 0.2
+
+
+def all_reduce_perf(*, nodes: list[str], gpus: int, gpu_name: str) -> str:
+    """What nccl-tests' all_reduce_perf prints for one rank per machine (`-g gpus`, 8 B to
+    128 MiB, doubling) across `nodes` on the simulated Ethernet: deterministic figures."""
+    ranks = len(nodes) * gpus
+    factor = 2 * (ranks - 1) / ranks
+    latency_us = 60 + 20 * len(nodes)
+    lines = [
+        "# nccl-tests version 2.13.9 nccl-headers=21903 nccl-library=21903",
+        "# Collective test starting: all_reduce_perf",
+        f"# nThread 1 nGpus {gpus} minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 "
+        "iters: 20 agg iters: 1 validation: 1 graph: 0",
+        "#",
+        "# Using devices",
+    ]
+    for n, node in enumerate(nodes):
+        for device in range(gpus):
+            rank = n * gpus + device
+            lines.append(
+                f"#  Rank {rank:2d} Group  0 Pid {41000 + n * 100:6d} on {node:>10} device "
+                f"{device:2d} [0x{0x18 + 16 * device:02x}] {gpu_name}"
+            )
+    lines += [
+        "#",
+        "#                                                              out-of-place          "
+        "             in-place          ",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong  "
+        "   time   algbw   busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)         "
+        "   (us)  (GB/s)  (GB/s)       ",
+    ]
+    busbws = []
+    size = 8
+    while size <= 128 * 1024 * 1024:
+        columns = f"{size:12d}  {size // 4:12d}  {'float':>8}  {'sum':>6}  {-1:6d}"
+        for extra in (0.0, 0.02):  # in place is a hair faster
+            time_us = (latency_us + size * factor / (SIM_LINK_GBS * 1e3)) * (1 - extra)
+            algbw = size / time_us / 1e3
+            busbw = algbw * factor
+            busbws.append(busbw)
+            columns += f"  {_nccl_time(time_us):>7}  {algbw:6.2f}  {busbw:6.2f}  {0:5d}"
+        lines.append(columns)
+        size *= 2
+    lines += [
+        "# Out of bounds values : 0 OK",
+        f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):g} ",
+        "#",
+        "# Collective test concluded: all_reduce_perf",
+        "#",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _nccl_time(us: float) -> str:
+    """nccl-tests' time column: fewer decimals as the number grows."""
+    if us >= 10_000:
+        return f"{us:.0f}"
+    return f"{us:.1f}" if us >= 100 else f"{us:.2f}"

@@ -1,0 +1,204 @@
+"""The network test a user asks for (docs/lifecycle.md, "The network test"): the action that
+starts it, the task's slow part (the driver's measurement, outside any transaction) and its
+write-back, and how the pages and the API read the last result."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from accounts.models import User
+from clusters import connect
+from clusters.drivers import get_driver
+from clusters.drivers.base import DriverError, NetworkTestResult
+from clusters.errors import ClusterRefused
+from clusters.lifecycle import dispatch
+from clusters.lifecycle.rules import lock_cluster
+from clusters.lifecycle.work import install_plan
+from clusters.models import Cluster, Event, Node
+
+log = logging.getLogger(__name__)
+
+# How long a test may run: past it the test reads as failed and another may start (a worker
+# that died mid-test leaves it behind). Every remote command is bounded well inside it.
+NETWORK_TEST_SECONDS = 15 * 60
+
+Reason = Event.Reason
+
+
+def run_network_test(*, cluster: Cluster, user: User | None = None) -> Cluster:
+    """Start a network test between the machines of a ready (or degraded) cluster: refused with
+    `invalid_state` otherwise (or without node-0 and another machine up), and with
+    `network_test_running` while one runs. The measurement is a task's, after commit."""
+    now = timezone.now()
+    with transaction.atomic():
+        locked = lock_cluster(cluster.pk)
+        if locked is None:
+            raise ClusterRefused("invalid_state", "This cluster is gone.")
+        nodes = list(locked.nodes.order_by("index"))
+        refusal = locked.network_test_refusal(nodes, now)
+        if refusal is not None:
+            raise ClusterRefused(*refusal)
+        machines = [n.name for n in nodes if n.status == Node.Status.JOINED]
+        token = secrets.token_hex(16)
+        locked.network_test = {
+            "state": "running",
+            "token": token,
+            "started_at": now.isoformat(),
+            "expires_at": (now + timedelta(seconds=NETWORK_TEST_SECONDS)).isoformat(),
+            "finished_at": None,
+            "requested_by": user.email if user else None,
+            "machines": machines,
+            "method": None,
+            "simulated": False,
+            "results": {},
+            "error": None,
+        }
+        locked.save(update_fields=["network_test"])
+        who = f" by {user.email}" if user else ""
+        Event.objects.create(
+            cluster=locked,
+            at=now,
+            reason=Reason.NETWORK_TEST_STARTED,
+            message=f"Network test requested{who}: measuring between {', '.join(machines)}.",
+        )
+        dispatch.current().network_test(locked.pk, token)
+    return locked
+
+
+def do_network_test(*, cluster_id: int, token: str) -> bool:
+    """Measure, if `token` is still the running test's, and write the result back only if it
+    still is. Returns whether the result was written (a second run of the task writes none)."""
+    cluster = (
+        Cluster.objects.select_related("machine_type__gpu", "machine_type__location")
+        .filter(pk=cluster_id)
+        .first()
+    )
+    if cluster is None or (cluster.network_test or {}).get("token") != token:
+        return False
+    if not cluster.network_test_running():
+        return False
+    nodes = list(
+        cluster.nodes.filter(status=Node.Status.JOINED).select_related("host").order_by("index")
+    )
+    result = _measure(cluster, nodes)
+    return _write_back(cluster_id=cluster_id, token=token, result=result)
+
+
+def _measure(cluster: Cluster, nodes: list[Node]) -> NetworkTestResult:
+    if len(nodes) < 2 or nodes[0].index != 0:
+        return NetworkTestResult(
+            ok=False, error="node-0 and at least one other machine must be up to be measured."
+        )
+    try:
+        driver = get_driver(nodes[0].host)
+        return driver.network_test(cluster, nodes=nodes, plan=install_plan(cluster, nodes))
+    except DriverError as error:  # the driver says what went wrong: no traceback needed
+        log.warning("cluster %s: the network test failed: %s", cluster.pk, error.message)
+        return NetworkTestResult(ok=False, error=error.message[:1000], output=error.output)
+    except Exception as error:  # a broken test must not read as running for 15 minutes
+        log.exception("cluster %s: the network test broke", cluster.pk)
+        return NetworkTestResult(ok=False, error=f"The test broke: {type(error).__name__}.")
+
+
+def _write_back(*, cluster_id: int, token: str, result: NetworkTestResult) -> bool:
+    now = timezone.now()
+    with transaction.atomic():
+        locked = lock_cluster(cluster_id)
+        test = (locked.network_test or {}) if locked else {}
+        if test.get("token") != token or test.get("state") != "running":
+            return False  # another test took its place, or this one was written already
+        test = {
+            **test,
+            "state": "done" if result.ok else "failed",
+            "finished_at": now.isoformat(),
+            "method": result.method or None,
+            "simulated": result.simulated,
+            "results": result.results,
+            "error": result.error or None,
+        }
+        locked.network_test = test
+        locked.save(update_fields=["network_test"])
+        Event.objects.create(
+            cluster=locked,
+            at=now,
+            reason=Reason.NETWORK_TEST_DONE if result.ok else Reason.NETWORK_TEST_FAILED,
+            message=_summary(test),
+            output=result.output[-20_000:],
+        )
+    return True
+
+
+def _summary(test: dict) -> str:
+    """The event's sentence: the figures, or why there are none."""
+    results = test["results"] or {}
+    if test["state"] == "failed":
+        return f"Network test failed: {test['error']}"
+    if test["method"] == "nccl":
+        largest = results["sizes"][-1]
+        simulated = ", simulated" if test["simulated"] else ""
+        figures = (
+            f"all_reduce_perf{simulated}: bus bandwidth {largest['busbw_gbs']:.2f} GB/s at "
+            f"{_size(largest['bytes'])}, {results['avg_busbw_gbs']:.3g} GB/s on average"
+        )
+    else:
+        pairs = "; ".join(
+            f"{p['node']} → {p['to']} {p['gbit_s']:.2f} Gbit/s" for p in results["pairs"]
+        )
+        figures = f"the agents' own test: {pairs}"
+    expected = connect.ETHERNET_GBITS
+    return f"Network test done ({figures}). Ethernet is expected to give about {expected}."
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def _time(us: float) -> str:
+    if us < 1000:
+        return f"{us:.0f} µs"
+    return f"{us / 1000:.1f} ms" if us < 1_000_000 else f"{us / 1_000_000:.2f} s"
+
+
+def network_test_report(cluster: Cluster, now: datetime | None = None) -> dict | None:
+    """The last network test as the page and the API show it, or None when none was asked for.
+    A test that ran past its time reads as failed; its token never leaves the database."""
+    test = cluster.network_test or {}
+    if not test.get("state"):
+        return None
+    state, error = test["state"], test.get("error")
+    if state == "running" and not cluster.network_test_running(now):
+        state = "failed"
+        error = (
+            f"It did not finish within {NETWORK_TEST_SECONDS // 60} minutes (its worker may have "
+            "stopped); run it again."
+        )
+    results = test.get("results") or {}
+    sizes = [
+        {**row, "size": _size(row["bytes"]), "time": _time(row["time_us"])}
+        for row in results.get("sizes") or []
+    ]
+    return {
+        "state": state,
+        "method": test.get("method"),
+        "simulated": bool(test.get("simulated")),
+        "started_at": parse_datetime(test.get("started_at") or ""),
+        "finished_at": parse_datetime(test.get("finished_at") or ""),
+        "requested_by": test.get("requested_by"),
+        "machines": test.get("machines") or [],
+        "error": error,
+        "sizes": sizes or None,
+        "avg_busbw_gbs": results.get("avg_busbw_gbs"),
+        "peak_busbw_gbs": max((row["busbw_gbs"] for row in sizes), default=None),
+        "pairs": results.get("pairs"),
+        "command": results.get("command"),
+        "expected": connect.expected_bandwidth(),
+    }
