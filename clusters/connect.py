@@ -8,11 +8,17 @@ node with neither an address of its own nor a gateway in front of it has no SSH 
 (`ssh_command` raises `NoRoute`) and is left out of the SSH config until it has one.
 """
 
+import base64
 import hashlib
 import hmac
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from django.conf import settings
 
 SSH_USER = "root"
@@ -20,6 +26,13 @@ MASTER_PORT = 29500
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
 KUBE_API_PORT = 6443
+# Behind a gateway the API is reached through an SSH tunnel to node-0, on a local port of its
+# own per cluster (below the ephemeral ports of Linux, macOS and Windows), so two clusters'
+# tunnels can be open at once.
+KUBE_TUNNEL_PORTS = range(20000, 30000)
+# The cluster CA's validity: fixed, so the certificate is the same every time it is made.
+KUBE_CA_VALID = (datetime(2025, 1, 1, tzinfo=UTC), datetime(2045, 1, 1, tzinfo=UTC))
+_P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 SLURM_PARTITION = "gpu"
 SHARED_DIR = "/shared"
 LOCAL_HOSTFILE = "/etc/runcrate/hostfile"
@@ -131,10 +144,13 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
 # --- SSH ----------------------------------------------------------------------------------
 
 
-def ssh_command(shape: ClusterShape, node: NodeAccess) -> str:
-    """`ssh root@ADDRESS`, or `ssh -J cID@GATEWAY root@ADDRESS` (`-p PORT` off port 22);
-    raises NoRoute for a node that has neither an address nor a gateway."""
+def ssh_command(shape: ClusterShape, node: NodeAccess, *, options: str = "") -> str:
+    """`ssh root@ADDRESS`, or `ssh -J cID@GATEWAY root@ADDRESS` (`-p PORT` off port 22), with
+    `options` (e.g. a port forward) after `ssh`; raises NoRoute for a node that has neither an
+    address nor a gateway."""
     port = f"-p {node.port} " if node.port != 22 else ""
+    if options:
+        port = f"{options} {port}"
     if shape.gateway:
         # Behind the gateway a node's address (where the gateway forwards to) is reachable only
         # through it; without one known yet, the gateway resolves the node's name.
@@ -263,25 +279,102 @@ def slurm_examples(shape: ClusterShape) -> dict[str, str]:
 
 
 def kube_api_server(shape: ClusterShape) -> str:
-    """node-0's API server: at its own address, or behind the gateway at `cID.GATEWAY-HOST`.
-    Raises NoRoute while the head has neither."""
+    """node-0's API server: at its own address, or behind a gateway at the local end of the
+    tunnel (`kube_tunnel`), whether the gateway is a name or an IP address: the gateway is an
+    SSH server, which forwards nothing else. Raises NoRoute while the head has neither."""
     head = shape.head
     if shape.gateway:
-        gateway_host = shape.gateway.rsplit(":", 1)[0]
-        return f"https://c{shape.cluster_id}.{gateway_host}:{KUBE_API_PORT}"
+        return f"https://127.0.0.1:{kube_tunnel_port(shape)}"
     if head.address:
         host = f"[{head.address}]" if ":" in head.address else head.address
         return f"https://{host}:{KUBE_API_PORT}"
     raise NoRoute(f"{head.name} has no public address yet and its location has no SSH gateway.")
 
 
+def kube_tunnel_port(shape: ClusterShape) -> int:
+    return KUBE_TUNNEL_PORTS.start + shape.cluster_id % len(KUBE_TUNNEL_PORTS)
+
+
+def kube_tunnel(shape: ClusterShape) -> str | None:
+    """The SSH tunnel to node-0's API that a kubeconfig behind a gateway needs open; None where
+    node-0 is reached directly. k3s's serving certificate names 127.0.0.1."""
+    if not shape.gateway:
+        return None
+    forward = f"-N -L {kube_tunnel_port(shape)}:127.0.0.1:{KUBE_API_PORT}"
+    return ssh_command(shape, shape.head, options=forward)
+
+
+def _cluster_secret(shape: ClusterShape, purpose: str) -> bytes:
+    """32 bytes derived from the secret key, `purpose` and the cluster's id: stored nowhere."""
+    message = f"{purpose}:{shape.cluster_id}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).digest()
+
+
 def kube_token(shape: ClusterShape) -> str:
     """The cluster admin's bearer token, derived from the secret key so nothing is stored."""
-    message = f"kubernetes-admin:{shape.cluster_id}".encode()
-    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+    return _cluster_secret(shape, "kubernetes-admin").hex()
+
+
+@dataclass(frozen=True)
+class KubeCa:
+    certificate: str  # PEM: in the kubeconfig, and k3s's server-ca.crt
+    key: str  # PEM (SEC1): k3s's server-ca.key, on node-0 only
+
+
+def kube_ca(shape: ClusterShape) -> KubeCa:
+    """The CA of the cluster's API server (EC P-256): its key derived from the secret key and
+    the cluster, its certificate signed with RFC 6979's deterministic ECDSA over a fixed serial
+    and validity, so the same bytes come out every time and nothing is stored. k3s is given
+    both before its first start and signs its serving certificate with them."""
+    scalar = int.from_bytes(_cluster_secret(shape, "kubernetes-ca")) % (_P256_ORDER - 1) + 1
+    key = ec.derive_private_key(scalar, ec.SECP256R1())
+    serial = int.from_bytes(_cluster_secret(shape, "kubernetes-ca-serial")[:16]) >> 1 or 1
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Runcrate"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"{shape.name} Kubernetes CA"[:64]),
+        ]
+    )
+    public = key.public_key()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(serial)
+        .not_valid_before(KUBE_CA_VALID[0])
+        .not_valid_after(KUBE_CA_VALID[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256(), ecdsa_deterministic=True)
+    )
+    return KubeCa(
+        certificate=certificate.public_bytes(serialization.Encoding.PEM).decode(),
+        key=key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        ).decode(),
+    )
 
 
 def kubeconfig(shape: ClusterShape) -> str:
+    """The admin's kubeconfig: node-0's API, verified against the cluster's own CA."""
+    ca = base64.b64encode(kube_ca(shape).certificate.encode()).decode()
     # JSON is valid YAML, and json.dumps quotes every value safely.
     config = {
         "apiVersion": "v1",
@@ -289,7 +382,7 @@ def kubeconfig(shape: ClusterShape) -> str:
         "clusters": [
             {
                 "name": shape.name,
-                "cluster": {"server": kube_api_server(shape), "insecure-skip-tls-verify": True},
+                "cluster": {"server": kube_api_server(shape), "certificate-authority-data": ca},
             }
         ],
         "users": [{"name": f"{shape.name}-admin", "user": {"token": kube_token(shape)}}],
@@ -410,6 +503,7 @@ def software_details(shape: ClusterShape) -> dict | None:
         return {
             "name": "kubernetes",
             "api_server": server,
+            "tunnel": kube_tunnel(shape),
             "kubeconfig": kubeconfig(shape) if server else None,
             "gpu_pod": kubernetes_gpu_pod(shape),
             "apply": "kubectl apply -f gpu-check.yaml && kubectl logs -f gpu-check",

@@ -220,6 +220,11 @@ RUNCRATE_SSH_KEY_FILE = Path(
 ).resolve()
 RUNCRATE_SSH_CONNECT_SECONDS = env_float("RUNCRATE_SSH_CONNECT_SECONDS", 10.0)
 RUNCRATE_SSH_COMMAND_SECONDS = env_float("RUNCRATE_SSH_COMMAND_SECONDS", 600.0)
+# Where hosts fetch k3s (Kubernetes on ssh hosts): a release's folder, upstream or a mirror of it
+# (`k3s`, `sha256sum-amd64.txt`, the air-gap images).
+RUNCRATE_K3S_URL = env_str(
+    "RUNCRATE_K3S_URL", "https://github.com/k3s-io/k3s/releases/download/v1.32.3%2Bk3s1"
+).rstrip("/")
 # A node of a ready or degraded cluster silent this long is lost; the watch runs this often.
 RUNCRATE_HEARTBEAT_LOST_SECONDS = env_int("RUNCRATE_HEARTBEAT_LOST_SECONDS", 180, minimum=1)
 CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {

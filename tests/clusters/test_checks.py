@@ -253,3 +253,37 @@ def test_real_ray_json_is_read_by_address_with_its_gpus():
     assert result.problems == {"node-1": "172.30.77.12 is not alive in Ray"}
     short = checks.check_ray(real_ray("alive"), [checks.ExpectedNode("node-0", "172.30.77.11", 4)])
     assert short.problems == {"node-0": "Ray sees 2 GPUs (needs 4)"}
+
+
+# --- kubectl get nodes -o json, shaped like k3s v1.32 prints it (tests/clusters/data/kubernetes/)
+# Not captured from a running k3s (the lab cannot fetch the release): written from its format,
+# with a server's control-plane labels, flannel's annotations and the kubelet's conditions.
+
+KUBERNETES_OUTPUTS = Path(__file__).parent / "data" / "kubernetes"
+
+
+def k3s_nodes(name: str) -> str:
+    return (KUBERNETES_OUTPUTS / f"{name}.json").read_text()
+
+
+def test_a_k3s_server_without_a_taint_takes_gpu_work_like_its_agent():
+    output = k3s_nodes("k3s-ready")
+    head = json.loads(output)["items"][0]
+    assert head["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] == "true"
+    result = checks.check_kubernetes(output, EXPECTED)
+    assert result.state == CheckState.READY
+    assert result.ready_nodes == {"node-0", "node-1"}
+
+
+def test_a_k3s_server_tainted_control_plane_no_schedule_is_not_ready():
+    result = checks.check_kubernetes(k3s_nodes("k3s-control-plane-tainted"), EXPECTED)
+    assert result.state == CheckState.PENDING
+    assert result.ready_nodes == {"node-1"}
+    assert result.problems == {"node-0": "tainted node-role.kubernetes.io/control-plane:NoSchedule"}
+
+
+def test_a_k3s_agent_still_joining_is_pending_with_the_kubelets_word():
+    result = checks.check_kubernetes(k3s_nodes("k3s-worker-joining"), EXPECTED)
+    assert result.state == CheckState.PENDING
+    assert result.ready_nodes == {"node-0"}
+    assert result.problems == {"node-1": "Ready is False"}
