@@ -51,6 +51,8 @@ class NodeAccess:
     address: str | None  # where SSH reaches it (behind a gateway: where the gateway forwards)
     port: int = 22
     host_key: str | None = None  # its pinned host key, where its driver pins one
+    # How it mounts node-0's /shared, as its agent reported at join (nfs, sshfs, simulated).
+    shared_method: str | None = None
 
     @property
     def name(self) -> str:
@@ -129,6 +131,7 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
                 address=n.public_address or None,
                 port=n.public_port,
                 host_key=n.host_key or None,
+                shared_method=(n.acceptance or {}).get("shared"),
             )
             for n in sorted(nodes, key=lambda n: n.index)
         ),
@@ -439,7 +442,14 @@ def node_plan(shape: ClusterShape, node: NodeAccess) -> dict:
     mounts = []
     if shape.has_shared_folder:
         mounts.append(
-            {"path": SHARED_DIR, "export": is_head, "source": None if is_head else "node-0"}
+            {
+                "path": SHARED_DIR,
+                "export": is_head,
+                "source": None if is_head else "node-0",
+                # Which one runs (NFS where the kernels have it, else sshfs): known once the
+                # worker's agent has mounted it.
+                "method": None if is_head else node.shared_method,
+            }
         )
     if shape.volume and is_head:
         mounts.append({"path": VOLUME_DIR, "volume": shape.volume})
@@ -462,8 +472,8 @@ def storage(shape: ClusterShape) -> dict:
     """Where files are shared (SPEC §6), in words and paths, for the page and the API."""
     if shape.has_shared_folder:
         summary = (
-            f"Every node mounts {SHARED_DIR}, exported from node-0 over the private network; the "
-            f"hostfile is {shape.hostfile_path}."
+            f"Every node mounts {SHARED_DIR}, exported from node-0 over the private network"
+            f"{_shared_methods(shape)}; the hostfile is {shape.hostfile_path}."
         )
     else:
         summary = (
@@ -486,6 +496,12 @@ def storage(shape: ClusterShape) -> dict:
         "volume": volume,
         "summary": summary,
     }
+
+
+def _shared_methods(shape: ClusterShape) -> str:
+    methods = sorted({n.shared_method for n in shape.nodes[1:] if n.shared_method})
+    names = {"nfs": "NFS", "sshfs": "sshfs", "simulated": "simulated NFS"}
+    return f" ({', '.join(names.get(m, m) for m in methods)})" if methods else ""
 
 
 # --- everything at once: the connect panel and GET /api/v1/clusters/{id}/connect ---------------

@@ -354,6 +354,7 @@ class Event(models.Model):
         NETWORK_TEST_STARTED = "network_test_started"
         NETWORK_TEST_DONE = "network_test_done"
         NETWORK_TEST_FAILED = "network_test_failed"
+        VOLUME_SYNC_FAILED = "volume_sync_failed"
         # failures (DESIGN.md's fixed list)
         BOOT_TIMEOUT = "boot_timeout"
         MACHINE_FAILED = "machine_failed"

@@ -39,6 +39,11 @@ key in capitals for the others, e.g. RUNCRATE_AGENT_INTERFACE):
 Usage:
     runcrate_agent.py          run in the foreground (under systemd)
     runcrate_agent.py --once   one check-in (and the network test if due), then exit
+    runcrate_agent.py --network-test --head 10.77.0.1 [--seconds 3]
+                               measure latency and bandwidth to the head as at join (iperf3
+                               where the head runs it, else the TCP stream to its sink), print
+                               one JSON line and exit (1 when no bandwidth was measured); needs
+                               no configuration (the dashboard's network test runs it)
     runcrate_agent.py --daemon --pidfile /run/runcrate-agent.pid
                       --log-file /var/log/runcrate-agent.log
                                detach (hosts without systemd); does nothing (exit 0) when the
@@ -95,6 +100,8 @@ CONFIG_KEYS = (
     "heartbeat_seconds",
     "private_ip",
     "is_head",
+    "shared_mount",
+    "shared_identity",
 )
 
 log = logging.getLogger("runcrate-agent")
@@ -113,6 +120,10 @@ class Settings:
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     private_ip: str | None = None
     is_head: bool = False
+    # A worker mounts the head's folder here (/shared) before its network test; None: no mount
+    # (the head, containers). The identity is the cluster's own SSH key, for sshfs.
+    shared_mount: str | None = None
+    shared_identity: str | None = None
     # Not read from the configuration; tests shorten them.
     iperf3_port: int = IPERF3_PORT
     retry_seconds: float = RETRY_SECONDS  # between check-ins while starting, and after errors
@@ -155,6 +166,8 @@ def load_config(environ: dict[str, str] | None = None, path: Path | None = None)
         heartbeat_seconds=_number(values, "heartbeat_seconds", HEARTBEAT_SECONDS, float),
         private_ip=_text(values, "private_ip", None),
         is_head=_boolean(values, "is_head"),
+        shared_mount=_text(values, "shared_mount", None),
+        shared_identity=_text(values, "shared_identity", None),
     )
     return Config(
         url=str(values["runcrate_url"]),
@@ -333,6 +346,77 @@ def measure_bandwidth(head: str, settings: Settings) -> tuple[float, str]:
             return mbit, "iperf3"
     mbit = stream_bandwidth(head, settings.bandwidth_port, seconds=settings.stream_seconds)
     return mbit, "tcp-stream"
+
+
+def is_mounted(path: str) -> bool:
+    return os.path.ismount(path)
+
+
+def mount_shared(path: str, head: str, identity: str | None) -> tuple[str | None, str | None]:
+    """Mount the head's `path` on the same path here, over the private network: NFS where this
+    kernel has an NFS client and the head exports it, else sshfs with the cluster's own key
+    (docs/drivers.md, "/shared"). (how, None) once mounted, or (None, why not)."""
+    if is_mounted(path):
+        return _mounted_by(path), None
+    os.makedirs(path, exist_ok=True)
+    errors = []
+    filesystems = (
+        Path("/proc/filesystems").read_text() if Path("/proc/filesystems").exists() else ""
+    )
+    if "\tnfs4\n" in filesystems and shutil.which("mount.nfs4"):
+        command = ["mount", "-t", "nfs4", "-o", "soft,timeo=50,retrans=2", f"{head}:{path}", path]
+        done = _run_for(command, 30)
+        if done is None and is_mounted(path):
+            return "nfs", None
+        errors.append(f"nfs: {done}")
+    if shutil.which("sshfs"):
+        options = [
+            "StrictHostKeyChecking=yes",
+            "UserKnownHostsFile=/etc/ssh/ssh_known_hosts",
+            "BatchMode=yes",
+            "ConnectTimeout=10",
+            "ServerAliveInterval=15",
+            "ServerAliveCountMax=3",
+            "reconnect",
+            "allow_other",
+        ]
+        if identity:
+            options.append(f"IdentityFile={identity}")
+        done = _run_for(["sshfs", "-o", ",".join(options), f"root@{head}:{path}", path], 30)
+        if done is None and is_mounted(path):
+            return "sshfs", None
+        errors.append(f"sshfs: {done or 'it exited but nothing is mounted'}")
+    else:
+        errors.append("sshfs is not installed")
+    return None, "; ".join(errors)
+
+
+def _run_for(command: list[str], timeout: float) -> str | None:
+    """None when `command` succeeded, else what went wrong (its last words)."""
+    try:
+        done = subprocess.run(  # noqa: S603 (our own command lines, no shell)
+            command, capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    if done.returncode == 0:
+        return None
+    words = (done.stderr or done.stdout).strip().splitlines()
+    return f"exit {done.returncode}: {words[-1] if words else 'no output'}"
+
+
+def _mounted_by(path: str) -> str:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == path:
+            return (
+                "sshfs"
+                if "sshfs" in fields[2]
+                else "nfs"
+                if fields[2].startswith("nfs")
+                else fields[2]
+            )
+    return "unknown"
 
 
 def unmeasured(error: str | None = None) -> dict[str, Any]:
@@ -555,7 +639,11 @@ class Agent:
         if self.is_head(state):
             acceptance = unmeasured()  # nothing to measure the way to
         else:
-            acceptance = measure_acceptance((state.get("head") or {}).get("private_ip"), settings)
+            head = (state.get("head") or {}).get("private_ip")
+            acceptance = measure_acceptance(head, settings)
+            if settings.shared_mount and head:
+                how, why = mount_shared(settings.shared_mount, head, settings.shared_identity)
+                acceptance |= {"shared": how, "shared_error": why}
         self._note("network", _describe(reachability, acceptance))
         return self._post("network", {"reachability": reachability, "acceptance": acceptance})
 
@@ -693,11 +781,48 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--daemon", action="store_true", help="detach (hosts without systemd)")
     parser.add_argument("--pidfile", type=Path, default=Path("/run/runcrate-agent.pid"))
     parser.add_argument("--log-file", type=Path, default=Path("/var/log/runcrate-agent.log"))
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--network-test", action="store_true", help="measure the way to --head, print JSON"
+    )
+    parser.add_argument("--head", help="the head's private address (with --network-test)")
+    parser.add_argument("--seconds", type=_test_seconds, default=3.0, help="stream length")
+    parser.add_argument("--port", type=int, default=BANDWIDTH_PORT, help="the head's sink")
+    parser.add_argument("--iperf3-port", type=int, default=IPERF3_PORT)
+    parser.add_argument("--probe-port", type=int, default=PROBE_PORT, help="for the latency")
+    arguments = parser.parse_args(argv)
+    if arguments.network_test and not arguments.head:
+        parser.error("--network-test needs --head ADDRESS")
+    return arguments
+
+
+def _test_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < seconds <= 60:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 60 seconds")
+    return seconds
+
+
+def network_test(arguments: argparse.Namespace) -> int:
+    """--network-test: the acceptance measurement to the head, for as long as asked, as one
+    JSON line on stdout; exit 1 when there is no bandwidth figure (the line says why)."""
+    settings = Settings(
+        probe_port=arguments.probe_port,
+        bandwidth_port=arguments.port,
+        iperf3_port=arguments.iperf3_port,
+        stream_seconds=arguments.seconds,
+    )
+    report = {"head": arguments.head, **measure_acceptance(arguments.head, settings)}
+    print(json.dumps(report), flush=True)
+    return 0 if report["bandwidth_mbit"] is not None else 1
 
 
 def main(argv: list[str]) -> int:
     arguments = parse_arguments(argv)
+    if arguments.network_test:
+        return network_test(arguments)
     config = load_config()
     agent = Agent(config.url, config.node_id, config.token, settings=config.settings)
     if arguments.daemon:

@@ -97,6 +97,7 @@ def _clean_gpus(gpus: Any) -> list[dict[str, Any]]:
 
 _WIREGUARD_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=$")
 _METHODS = {"iperf3", "tcp-stream", "simulated"}
+_SHARED_METHODS = {"nfs", "sshfs", "simulated"}
 
 
 def _clean_wireguard_key(key: Any) -> str | None:
@@ -133,6 +134,20 @@ def _clean_acceptance(acceptance: Any) -> dict[str, Any]:
     if error is not None and not isinstance(error, str):
         raise AgentRefused("invalid_report", "acceptance.error must be a string or null.")
     cleaned["error"] = error[:300] if error else None
+    # A worker's mount of node-0's /shared (made before it measured): how, or why not.
+    if "shared" in acceptance:
+        shared, shared_error = acceptance.get("shared"), acceptance.get("shared_error")
+        if shared is not None and shared not in _SHARED_METHODS:
+            raise AgentRefused(
+                "invalid_report",
+                f"acceptance.shared must be one of {', '.join(sorted(_SHARED_METHODS))} or null.",
+            )
+        if shared_error is not None and not isinstance(shared_error, str):
+            raise AgentRefused(
+                "invalid_report", "acceptance.shared_error must be a string or null."
+            )
+        cleaned["shared"] = shared
+        cleaned["shared_error"] = shared_error[:300] if shared_error else None
     return cleaned
 
 

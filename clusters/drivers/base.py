@@ -144,9 +144,10 @@ class Driver:
         """Run the software's readiness check on `node` (the head) for the whole plan."""
         raise NotImplementedError
 
-    def stop(self, node: Node) -> None:
+    def stop(self, node: Node) -> tuple[str, str] | None:
         """Stop the machine and wipe it (`/shared` included), then verify it is clean; raises
-        DriverError when it is not. Idempotent."""
+        DriverError when it is not. Idempotent. Returns (warning, output) for what went wrong
+        without stopping the wipe (a volume that could not be synced back), else None."""
         raise NotImplementedError
 
     def network_test(

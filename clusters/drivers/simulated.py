@@ -125,7 +125,16 @@ class SimulatedDriver(Driver):
         """What a simulated agent measures to node-0: the Ethernet network's typical figures."""
         if node.index == 0:
             return {"latency_ms": None, "bandwidth_mbit": None, "method": None, "error": None}
-        return {"latency_ms": 0.25, "bandwidth_mbit": 1600.0, "method": "simulated", "error": None}
+        measured = {
+            "latency_ms": 0.25,
+            "bandwidth_mbit": 1600.0,
+            "method": "simulated",
+            "error": None,
+        }
+        if node.cluster.machine_type.machine_kind != "container":
+            # The simulated data center's /shared: mounted as its NFS would be.
+            measured |= {"shared": "simulated", "shared_error": None}
+        return measured
 
     def last_heard(self, node: Node, *, now: datetime) -> datetime | None:
         # A simulated agent never falls silent: it is heard from whenever anyone asks.

@@ -38,6 +38,8 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from clusters.connect import SHARED_DIR, kube_ca, kube_token, shape_for
+from clusters.drivers import storage
 from clusters.drivers.base import (
     CheckResult,
     Driver,
@@ -45,12 +47,13 @@ from clusters.drivers.base import (
     InstallPlan,
     InstallResult,
     MachineState,
+    NetworkTestResult,
     Observation,
 )
-from clusters.software import checks
+from clusters.software import RAY_REQUIREMENT, checks, network_test
 
 if TYPE_CHECKING:
-    from clusters.models import Node
+    from clusters.models import Cluster, Node
     from offers.models import Host
 
 log = logging.getLogger(__name__)
@@ -311,7 +314,12 @@ class SshDriver(Driver):
                 output=output[-20_000:],
             )
         gateway_sync(node)
+        volume = None
+        if node.index == 0 and storage.attached_volume(node) is not None:
+            with host_session(host) as session:
+                volume = storage.pull(node, session, cluster_keys(node)[1])
         return {
+            "volume": volume,
             "bootstrapped_at": timezone.now().isoformat(),
             "os": facts.get("os", ""),
             "wireguard": facts.get("wireguard", ""),
@@ -372,12 +380,15 @@ class SshDriver(Driver):
             _, output = session.run(f"{checks.COMMANDS[plan.software]} 2>&1", timeout=60)
         return checks.run_check(plan.software, output, expected)
 
-    def stop(self, node: Node) -> None:
+    def stop(self, node: Node) -> tuple[str, str] | None:
+        """Sync the volume back (node-0), wipe, verify over a new connection. Returns a warning
+        and its output when the volume could not be synced back; the wipe goes on."""
         host = node.host
         _require_root(host)
         user = shlex.quote(host.user or "root")
         original = shlex.quote(node.driver_state.get("original_hostname") or "")
         with host_session(host) as session:
+            warning = storage.push(node, session, cluster_keys(node)[1])
             status, output = session.run(f"sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text())
         if status != 0:
             raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])
@@ -394,6 +405,47 @@ class SshDriver(Driver):
                 output=output[-20_000:],
             )
         gateway_sync(node, leaving=True)
+        return warning
+
+    def network_test(
+        self, cluster: Cluster, *, nodes: list[Node], plan: InstallPlan
+    ) -> NetworkTestResult:
+        """all_reduce_perf across `nodes` where node-0 has nccl-tests and mpirun; otherwise the
+        agent's own measurement from every other node to node-0, one node after another (so no
+        two share the head's link). Every remote command is bounded on the host itself
+        (`timeout`) and by the session (clusters/software/network_test.py)."""
+        head, workers = nodes[0], nodes[1:]
+        with host_session(head.host) as session:
+            _, found = session.run(network_test.FIND_NCCL, timeout=30)
+            path = network_test.found_nccl(found)
+            if path:
+                command = network_test.all_reduce_perf_command(
+                    path=path, ranks=len(nodes), gpus=plan.gpus_per_machine
+                )
+                directory = shlex.quote(network_test.HOSTFILE.rsplit("/", 1)[0])
+                status, output = session.run(
+                    f"mkdir -p -m 700 {directory} && cat > {network_test.HOSTFILE} && "
+                    f"{command} 2>&1",
+                    stdin=network_test.hostfile(
+                        [n.name for n in nodes], gpus=plan.gpus_per_machine
+                    ),
+                    timeout=network_test.NCCL_SECONDS + 30,
+                )
+                return network_test.read_all_reduce_perf(output, status=status, command=command)
+        # The dashboard's own agent program, on stdin: the same measurement on every host.
+        source = AGENT_FILE.read_text()
+        command = network_test.agent_command(head_ip=head.private_ip)
+        bound = network_test.AGENT_SECONDS + network_test.AGENT_SLACK_SECONDS + 15
+        pairs = []
+        for worker in workers:
+            try:
+                with host_session(worker.host) as session:
+                    _, output = session.run(command, stdin=source, timeout=bound)
+            except DriverError as error:
+                pairs.append(network_test.unmeasured_pair(worker.name, head.name, error.message))
+                continue
+            pairs.append(network_test.read_agent_pair(output, node=worker.name, head=head.name))
+        return network_test.agent_result(pairs)
 
 
 # --- what the bootstrap is given ---------------------------------------------------------------
@@ -402,7 +454,7 @@ class SshDriver(Driver):
 def software_env(node: Node, plan: InstallPlan) -> str:
     """The shell variables an installer reads: who it is, the head, every node, the GPUs, the
     package sources, and a per-cluster secret (e.g. Slurm's munge key), derived rather than
-    stored."""
+    stored; for Kubernetes, what node-0's k3s server needs (`kubernetes_env`)."""
     location = node.cluster.machine_type.location
     secret = cluster_secret(node, "runcrate-software")
     return "".join(
@@ -413,11 +465,33 @@ def software_env(node: Node, plan: InstallPlan) -> str:
             _env_line("ROLE", "head" if node.index == 0 else "worker"),
             _env_line("HEAD_NAME", plan.head.name),
             _env_line("HEAD_IP", plan.head.private_ip),
+            _env_line("PRIVATE_IP", node.private_ip),
             _env_line("NODES", " ".join(n.name for n in plan.nodes)),
             _env_line("GPUS_PER_NODE", str(plan.gpus_per_machine)),
             _env_line("APT_MIRROR", location.apt_mirror),
             _env_line("PIP_INDEX_URL", location.pip_index_url),
+            _env_line("RAY_REQUIREMENT", RAY_REQUIREMENT),
             _env_line("CLUSTER_SECRET_B64", base64.b64encode(secret * 32).decode()),
+            _env_line("K3S_URL", settings.RUNCRATE_K3S_URL),
+            kubernetes_env(node) if plan.software == "kubernetes" else "",
+        ]
+    )
+
+
+def kubernetes_env(node: Node) -> str:
+    """For node-0's k3s server: the admin's bearer token and the cluster's CA, which the
+    users' kubeconfig carries (docs/connecting.md), and the address users reach its API at, for
+    its certificate. The other nodes need none of it."""
+    if node.index != 0:
+        return ""
+    shape = shape_for(node.cluster, planning=True)
+    ca = kube_ca(shape)
+    return "".join(
+        [
+            _env_line("KUBE_ADMIN_TOKEN", kube_token(shape)),
+            _env_line("KUBE_API_ADDRESS", "" if shape.gateway else node.host.address),
+            _env_line("KUBE_CA_CERT_B64", base64.b64encode(ca.certificate.encode()).decode()),
+            _env_line("KUBE_CA_KEY_B64", base64.b64encode(ca.key.encode()).decode()),
         ]
     )
 
@@ -450,6 +524,12 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
         "private_ip": plan["private_ip"],
         "is_head": plan["role"] == "head",
     }
+    shared = next((m for m in plan["mounts"] if m["path"] == SHARED_DIR), None)
+    if shared and shared["source"]:
+        # The worker's agent mounts node-0's /shared before its network test (sshfs with the
+        # cluster's own key where there is no NFS).
+        agent |= {"shared_mount": SHARED_DIR, "shared_identity": "/root/.ssh/runcrate_cluster"}
+    shared_role = "" if shared is None else "export" if shared["export"] else "mount"
     plan_env = "".join(
         [
             _env_line("NODE_NAME", plan["hostname"]),
@@ -457,6 +537,10 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
             _env_line("WG_PORT", str(WIREGUARD_PORT)),
             _env_line("LOGIN_USER", "root"),
             _env_line("HOSTFILE_PATH", plan["hostfile"]["path"]),
+            _env_line("SHARED_DIR", SHARED_DIR),
+            _env_line("SHARED_ROLE", shared_role),
+            # node-0 syncs an attached volume with rsync (clusters/drivers/storage.py).
+            _env_line("VOLUME_SYNC", "1" if any("volume" in m for m in plan["mounts"]) else ""),
             _env_line("APT_MIRROR", location.apt_mirror),
             _env_line("PIP_INDEX_URL", location.pip_index_url),
         ]

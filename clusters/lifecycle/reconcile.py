@@ -294,7 +294,9 @@ class _Pass:
                 and node.network_reported_at is not None
                 and node.network_reported_at <= node.step_deadline
             ):
-                problem = acceptance_problem(node)
+                problem = acceptance_problem(
+                    node, needs_shared=self.machine_type.machine_kind != MachineType.Kind.CONTAINER
+                )
                 if problem:
                     failures.append(Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem))
                     continue
@@ -668,6 +670,13 @@ class _Pass:
                 continue
             stop, start = self.record(node, "stop"), self.record(node, "start")
             if stop.get("ok"):
+                if stop.get("warning"):
+                    self.event(
+                        Reason.VOLUME_SYNC_FAILED,
+                        stop["warning"],
+                        node=node,
+                        output=stop.get("output", ""),
+                    )
                 node.holds_host = False
                 self.touch(node)
                 self.set_host(node, Host.State.FREE)

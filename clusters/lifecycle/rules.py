@@ -155,12 +155,16 @@ def reachability_matrix(nodes: list[Node]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def acceptance_problem(node: Node) -> str | None:
+def acceptance_problem(node: Node, *, needs_shared: bool) -> str | None:
     """Why what the node's agent measured to node-0 fails acceptance, or None. node-0 measures
-    nothing to itself."""
+    nothing to itself. Where the cluster has a shared folder (`needs_shared`: virtual machines
+    and bare metal), every other node must have mounted node-0's /shared."""
     if node.index == 0:
         return None
     measured = node.acceptance or {}
+    if needs_shared and not measured.get("shared"):
+        why = measured.get("shared_error") or "its agent reported no mount"
+        return f"{node.name} could not mount /shared from node-0 ({why})."
     bandwidth = measured.get("bandwidth_mbit")
     if bandwidth is None:
         why = measured.get("error") or "its agent reported no measurement"
@@ -205,6 +209,7 @@ def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datet
                 "latency_ms": (n.acceptance or {}).get("latency_ms"),
                 "bandwidth_mbit": (n.acceptance or {}).get("bandwidth_mbit"),
                 "method": (n.acceptance or {}).get("method"),
+                "shared": (n.acceptance or {}).get("shared"),
             }
             for n in sorted(nodes, key=lambda n: n.index)
         ],

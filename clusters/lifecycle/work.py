@@ -102,7 +102,9 @@ def _run(node: Node, action: str, now: datetime) -> dict:
             "output": result.output[-20_000:],
         }
     if kind == "stop":
-        driver.stop(node)
+        warning = driver.stop(node)
+        if warning:  # e.g. the volume could not be synced back: the wipe went on
+            return {"ok": True, "warning": warning[0][:500], "output": warning[1][-20_000:]}
         return {"ok": True}
     raise ValueError(f"unknown node work {action!r}")
 

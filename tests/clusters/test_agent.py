@@ -170,6 +170,22 @@ def test_it_keeps_the_wireguard_key_and_the_measurement_an_agent_reports(cluster
     }
 
 
+def test_it_keeps_how_a_worker_mounted_shared_or_why_it_could_not(cluster, client):
+    n = node(cluster, 1)
+    acceptance = {"bandwidth_mbit": 900, "shared": None, "shared_error": "x" * 400}
+    with Sim():
+        post(client, f"/api/v1/agent/nodes/{n.pk}/check-in", {"nvidia_smi": ""}, agent_token(n))
+        reported = post(
+            client,
+            f"/api/v1/agent/nodes/{n.pk}/network",
+            {"reachability": {"node-0": True}, "acceptance": acceptance},
+            agent_token(n),
+        )
+    assert reported.status_code == 200
+    n.refresh_from_db()
+    assert n.acceptance["shared"] is None and n.acceptance["shared_error"] == "x" * 300
+
+
 @pytest.mark.parametrize(
     ("path", "body", "says"),
     [
@@ -188,6 +204,16 @@ def test_it_keeps_the_wireguard_key_and_the_measurement_an_agent_reports(cluster
             "network",
             {"reachability": {}, "acceptance": {"method": "guess"}},
             "acceptance.method must be one of",
+        ),
+        (
+            "network",
+            {"reachability": {}, "acceptance": {"shared": "smb"}},
+            "acceptance.shared must be one of nfs, simulated, sshfs or null",
+        ),
+        (
+            "network",
+            {"reachability": {}, "acceptance": {"shared": None, "shared_error": 7}},
+            "acceptance.shared_error must be a string or null",
         ),
     ],
 )

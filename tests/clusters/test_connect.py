@@ -135,7 +135,7 @@ def test_it_plans_each_node_whole():
             "GPUS_PER_NODE": "1",
             "WORLD_SIZE": "2",
         },
-        "mounts": [{"path": "/shared", "export": False, "source": "node-0"}],
+        "mounts": [{"path": "/shared", "export": False, "source": "node-0", "method": None}],
         "hostfile": {"path": "/shared/hostfile", "content": "node-0 slots=1\nnode-1 slots=1\n"},
         "software": "slurm",
         "role": "worker",
@@ -231,10 +231,10 @@ def test_it_writes_an_ssh_config_that_paramiko_reads_as_intended():
 def test_it_exports_shared_from_the_head_except_on_containers():
     bare = shape(nodes=2, gpus=8)
     assert node_plan(bare, bare.nodes[0])["mounts"] == [
-        {"path": "/shared", "export": True, "source": None}
+        {"path": "/shared", "export": True, "source": None, "method": None}
     ]
     assert node_plan(bare, bare.nodes[1])["mounts"] == [
-        {"path": "/shared", "export": False, "source": "node-0"}
+        {"path": "/shared", "export": False, "source": "node-0", "method": None}
     ]
     containers = shape(nodes=2, gpus=8, kind="container")
     assert node_plan(containers, containers.nodes[0])["mounts"] == []
@@ -246,11 +246,11 @@ def test_it_exports_shared_from_the_head_except_on_containers():
 def test_it_mounts_an_attached_volume_on_the_head_only():
     bare = shape(nodes=2, gpus=8, volume="datasets")
     assert node_plan(bare, bare.nodes[0])["mounts"] == [
-        {"path": "/shared", "export": True, "source": None},
+        {"path": "/shared", "export": True, "source": None, "method": None},
         {"path": "/shared/volume", "volume": "datasets"},
     ]
     assert node_plan(bare, bare.nodes[1])["mounts"] == [
-        {"path": "/shared", "export": False, "source": "node-0"}
+        {"path": "/shared", "export": False, "source": "node-0", "method": None}
     ]
     containers = shape(nodes=2, gpus=8, kind="container", volume="datasets")
     assert node_plan(containers, containers.nodes[0])["mounts"] == [

@@ -94,6 +94,17 @@ def test_the_installer_is_valid_sh_and_passes_shellcheck():
     assert done.returncode == 0, done.stdout
 
 
+@pytest.mark.parametrize("script", sorted(INSTALLER.parent.glob("*.sh")), ids=lambda p: p.name)
+def test_every_host_script_is_valid_sh_without_shellcheck_warnings(script):
+    subprocess.run(["sh", "-n", str(script)], check=True)
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (CI installs it); sh -n passed")
+    done = subprocess.run(
+        ["shellcheck", "-s", "sh", "-S", "warning", str(script)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -90,6 +90,33 @@ def test_it_fails_a_node_that_moves_too_little_to_the_head(project, clock, monke
     assert not UsageRecord.objects.filter(cluster=cluster).exists()
 
 
+def test_it_fails_a_worker_that_could_not_mount_shared_from_node_0(project, clock, monkeypatch):
+    def no_mount(self, n):
+        measured = original(self, n)
+        if n.index:
+            measured |= {"shared": None, "shared_error": "sshfs: exit 1: Connection refused"}
+        return measured
+
+    original = SimulatedDriver.acceptance
+    monkeypatch.setattr(SimulatedDriver, "acceptance", no_mount)
+    machine_type = inventory(hosts=2, boot_seconds=BOOT)  # virtual machines: /shared is shared
+    with Sim() as sim:
+        cluster = create(project, machine_type)
+        sim.run_until(clock, at(BOOT * 2))
+
+    assert_failed_cleanly(cluster, machine_type)
+    assert (cluster.failure_reason, cluster.failure_node) == ("acceptance_failed", "node-1")
+    assert cluster.failure_message == (
+        "node-1 could not mount /shared from node-0 (sshfs: exit 1: Connection refused)."
+    )
+
+
+def test_the_acceptance_report_says_how_each_worker_mounts_shared(project, clock):
+    cluster, _, _ = ready(project, clock)
+    rows = {row["name"]: row for row in cluster.acceptance["nodes"]}
+    assert (rows["node-0"]["shared"], rows["node-1"]["shared"]) == (None, "simulated")
+
+
 def test_it_fails_a_node_whose_driver_refuses_the_start_for_good(project, clock, monkeypatch):
     def refuse(self, n, *, agent_token, plan):
         if n.index == 1:

@@ -35,8 +35,12 @@ def test_it_hands_every_node_its_plan_when_its_machine_starts(project, clock):
     }
     assert plans[2]["environment"]["NODE_RANK"] == "2"
     assert plans[2]["environment"]["WORLD_SIZE"] == "12"
-    assert plans[0]["mounts"] == [{"path": "/shared", "export": True, "source": None}]
-    assert plans[1]["mounts"] == [{"path": "/shared", "export": False, "source": "node-0"}]
+    assert plans[0]["mounts"] == [
+        {"path": "/shared", "export": True, "source": None, "method": None}
+    ]
+    assert plans[1]["mounts"] == [
+        {"path": "/shared", "export": False, "source": "node-0", "method": None}
+    ]
     assert plans[1]["hostfile"]["content"] == "node-0 slots=4\nnode-1 slots=4\nnode-2 slots=4\n"
     assert plans[0]["software"] == "slurm"
 

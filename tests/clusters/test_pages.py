@@ -617,6 +617,7 @@ def test_the_cluster_page_shows_the_acceptance_report_and_a_lost_machine(owner):
                 "latency_ms": 0.314,
                 "bandwidth_mbit": 1712.4,
                 "method": "tcp-stream",
+                "shared": "sshfs",
             },
         ],
     }
@@ -637,6 +638,7 @@ def test_the_cluster_page_shows_the_acceptance_report_and_a_lost_machine(owner):
     page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
     assert "Acceptance report" in page
     assert "1,712 Mbit/s" in page and "0.31 ms" in page and "tcp-stream" in page
+    assert re.search(r"mounted\s*<span[^>]*>sshfs</span>", page)  # how node-1 mounts /shared
     assert "2 × NVIDIA H100 80GB HBM3" in page
     assert "A machine was lost: node-1." in page
     assert f"Lost: silent since {now:%H:%M:%S} UTC" in page

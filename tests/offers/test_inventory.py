@@ -438,6 +438,16 @@ BAD_FILES = {
         _set("locations", 0, "apt_mirror", "ftp://mirror"),
         'locations[0] (us-east-2).apt_mirror: must be an http:// or https:// URL, not "ftp://mirror"',
     ),
+    "storage host without its host key": (
+        _set("locations", 0, "storage_host", "10.0.0.9:22"),
+        "locations[0] (us-east-2).storage_host_key: is required with a storage_host: its host key"
+        " is pinned, never trusted",
+    ),
+    "storage path that is not absolute": (
+        _set("locations", 0, "storage_path", "volumes/../etc"),
+        "locations[0] (us-east-2).storage_path: must be an absolute path like"
+        " /srv/runcrate/volumes",
+    ),
     "bad host key": (
         _set("hosts", 0, "host_key", "not a key"),
         'hosts[0] (gpu-ssh-1).host_key: must be "<key type> <base64 key>"',
@@ -718,3 +728,21 @@ def test_it_leaves_a_host_factory_row_alone_when_not_in_the_file(db):
 
     outsider.refresh_from_db()
     assert outsider.state == Host.State.RESERVED
+
+
+def test_it_loads_a_locations_storage_host_for_volumes(db):
+    data = inventory()
+    data["locations"][0] |= {
+        "storage_host": "store.use2.example:2222",
+        "storage_host_key": f"{HOST_KEY} root@store",
+        "storage_path": "/data/volumes",
+    }
+    load_inventory(data)
+    location = Location.objects.get(code="us-east-2")
+    assert (location.storage_host, location.storage_host_key, location.storage_path) == (
+        "store.use2.example:2222",
+        HOST_KEY,  # the comment dropped
+        "/data/volumes",
+    )
+    # Without one, volumes are not synced anywhere (the simulated data center).
+    assert Location.objects.get(code=data["locations"][1]["code"]).storage_host == ""

@@ -56,6 +56,24 @@ if kernel_wireguard; then WG_MODE=kernel; else WG_MODE=wireguard-go; fi
 [ "$WG_MODE" = kernel ] || command -v wireguard-go >/dev/null 2>&1 || missing="$missing wireguard-go"
 optional=""
 command -v iperf3 >/dev/null 2>&1 || optional="iperf3"
+# /shared (SHARED_ROLE export on node-0, mount on the others, empty on containers): NFS where
+# the kernels have it, else sshfs, which needs only the head's sshd (docs/drivers.md).
+SHARED_ROLE="${SHARED_ROLE:-}"
+SHARED_DIR="${SHARED_DIR:-/shared}"
+has_fs() { grep -qw "$1" /proc/filesystems 2>/dev/null; }
+if [ "$SHARED_ROLE" = mount ] && ! command -v sshfs >/dev/null 2>&1; then
+  if has_fs nfs4 && command -v mount.nfs4 >/dev/null 2>&1; then
+    optional="$optional sshfs"
+  else
+    missing="$missing sshfs"
+  fi
+fi
+if [ "${VOLUME_SYNC:-}" = 1 ] && ! command -v rsync >/dev/null 2>&1; then
+  missing="$missing rsync"
+fi
+if [ "$SHARED_ROLE" = export ] && has_fs nfsd && ! command -v exportfs >/dev/null 2>&1; then
+  optional="$optional nfs-kernel-server"
+fi
 if [ -n "$missing$optional" ] && [ -n "${APT_MIRROR:-}" ]; then
   list=/etc/apt/sources.list.d/runcrate.list
   line="deb $APT_MIRROR $CODENAME main"
@@ -73,11 +91,11 @@ if [ -n "$missing$optional" ] && [ -n "${APT_MIRROR:-}" ]; then
       >/dev/null 2>&1 || fail "could not install$missing from $APT_MIRROR"
     say "changed packages$missing"
   fi
-  if [ -n "$optional" ]; then
+  for package in $optional; do
     # shellcheck disable=SC2086
     if DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
-      $optional >/dev/null 2>&1; then say "changed packages $optional"; fi
-  fi
+      "$package" >/dev/null 2>&1; then say "changed packages $package"; fi
+  done
 elif [ -n "$missing" ]; then
   refuse "this host lacks$missing and its location has no apt_mirror to install from"
 fi
@@ -145,7 +163,26 @@ mkdir -p /etc/ssh
 block /etc/ssh/ssh_known_hosts "$INCOMING/known_hosts" known-hosts 644
 chown -R "$LOGIN_USER" "$LOGIN_HOME/.ssh" 2>/dev/null || true
 
-# --- the hostfile (and /shared, exported over NFS in a later release) --------------------------
+# --- /shared and the hostfile in it -----------------------------------------------------------
+# node-0 keeps the folder (its workers' agents mount it once the private network is up) and
+# exports it over NFS where its kernel serves NFS; sshfs needs nothing more than its sshd.
+if [ "$SHARED_ROLE" = export ]; then
+  [ -d "$SHARED_DIR" ] || { mkdir -p "$SHARED_DIR"; chmod 1777 "$SHARED_DIR"; say "changed shared-folder"; }
+  if has_fs nfsd && command -v exportfs >/dev/null 2>&1; then
+    echo "$SHARED_DIR 10.77.0.0/24(rw,sync,no_subtree_check,no_root_squash)" > "$INCOMING/exports"
+    block /etc/exports "$INCOMING/exports" nfs-export 644
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      systemctl enable --now nfs-server >/dev/null 2>&1 || true
+    else
+      pgrep -x nfsd >/dev/null 2>&1 || rpc.nfsd 8 >/dev/null 2>&1 || true
+      pgrep -x rpc.mountd >/dev/null 2>&1 || rpc.mountd >/dev/null 2>&1 || true
+    fi
+    exportfs -ra >/dev/null 2>&1 || fail "exportfs could not export $SHARED_DIR"
+    say "shared=nfs"
+  else
+    say "shared=sshfs"
+  fi
+fi
 mkdir -p "$(dirname "$HOSTFILE_PATH")"
 install_file "$INCOMING/hostfile" "$HOSTFILE_PATH" 644 hostfile
 

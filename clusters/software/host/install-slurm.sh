@@ -145,6 +145,7 @@ gres=""
 [ "$GPUS" -gt 0 ] && gres=" Gres=gpu:$GPUS"
 # One NodeName line for all nodes where they are alike (node-[0-N]), otherwise one per node.
 if [ "$(awk '{print $2, $3}' "$facts_file" | sort -u | wc -l)" = 1 ]; then
+  # shellcheck disable=SC2046 # split on purpose: "NAME CPUS MEMORY" into $1 $2 $3
   set -- $(head -n 1 "$facts_file")
   if [ "$count" = 1 ]; then names=$1; else names="node-[0-$((count-1))]"; fi
   node_lines="NodeName=$names CPUs=$2 RealMemory=$3$gres State=UNKNOWN"

@@ -17,6 +17,14 @@ pgrep -f '/opt/runcrate/[r]ay/|[r]aylet|[g]cs_server' >/dev/null 2>&1 && left "R
 [ -e /tmp/ray ] && left "/tmp/ray"
 [ -L /usr/local/bin/ray ] && left "/usr/local/bin/ray"
 grep -qs " /shared " /proc/mounts && left "/shared is still mounted"
+pgrep -f '/usr/local/bin/[k]3s (server|agent)|[k]3s/data/[^/]*/bin/containerd' >/dev/null 2>&1 \
+  && left "k3s is still running"
+for path in /usr/local/bin/k3s /var/lib/rancher/k3s /etc/rancher/k3s /var/lib/kubelet /run/k3s; do
+  [ -e "$path" ] && left "$path"
+done
+for link in cni0 flannel.1; do
+  command -v ip >/dev/null 2>&1 && ip link show "$link" >/dev/null 2>&1 && left "interface $link"
+done
 command -v ip >/dev/null 2>&1 && ip link show rc0 >/dev/null 2>&1 && left "interface rc0"
 for path in /shared /etc/runcrate /opt/runcrate /var/lib/runcrate /run/runcrate-agent.pid \
   /etc/systemd/system/runcrate-agent.service /etc/apt/sources.list.d/runcrate.list; do

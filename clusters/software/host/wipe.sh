@@ -21,6 +21,9 @@ unblock() {  # remove the runcrate block from FILE, keep the rest
   say "removed block from $1"
 }
 
+# A wipe has begun: the volume (clusters/drivers/storage.py) is never synced back from here on.
+rm -f "$STATE/volume-pulled"
+
 # The agent first, so it cannot report anything half-wiped.
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
   systemctl disable --now runcrate-agent >/dev/null 2>&1 || true
@@ -75,6 +78,78 @@ i=0
 while pgrep -f "$ray_procs" >/dev/null 2>&1 && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 rm -rf /tmp/ray
 [ "$(readlink /usr/local/bin/ray 2>/dev/null)" = /opt/runcrate/ray/bin/ray ] && rm -f /usr/local/bin/ray
+
+# Kubernetes (install-kubernetes.sh): k3s and every container it ran, their mounts, network
+# interfaces and iptables rules, then its files: the binary and its links, /etc/rancher,
+# /var/lib/rancher, the kubelet's folder. Mounts go before any folder, so nothing is deleted
+# through one (a bind mount of a folder on the same disk is not stopped by --one-file-system).
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  for unit in k3s k3s-agent; do
+    if grep -qs '^# Written by runcrate' "/etc/systemd/system/$unit.service"; then
+      systemctl disable --now "$unit" >/dev/null 2>&1 || true
+      rm -f "/etc/systemd/system/$unit.service"
+      systemctl daemon-reload >/dev/null 2>&1 || true
+    fi
+  done
+fi
+[ -x /usr/local/bin/k3s-killall.sh ] && /usr/local/bin/k3s-killall.sh >/dev/null 2>&1
+k3s_tree() {  # the k3s processes, containerd's shims, and everything below them (found by
+  # what they run, not by the pidfile: a stale one may name another process by now)
+  pids=$( { pgrep -f '/usr/local/bin/[k]3s (server|agent)'
+            pgrep -x 'k3s-server|k3s-agent'
+            pgrep -f '[k]3s/data/[^/]*/bin/containerd|[c]ontainerd .*/run/k3s/containerd'
+          } 2>/dev/null | sort -u)
+  all=$pids
+  while [ -n "$pids" ]; do
+    pids=$(for pid in $pids; do pgrep -P "$pid" 2>/dev/null; done)
+    all="$all $pids"
+  done
+  # shellcheck disable=SC2086  # one line of pids
+  echo $all
+}
+k3s_pids=$(k3s_tree)
+if [ -n "$k3s_pids" ]; then
+  # Stopped first, so none restarts another while the rest are killed.
+  # shellcheck disable=SC2086  # a list of pids
+  kill -STOP $k3s_pids 2>/dev/null || true
+  # shellcheck disable=SC2086
+  kill -9 $k3s_pids 2>/dev/null || true
+  i=0
+  while [ -n "$(k3s_tree)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+  say "stopped k3s"
+fi
+k3s_mounts() {
+  awk '$2 ~ "^(/run/k3s|/var/lib/kubelet|/var/lib/rancher|/run/netns/cni-)" {print $2}' \
+    /proc/self/mounts 2>/dev/null | sort -r
+}
+for point in $(k3s_mounts); do umount -f "$point" 2>/dev/null || umount -l "$point" 2>/dev/null || true; done
+if command -v ip >/dev/null 2>&1; then
+  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do ip netns delete "$ns"; done
+  for link in $(ip -o link show master cni0 2>/dev/null | awk -F': ' '{split($2, a, "@"); print a[1]}'); do
+    ip link delete "$link" 2>/dev/null || true
+  done
+  for link in cni0 flannel.1 flannel-v6.1 flannel-wg flannel-wg-v6 kube-ipvs0; do
+    if ip link show "$link" >/dev/null 2>&1; then ip link delete "$link" && say "removed $link"; fi
+  done
+fi
+for tables in iptables ip6tables; do
+  if command -v "$tables-save" >/dev/null 2>&1 && "$tables-save" 2>/dev/null | grep -qE 'KUBE-|CNI-|FLANNEL'; then
+    "$tables-save" | grep -vE 'KUBE-|CNI-|FLANNEL|flannel' | "$tables-restore" && say "removed k3s's $tables rules"
+  fi
+done
+if [ -n "$(k3s_mounts)" ]; then
+  say "failed: k3s's folders are still mounted; they are left in place"
+else
+  for path in /var/lib/rancher /etc/rancher /var/lib/kubelet /run/k3s /run/flannel /var/lib/cni; do
+    if [ -e "$path" ]; then rm -rf --one-file-system "$path" && say "removed $path"; fi
+  done
+fi
+for tool in kubectl crictl ctr; do
+  [ "$(readlink "/usr/local/bin/$tool" 2>/dev/null)" = k3s ] && rm -f "/usr/local/bin/$tool"
+done
+if [ -e /usr/local/bin/k3s ]; then rm -f /usr/local/bin/k3s; say "removed /usr/local/bin/k3s"; fi
+rm -f /run/runcrate-k3s.pid /var/log/runcrate/k3s.log
+rmdir /var/log/runcrate 2>/dev/null || true
 
 # /shared: a worker's mount of node-0's folder is unmounted before anything is deleted, and
 # nothing below crosses into another filesystem (rm --one-file-system), so a wipe never
