@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 		|| { echo "Python 3.11 or newer is needed; $(PYTHON) is older"; exit 1; }
 	@echo "Installing into $(VENV) (the first time takes a minute)..."
 	@$(PYTHON) -m venv $(VENV)
-	@$(BIN)/pip install --quiet --disable-pip-version-check ".[dev]"
+	@$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
 install: $(BIN)/.installed

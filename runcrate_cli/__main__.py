@@ -1,0 +1,3 @@
+from runcrate_cli.cli import main
+
+main()

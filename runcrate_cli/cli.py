@@ -1,0 +1,661 @@
+"""`runcrate`: GPU clusters from a terminal, over the public API (docs/cli.md).
+
+Exit codes: 0 done; 1 the API refused or could not be reached (its message is printed); 2 a
+usage error (a bad option, a confirmation not given); 3 a cluster waited for settled in a state
+other than ready (failed, degraded, ended); 4 the wait timed out. No traceback reaches the user:
+an unexpected error is one sentence (RUNCRATE_DEBUG=1 shows the traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from datetime import date
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from typer.core import TyperGroup
+
+from runcrate_cli import config, output, ssh
+from runcrate_cli.client import ApiClient, ApiError
+from runcrate_cli.output import Output
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_NOT_READY = 3
+EXIT_TIMED_OUT = 4
+# Whether the running command prints JSON, for the error handler (one command per process).
+_json_mode: dict[str, bool] = {}
+
+
+class RuncrateGroup(TyperGroup):
+    """Turns every `ApiError` of every command into the API's message and exit code 1: one
+    place, so no command can leak a traceback for a refusal."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        _json_mode.clear()
+        try:
+            return super().invoke(ctx)
+        except (ApiError, config.ConfigError) as error:
+            report(error, as_json=_json_mode.get("json", not sys.stdout.isatty()))
+            raise typer.Exit(EXIT_REFUSED) from None
+
+
+def report(error: ApiError | config.ConfigError, *, as_json: bool) -> None:
+    if isinstance(error, config.ConfigError):
+        error = ApiError("bad_config", str(error))
+    if as_json:
+        output.print_json({"error": error.as_dict()})
+    where = f" ({error.code}, HTTP {error.status})" if error.status else f" ({error.code})"
+    sys.stderr.write(f"runcrate: {error.message}{where}\n")
+
+
+app = typer.Typer(
+    cls=RuncrateGroup,
+    name="runcrate",
+    help="GPU clusters from a terminal: offers, clusters, SSH, volumes and billing over the "
+    "Runcrate API. JSON with --json, or whenever stdout is not a terminal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+clusters_app = typer.Typer(help="Create, list, read, wait for and terminate clusters.")
+volumes_app = typer.Typer(help="Volumes: storage billed per GB-month, attached to a cluster.")
+quote_app = typer.Typer(help="Quotes: reserved capacity, more than 64 machines, InfiniBand.")
+for sub, name in ((clusters_app, "clusters"), (volumes_app, "volumes"), (quote_app, "quote")):
+    sub.info.no_args_is_help = True
+    app.add_typer(sub, name=name)
+
+Json = Annotated[
+    bool, typer.Option("--json", help="Print JSON (the default when stdout is not a terminal).")
+]
+ClusterRef = Annotated[str, typer.Argument(help="The cluster's id or name.", show_default=False)]
+Timeout = Annotated[
+    float, typer.Option("--timeout", help="Give up waiting after this many seconds.", min=1)
+]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask to confirm.")]
+
+
+def _session(json_flag: bool) -> tuple[Output, ApiClient]:
+    out = _output(json_flag)
+    settings = config.load()
+    return out, ApiClient(api_url=settings.api_url, api_key=settings.api_key)
+
+
+def _output(json_flag: bool) -> Output:
+    out = Output(json_flag=json_flag)
+    _json_mode["json"] = out.json
+    return out
+
+
+def _usage_error(message: str) -> typer.Exit:
+    sys.stderr.write(f"runcrate: {message}\n")
+    return typer.Exit(EXIT_USAGE)
+
+
+def _confirm(question: str, *, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise _usage_error(f"{question} Not asked without a terminal: pass --yes.")
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(EXIT_USAGE)
+
+
+# --- login ----------------------------------------------------------------------------------
+
+
+@app.command()
+def login(
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="The dashboard's address (default: RUNCRATE_API_URL, the saved one, "
+            f"or {config.DEFAULT_API_URL})."
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(help="The API key (rc_live_…); asked for, or read from stdin, if left out."),
+    ] = None,
+    json_flag: Json = False,
+) -> None:
+    """Check an API key and save it, with the URL, for the other commands.
+
+    Saved in ~/.config/runcrate/config.toml (mode 0600); RUNCRATE_API_URL and RUNCRATE_API_KEY
+    override it.
+    """
+    out = _output(json_flag)
+    api_url = config.normalise_url(url or config.load().api_url)
+    if key is None:
+        if sys.stdin.isatty():
+            key = typer.prompt("API key (from the Account page)", hide_input=True)
+        else:
+            key = sys.stdin.readline()
+    key = key.strip()
+    if not key:
+        raise _usage_error("Give an API key: --key rc_live_…, or paste it when asked.")
+    with ApiClient(api_url=api_url, api_key=key) as client:
+        me = client.me()
+    path = config.save(api_url=api_url, api_key=key)
+    result = {
+        "api_url": api_url,
+        "config_file": str(path),
+        "email": me["email"],
+        "project": me["project"]["name"],
+        "api_key": me["api_key"]["prefix"],
+    }
+    out.emit(
+        result,
+        lambda console, r: console.print(
+            f"Logged in to {r['api_url']} as {r['email']} (project {r['project']}); "
+            f"saved to {r['config_file']}."
+        ),
+    )
+    if os.environ.get("RUNCRATE_API_KEY"):
+        out.note("Note: RUNCRATE_API_KEY is set and overrides the saved key.")
+
+
+# --- the catalog ---------------------------------------------------------------------------
+
+
+IncludeCommunity = Annotated[
+    bool,
+    typer.Option(
+        "--include-community", help="Also show independent operators' hosts (keep secrets off)."
+    ),
+]
+
+
+@app.command()
+def gpus(include_community: IncludeCommunity = False, json_flag: Json = False) -> None:
+    """The GPU models, with the lowest machine price and the GPU counts on offer."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.gpus(include_community=include_community), output.gpus)
+
+
+@app.command()
+def offers(
+    gpu: Annotated[str, typer.Option(help="A GPU's slug, from `runcrate gpus`.")],
+    nodes: Annotated[int, typer.Option(help="How many machines: 2 to 64.")],
+    include_community: IncludeCommunity = False,
+    json_flag: Json = False,
+) -> None:
+    """The offers that can start NODES machines of GPU now, the best first."""
+    out, client = _session(json_flag)
+    with client:
+        found = client.offers(gpu=gpu, nodes=nodes, include_community=include_community)
+    out.emit(found, output.offers)
+
+
+# --- clusters -------------------------------------------------------------------------------
+
+
+def _wait(out: Output, client: ApiClient, cluster: dict, *, timeout: float) -> int:
+    """Wait for the cluster to settle, live on a terminal; print it; return the exit code."""
+    if out.json:
+        final, settled = client.wait_for_cluster(cluster["id"], timeout=timeout)
+    else:
+        with Live(output.progress(cluster), console=out.console, refresh_per_second=4) as live:
+            final, settled = client.wait_for_cluster(
+                cluster["id"],
+                timeout=timeout,
+                on_update=lambda current: live.update(output.progress(current)),
+            )
+    if out.json:
+        output.print_json(final)
+    return _verdict(out, final, settled=settled, timeout=timeout)
+
+
+def _verdict(out: Output, cluster: dict, *, settled: bool, timeout: float) -> int:
+    name, status = f"{cluster['name']} (id {cluster['id']})", cluster["status"]
+    if status == "ready":
+        out.note(f"Cluster {name} is ready: `runcrate ssh {cluster['name']}` to log in.")
+        return 0
+    if not settled:
+        out.note(f"Cluster {name} is still {status} after {timeout:g} s; it goes on without you.")
+        return EXIT_TIMED_OUT
+    sentence = output.failure_sentence(cluster)
+    message = f"Cluster {name} is {status}" + (f": {sentence}" if sentence else ".")
+    if status == "degraded":
+        message += f" `runcrate clusters retry-install {cluster['id']}` installs again."
+    out.note(message)
+    return EXIT_NOT_READY
+
+
+@clusters_app.command("create")
+def clusters_create(
+    offer: Annotated[str, typer.Option(help="The offer's id, from `runcrate offers`.")],
+    nodes: Annotated[int, typer.Option(help="How many machines: 2 to the offer's max.")],
+    name: Annotated[str, typer.Option(help="A DNS label, unique among your live clusters.")],
+    software: Annotated[str, typer.Option(help="none, slurm, kubernetes or ray.")] = "none",
+    ssh_key: Annotated[
+        list[str] | None,
+        typer.Option("--ssh-key", help="An SSH key's id or name (repeat it); default: all."),
+    ] = None,
+    volume: Annotated[
+        str | None, typer.Option(help="A volume's id or name, mounted at /shared/volume.")
+    ] = None,
+    environment: Annotated[str | None, typer.Option(help="An environment's name.")] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Show each machine's progress until it settles.")
+    ] = False,
+    timeout: Timeout = 1800,
+    json_flag: Json = False,
+) -> None:
+    """Create a cluster: every machine at once, or none.
+
+    Billing starts when every machine has joined. With --wait, each machine's progress is shown
+    until the cluster is ready (exit 0), failed or degraded (exit 3).
+    """
+    out, client = _session(json_flag)
+    with client:
+        key_ids = client.resolve_ssh_keys(ssh_key) if ssh_key else None
+        volume_id = client.resolve_volume(volume) if volume else None
+        created = client.create_cluster(
+            offer_id=offer,
+            nodes=nodes,
+            name=name,
+            software=software,
+            ssh_key_ids=key_ids,
+            volume_id=volume_id,
+            environment=environment,
+        )
+        if not wait:
+            out.emit(created, output.cluster)
+            return
+        out.note(
+            f"Created {created['name']} (id {created['id']}), {created['price_per_hour']} USD "
+            "an hour once every machine joined. Waiting for it (Ctrl-C stops waiting, not "
+            "the cluster)..."
+        )
+        code = _wait(out, client, created, timeout=timeout)
+    raise typer.Exit(code)
+
+
+@clusters_app.command("list")
+def clusters_list(json_flag: Json = False) -> None:
+    """Your project's clusters, newest first."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.clusters(), output.clusters)
+
+
+@clusters_app.command("show")
+def clusters_show(cluster: ClusterRef, json_flag: Json = False) -> None:
+    """A cluster: its status, failure, machines, events, acceptance and network test."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.cluster(client.resolve_cluster(cluster)), output.cluster)
+
+
+@clusters_app.command("wait")
+def clusters_wait(cluster: ClusterRef, timeout: Timeout = 1800, json_flag: Json = False) -> None:
+    """Wait until the cluster is ready, degraded or ended; exit 0 only for ready."""
+    out, client = _session(json_flag)
+    with client:
+        code = _wait(out, client, client.cluster(client.resolve_cluster(cluster)), timeout=timeout)
+    raise typer.Exit(code)
+
+
+@clusters_app.command("events")
+def clusters_events(cluster: ClusterRef, json_flag: Json = False) -> None:
+    """Every transition and failure of the cluster, oldest first."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.cluster(client.resolve_cluster(cluster))["events"], output.events)
+
+
+@clusters_app.command("terminate")
+def clusters_terminate(cluster: ClusterRef, yes: Yes = False, json_flag: Json = False) -> None:
+    """Stop every machine together and end billing now. Asks to confirm; --yes skips it."""
+    out, client = _session(json_flag)
+    with client:
+        cluster_id = client.resolve_cluster(cluster)
+        _confirm(
+            f"Terminate cluster {cluster} (id {cluster_id})? Its machines and their disks go.",
+            yes=yes,
+        )
+        out.emit(client.terminate(cluster_id), output.cluster)
+
+
+@clusters_app.command("add-workers")
+def clusters_add_workers(
+    cluster: ClusterRef,
+    count: Annotated[int, typer.Option(help="How many machines to add.", min=1)],
+    json_flag: Json = False,
+) -> None:
+    """Add machines to a ready cluster; each is billed from the moment it is up."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.add_workers(client.resolve_cluster(cluster), count=count), output.cluster)
+
+
+@clusters_app.command("retry-install")
+def clusters_retry_install(cluster: ClusterRef, json_flag: Json = False) -> None:
+    """Install the software again on a degraded cluster."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.retry_install(client.resolve_cluster(cluster)), output.cluster)
+
+
+# --- connecting -----------------------------------------------------------------------------
+
+
+def _node_name(node: str) -> str:
+    return f"node-{node}" if node.isdigit() else node
+
+
+@app.command("ssh")
+def ssh_command(
+    cluster: ClusterRef,
+    node: Annotated[str, typer.Argument(help="node-0 (the head) … node-N-1, or its number.")] = (
+        "node-0"
+    ),
+    command: Annotated[
+        list[str] | None, typer.Argument(help="A command to run there (after --).")
+    ] = None,
+    json_flag: Annotated[
+        bool, typer.Option("--json", help="Print the ssh command and its files; run nothing.")
+    ] = False,
+) -> None:
+    """Log in to a machine with your own ssh and the cluster's SSH config.
+
+    The config and known_hosts are written to ~/.config/runcrate/ssh/ID/ (private); run a
+    command with `runcrate ssh CLUSTER node-1 -- nvidia-smi`.
+    """
+    out, client = _session(json_flag)
+    with client:
+        cluster_id = client.resolve_cluster(cluster)
+        connect = client.connect(cluster_id)
+    target = _node_name(node)
+    entries = {entry["node"]: entry for entry in connect["ssh"]}
+    if target not in entries:
+        raise ApiError(
+            "unknown_node",
+            f"Cluster {cluster} has no machine {target}: it has {', '.join(entries) or 'none'}.",
+        )
+    if entries[target]["command"] is None:
+        raise ApiError(
+            "no_address",
+            f"{target} has no address yet (its machine is still starting); try again soon.",
+        )
+    written = ssh.private_copy(cluster_id, connect)
+    program = shutil.which("ssh")
+    argv = ["ssh", "-F", str(written.config), target, *(command or [])]
+    if json_flag:  # only when asked: `runcrate ssh c -- hostname | grep …` must run ssh
+        output.print_json(
+            {
+                "argv": argv,
+                "config": str(written.config),
+                "known_hosts": str(written.known_hosts) if written.known_hosts else None,
+            }
+        )
+        return
+    if program is None:
+        raise ApiError("no_ssh", "There is no `ssh` on this computer's PATH: install OpenSSH.")
+    sys.stdout.flush()
+    os.execv(program, argv)  # noqa: S606 - the user's own ssh, with the arguments they gave
+
+
+@app.command("ssh-config")
+def ssh_config(cluster: ClusterRef, json_flag: Json = False) -> None:
+    """Save the cluster's SSH config under ~/.ssh/config.d/ for your own ssh.
+
+    Written as ~/.ssh/config.d/runcrate-NAME; add the `Include` line it prints to
+    ~/.ssh/config, then `ssh node-0` (or `ssh NAME-node-0`) works.
+    """
+    out, client = _session(json_flag)
+    with client:
+        cluster_id = client.resolve_cluster(cluster)
+        connect = client.connect(cluster_id)
+        name = client.cluster(cluster_id)["name"]
+    written, include, included = ssh.user_config(name, connect)
+    result = {
+        "config": str(written.config),
+        "known_hosts": str(written.known_hosts) if written.known_hosts else None,
+        "include": include,
+        "included": included,
+    }
+
+    def show(console: Any, r: dict) -> None:
+        console.print(f"Wrote {r['config']}.", markup=False)
+        if r["included"]:
+            console.print("~/.ssh/config already includes it.")
+        else:
+            console.print("Add this line at the top of ~/.ssh/config:", markup=False)
+            console.print(f"    {r['include']}", markup=False)
+        console.print(f"Then: ssh node-0, or ssh {name}-node-0", markup=False)
+
+    out.emit(result, show)
+
+
+def _connect_for(cluster: str, client: ApiClient) -> dict:
+    return client.connect(client.resolve_cluster(cluster))
+
+
+@app.command()
+def hostfile(
+    cluster: ClusterRef,
+    json_flag: Annotated[bool, typer.Option("--json", help="Print {path, content} as JSON.")] = (
+        False
+    ),
+) -> None:
+    """Print the cluster's MPI hostfile (node-i slots=GPUS).
+
+    The file itself, even into a pipe (`runcrate hostfile c > hostfile`); --json gives
+    {path, content}.
+    """
+    out, client = _session(json_flag)
+    with client:
+        data = _connect_for(cluster, client)["hostfile"]
+    if json_flag:
+        output.print_json(data)
+    else:
+        sys.stdout.write(data["content"])
+
+
+@app.command()
+def kubeconfig(
+    cluster: ClusterRef,
+    json_flag: Annotated[bool, typer.Option("--json", help="Print {kubeconfig} as JSON.")] = (
+        False
+    ),
+) -> None:
+    """Print the admin kubeconfig of a Kubernetes cluster.
+
+    The file itself, even into a pipe (`runcrate kubeconfig c > kubeconfig.yaml`); --json gives
+    {kubeconfig, api_server, tunnel}.
+    """
+    out, client = _session(json_flag)
+    with client:
+        connect = _connect_for(cluster, client)
+    software = connect.get("software") or {}
+    if software.get("name") != "kubernetes":
+        raise ApiError(
+            "not_kubernetes",
+            f"Cluster {cluster} runs {software.get('name') or 'no software'}, not Kubernetes: "
+            "it has no kubeconfig.",
+        )
+    if not software.get("kubeconfig"):
+        raise ApiError(
+            "no_address",
+            "node-0 has no address yet, so there is no kubeconfig; try again once it runs.",
+        )
+    if json_flag:
+        output.print_json(
+            {key: software.get(key) for key in ("kubeconfig", "api_server", "tunnel")}
+        )
+        return
+    sys.stdout.write(software["kubeconfig"])
+    if software.get("tunnel"):
+        out.note(f"Behind the gateway: open the tunnel first: {software['tunnel']}")
+
+
+# --- volumes ----------------------------------------------------------------------------------
+
+
+@volumes_app.command("list")
+def volumes_list(json_flag: Json = False) -> None:
+    """Your project's volumes."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.volumes(), output.volumes)
+
+
+@volumes_app.command("create")
+def volumes_create(
+    name: Annotated[str, typer.Option(help="A DNS label, unique among your volumes.")],
+    location: Annotated[str, typer.Option(help="A location's code, e.g. us-east-2.")],
+    size_gb: Annotated[int, typer.Option("--size-gb", help="Its size in GB.")],
+    json_flag: Json = False,
+) -> None:
+    """Create a volume, billed per GB-month from now, attached or not."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.create_volume(name=name, location=location, size_gb=size_gb), output.volume)
+
+
+@volumes_app.command("delete")
+def volumes_delete(
+    volume: Annotated[str, typer.Argument(help="The volume's id or name.", show_default=False)],
+    yes: Yes = False,
+    json_flag: Json = False,
+) -> None:
+    """Delete a volume and its files, and end its billing. Asks to confirm; --yes skips it."""
+    out, client = _session(json_flag)
+    with client:
+        volume_id = client.resolve_volume(volume)
+        _confirm(f"Delete volume {volume} (id {volume_id}) and every file on it?", yes=yes)
+        client.delete_volume(volume_id)
+    out.emit(
+        {"id": volume_id, "deleted": True},
+        lambda console, r: console.print(f"Deleted volume {volume} (id {r['id']})."),
+    )
+
+
+# --- billing ----------------------------------------------------------------------------------
+
+
+@app.command()
+def balance(json_flag: Json = False) -> None:
+    """The project's balance, what runs burns per hour, and how long the balance lasts."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.balance(), output.balance)
+
+
+@app.command()
+def usage(
+    month: Annotated[str | None, typer.Option(help="YYYY-MM; this month by default.")] = None,
+    json_flag: Json = False,
+) -> None:
+    """Usage of a month, per cluster (JSON: {data, meta} as the API gives it)."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.usage(month=month), output.usage)
+
+
+# --- quotes ----------------------------------------------------------------------------------
+
+
+@quote_app.command("request")
+def quote_request(
+    gpu: Annotated[str, typer.Option(help="A GPU's slug.")],
+    nodes: Annotated[int, typer.Option(help="How many machines.")],
+    start_date: Annotated[str, typer.Option(help="YYYY-MM-DD.")],
+    weeks: Annotated[int, typer.Option(help="How many weeks.")],
+    contact_name: Annotated[str, typer.Option(help="Who sales should write to.")],
+    contact_email: Annotated[str, typer.Option(help="Their email address.")],
+    interconnect: Annotated[str, typer.Option(help="ethernet, infiniband or roce.")] = "ethernet",
+    location: Annotated[str | None, typer.Option(help="A location's code; any if left out.")] = (
+        None
+    ),
+    notes: Annotated[str, typer.Option(help="Anything sales should know.")] = "",
+    json_flag: Json = False,
+) -> None:
+    """Ask sales for reserved capacity, more than 64 machines, or InfiniBand/RoCE."""
+    try:
+        date.fromisoformat(start_date)
+    except ValueError:
+        raise _usage_error(f"--start-date must be YYYY-MM-DD; got {start_date!r}.") from None
+    out, client = _session(json_flag)
+    with client:
+        created = client.request_quote(
+            gpu=gpu,
+            nodes=nodes,
+            interconnect=interconnect,
+            location=location,
+            start_date=start_date,
+            duration_weeks=weeks,
+            contact_name=contact_name,
+            contact_email=contact_email,
+            notes=notes,
+        )
+    out.emit(created, output.quote)
+
+
+@quote_app.command("list")
+def quote_list(json_flag: Json = False) -> None:
+    """Your project's quote requests."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.quotes(), output.quotes)
+
+
+@quote_app.command("show")
+def quote_show(
+    quote_id: Annotated[int, typer.Argument(help="The quote request's id.")],
+    json_flag: Json = False,
+) -> None:
+    """One quote request."""
+    out, client = _session(json_flag)
+    with client:
+        out.emit(client.quote(quote_id), output.quote)
+
+
+# --- the MCP server ---------------------------------------------------------------------------
+
+
+@app.command()
+def mcp(
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve streamable HTTP instead of stdio.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="--http: the address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="--http: the port.")] = 8765,
+) -> None:
+    """Run the MCP server for AI agents (stdio, or streamable HTTP with --http).
+
+    An MCP client starts `runcrate mcp` itself; --http serves http://HOST:PORT/mcp for hosted
+    agents. See docs/mcp.md.
+    """
+    from runcrate_cli import mcp_server  # the SDK is only imported when serving
+
+    settings = config.load()
+    mcp_server.serve(
+        api_url=settings.api_url, api_key=settings.api_key, http=http, host=host, port=port
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("\nruncrate: interrupted.\n")
+        sys.exit(130)
+    except Exception as error:  # the last guard: a sentence, never a traceback
+        if os.environ.get("RUNCRATE_DEBUG"):
+            raise
+        sys.stderr.write(
+            f"runcrate: unexpected error: {type(error).__name__}: {error}. "
+            "Set RUNCRATE_DEBUG=1 to see where.\n"
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""One small client of the Runcrate API, used by the CLI and the MCP server alike.
+
+Every failure becomes one exception, `ApiError`, with the API's own `code` and `message` (its
+error envelope, SPEC §8) and the HTTP status; a server that cannot be reached or answers
+something that is not the API becomes an `ApiError` too, with a sentence naming the URL. A GET
+is retried twice on a transport failure; a POST never is: repeating a create could reserve
+machines twice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+GET_RETRY_DELAYS = (0.5, 1.0)
+PAGE_SIZE = 200  # the largest page the list endpoints give
+# A cluster is settled once nothing more happens to it without someone acting: ready or
+# degraded (running), or ended.
+SETTLED = frozenset({"ready", "degraded", "failed", "terminated", "stopped"})
+DEFAULT_POLL_SECONDS = 2.0  # the reconciler's tick (RUNCRATE_TICK_SECONDS)
+
+
+class ApiError(Exception):
+    """A refusal of the API, or no API at all: `code` and `message` as the API gave them,
+    `status` its HTTP status (None when no answer came)."""
+
+    def __init__(self, code: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "status": self.status}
+
+
+def poll_seconds() -> float:
+    raw = os.environ.get("RUNCRATE_POLL_SECONDS", "")
+    try:
+        return max(0.05, float(raw)) if raw else DEFAULT_POLL_SECONDS
+    except ValueError:
+        return DEFAULT_POLL_SECONDS
+
+
+class ApiClient:
+    def __init__(
+        self,
+        *,
+        api_url: str,
+        api_key: str | None,
+        timeout: httpx.Timeout = TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.api_key = api_key
+        self._http = httpx.Client(
+            base_url=f"{self.api_url}/api/v1",
+            timeout=timeout,
+            transport=transport,
+            headers={"user-agent": "runcrate-cli/1", "accept": "application/json"},
+        )
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- one request ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+    ) -> Any:
+        """The decoded body of a 2xx answer (None for 204), or `ApiError`."""
+        if not self.api_key:
+            raise ApiError(
+                "no_api_key",
+                "No API key: run `runcrate login`, or set RUNCRATE_API_KEY.",
+            )
+        headers = {"authorization": f"Bearer {self.api_key}"}
+        delays = GET_RETRY_DELAYS if method == "GET" else ()
+        for attempt in range(len(delays) + 1):
+            try:
+                response = self._http.request(
+                    method, path, params=params, json=json, headers=headers
+                )
+                break
+            except httpx.TimeoutException:
+                if attempt < len(delays):
+                    time.sleep(delays[attempt])
+                    continue
+                raise ApiError(
+                    "timeout",
+                    f"The Runcrate API at {self.api_url} did not answer in time ({method} {path}).",
+                ) from None
+            except httpx.TransportError as error:
+                if attempt < len(delays):
+                    time.sleep(delays[attempt])
+                    continue
+                raise ApiError(
+                    "unreachable",
+                    f"Cannot reach the Runcrate API at {self.api_url} ({_reason(error)}). Is "
+                    "the server running there? Set RUNCRATE_API_URL or run "
+                    "`runcrate login --url URL`.",
+                ) from None
+        return self._decode(response, method, path)
+
+    def _decode(self, response: httpx.Response, method: str, path: str) -> Any:
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success:
+            if not isinstance(body, dict):
+                raise ApiError(
+                    "not_the_api",
+                    f"{self.api_url} answered {method} /api/v1{path} with something that is "
+                    "not the Runcrate API's JSON: check the URL.",
+                    response.status_code,
+                )
+            return body
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and "code" in error and "message" in error:
+            raise ApiError(str(error["code"]), str(error["message"]), response.status_code)
+        raise ApiError(
+            f"http_{response.status_code}",
+            f"{self.api_url} answered {method} /api/v1{path} with HTTP {response.status_code} "
+            f"{response.reason_phrase} and no API error: check the URL, or try again later.",
+            response.status_code,
+        )
+
+    def data(self, method: str, path: str, **kwargs: Any) -> Any:
+        body = self.request(method, path, **kwargs)
+        return None if body is None else body["data"]
+
+    def pages(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict]:
+        """Every object of a paginated list (`data` + `meta.total`)."""
+        offset = 0
+        while True:
+            body = self.request(
+                "GET", path, params={**(params or {}), "limit": PAGE_SIZE, "offset": offset}
+            )
+            yield from body["data"]
+            offset += len(body["data"])
+            if not body["data"] or offset >= body["meta"]["total"]:
+                return
+
+    # --- the catalog ------------------------------------------------------------------------
+
+    def me(self) -> dict:
+        return self.data("GET", "/me")
+
+    def gpus(self, *, include_community: bool = False) -> list[dict]:
+        return self.data("GET", "/gpus", params={"include_community": include_community})
+
+    def offers(self, *, gpu: str, nodes: int, include_community: bool = False) -> list[dict]:
+        params = {"gpu": gpu, "nodes": nodes, "include_community": include_community}
+        return self.data("GET", "/offers", params=params)
+
+    # --- clusters -----------------------------------------------------------------------------
+
+    def clusters(self) -> list[dict]:
+        return list(self.pages("/clusters"))
+
+    def cluster(self, cluster_id: int) -> dict:
+        return self.data("GET", f"/clusters/{cluster_id}")
+
+    def create_cluster(
+        self,
+        *,
+        offer_id: str,
+        nodes: int,
+        name: str,
+        software: str = "none",
+        ssh_key_ids: list[int] | None = None,
+        volume_id: int | None = None,
+        environment: str | None = None,
+    ) -> dict:
+        payload: dict[str, Any] = {
+            "offer_id": offer_id,
+            "nodes": nodes,
+            "name": name,
+            "software": software,
+        }
+        if ssh_key_ids:
+            payload["ssh_key_ids"] = ssh_key_ids
+        if volume_id is not None:
+            payload["volume_id"] = volume_id
+        if environment:
+            payload["environment"] = environment
+        return self.data("POST", "/clusters", json=payload)
+
+    def terminate(self, cluster_id: int) -> dict:
+        return self.data("POST", f"/clusters/{cluster_id}/terminate")
+
+    def retry_install(self, cluster_id: int) -> dict:
+        return self.data("POST", f"/clusters/{cluster_id}/retry-install")
+
+    def add_workers(self, cluster_id: int, *, count: int) -> dict:
+        return self.data("POST", f"/clusters/{cluster_id}/workers", json={"count": count})
+
+    def network_test(self, cluster_id: int) -> dict:
+        return self.data("POST", f"/clusters/{cluster_id}/network-test")
+
+    def connect(self, cluster_id: int) -> dict:
+        return self.data("GET", f"/clusters/{cluster_id}/connect")
+
+    def resolve_cluster(self, ref: str | int) -> int:
+        """A cluster's id from its id or its name. A name is looked up in the list: of the
+        clusters with that name, the one still live (names are unique among live clusters of
+        an environment), else the newest that ended."""
+        text = str(ref).strip()
+        if text.isdigit():
+            return int(text)
+        named = [c for c in self.clusters() if c["name"] == text]
+        live = [c for c in named if c["status"] not in ("failed", "terminated", "stopped")]
+        if len(live) > 1:
+            ids = ", ".join(f"{c['id']} ({c['environment']})" for c in live)
+            raise ApiError(
+                "ambiguous_cluster",
+                f"Several live clusters are named {text!r}: {ids}. Give the id instead.",
+            )
+        if live or named:
+            return (live or named)[0]["id"]  # the list is newest first
+        raise ApiError("not_found", f"There is no cluster named {text!r} in your project.", 404)
+
+    def wait_for_cluster(
+        self,
+        cluster_id: int,
+        *,
+        timeout: float,
+        on_update: Callable[[dict], None] | None = None,
+        poll: float | None = None,
+    ) -> tuple[dict, bool]:
+        """Poll the cluster until it is settled (`SETTLED`) or `timeout` seconds pass; return
+        its last state and whether it settled."""
+        interval = poll_seconds() if poll is None else poll
+        deadline = time.monotonic() + timeout
+        while True:
+            cluster = self.cluster(cluster_id)
+            if on_update is not None:
+                on_update(cluster)
+            if cluster["status"] in SETTLED:
+                return cluster, True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return cluster, False
+            time.sleep(min(interval, left))
+
+    # --- SSH keys and volumes -------------------------------------------------------------------
+
+    def ssh_keys(self) -> list[dict]:
+        return list(self.pages("/ssh-keys"))
+
+    def resolve_ssh_keys(self, refs: list[str]) -> list[int]:
+        """SSH keys' ids from their ids, names or fingerprints."""
+        if all(ref.strip().isdigit() for ref in refs):
+            return [int(ref) for ref in refs]
+        keys = self.ssh_keys()
+        ids = []
+        for ref in refs:
+            match = [k for k in keys if ref.strip() in (str(k["id"]), k["name"], k["fingerprint"])]
+            if not match:
+                raise ApiError("not_found", f"Your project has no SSH key {ref!r}.", 404)
+            ids.append(match[0]["id"])
+        return ids
+
+    def volumes(self) -> list[dict]:
+        return list(self.pages("/volumes"))
+
+    def resolve_volume(self, ref: str | int) -> int:
+        text = str(ref).strip()
+        if text.isdigit():
+            return int(text)
+        for volume in self.volumes():
+            if volume["name"] == text:
+                return volume["id"]
+        raise ApiError("not_found", f"There is no volume named {text!r} in your project.", 404)
+
+    def create_volume(self, *, name: str, location: str, size_gb: int) -> dict:
+        payload = {"name": name, "location": location, "size_gb": size_gb}
+        return self.data("POST", "/volumes", json=payload)
+
+    def delete_volume(self, volume_id: int) -> None:
+        self.request("DELETE", f"/volumes/{volume_id}")
+
+    # --- billing and quotes -------------------------------------------------------------------
+
+    def balance(self) -> dict:
+        return self.data("GET", "/billing/balance")
+
+    def usage(self, *, month: str | None = None) -> dict:
+        """The month's usage: its clusters (`data`) and totals (`meta`), every page."""
+        params = {"month": month} if month else {}
+        first = self.request("GET", "/billing/usage", params={**params, "limit": 1000})
+        lines = list(first["data"])
+        while len(lines) < first["meta"]["total"]:
+            page = self.request(
+                "GET", "/billing/usage", params={**params, "limit": 1000, "offset": len(lines)}
+            )
+            if not page["data"]:
+                break
+            lines += page["data"]
+        return {"data": lines, "meta": first["meta"]}
+
+    def quotes(self) -> list[dict]:
+        return self.data("GET", "/quotes")
+
+    def quote(self, quote_id: int) -> dict:
+        return self.data("GET", f"/quotes/{quote_id}")
+
+    def request_quote(self, **fields: Any) -> dict:
+        return self.data("POST", "/quotes", json=fields)
+
+
+def _reason(error: httpx.TransportError) -> str:
+    text = str(error) or type(error).__name__
+    return "connection refused" if "refused" in text.lower() else text

@@ -1,0 +1,206 @@
+"""Helpers for the CLI and MCP tests: a funded account with an API key, the `runcrate` command
+run as a real process against pytest-django's live server, and a driver that moves the
+simulated data center on (the reconciler ticks, the frozen clock advances) while a client
+waits.
+
+The CLI runs as `python -m runcrate_cli` from the checkout, exactly what the `runcrate`
+console script runs, in a home of its own (HOME, XDG_CONFIG_HOME under tmp_path), so nothing
+of the developer's ~/.config or ~/.ssh is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import time_machine
+from django.test import Client
+
+from accounts.models import Project, User
+from clusters import lifecycle
+from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
+from tests.factories import issue_key
+
+REPO = Path(__file__).resolve().parents[2]
+# Simulated seconds per tick: every step of the simulated data center takes a few.
+TICK_SECONDS = 30
+MAX_TICKS = 400
+
+
+@dataclass
+class Account:
+    user: User
+    project: Project
+    key: str
+
+    def api(self) -> Client:
+        return Client(headers={"authorization": f"Bearer {self.key}"})
+
+    def api_data(self, path: str):
+        response = self.api().get(f"/api/v1{path}")
+        assert response.status_code == 200, response.content
+        return response.json()["data"]
+
+
+def funded_account(*, balance: str = "10000.00") -> Account:
+    """An owner with a project, credit, an SSH key and an API key."""
+    user, project = new_project(balance=balance)
+    return Account(user=user, project=project, key=issue_key(user=user, project=project))
+
+
+def cli_env(home: Path, *, url: str, key: str | None) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "RUNCRATE_API_URL": url,
+        "RUNCRATE_POLL_SECONDS": "0.05",
+        "COLUMNS": "160",
+        "LANG": "C.UTF-8",
+    }
+    if key is not None:
+        env["RUNCRATE_API_KEY"] = key
+    home.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+class Ticker:
+    """Each call is one beat of the simulated data center: when a cluster has work, the
+    reconciler ticks, then the frozen clock moves TICK_SECONDS on. Time stands still while
+    nothing moves (a client still starting, a cluster not created yet), and after MAX_TICKS
+    beats nothing moves any more: a test that waits for more has a bug, and times out."""
+
+    def __init__(self, sim: Sim, clock) -> None:
+        self.sim = sim
+        self.clock = clock
+        self.ticks = 0
+
+    def __call__(self) -> None:
+        if self.ticks >= MAX_TICKS or not lifecycle.clusters_needing_work():
+            return
+        self.sim.tick()
+        self.clock.shift(timedelta(seconds=TICK_SECONDS))
+        self.ticks += 1
+
+
+def drive_until(
+    done: Callable[[float], bool], *, drive: Callable[[], None], timeout: float
+) -> None:
+    """Call `drive` until `done(seconds)` (which may block that long for what it waits on) is
+    true, for at most `timeout` seconds of real time."""
+    deadline = time.monotonic() + timeout
+    while not done(0.02):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting after {timeout} s")
+        drive()
+
+
+def ready_cluster(account: Account, ticker: Ticker, *, name: str = "train", **inventory_args):
+    """A cluster of 2 machines of a fresh simulated offer, driven until it is ready."""
+    from clusters.models import Cluster
+
+    cluster = create(account.project, inventory(**inventory_args), name=name)
+
+    def is_ready(_seconds: float) -> bool:
+        cluster.refresh_from_db()
+        assert cluster.status not in Cluster.TERMINAL, cluster.failure_message
+        return cluster.status == Cluster.Status.READY
+
+    drive_until(is_ready, drive=ticker, timeout=30)
+    return cluster
+
+
+def run_cli(
+    *args: str,
+    env: dict[str, str],
+    tmp_path: Path,
+    drive: Callable[[], None] | None = None,
+    stdin: str | None = None,
+    timeout: float = 60,
+) -> Result:
+    """Run `runcrate ARGS` to its end (driving the data center meanwhile, when given) and
+    return its exit code and output. Output goes to files, so a chatty process never blocks on
+    a full pipe while the test drives."""
+    out_path, err_path = tmp_path / "cli.out", tmp_path / "cli.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runcrate_cli", *args],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+        if stdin is not None:
+            process.stdin.write(stdin)
+            process.stdin.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                process.wait(timeout=0.05 if drive else timeout)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    process.kill()
+                    process.wait()
+                    raise AssertionError(
+                        f"runcrate {' '.join(args)} ran past {timeout} s; stderr: "
+                        f"{err_path.read_text()[-2000:]}"
+                    ) from None
+                if drive is not None:
+                    drive()
+    return Result(process.returncode, out_path.read_text(), err_path.read_text())
+
+
+def assert_no_traceback(result: Result) -> None:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+
+
+# --- fixtures, imported by tests/cli/conftest.py and tests/mcp/conftest.py ----------------------
+
+
+@pytest.fixture
+def clock():
+    """The clock frozen at T0 for the test and the live server alike (one process)."""
+    with time_machine.travel(T0, tick=False) as traveller:
+        yield traveller
+
+
+@pytest.fixture
+def sim(clock):
+    with Sim() as simulation:
+        yield simulation
+
+
+@pytest.fixture
+def ticker(sim, clock) -> Ticker:
+    return Ticker(sim, clock)
+
+
+@pytest.fixture
+def account(transactional_db, sim) -> Account:
+    return funded_account()
+
+
+@pytest.fixture
+def env(tmp_path, live_server, account) -> dict[str, str]:
+    return cli_env(tmp_path / "home", url=live_server.url, key=account.key)

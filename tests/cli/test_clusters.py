@@ -1,0 +1,141 @@
+"""`runcrate clusters …` against a live server while the simulated data center runs: create and
+wait until ready (exit 0), a failed cluster (exit 3, its node and step), list, show, events,
+terminate (confirmation), names for ids."""
+
+import pytest
+
+from clusters.models import Cluster
+from tests.cli.kit import assert_no_traceback, run_cli
+from tests.clusters.lifecycle_kit import create, inventory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_it_creates_a_cluster_and_waits_until_it_is_ready(env, tmp_path, account, ticker):
+    offer = inventory(hosts=3, boot_seconds=180, price="20.00")
+
+    result = run_cli(
+        "clusters",
+        "create",
+        "--offer",
+        offer.slug,
+        "--nodes",
+        "2",
+        "--name",
+        "train",
+        "--wait",
+        "--json",
+        env=env,
+        tmp_path=tmp_path,
+        drive=ticker,
+    )
+
+    assert result.code == 0, result.stderr
+    cluster = Cluster.objects.get(project=account.project)
+    assert cluster.status == Cluster.Status.READY and cluster.name == "train"
+    printed = result.json()
+    assert printed["id"] == cluster.pk and printed["status"] == "ready"
+    assert [m["status"] for m in printed["machines"]] == ["joined", "joined"]
+    assert printed["price_per_hour"] == "40.00"
+    assert "is ready" in result.stderr
+    assert ticker.ticks > 1  # it waited through the machines' steps, not a single answer
+
+
+def test_it_exits_non_zero_naming_the_failed_node_and_step(env, tmp_path, account, ticker):
+    offer = inventory(hosts=3, boot_seconds=180, faults={1: "boot"})
+
+    result = run_cli(
+        "clusters",
+        "create",
+        "--offer",
+        offer.slug,
+        "--nodes",
+        "2",
+        "--name",
+        "broken",
+        "--wait",
+        env=env,
+        tmp_path=tmp_path,
+        drive=ticker,
+    )
+
+    assert result.code == 3, result.stderr
+    cluster = Cluster.objects.get(project=account.project)
+    assert cluster.status == Cluster.Status.FAILED
+    assert "is failed: boot_timeout on node-1 at step running" in result.stderr
+    assert cluster.failure_message in result.stderr
+    assert result.json()["failure"]["node"] == "node-1"
+    assert_no_traceback(result)
+
+
+def test_it_exits_4_when_the_wait_times_out(env, tmp_path, account):
+    offer = inventory(hosts=2)
+    cluster = create(account.project, offer, name="slow")  # nothing ticks: it stays put
+
+    result = run_cli("clusters", "wait", "slow", "--timeout", "1", env=env, tmp_path=tmp_path)
+
+    assert result.code == 4
+    assert result.json()["id"] == cluster.pk
+    assert "still provisioning after 1 s" in result.stderr
+
+
+def test_it_lists_shows_and_reads_events_as_json(env, tmp_path, account):
+    offer = inventory(hosts=4)
+    first = create(account.project, offer, name="alpha")
+    second = create(account.project, offer, name="beta")
+
+    listed = run_cli("clusters", "list", env=env, tmp_path=tmp_path)
+    shown = run_cli("clusters", "show", "beta", "--json", env=env, tmp_path=tmp_path)
+    events = run_cli("clusters", "events", str(first.pk), env=env, tmp_path=tmp_path)
+
+    assert [c["name"] for c in listed.json()] == ["beta", "alpha"]  # newest first
+    assert shown.json() == account.api_data(f"/clusters/{second.pk}")
+    assert events.json() == account.api_data(f"/clusters/{first.pk}")["events"]
+    assert events.json()[0]["reason"]
+
+
+def test_it_refuses_to_terminate_without_a_terminal_or_yes(env, tmp_path, account):
+    offer = inventory(hosts=2)
+    cluster = create(account.project, offer, name="keep")
+
+    refused = run_cli("clusters", "terminate", "keep", env=env, tmp_path=tmp_path)
+    cluster.refresh_from_db()
+    assert refused.code == 2 and "--yes" in refused.stderr
+    assert cluster.status == Cluster.Status.PROVISIONING
+
+    done = run_cli("clusters", "terminate", "keep", "--yes", env=env, tmp_path=tmp_path)
+    cluster.refresh_from_db()
+    assert done.code == 0, done.stderr
+    assert cluster.status in (Cluster.Status.TERMINATING, Cluster.Status.TERMINATED)
+    assert done.json()["status"] == cluster.status
+
+
+def test_it_says_when_no_cluster_has_that_name(env, tmp_path, account):
+    result = run_cli("clusters", "show", "nobody", env=env, tmp_path=tmp_path)
+
+    assert result.code == 1
+    assert result.json()["error"]["code"] == "not_found"
+    assert "no cluster named 'nobody'" in result.stderr
+
+
+def test_it_passes_the_apis_refusal_of_a_create_through(env, tmp_path, account):
+    offer = inventory(hosts=1)
+
+    result = run_cli(
+        "clusters",
+        "create",
+        "--offer",
+        offer.slug,
+        "--nodes",
+        "2",
+        "--name",
+        "big",
+        env=env,
+        tmp_path=tmp_path,
+    )
+
+    assert result.code == 1
+    error = result.json()["error"]
+    assert (error["code"], error["status"]) == ("not_enough_machines", 409)
+    assert error["message"] in result.stderr
+    assert not Cluster.objects.filter(project=account.project).exists()
