@@ -138,8 +138,14 @@ def clusters(console: Console, rows: list[dict]) -> None:
 
 
 def failure_sentence(cluster: dict) -> str | None:
-    """The failure as one line: which node, at which step, and the API's message."""
+    """The failure as one line: which node, at which step, and the API's message. A degraded
+    cluster has no `failure` (it still runs): its newest event naming a node says why."""
     failure = cluster.get("failure")
+    if not failure and cluster.get("status") == "degraded":
+        failure = next(
+            (e for e in reversed(cluster.get("events") or []) if e.get("node") and e.get("step")),
+            None,
+        )
     if not failure:
         return None
     where = " ".join(

@@ -10,10 +10,16 @@ of the developer's ~/.config or ~/.ssh is read or written.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
+import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,6 +175,56 @@ def run_cli(
                 if drive is not None:
                     drive()
     return Result(process.returncode, out_path.read_text(), err_path.read_text())
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+def run_cli_tty(
+    *args: str,
+    env: dict[str, str],
+    tmp_path: Path,
+    drive: Callable[[], None] | None = None,
+    timeout: float = 60,
+) -> Result:
+    """`run_cli` with stdout on a pseudo-terminal 160 columns wide, as a person runs it: rich
+    tables and the live display instead of JSON. The escape sequences are stripped."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    err_path = tmp_path / "cli.err"
+    with err_path.open("w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runcrate_cli", *args],
+            cwd=REPO,
+            env={**env, "TERM": "xterm-256color"},
+            stdin=subprocess.DEVNULL,
+            stdout=follower,
+            stderr=err,
+        )
+    os.close(follower)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(f"runcrate {' '.join(args)} ran past {timeout} s")
+            readable, _, _ = select.select([leader], [], [], 0.05)
+            if readable:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            if drive is not None:
+                drive()
+    finally:
+        os.close(leader)
+        process.wait(timeout=10)
+    text = ANSI.sub("", b"".join(chunks).decode("utf-8", "replace"))
+    return Result(process.returncode, text, err_path.read_text())
 
 
 def assert_no_traceback(result: Result) -> None:

@@ -5,7 +5,7 @@ terminate (confirmation), names for ids."""
 import pytest
 
 from clusters.models import Cluster
-from tests.cli.kit import assert_no_traceback, run_cli
+from tests.cli.kit import assert_no_traceback, ready_cluster, run_cli
 from tests.clusters.lifecycle_kit import create, inventory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,3 +139,38 @@ def test_it_passes_the_apis_refusal_of_a_create_through(env, tmp_path, account):
     assert (error["code"], error["status"]) == ("not_enough_machines", 409)
     assert error["message"] in result.stderr
     assert not Cluster.objects.filter(project=account.project).exists()
+
+
+def test_a_degraded_cluster_exits_3_and_its_install_can_be_retried(env, tmp_path, account, ticker):
+    offer = inventory(hosts=2, faults={1: "install"})
+
+    waited = run_cli(
+        "clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "slurmy",
+        "--software", "slurm", "--wait", env=env, tmp_path=tmp_path, drive=ticker,
+    )  # fmt: skip
+
+    assert waited.code == 3, waited.stderr
+    cluster = Cluster.objects.get(project=account.project)
+    assert cluster.status == Cluster.Status.DEGRADED
+    event = cluster.events.exclude(node=None).latest("at", "pk")
+    assert f"is degraded: {event.reason} on node-1 at step install: {event.message}" in (
+        waited.stderr
+    )
+    assert f"runcrate clusters retry-install {cluster.pk}" in waited.stderr
+
+    retried = run_cli("clusters", "retry-install", "slurmy", env=env, tmp_path=tmp_path)
+
+    assert retried.code == 0, retried.stderr
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.INSTALLING
+    assert retried.json()["status"] == "installing"
+
+
+def test_it_adds_workers_to_a_ready_cluster(env, tmp_path, account, ticker):
+    cluster = ready_cluster(account, ticker, hosts=3)
+
+    result = run_cli("clusters", "add-workers", "train", "--count", "1", env=env, tmp_path=tmp_path)
+
+    assert result.code == 0, result.stderr
+    assert cluster.nodes.count() == 3
+    assert [m["name"] for m in result.json()["machines"]] == ["node-0", "node-1", "node-2"]

@@ -1,0 +1,87 @@
+"""What a person sees at a terminal: rich tables and the live per-node display, not JSON."""
+
+import pytest
+
+from tests.cli.kit import assert_no_traceback, ready_cluster, run_cli_tty
+from tests.clusters.lifecycle_kit import inventory
+from tests.factories import HostFactory, MachineTypeFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def machine_rows(screen: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip("│ ").split("│")]
+        for line in screen.splitlines()
+        if line.startswith("│ node-")
+    ]
+
+
+def test_create_wait_shows_every_machine_until_ready(env, tmp_path, account, ticker):
+    offer = inventory(hosts=3, price="20.00")
+
+    result = run_cli_tty(
+        "clusters", "create", "--offer", offer.slug, "--nodes", "3", "--name", "live", "--wait",
+        env=env, tmp_path=tmp_path, drive=ticker,
+    )  # fmt: skip
+
+    assert result.code == 0, result.stderr
+    screen = result.stdout
+    assert screen.startswith("cluster live (id ")  # the display, not JSON
+    assert "provisioning" in screen  # its first frame, before any machine moved
+    final = screen[screen.rindex("cluster live (id ") :]
+    assert "ready" in final.splitlines()[0] and "$60.00/h" in final.splitlines()[0]
+    assert machine_rows(final) == [
+        [f"node-{i}", "joined", "done", "███", f"10.77.0.{i + 1}"] for i in range(3)
+    ]
+    assert "is ready: `runcrate ssh live`" in result.stderr
+    assert_no_traceback(result)
+
+
+def test_offers_are_a_table_with_the_community_warning(env, tmp_path, account):
+    offer = inventory(hosts=2, price="20.00")
+    community = MachineTypeFactory(gpu=offer.gpu, community=True, slug="comm-x")
+    HostFactory.create_batch(2, machine_type=community)
+
+    result = run_cli_tty(
+        "offers", "--gpu", offer.gpu.slug, "--nodes", "2", "--include-community",
+        env=env, tmp_path=tmp_path,
+    )  # fmt: skip
+
+    assert result.code == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert rows[0].split("│")[1].strip() == offer.slug
+    assert "$20.00/h" in rows[0] and "$40.00/h" in rows[0] and "available" in rows[0]
+    assert "comm-x" in rows[1] and "(community)" in rows[1]
+    assert "keep secrets off" in result.stdout
+
+
+def test_list_show_events_and_balance_render_for_a_person(env, tmp_path, account, ticker):
+    cluster = ready_cluster(account, ticker, name="seen")
+
+    listed = run_cli_tty("clusters", "list", env=env, tmp_path=tmp_path)
+    shown = run_cli_tty("clusters", "show", "seen", env=env, tmp_path=tmp_path)
+    events = run_cli_tty("clusters", "events", "seen", env=env, tmp_path=tmp_path)
+    balance = run_cli_tty("balance", env=env, tmp_path=tmp_path)
+    gpus = run_cli_tty("gpus", env=env, tmp_path=tmp_path)
+    usage = run_cli_tty("usage", env=env, tmp_path=tmp_path)
+    volumes = run_cli_tty("volumes", "list", env=env, tmp_path=tmp_path)
+
+    for result in (listed, shown, events, balance, gpus, usage, volumes):
+        assert result.code == 0, result.stderr
+        assert_no_traceback(result)
+    row = next(line for line in listed.stdout.splitlines() if " seen " in line)
+    assert [cell.strip() for cell in row.strip("│").split("│")][:4] == [
+        str(cluster.pk),
+        "seen",
+        "ready",
+        "2",
+    ]
+    assert "seen (id" in shown.stdout and "status      ready" in shown.stdout
+    assert len(machine_rows(shown.stdout)) == 2
+    assert "ready" in events.stdout and "created" in events.stdout
+    assert "Balance      $10000.00 USD" in balance.stdout
+    assert "Burn rate    $40.00/h" in balance.stdout
+    assert "h100-sxm" in gpus.stdout
+    assert "Usage in 2026-03" in usage.stdout
+    assert volumes.stdout.strip() == "No volumes."
