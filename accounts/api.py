@@ -1,14 +1,24 @@
-"""The accounts API: who the key belongs to, and the project's SSH keys."""
+"""The accounts API: who the key belongs to, the project's SSH keys, and its API keys."""
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
 from accounts import keys
-from accounts.models import SshKey
-from runcrate.api import ApiError, ErrorOut, ListMeta
+from accounts.models import ApiKey, SshKey
+from runcrate.api import (
+    FULL_KEY,
+    ApiError,
+    ErrorOut,
+    ListMeta,
+    Scope,
+    money_str,
+    needs,
+    paginated,
+)
 
 router = Router(tags=["accounts"])
 
@@ -22,6 +32,11 @@ class ProjectOut(Schema):
 class ApiKeyOut(Schema):
     name: str
     prefix: str
+    scopes: list[str] = Field(description="What the key may do: read, create, terminate, billing.")
+    max_machines_per_cluster: int | None = Field(description="null: no limit.")
+    max_usd_per_hour: str | None = Field(
+        description="USD per hour across the live clusters the key created; null: no limit."
+    )
 
 
 class MeOut(Schema):
@@ -62,11 +77,20 @@ class SshKeyIn(Schema):
     public_key: str = Field(description="One OpenSSH public key line: 'TYPE BASE64 [comment]'.")
 
 
-def _refused(refusal: keys.KeyRefused) -> ApiError:
-    return ApiError(refusal.status, refusal.code, refusal.message)
+def _key_terms(key: ApiKey) -> dict:
+    return {
+        "scopes": key.granted_scopes,
+        "max_machines_per_cluster": key.max_machines_per_cluster,
+        "max_usd_per_hour": money_str(key.max_usd_per_hour),
+    }
 
 
-@router.get("/me", response={200: MeEnvelope, 401: ErrorOut}, summary="The key's user and project")
+@router.get(
+    "/me",
+    auth=needs(Scope.READ),
+    response={200: MeEnvelope, 401: ErrorOut, 403: ErrorOut},
+    summary="The key's user and project",
+)
 def me(request: HttpRequest) -> dict:
     project = request.project  # type: ignore[attr-defined]
     key = request.auth  # type: ignore[attr-defined]
@@ -79,41 +103,41 @@ def me(request: HttpRequest) -> dict:
                 "name": project.name,
                 "environments": list(project.environments.values_list("name", flat=True)),
             },
-            "api_key": {"name": key.name, "prefix": key.prefix},
+            "api_key": {"name": key.name, "prefix": key.prefix, **_key_terms(key)},
         }
     }
 
 
-@router.get("/ssh-keys", response={200: SshKeyList, 401: ErrorOut}, summary="List SSH keys")
+@router.get(
+    "/ssh-keys",
+    auth=needs(Scope.READ),
+    response={200: SshKeyList, 401: ErrorOut, 403: ErrorOut},
+    summary="List SSH keys",
+)
 def list_ssh_keys(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict:
     queryset = SshKey.objects.filter(project=request.project).order_by("name", "pk")  # type: ignore[attr-defined]
-    return {
-        "data": list(queryset[offset : offset + limit]),
-        "meta": {"total": queryset.count(), "limit": limit, "offset": offset},
-    }
+    return paginated(queryset, limit=limit, offset=offset)
 
 
 @router.post(
     "/ssh-keys",
-    response={201: SshKeyEnvelope, 401: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+    auth=needs(Scope.CREATE),
+    response={201: SshKeyEnvelope, 401: ErrorOut, 403: ErrorOut, 409: ErrorOut, 422: ErrorOut},
     summary="Add an SSH key",
     description="Refused with 422 `invalid_ssh_key` (the message says what is wrong) or 409 "
     "`ssh_key_exists` when the project already has the key.",
 )
 def create_ssh_key(request: HttpRequest, payload: SshKeyIn) -> tuple[int, dict]:
-    try:
-        key = keys.add_ssh_key(
-            project=request.project,  # type: ignore[attr-defined]
-            user=request.user,
-            name=payload.name,
-            public_key=payload.public_key,
-        )
-    except keys.KeyRefused as refusal:
-        raise _refused(refusal) from None
+    key = keys.add_ssh_key(
+        project=request.project,  # type: ignore[attr-defined]
+        user=request.user,
+        name=payload.name,
+        public_key=payload.public_key,
+    )
     return Status(201, {"data": key})
 
 
@@ -126,7 +150,8 @@ def _ssh_key(request: HttpRequest, key_id: int) -> SshKey:
 
 @router.get(
     "/ssh-keys/{key_id}",
-    response={200: SshKeyEnvelope, 401: ErrorOut, 404: ErrorOut},
+    auth=needs(Scope.READ),
+    response={200: SshKeyEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="One SSH key",
 )
 def get_ssh_key(request: HttpRequest, key_id: int) -> dict:
@@ -135,10 +160,127 @@ def get_ssh_key(request: HttpRequest, key_id: int) -> dict:
 
 @router.delete(
     "/ssh-keys/{key_id}",
-    response={204: None, 401: ErrorOut, 404: ErrorOut},
+    auth=needs(Scope.TERMINATE),
+    response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Remove an SSH key",
     description="Clusters already running keep the key on their machines until they end.",
 )
 def delete_ssh_key(request: HttpRequest, key_id: int) -> tuple[int, None]:
     keys.remove_ssh_key(key=_ssh_key(request, key_id))
+    return Status(204, None)
+
+
+# --- API keys ----------------------------------------------------------------------------------
+
+KEYS_RULE = (
+    "Needs a key with every scope and no limits (a narrowed key cannot make a wider one, nor "
+    "revoke its way around its limits); otherwise 403 `scope_missing`."
+)
+
+
+class ApiKeyDetailOut(Schema):
+    id: int
+    name: str
+    prefix: str = Field(description="The first characters, to tell keys apart.")
+    scopes: list[str]
+    max_machines_per_cluster: int | None
+    max_usd_per_hour: str | None
+    created_by: str = Field(description="The email of the user the key acts as.")
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None = Field(description="null while the key works.")
+
+
+class ApiKeyCreatedOut(ApiKeyDetailOut):
+    key: str = Field(description="The key itself, shown this once: only its hash is kept.")
+
+
+class ApiKeyCreatedEnvelope(Schema):
+    data: ApiKeyCreatedOut
+
+
+class ApiKeyList(Schema):
+    data: list[ApiKeyDetailOut]
+    meta: ListMeta
+
+
+class ApiKeyIn(Schema):
+    name: str = Field(description="What uses the key, so you know which one to revoke.")
+    scopes: list[str] | None = Field(
+        None, description="Any of read, create, terminate, billing; default: all of them."
+    )
+    max_machines_per_cluster: int | None = Field(
+        None, description="At most this many machines in a cluster it creates or grows."
+    )
+    max_usd_per_hour: Decimal | None = Field(
+        None,
+        description='USD as a decimal string, like "10.00": at most this much per hour across '
+        "the live clusters the key created.",
+    )
+
+
+def _api_key(key: ApiKey, raw: str | None = None) -> dict:
+    shown = {
+        "id": key.pk,
+        "name": key.name,
+        "prefix": key.prefix,
+        **_key_terms(key),
+        "created_by": key.user.email,
+        "created_at": key.created_at,
+        "last_used_at": key.last_used_at,
+        "revoked_at": key.revoked_at,
+    }
+    return shown if raw is None else {**shown, "key": raw}
+
+
+@router.get(
+    "/keys",
+    auth=FULL_KEY,
+    response={200: ApiKeyList, 401: ErrorOut, 403: ErrorOut},
+    summary="List the project's API keys",
+    description="Every key of the project, working ones first, without their secrets. " + KEYS_RULE,
+)
+def list_api_keys(
+    request: HttpRequest,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict:
+    queryset = keys.project_api_keys(request.project)  # type: ignore[attr-defined]
+    return paginated(queryset, limit=limit, offset=offset, render=_api_key)
+
+
+@router.post(
+    "/keys",
+    auth=FULL_KEY,
+    response={201: ApiKeyCreatedEnvelope, 401: ErrorOut, 403: ErrorOut, 422: ErrorOut},
+    summary="Create an API key",
+    description="A key for the caller's project, acting as the caller's user, with the scopes "
+    "and limits asked for; `key` in the answer is shown this once. Refusals: 422 "
+    "`invalid_name`, `invalid_scope`, `invalid_limit`. " + KEYS_RULE,
+)
+def create_api_key(request: HttpRequest, payload: ApiKeyIn) -> Status:
+    key, raw = keys.issue_api_key(
+        user=request.user,
+        project=request.project,  # type: ignore[attr-defined]
+        name=payload.name,
+        scopes=payload.scopes,
+        max_machines_per_cluster=payload.max_machines_per_cluster,
+        max_usd_per_hour=payload.max_usd_per_hour,
+    )
+    return Status(201, {"data": _api_key(key, raw)})
+
+
+@router.delete(
+    "/keys/{key_id}",
+    auth=FULL_KEY,
+    response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
+    summary="Revoke an API key",
+    description="At once: the next call with it answers 401. Revoking a revoked key changes "
+    "nothing (204). Another project's key is a 404. " + KEYS_RULE,
+)
+def revoke_api_key(request: HttpRequest, key_id: int) -> Status:
+    key = keys.project_api_keys(request.project).filter(pk=key_id).first()  # type: ignore[attr-defined]
+    if key is None:
+        raise ApiError(404, "not_found", f"Your project has no API key {key_id}.")
+    keys.revoke_api_key(key=key)
     return Status(204, None)

@@ -3,7 +3,7 @@ from django.contrib.auth import forms as auth_forms
 from django.contrib.auth import password_validation
 
 from accounts.keys import NAME_MAX_LENGTH
-from accounts.models import User
+from accounts.models import ApiKey, User
 from accounts.signup import normalize_email
 
 
@@ -73,11 +73,43 @@ class PasswordResetForm(auth_forms.PasswordResetForm):
 
 
 class ApiKeyForm(forms.Form):
+    """A new API key: its name, and optionally the scopes and limits that narrow it for an
+    agent. The rules (which scopes, what limits) are `accounts.keys`'s; this only reads them."""
+
+    FULL, SCOPED = "full", "scoped"
+
     name = forms.CharField(
         max_length=NAME_MAX_LENGTH,
         widget=forms.TextInput(attrs={"placeholder": "e.g. laptop CLI, CI pipeline"}),
         help_text="What uses this key, so you know which one to revoke.",
     )
+    access = forms.ChoiceField(
+        choices=[(FULL, "Every scope"), (SCOPED, "Only the scopes ticked below")],
+        initial=FULL,
+        required=False,
+        widget=forms.RadioSelect,
+    )
+    scopes = forms.MultipleChoiceField(
+        choices=ApiKey.Scope.choices, required=False, widget=forms.CheckboxSelectMultiple
+    )
+    max_machines_per_cluster = forms.CharField(
+        label="Most machines per cluster",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 1, "step": 1, "placeholder": "no limit"}),
+        help_text="A cluster it creates or grows has at most this many machines.",
+    )
+    max_usd_per_hour = forms.CharField(
+        label="Most USD per hour",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": "0.01", "step": "0.01", "placeholder": "no limit"}),
+        help_text="The live clusters it created cost at most this much per hour, together.",
+    )
+
+    def chosen_scopes(self) -> list[str] | None:
+        """The scopes ticked, or None (every scope) unless the key is narrowed."""
+        if self.cleaned_data.get("access") != self.SCOPED:
+            return None
+        return self.cleaned_data.get("scopes") or []
 
 
 class SshKeyForm(forms.Form):

@@ -10,10 +10,13 @@ import binascii
 import hashlib
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from django.db import IntegrityError, transaction
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from accounts.models import ApiKey, Project, SshKey, User, hash_api_key
@@ -22,7 +25,11 @@ from runcrate.errors import Refused
 NAME_MAX_LENGTH = 100
 API_KEY_PREFIX_LENGTH = 12  # "rc_live_" and four random characters: enough to tell keys apart
 RSA_MIN_BITS = 2048
+MAX_MACHINES_LIMIT = 1000
+MAX_USD_PER_HOUR_LIMIT = Decimal("1000000.00")
+CENT = Decimal("0.01")
 BASE64_CHARS = re.compile(r"[A-Za-z0-9+/]+")
+DIGITS = re.compile(r"[0-9]{1,6}")
 
 ED25519 = "ssh-ed25519"
 RSA = "ssh-rsa"
@@ -43,7 +50,13 @@ SUPPORTED_DESCRIPTION = (
 class KeyRefused(Refused, ValueError):
     """A key (or its name) refused with a stable code, a message, and the form field to blame."""
 
-    STATUS = {"invalid_ssh_key": 422, "ssh_key_exists": 409, "invalid_name": 422}
+    STATUS = {
+        "invalid_ssh_key": 422,
+        "ssh_key_exists": 409,
+        "invalid_name": 422,
+        "invalid_scope": 422,
+        "invalid_limit": 422,
+    }
 
 
 def _invalid(message: str) -> KeyRefused:
@@ -263,9 +276,88 @@ def remove_ssh_key(*, key: SshKey) -> None:
 # --- API keys ------------------------------------------------------------------------------
 
 
-def issue_api_key(*, user: User, project: Project, name: str) -> tuple[ApiKey, str]:
-    """A new API key. The raw key is returned once and never stored: only its hash is."""
+def clean_scopes(scopes: Iterable[str] | None) -> list[str]:
+    """The scopes to store: every one when `scopes` is None; at least one when given."""
+    if scopes is None:
+        return list(ApiKey.Scope.values)
+    if isinstance(scopes, str):
+        scopes = [scopes]
+    wanted = {str(scope).strip().lower() for scope in scopes}
+    unknown = sorted(wanted - set(ApiKey.Scope.values))
+    if unknown:
+        raise KeyRefused(
+            "invalid_scope",
+            f"Unknown scope {', '.join(repr(u[:40]) for u in unknown)}: choose from "
+            f"{', '.join(ApiKey.Scope.values)}.",
+            field="scopes",
+        )
+    if not wanted:
+        raise KeyRefused(
+            "invalid_scope",
+            f"Give the key at least one scope: {', '.join(ApiKey.Scope.values)}.",
+            field="scopes",
+        )
+    return [scope for scope in ApiKey.Scope.values if scope in wanted]
+
+
+def clean_max_machines(value: int | str | None) -> int | None:
+    """None (no limit) or a whole number of machines from 1 to MAX_MACHINES_LIMIT."""
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return None
+    whole = not isinstance(value, bool) and DIGITS.fullmatch(text)
+    if not whole or not 1 <= int(text) <= MAX_MACHINES_LIMIT:
+        raise KeyRefused(
+            "invalid_limit",
+            f"The most machines per cluster is a whole number from 1 to {MAX_MACHINES_LIMIT}, "
+            f"or empty for no limit; got {text[:40]!r}.",
+            field="max_machines_per_cluster",
+        )
+    return int(text)
+
+
+def clean_max_usd_per_hour(value: Decimal | int | str | None) -> Decimal | None:
+    """None (no limit) or USD per hour above 0, in cents, at most MAX_USD_PER_HOUR_LIMIT."""
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return None
+    try:
+        amount = Decimal(text)
+    except ArithmeticError:
+        amount = None
+    if isinstance(value, bool | float) or amount is None or not amount.is_finite():
+        problem = "is an amount in USD, like 25.00"
+    elif amount != amount.quantize(CENT):
+        problem = "takes at most 2 decimals"
+    elif not 0 < amount <= MAX_USD_PER_HOUR_LIMIT:
+        problem = f"is more than 0 and at most {MAX_USD_PER_HOUR_LIMIT:,}"
+    else:
+        return amount.quantize(CENT)
+    raise KeyRefused(
+        "invalid_limit",
+        f"The most USD per hour {problem}, or empty for no limit; got {text[:40]!r}.",
+        field="max_usd_per_hour",
+    )
+
+
+def issue_api_key(
+    *,
+    user: User,
+    project: Project,
+    name: str,
+    scopes: Iterable[str] | None = None,
+    max_machines_per_cluster: int | str | None = None,
+    max_usd_per_hour: Decimal | int | str | None = None,
+) -> tuple[ApiKey, str]:
+    """A new API key, with every scope unless `scopes` narrows it, and optional limits.
+
+    The raw key is returned once and never stored: only its hash is. Refused (KeyRefused,
+    nothing written) for a bad name, an unknown or empty scope list, or a bad limit.
+    """
     name = _clean_name(name)
+    granted = clean_scopes(scopes)
+    machines = clean_max_machines(max_machines_per_cluster)
+    usd = clean_max_usd_per_hour(max_usd_per_hour)
     raw = ApiKey.generate()
     key = ApiKey.objects.create(
         user=user,
@@ -273,8 +365,20 @@ def issue_api_key(*, user: User, project: Project, name: str) -> tuple[ApiKey, s
         name=name,
         prefix=raw[:API_KEY_PREFIX_LENGTH],
         key_hash=hash_api_key(raw),
+        scopes=granted,
+        max_machines_per_cluster=machines,
+        max_usd_per_hour=usd,
     )
     return key, raw
+
+
+def project_api_keys(project: Project) -> QuerySet[ApiKey]:
+    """The project's API keys, working ones first, then newest, with their user."""
+    return (
+        ApiKey.objects.filter(project=project)
+        .select_related("user")
+        .order_by(F("revoked_at").asc(nulls_first=True), "-created_at", "-pk")
+    )
 
 
 def revoke_api_key(*, key: ApiKey) -> bool:

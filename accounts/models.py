@@ -134,7 +134,17 @@ def hash_api_key(raw: str) -> str:
 
 
 class ApiKey(models.Model):
-    """A bearer key for the API. Only its hash is kept; the key is shown once."""
+    """A bearer key for the API. Only its hash is kept; the key is shown once.
+
+    A key may be narrowed for an agent: `scopes` (none stored: every scope, as for keys made
+    before scopes existed) and limits the server enforces on what it creates (docs/api.md).
+    """
+
+    class Scope(models.TextChoices):
+        READ = "read", "Read: list and show everything"
+        CREATE = "create", "Create: clusters, workers, volumes, SSH keys, tests, quotes"
+        TERMINATE = "terminate", "Terminate: clusters; delete volumes and SSH keys"
+        BILLING = "billing", "Billing: balance, usage, the ledger, budgets"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
     user = models.ForeignKey(
@@ -143,6 +153,19 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, help_text="The first characters, to tell keys apart.")
     key_hash = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(
+        default=list, blank=True, help_text="Scope names the key holds; empty: every scope."
+    )
+    max_machines_per_cluster = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="At most this many machines in a cluster it creates."
+    )
+    max_usd_per_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="At most this many USD per hour across the live clusters it created.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -156,6 +179,24 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    @property
+    def granted_scopes(self) -> list[str]:
+        """The scopes it holds, in the order of `Scope`."""
+        held = set(self.scopes or self.Scope.values)
+        return [scope for scope in self.Scope.values if scope in held]
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.granted_scopes
+
+    @property
+    def has_limits(self) -> bool:
+        return self.max_machines_per_cluster is not None or self.max_usd_per_hour is not None
+
+    @property
+    def is_unrestricted(self) -> bool:
+        """Every scope and no limit: what managing keys needs (a narrowed key cannot widen)."""
+        return len(self.granted_scopes) == len(self.Scope.values) and not self.has_limits
 
     @staticmethod
     def generate() -> str:

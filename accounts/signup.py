@@ -4,11 +4,17 @@ from django.db import IntegrityError, transaction
 
 from accounts.models import User
 from accounts.projects import create_project
+from runcrate.errors import Refused
 
 
-class EmailTaken(ValueError):
+class EmailTaken(Refused, ValueError):
     def __init__(self, email: str) -> None:
-        super().__init__(f"An account with the email {email} already exists.")
+        super().__init__(
+            "email_taken",
+            f"An account with the email {email} already exists.",
+            field="email",
+            status=409,
+        )
         self.email = email
 
 

@@ -4,7 +4,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -65,11 +64,7 @@ def _render_account(request: HttpRequest, partial: str, **extra: object) -> Http
     }
     if project is not None:
         context["environments"] = project.environments.all()
-        context["api_keys"] = (
-            ApiKey.objects.filter(project=project)
-            .select_related("user")
-            .order_by(F("revoked_at").asc(nulls_first=True), "-created_at", "-pk")  # active first
-        )
+        context["api_keys"] = keys.project_api_keys(project)
         context["ssh_keys"] = SshKey.objects.filter(project=project).order_by("name", "pk")
     template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
     return render(request, template, context)
@@ -97,10 +92,15 @@ def create_api_key(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             key, raw = keys.issue_api_key(
-                user=request.user, project=project, name=form.cleaned_data["name"]
+                user=request.user,
+                project=project,
+                name=form.cleaned_data["name"],
+                scopes=form.chosen_scopes(),
+                max_machines_per_cluster=form.cleaned_data["max_machines_per_cluster"],
+                max_usd_per_hour=form.cleaned_data["max_usd_per_hour"],
             )
         except keys.KeyRefused as refusal:
-            form.add_error("name", refusal.message)
+            form.add_error(refusal.field or "name", refusal.message)
         else:
             return _render_account(request, "api_keys", new_key=key, new_key_raw=raw)
     return _render_account(request, "api_keys", api_key_form=form)

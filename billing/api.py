@@ -1,9 +1,10 @@
 """The billing API: balance, usage per month, the ledger, and environment budgets.
 
-Owners and managers only (developers see no billing, SPEC §5). Money is a decimal string with
-2 places; times are ISO 8601 in UTC.
+Owners and managers only (developers see no billing, SPEC §5), with a key that holds the
+`billing` scope. Money is a decimal string with 2 places; times are ISO 8601 in UTC.
 """
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
@@ -17,9 +18,20 @@ from billing.access import can_manage_billing
 from billing.meter import HOUR
 from billing.models import LedgerEntry
 from clusters.models import Cluster
-from runcrate.api import ApiError, ErrorOut, ListMeta, money_str, utc_str
+from runcrate.api import (
+    ApiError,
+    ErrorOut,
+    ListMeta,
+    Scope,
+    list_envelope,
+    money_str,
+    needs,
+    paginated,
+    utc_str,
+)
 
 router = Router(tags=["billing"])
+BILLING = needs(Scope.BILLING)
 
 
 def _billing_project(request: HttpRequest):
@@ -49,6 +61,7 @@ class BalanceEnvelope(Schema):
 
 @router.get(
     "/billing/balance",
+    auth=BILLING,
     response={200: BalanceEnvelope, 401: ErrorOut, 403: ErrorOut},
     summary="Balance, burn rate and hours remaining",
 )
@@ -100,6 +113,7 @@ class UsageList(Schema):
 
 @router.get(
     "/billing/usage",
+    auth=BILLING,
     response={200: UsageList, 401: ErrorOut, 403: ErrorOut, 422: ErrorOut},
     summary="Usage of a month, per cluster and per machine",
 )
@@ -112,16 +126,13 @@ def usage_of_month(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict:
     project = _billing_project(request)
-    try:
-        chosen = usage.Month.parse(month)
-    except usage.MonthInvalid as error:
-        raise ApiError(422, "invalid_month", str(error)) from None
+    chosen = usage.Month.parse(month)
     total, lines = usage.cluster_usage(
         project_id=project.pk, month=chosen, offset=offset, limit=limit
     )
     totals = usage.month_totals(project_id=project.pk, month=chosen)
-    return {
-        "data": [
+    return list_envelope(
+        [
             {
                 "cluster_id": line.cluster_id,
                 "name": line.name,
@@ -144,14 +155,12 @@ def usage_of_month(
             }
             for line in lines
         ],
-        "meta": {
-            "total": total,
-            "limit": limit,
-            "offset": offset,
-            "month": chosen.param,
-            "total_usage": money_str(totals.usage),
-        },
-    }
+        total=total,
+        limit=limit,
+        offset=offset,
+        month=chosen.param,
+        total_usage=money_str(totals.usage),
+    )
 
 
 # ---- transactions ----------------------------------------------------------------------------
@@ -180,6 +189,7 @@ class TransactionList(Schema):
 
 @router.get(
     "/billing/transactions",
+    auth=BILLING,
     response={200: TransactionList, 401: ErrorOut, 403: ErrorOut, 422: ErrorOut},
     summary="The ledger, newest first",
 )
@@ -198,30 +208,31 @@ def transactions(
         queryset = queryset.filter(kind=type)
     queryset = queryset.select_related("cluster").order_by("-created_at", "-pk")
     now = timezone.now()
-    data = []
-    for entry in queryset[offset : offset + limit]:
-        is_usage = entry.kind == LedgerEntry.Kind.USAGE
-        data.append(
-            {
-                "id": entry.pk,
-                "type": entry.kind,
-                "amount": money_str(entry.amount),
-                "note": entry.note,
-                "created_at": utc_str(entry.created_at),
-                "cluster_id": entry.cluster_id,
-                "cluster_name": entry.cluster.name if entry.cluster_id else None,
-                "volume_id": entry.volume_id,
-                "period_start": utc_str(entry.period_start),
-                "machine_seconds": entry.machine_seconds if is_usage else None,
-                "accumulating": bool(
-                    is_usage
-                    and entry.period_start is not None
-                    and entry.cluster.status in Cluster.BILLED
-                    and now < entry.period_start + HOUR
-                ),
-            }
-        )
-    return {"data": data, "meta": {"total": queryset.count(), "limit": limit, "offset": offset}}
+    return paginated(
+        queryset, limit=limit, offset=offset, render=lambda entry: _transaction(entry, now=now)
+    )
+
+
+def _transaction(entry: LedgerEntry, *, now: datetime) -> dict:
+    is_usage = entry.kind == LedgerEntry.Kind.USAGE
+    return {
+        "id": entry.pk,
+        "type": entry.kind,
+        "amount": money_str(entry.amount),
+        "note": entry.note,
+        "created_at": utc_str(entry.created_at),
+        "cluster_id": entry.cluster_id,
+        "cluster_name": entry.cluster.name if entry.cluster_id else None,
+        "volume_id": entry.volume_id,
+        "period_start": utc_str(entry.period_start),
+        "machine_seconds": entry.machine_seconds if is_usage else None,
+        "accumulating": bool(
+            is_usage
+            and entry.period_start is not None
+            and entry.cluster.status in Cluster.BILLED
+            and now < entry.period_start + HOUR
+        ),
+    }
 
 
 # ---- budgets -----------------------------------------------------------------------------------
@@ -246,6 +257,7 @@ class EnvironmentBudgetEnvelope(Schema):
 
 @router.put(
     "/environments/{name}/budget",
+    auth=BILLING,
     response={
         200: EnvironmentBudgetEnvelope,
         401: ErrorOut,
@@ -260,10 +272,7 @@ def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
     environment = Environment.objects.filter(project=project, name=name).first()
     if environment is None:
         raise ApiError(404, "not_found", f"The project has no environment named {name!r}.")
-    try:
-        amount = budgets.parse_budget(payload.amount)
-    except budgets.BudgetRefused as refusal:
-        raise ApiError(422, refusal.code, refusal.message) from None
+    amount = budgets.parse_budget(payload.amount)
     budgets.set_budget(environment=environment, amount=amount)
     spent = budgets.month_to_date_spend(environment=environment)
     return {

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accounts.models import Environment, Project
 from billing.models import UsageDay
+from runcrate.errors import Refused
 
 MAX_BUDGET = Decimal("10000000.00")
 MAX_ENVIRONMENTS = 50
@@ -24,14 +25,8 @@ WARNING_SHARE = Decimal("0.80")
 NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 
 
-class BudgetRefused(Exception):
+class BudgetRefused(Refused):
     """Bad input for a budget or an environment, with a code and a sentence for a person."""
-
-    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
 
 
 def month_start(now: datetime | None = None) -> datetime:

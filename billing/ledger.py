@@ -8,12 +8,16 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from accounts.models import Project, User
 from billing.models import LedgerEntry, balance_of
+from runcrate.errors import Refused
 
 CENT = Decimal("0.01")
 
 
-class InvalidAmount(ValueError):
+class InvalidAmount(Refused, ValueError):
     """An amount the ledger cannot take, with a sentence saying why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_amount", message, field="amount")
 
 
 def balance(*, project: Project) -> Decimal:

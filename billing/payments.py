@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from accounts.models import Project, User
 from billing.models import LedgerEntry, Payment
+from runcrate.errors import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -38,15 +39,15 @@ TOLERANCE_SECONDS = 300
 PENDING = {Payment.Status.CREATED, Payment.Status.OPEN, Payment.Status.PROCESSING}
 
 
-class PaymentRefused(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class PaymentRefused(Refused):
+    """A top-up refused before anything was asked of Stripe."""
 
 
-class WebhookRejected(Exception):
+class WebhookRejected(Refused):
     """The request is not a genuine, recent Stripe event: answer 400, change nothing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("webhook_rejected", message, status=400)
 
 
 def payments_configured() -> bool:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from billing.meter import HOUR, billed_seconds, cost_between
 from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster
+from runcrate.errors import Refused
 
 ZERO = Decimal("0.00")
 # Lines that are not usage: listed one by one on the Billing page.
@@ -28,8 +29,11 @@ CENT = Decimal("0.01")
 MAX_MONTHS = 36
 
 
-class MonthInvalid(ValueError):
-    pass
+class MonthInvalid(Refused, ValueError):
+    """A month that is not YYYY-MM (or out of range)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_month", message, field="month")
 
 
 @dataclass(frozen=True, order=True)

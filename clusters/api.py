@@ -2,25 +2,23 @@
 network test, the connection details; and volumes (list, create, delete).
 
 Every endpoint calls the same `clusters.lifecycle` functions as the pages; a refusal
-(`ClusterRefused`) answers with its stable code and status. Another project's cluster is a 404
-`not_found`, exactly like one that does not exist.
+(`ClusterRefused`) propagates to the API's one handler, which answers with its stable code and
+status. Another project's cluster is a 404 `not_found`, exactly like one that does not exist.
+Each operation declares the scope its key needs; the key is passed on so that its limits hold.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated
 
 from django.db.models import Prefetch, QuerySet
-from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema, Status
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Header, Query, Router, Schema, Status
 
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
-from clusters import connect, lifecycle, volumes
-from clusters.errors import ClusterRefused
+from clusters import connect, idempotency, lifecycle, volumes
 from clusters.models import Cluster, Event, Node, Volume
-from runcrate.api import ApiError, ErrorOut, ListMeta, money_str
+from runcrate.api import ApiError, ErrorOut, ListMeta, Scope, money_str, needs, paginated, render
 
 router = Router(tags=["clusters"])
 
@@ -289,27 +287,25 @@ def _detail(cluster: Cluster) -> dict:
     }
 
 
-@contextmanager
-def _refusals() -> Iterator[None]:
-    try:
-        yield
-    except ClusterRefused as refusal:
-        raise ApiError(refusal.status, refusal.code, refusal.message) from refusal
-
-
 REFUSAL_CODES = (
     "Refusals: 422 `invalid_nodes`, 404 `unknown_offer`, 402 `insufficient_balance`, "
     "409 `not_enough_machines`, 422 `software_not_offered`, 422 `invalid_name`, "
     "409 `name_taken`, 422 `no_ssh_keys`, 404 `unknown_environment`, 422 "
     "`volume_not_allowed` (not the project's, another location, a community offer), 409 "
-    "`volume_in_use`. Nothing is reserved or attached when a request is refused."
+    "`volume_in_use`, 403 `key_limit_exceeded` (the key's machines per cluster or USD per "
+    "hour). Nothing is reserved or attached when a request is refused."
 )
 
 
 # --- endpoints ------------------------------------------------------------------------------
 
 
-@router.get("/clusters", response={200: ClusterList, 401: ErrorOut}, summary="List clusters")
+@router.get(
+    "/clusters",
+    auth=needs(Scope.READ),
+    response={200: ClusterList, 401: ErrorOut, 403: ErrorOut},
+    summary="List clusters",
+)
 def list_clusters(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -317,26 +313,19 @@ def list_clusters(
 ) -> dict:
     """The project's clusters, newest first. Each object is a cluster without its events."""
     queryset = _clusters(request).order_by("-created_at", "-pk")
-    return {
-        "data": [_summary(cluster) for cluster in queryset[offset : offset + limit]],
-        "meta": {"total": queryset.count(), "limit": limit, "offset": offset},
-    }
+    return paginated(queryset, limit=limit, offset=offset, render=_summary)
 
 
-@router.post(
-    "/clusters",
-    response={
-        201: ClusterEnvelope,
-        401: ErrorOut,
-        402: ErrorOut,
-        404: ErrorOut,
-        409: ErrorOut,
-        422: ErrorOut,
-    },
-    summary="Create a cluster",
-    description="Reserves every machine at once, or none. " + REFUSAL_CODES,
+IDEMPOTENCY = (
+    " With an `Idempotency-Key` header (1-255 printable ASCII characters, such as a UUID), a "
+    "retry with the same key and body answers what the first create did (the same status and "
+    "body, the same cluster) for 24 hours and never reserves twice; the same key with another "
+    "body is 422 `idempotency_key_reused`. A refused create is not kept: its retry is decided "
+    "afresh."
 )
-def create_cluster(request: HttpRequest, payload: ClusterIn) -> Status:
+
+
+def _create(request: HttpRequest, payload: ClusterIn) -> idempotency.Answer:
     project = request.project  # type: ignore[attr-defined]
     environment = Environment.objects.filter(project=project, name=payload.environment).first()
     if environment is None:
@@ -345,24 +334,60 @@ def create_cluster(request: HttpRequest, payload: ClusterIn) -> Status:
             "unknown_environment",
             f"Your project has no environment named {payload.environment!r}.",
         )
-    with _refusals():
-        cluster = lifecycle.create_cluster(
-            project=project,
-            user=request.user,
-            environment=environment,
-            offer_slug=payload.offer_id,
-            nodes=payload.nodes,
-            name=payload.name,
-            software=payload.software,
-            ssh_key_ids=payload.ssh_key_ids,
-            volume_id=payload.volume_id,
+    cluster = lifecycle.create_cluster(
+        project=project,
+        user=request.user,
+        environment=environment,
+        offer_slug=payload.offer_id,
+        nodes=payload.nodes,
+        name=payload.name,
+        software=payload.software,
+        ssh_key_ids=payload.ssh_key_ids,
+        volume_id=payload.volume_id,
+        api_key=request.auth,  # type: ignore[attr-defined]
+    )
+    body = {"data": _detail(_get_cluster(request, cluster.pk))}
+    response = render(request, ClusterEnvelope, body, status=201)
+    return idempotency.Answer(response.status_code, response.content, cluster.pk)
+
+
+@router.post(
+    "/clusters",
+    auth=needs(Scope.CREATE),
+    response={
+        201: ClusterEnvelope,
+        401: ErrorOut,
+        402: ErrorOut,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        422: ErrorOut,
+    },
+    summary="Create a cluster",
+    description="Reserves every machine at once, or none. " + REFUSAL_CODES + IDEMPOTENCY,
+)
+def create_cluster(
+    request: HttpRequest,
+    payload: ClusterIn,
+    idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
+) -> HttpResponse:
+    if idempotency_key is None:
+        answer = _create(request, payload)
+    else:
+        answer = idempotency.once(
+            project=request.project,  # type: ignore[attr-defined]
+            api_key=request.auth,  # type: ignore[attr-defined]
+            key=idempotency_key,
+            body=payload.dict(),
+            run=lambda: _create(request, payload),
         )
-    return Status(201, {"data": _detail(_get_cluster(request, cluster.pk))})
+    return HttpResponse(answer.content, status=answer.status, content_type="application/json")
 
 
 @router.get(
     "/clusters/{cluster_id}",
-    response={200: ClusterEnvelope, 401: ErrorOut, 404: ErrorOut},
+    auth=needs(Scope.READ),
+    response={200: ClusterEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Read a cluster",
 )
 def get_cluster(request: HttpRequest, cluster_id: int) -> dict:
@@ -373,6 +398,7 @@ def get_cluster(request: HttpRequest, cluster_id: int) -> dict:
 ACTION_RESPONSES = {
     202: ClusterEnvelope,
     401: ErrorOut,
+    403: ErrorOut,
     404: ErrorOut,
     409: ErrorOut,
     422: ErrorOut,
@@ -381,6 +407,7 @@ ACTION_RESPONSES = {
 
 @router.post(
     "/clusters/{cluster_id}/terminate",
+    auth=needs(Scope.TERMINATE),
     response=ACTION_RESPONSES,
     summary="Terminate a cluster",
     description="Stops every machine together and ends billing for all of them now; "
@@ -388,41 +415,46 @@ ACTION_RESPONSES = {
 )
 def terminate_cluster(request: HttpRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    with _refusals():
-        lifecycle.terminate(cluster=cluster, user=request.user)
+    lifecycle.terminate(cluster=cluster, user=request.user)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
 @router.post(
     "/clusters/{cluster_id}/retry-install",
+    auth=needs(Scope.CREATE),
     response=ACTION_RESPONSES,
     summary="Retry the software install",
     description="Only for a degraded cluster; otherwise 409 `invalid_state`.",
 )
 def retry_install(request: HttpRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    with _refusals():
-        lifecycle.retry_install(cluster=cluster)
+    lifecycle.retry_install(cluster=cluster)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
 @router.post(
     "/clusters/{cluster_id}/workers",
+    auth=needs(Scope.CREATE),
     response=ACTION_RESPONSES,
     summary="Add workers",
     description="Only for a ready cluster (409 `invalid_state` otherwise), up to 64 machines in "
-    "all (422 `invalid_count`); each worker is billed from the moment it is up.",
+    "all (422 `invalid_count`) and within the key's limits (403 `key_limit_exceeded`); each "
+    "worker is billed from the moment it is up.",
 )
 def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    with _refusals():
-        lifecycle.add_workers(cluster=cluster, count=payload.count)
+    lifecycle.add_workers(
+        cluster=cluster,
+        count=payload.count,
+        api_key=request.auth,  # type: ignore[attr-defined]
+    )
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
 @router.post(
     "/clusters/{cluster_id}/network-test",
-    response={202: NetworkTestEnvelope, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    auth=needs(Scope.CREATE),
+    response={202: NetworkTestEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
     summary="Run the network test",
     description="Measures the private network between the machines of a ready or degraded "
     "cluster: all_reduce_perf across them where nccl-tests is installed, otherwise the agent's "
@@ -433,14 +465,14 @@ def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> St
 )
 def run_network_test(request: HttpRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    with _refusals():
-        started = lifecycle.run_network_test(cluster=cluster, user=request.user)
+    started = lifecycle.run_network_test(cluster=cluster, user=request.user)
     return Status(202, {"data": lifecycle.network_test_report(started)})
 
 
 @router.delete(
     "/clusters/{cluster_id}/machines/{name}",
-    response={401: ErrorOut, 404: ErrorOut, 405: ErrorOut},
+    auth=needs(Scope.TERMINATE),
+    response={401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 405: ErrorOut},
     summary="Terminate one machine (not possible)",
     description="A cluster starts, runs and stops whole: this answers 405 `terminate_cluster`.",
 )
@@ -537,7 +569,8 @@ def _get_connectable(request: HttpRequest, cluster_id: int) -> Cluster:
 
 @router.get(
     "/clusters/{cluster_id}/connect",
-    response={200: ConnectEnvelope, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    auth=needs(Scope.READ),
+    response={200: ConnectEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
     summary="How to connect and run",
     description="SSH per node, the SSH config, the hostfile, the launch commands, each node's "
     "environment, shared storage and the software's examples (the kubeconfig for Kubernetes), "
@@ -598,7 +631,12 @@ def _volume(volume: Volume) -> dict:
     }
 
 
-@router.get("/volumes", response={200: VolumeList, 401: ErrorOut}, summary="List volumes")
+@router.get(
+    "/volumes",
+    auth=needs(Scope.READ),
+    response={200: VolumeList, 401: ErrorOut, 403: ErrorOut},
+    summary="List volumes",
+)
 def list_volumes(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -606,33 +644,31 @@ def list_volumes(
 ) -> dict:
     """The project's volumes (deleted ones are gone), by name."""
     queryset = volumes.live_volumes(request.project)  # type: ignore[attr-defined]
-    return {
-        "data": [_volume(volume) for volume in queryset[offset : offset + limit]],
-        "meta": {"total": queryset.count(), "limit": limit, "offset": offset},
-    }
+    return paginated(queryset, limit=limit, offset=offset, render=_volume)
 
 
 @router.post(
     "/volumes",
-    response={201: VolumeEnvelope, 401: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+    auth=needs(Scope.CREATE),
+    response={201: VolumeEnvelope, 401: ErrorOut, 403: ErrorOut, 409: ErrorOut, 422: ErrorOut},
     summary="Create a volume",
     description="Billed per GB-month from now, attached or not. Refusals: 422 `invalid_name`, "
     "409 `name_taken`, 422 `unknown_location`, 422 `invalid_size`.",
 )
 def create_volume(request: HttpRequest, payload: VolumeIn) -> Status:
-    with _refusals():
-        volume = volumes.create_volume(
-            project=request.project,  # type: ignore[attr-defined]
-            name=payload.name,
-            location=payload.location,
-            size_gb=payload.size_gb,
-        )
+    volume = volumes.create_volume(
+        project=request.project,  # type: ignore[attr-defined]
+        name=payload.name,
+        location=payload.location,
+        size_gb=payload.size_gb,
+    )
     return Status(201, {"data": _volume(volume)})
 
 
 @router.delete(
     "/volumes/{volume_id}",
-    response={204: None, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    auth=needs(Scope.TERMINATE),
+    response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
     summary="Delete a volume",
     description="Deletes it and its files, and ends its billing; 409 `volume_in_use` while it "
     "is attached to a cluster.",
@@ -641,6 +677,5 @@ def delete_volume(request: HttpRequest, volume_id: int) -> Status:
     volume = volumes.live_volumes(request.project).filter(pk=volume_id).first()  # type: ignore[attr-defined]
     if volume is None:
         raise ApiError(404, "not_found", f"There is no volume {volume_id} in your project.")
-    with _refusals():
-        volumes.delete_volume(volume=volume)
+    volumes.delete_volume(volume=volume)
     return Status(204, None)

@@ -26,4 +26,5 @@ class ClusterRefused(Refused):
         "volume_not_allowed": 422,
         "volume_in_use": 409,
         "network_test_running": 409,
+        "key_limit_exceeded": 403,
     }

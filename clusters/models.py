@@ -76,6 +76,15 @@ class Cluster(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
+    created_by_key = models.ForeignKey(
+        "accounts.ApiKey",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="clusters",
+        help_text="The API key that created it (its hourly limit counts this cluster); null "
+        "from the dashboard.",
+    )
     name = models.CharField(max_length=63)
     machine_type = models.ForeignKey(
         "offers.MachineType", on_delete=models.PROTECT, related_name="clusters"
@@ -496,3 +505,35 @@ class Volume(models.Model):
     @property
     def price_per_month(self) -> Decimal:
         return (self.price_per_gb_month * self.size_gb).quantize(Decimal("0.01"))
+
+
+class IdempotentRequest(models.Model):
+    """A create sent with an `Idempotency-Key` header: its first answer, replayed byte for byte
+    to a retry with the same key and body for `KEEP_FOR` (clusters/idempotency.py).
+
+    The row is inserted before the create, in the same transaction: the unique key makes a
+    second, simultaneous request wait for the first and then replay it, never create again.
+    """
+
+    KEEP_FOR = timedelta(hours=24)
+
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey("accounts.ApiKey", on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64, help_text="SHA-256 of the validated body.")
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.TextField(blank=True, default="", help_text="The first answer's body.")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "api_key", "key"], name="idempotent_request_unique_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.key

@@ -7,7 +7,7 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 from celery import shared_task
 from django.core.cache import cache
 
-from clusters import lifecycle
+from clusters import idempotency, lifecycle
 
 
 @shared_task(name="clusters.tasks.tick", ignore_result=True)
@@ -24,6 +24,12 @@ def sweep_hosts() -> int:
     """Report hosts marked taken that no node holds. A scan of the whole inventory: it runs
     on its own, slower schedule, not in every tick."""
     return len(lifecycle.sweep_orphan_hosts())
+
+
+@shared_task(name="clusters.tasks.forget_idempotency_keys", ignore_result=True)
+def forget_idempotency_keys() -> int:
+    """Delete the `Idempotency-Key` records older than 24 hours."""
+    return idempotency.forget_expired()
 
 
 @shared_task(name="clusters.tasks.watch_heartbeats", ignore_result=True)

@@ -8,8 +8,8 @@ from ninja import Field, Router, Schema, Status
 from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
 from offers.offers import Offer, gpu_cards, list_offers
-from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
-from runcrate.api import ApiError, money_str, utc_str
+from offers.quotes import quotes_for, request_quote
+from runcrate.api import ApiError, Scope, list_envelope, money_str, needs, utc_str
 
 router = Router(tags=["offers"])
 
@@ -37,7 +37,12 @@ class GpuList(Schema):
     meta: GpuListMeta
 
 
-@router.get("/gpus", response=GpuList, summary="List GPU models and what is on offer")
+@router.get(
+    "/gpus",
+    auth=needs(Scope.READ),
+    response=GpuList,
+    summary="List GPU models and what is on offer",
+)
 def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
     """Every GPU model, with the lowest machine price and the GPU counts of its self-serve
     offers (community hosts included only when asked)."""
@@ -51,7 +56,7 @@ def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
         }
         for card in gpu_cards(include_community=include_community)
     ]
-    return {"data": data, "meta": {"count": len(data), "include_community": include_community}}
+    return list_envelope(data, count=len(data), include_community=include_community)
 
 
 class OfferOut(Schema):
@@ -122,7 +127,12 @@ def _parse_nodes(raw: str | None) -> int:
     return nodes
 
 
-@router.get("/offers", response=OfferList, summary="List the offers for a GPU and a size")
+@router.get(
+    "/offers",
+    auth=needs(Scope.READ),
+    response=OfferList,
+    summary="List the offers for a GPU and a size",
+)
 def offers(
     request: HttpRequest,
     gpu: str,
@@ -136,10 +146,13 @@ def offers(
     if not found and not GpuModel.objects.filter(slug=gpu).exists():
         raise ApiError(404, "unknown_gpu", f"There is no GPU model '{gpu}': see GET /api/v1/gpus.")
     data = [offer_json(offer) for offer in found]
-    meta = {"count": len(data), "gpu": gpu, "nodes": size, "include_community": include_community}
     # The hot path of the API: the body is built to OfferList's shape (a test holds it to the
     # schema) and sent as is, skipping a pydantic pass over every row.
-    return JsonResponse({"data": data, "meta": meta})
+    return JsonResponse(
+        list_envelope(
+            data, count=len(data), gpu=gpu, nodes=size, include_community=include_community
+        )
+    )
 
 
 # --- quotes -------------------------------------------------------------------------------
@@ -202,26 +215,33 @@ def quote_json(quote: QuoteRequest) -> dict:
     }
 
 
-@router.post("/quotes", response={201: QuoteCreated}, summary="Request a quote")
+@router.post(
+    "/quotes", auth=needs(Scope.CREATE), response={201: QuoteCreated}, summary="Request a quote"
+)
 def create_quote(request: HttpRequest, payload: QuoteIn) -> Status:
     """Ask for reserved capacity, more than 64 machines or InfiniBand/RoCE. The requester
     and the sales team get an email. At most a few requests per project per hour (429)."""
-    try:
-        quote = request_quote(project=request.project, user=request.user, **payload.dict())
-    except QuoteInvalid as exc:
-        raise ApiError(422, "invalid_request", f"{exc.field}: {exc.message}") from None
-    except QuoteRateLimited as exc:
-        raise ApiError(429, "rate_limited", exc.message) from None
+    quote = request_quote(project=request.project, user=request.user, **payload.dict())
     return Status(201, {"data": quote_json(quote)})
 
 
-@router.get("/quotes", response=QuoteList, summary="List the project's quote requests")
+@router.get(
+    "/quotes",
+    auth=needs(Scope.READ),
+    response=QuoteList,
+    summary="List the project's quote requests",
+)
 def list_quotes(request: HttpRequest) -> dict:
     data = [quote_json(quote) for quote in quotes_for(request.project)]
-    return {"data": data, "meta": {"count": len(data)}}
+    return list_envelope(data, count=len(data))
 
 
-@router.get("/quotes/{quote_id}", response=QuoteCreated, summary="Get a quote request")
+@router.get(
+    "/quotes/{quote_id}",
+    auth=needs(Scope.READ),
+    response=QuoteCreated,
+    summary="Get a quote request",
+)
 def get_quote(request: HttpRequest, quote_id: int) -> dict:
     try:
         quote = get_for_project(

@@ -138,7 +138,7 @@ class QuoteForm(forms.Form):
         try:
             check_start_date(start)
         except QuoteInvalid as exc:
-            raise forms.ValidationError(exc.message) from None
+            raise forms.ValidationError(exc.problem) from None
         return start
 
 

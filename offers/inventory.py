@@ -22,6 +22,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from offers.models import GpuModel, Host, Location, MachineType
+from runcrate.errors import Refused
 
 DEMO_INVENTORY = Path(settings.BASE_DIR) / "demo" / "inventory.json"
 
@@ -34,12 +35,12 @@ SHOWN_ERRORS = 50
 LOOKUP_CHUNK = 900
 
 
-class InventoryError(Exception):
+class InventoryError(Refused):
     """A refused inventory: nothing was written. `errors` names each entry and field."""
 
     def __init__(self, errors: list[str]):
         self.errors = errors
-        super().__init__(self.summary())
+        super().__init__("invalid_inventory", self.summary())
 
     def summary(self, source: str = "the inventory", limit: int = SHOWN_ERRORS) -> str:
         count = len(self.errors)

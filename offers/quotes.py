@@ -18,6 +18,7 @@ from django.utils import timezone
 from accounts.models import Project, User
 from offers.models import GpuModel, Location, MachineType, QuoteRequest
 from runcrate.emails import send_templated
+from runcrate.errors import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -34,25 +35,26 @@ RATE_WINDOW_SECONDS = 3600
 RATE_BUCKET_SECONDS = 60
 
 
-class QuoteInvalid(Exception):
-    """A field of a quote request is wrong; `field` names it, `message` is for a person."""
+class QuoteInvalid(Refused):
+    """A field of a quote request is wrong; `field` names it. `message` (the API's) starts with
+    the field's name; `problem` is the sentence a form shows beside the field."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__("invalid_request", f"{field}: {problem}", field=field)
+        self.problem = problem
 
 
-class QuoteRateLimited(Exception):
+class QuoteRateLimited(Refused):
     """The project sent its quota of quote requests in the last hour."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.message = (
+        super().__init__(
+            "rate_limited",
             f"You have sent {limit} quote requests in the last hour, the most we take: "
-            "our team already has them and will reply. Try again later for a new one."
+            "our team already has them and will reply. Try again later for a new one.",
+            status=429,
         )
-        super().__init__(self.message)
+        self.limit = limit
 
 
 def quotes_for(project: Project) -> QuerySet[QuoteRequest]:

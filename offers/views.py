@@ -69,7 +69,7 @@ def quote(request: HttpRequest) -> HttpResponse:
                     project=request.project, user=request.user, **form.cleaned_data
                 )
             except QuoteInvalid as exc:
-                form.add_error(exc.field, exc.message)
+                form.add_error(exc.field, exc.problem)
             except QuoteRateLimited as exc:
                 form.add_error(None, exc.message)
                 status = 429

@@ -1,13 +1,18 @@
-"""The JSON API root: `/api/v1/`, bearer API keys, one error shape.
+"""The JSON API root: `/api/v1/`, bearer API keys with scopes, one error path.
 
-Success is `{"data": …}` (lists add `"meta"`); an error is
-`{"error": {"code": "snake_case", "message": "a sentence"}}` with a 4xx status.
+Success is `{"data": …}` (lists add `"meta"`, built by `list_envelope`/`paginated`); an error is
+`{"error": {"code": "snake_case", "message": "a sentence"}}` with a 4xx status. Every refusal in
+the product subclasses `runcrate.errors.Refused`; the one handler here renders it, so no
+endpoint converts refusals by hand. Every operation declares the scope its key needs
+(`auth=needs(Scope.CREATE)`); one that forgets needs a key with every scope and no limits.
 """
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, NinjaAPI, Schema
@@ -16,20 +21,27 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 
 from accounts.models import ApiKey, hash_api_key
+from runcrate.errors import Refused
+
+Scope = ApiKey.Scope
 
 # Writing last_used_at on every call would turn each read into a write; a minute is precise
 # enough for "last used" and keeps the hot path read-only.
 LAST_USED_PRECISION = timedelta(minutes=1)
 
 
-class ApiError(Exception):
-    """A refusal with a stable code, raised by endpoints and service functions alike."""
+class ApiError(Refused):
+    """A refusal the API itself makes (a lookup that finds nothing, a forbidden call), with its
+    status given; service functions raise their own `Refused` subclasses."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(code, message, status=status)
+
+
+class KeyNotAllowed(Refused):
+    """The key is valid but narrowed: the call needs a scope it lacks (`scope_missing`)."""
+
+    STATUS = {"scope_missing": 403}
 
 
 def money_str(value: Decimal | None) -> str | None:
@@ -61,7 +73,43 @@ class ListMeta(Schema):
     offset: int
 
 
+def list_envelope(data: list, **meta: object) -> dict:
+    """The one shape of every list: `{"data": [...], "meta": {...}}`."""
+    return {"data": data, "meta": meta}
+
+
+def paginated(
+    queryset: QuerySet,
+    *,
+    limit: int,
+    offset: int,
+    render: Callable[[Any], Any] | None = None,
+    **meta: object,
+) -> dict:
+    """One page of `queryset` (each row through `render`), with `total`, `limit`, `offset`."""
+    rows = list(queryset[offset : offset + limit])
+    data = [render(row) for row in rows] if render else rows
+    return list_envelope(data, total=queryset.count(), limit=limit, offset=offset, **meta)
+
+
+def describe_key(key: ApiKey) -> str:
+    """What a key may do, for a refusal's message: its scopes and its limits."""
+    terms = [f"the scopes {', '.join(key.granted_scopes)}"]
+    if key.max_machines_per_cluster is not None:
+        terms.append(f"at most {key.max_machines_per_cluster} machines per cluster")
+    if key.max_usd_per_hour is not None:
+        terms.append(f"at most ${money_str(key.max_usd_per_hour)} per hour")
+    return f"The API key '{key.name}' ({key.prefix}…) has " + "; ".join(terms)
+
+
 class ApiKeyAuth(HttpBearer):
+    """A bearer API key that must hold `scope`; with scope None, every scope and no limits
+    (what managing keys needs, and what an operation that declares nothing gets)."""
+
+    def __init__(self, scope: str | None) -> None:
+        super().__init__()
+        self.scope = scope
+
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
         if not token.startswith("rc_"):
             return None
@@ -78,14 +126,42 @@ class ApiKeyAuth(HttpBearer):
             ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         request.user = key.user
         request.project = key.project  # type: ignore[attr-defined]
+        self.check(request, key)
         return key
+
+    def check(self, request: HttpRequest, key: ApiKey) -> None:
+        call = f"{request.method} {request.path}"
+        if self.scope is None:
+            if not key.is_unrestricted:
+                raise KeyNotAllowed(
+                    "scope_missing",
+                    f"{call} needs a key with every scope ({', '.join(Scope.values)}) and no "
+                    f"limits, so that a narrowed key cannot make a wider one. "
+                    f"{describe_key(key)}.",
+                )
+        elif not key.has_scope(self.scope):
+            raise KeyNotAllowed(
+                "scope_missing",
+                f"{call} needs the '{self.scope}' scope. {describe_key(key)}.",
+            )
+
+
+_SCOPED = {scope: ApiKeyAuth(scope) for scope in Scope.values}
+FULL_KEY = ApiKeyAuth(None)
+
+
+def needs(scope: str) -> ApiKeyAuth:
+    """The auth of an operation that needs `scope` (`read`, `create`, `terminate`, `billing`)."""
+    return _SCOPED[scope]
 
 
 api = NinjaAPI(
     title="Runcrate Clusters API",
     version="1",
     urls_namespace="api",
-    auth=ApiKeyAuth(),
+    # An operation that declares no scope fails closed: only a key with every scope and no
+    # limits may call it.
+    auth=ApiKeyAuth(None),
     docs_url="/docs",
 )
 
@@ -96,8 +172,17 @@ def error_response(request: HttpRequest, status: int, code: str, message: str) -
     )
 
 
-@api.exception_handler(ApiError)
-def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+def render(request: HttpRequest, schema: type[Schema], body: dict, *, status: int) -> HttpResponse:
+    """`body` through `schema` and the API's renderer, as ninja renders what a view returns: for
+    an answer that is kept and sent again byte for byte (an idempotent create's replay)."""
+    context = {"request": request, "response_status": status}
+    data = schema.model_validate(body, context=context).model_dump(context=context)
+    return api.create_response(request, data, status=status)
+
+
+@api.exception_handler(Refused)
+def _refused(request: HttpRequest, exc: Refused) -> HttpResponse:
+    """The one place a refusal becomes the error envelope, whatever app raised it."""
     return error_response(request, exc.status, exc.code, exc.message)
 
 

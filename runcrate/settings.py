@@ -204,6 +204,11 @@ CELERY_BEAT_SCHEDULE["clusters-tick"] = {
     "schedule": RUNCRATE_TICK_SECONDS,
 }
 CELERY_BEAT_SCHEDULE["hosts-sweep"] = {"task": "clusters.tasks.sweep_hosts", "schedule": 300.0}
+# Idempotency-Key records are kept 24 hours (clusters/idempotency.py); this deletes older ones.
+CELERY_BEAT_SCHEDULE["idempotency-keys"] = {
+    "task": "clusters.tasks.forget_idempotency_keys",
+    "schedule": 3600.0,
+}
 RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
 # The meter charges usage, stops what the balance or a budget no longer covers (billing/tasks.py).
 CELERY_BEAT_SCHEDULE["billing-meter"] = {

@@ -1,7 +1,9 @@
 """Every transition of a cluster and its nodes (SPEC §2-§3, DESIGN.md "The lifecycle is a
 reconciler"). Views, the API, tasks and the admin call these functions; none re-implements them.
 
-- `create_cluster` validates, then reserves every host in one transaction with row locks.
+- `create_cluster` validates, then reserves every host in one transaction with row locks; made
+  with an API key, it must fit the key's limits (`key_spend_per_hour` is what the hourly one
+  counts).
 - `advance` is level-triggered: it reads the cluster's rows and the clock, does what is due in
   one transaction with the cluster row locked, and returns what it did. Running it twice does
   nothing new. Slow work (starting a machine, an install, a check, wiping a host) is handed to a
@@ -37,7 +39,7 @@ from clusters.lifecycle.network_test import (
     run_network_test,
 )
 from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance
-from clusters.lifecycle.reserve import create_cluster, reserve_hosts
+from clusters.lifecycle.reserve import create_cluster, key_spend_per_hour, reserve_hosts
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
@@ -81,6 +83,7 @@ __all__ = [
     "enqueue_advance",
     "hardware_problem",
     "install_plan",
+    "key_spend_per_hour",
     "lock_cluster",
     "mark_lost",
     "money",

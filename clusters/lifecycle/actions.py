@@ -10,12 +10,17 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import ApiKey, User
 from billing.models import LedgerEntry, UsageRecord
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.reconcile import _Pass, charge_on_commit
-from clusters.lifecycle.reserve import new_nodes, require_balance, reserve_hosts
+from clusters.lifecycle.reserve import (
+    new_nodes,
+    require_balance,
+    require_key_limits,
+    reserve_hosts,
+)
 from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
@@ -103,9 +108,11 @@ def retry_install(*, cluster: Cluster) -> Cluster:
     return locked
 
 
-def add_workers(*, cluster: Cluster, count: int) -> Cluster:
+def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) -> Cluster:
     """Add `count` machines of the same type to a ready cluster; each is billed once it joins,
-    and one that fails is released alone."""
+    and one that fails is released alone. Asked with `api_key`, the grown cluster must fit the
+    key's limits; its added machines count against the key's hourly limit now, whoever created
+    the cluster (`require_key_limits`)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ClusterRefused("invalid_count", "Add at least one worker.", field="count")
     now = timezone.now()
@@ -126,6 +133,9 @@ def add_workers(*, cluster: Cluster, count: int) -> Cluster:
                 f"{MAX_NODES - live} more.",
                 field="count",
             )
+        require_key_limits(
+            api_key=api_key, machine_type=locked.machine_type, machines=live + count, adding=count
+        )
         require_balance(
             project=locked.project,
             machine_type=locked.machine_type,

@@ -4,12 +4,14 @@ with row locks (all or none)."""
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
-from accounts.models import Environment, Project, SshKey, User
+from accounts.models import ApiKey, Environment, Project, SshKey, User
 from billing import budgets, ledger
 from clusters import connect, volumes
 from clusters.errors import ClusterRefused
@@ -120,9 +122,11 @@ def create_cluster(
     software: str,
     ssh_key_ids: list[int] | None = None,
     volume_id: int | None = None,
+    api_key: ApiKey | None = None,
 ) -> Cluster:
     """Validate a request (SPEC §2, in this order), reserve every host, create the cluster,
-    attach the volume `volume_id` if one is asked for.
+    attach the volume `volume_id` if one is asked for. Made with `api_key`, the cluster is
+    recorded as its own and must fit the key's limits (`require_key_limits`).
 
     Raises ClusterRefused before anything is reserved or written.
     """
@@ -204,11 +208,15 @@ def create_cluster(
 
     try:
         with transaction.atomic():
+            require_key_limits(
+                api_key=api_key, machine_type=machine_type, machines=nodes, adding=nodes
+            )
             hosts = reserve_hosts(machine_type=machine_type, count=nodes, now=now)
             cluster = Cluster.objects.create(
                 project=project,
                 environment=environment,
                 created_by=user,
+                created_by_key=api_key,
                 name=name,
                 machine_type=machine_type,
                 size=nodes,
@@ -264,4 +272,57 @@ def require_balance(
             f"Your balance is {money(balance)}; {doing} needs at least {money(needed)} "
             f"(one hour of the whole cluster; never less than "
             f"{money(settings.RUNCRATE_MIN_BALANCE)}).",
+        )
+
+
+# Statuses whose machines are held for the cluster and billed as they join: what a key's hourly
+# limit counts. A terminating cluster's billing has already ended.
+KEY_COUNTED = Cluster.LIVE - {Status.TERMINATING}
+
+
+def key_spend_per_hour(api_key: ApiKey) -> Decimal:
+    """USD per hour of the machines up or coming up in the live clusters `api_key` created."""
+    total = Node.objects.filter(
+        cluster__created_by_key=api_key,
+        cluster__status__in=KEY_COUNTED,
+        status__in=Node.LIVE,
+    ).aggregate(total=Sum("cluster__machine_type__price_per_hour"))["total"]
+    return total or Decimal("0.00")
+
+
+def require_key_limits(
+    *, api_key: ApiKey | None, machine_type: MachineType, machines: int, adding: int
+) -> None:
+    """A narrowed API key's limits: a cluster of at most `max_machines_per_cluster` machines
+    (`machines`: its size once `adding` more are up), and the live clusters the key created
+    costing at most `max_usd_per_hour` with `adding` more machines of `machine_type`.
+
+    Call inside the transaction that reserves: the key's row is locked first, so two creates
+    with one key cannot both pass the hourly limit. Raises ClusterRefused
+    (`key_limit_exceeded`, 403) naming the limit and the figures.
+    """
+    if api_key is None or not api_key.has_limits:
+        return
+    named = f"The API key '{api_key.name}' ({api_key.prefix}…)"
+    limit = api_key.max_machines_per_cluster
+    if limit is not None and machines > limit:
+        raise ClusterRefused(
+            "key_limit_exceeded",
+            f"{named} may make clusters of at most {limit} machines (max_machines_per_cluster); "
+            f"the cluster would have {machines}. Nothing was reserved.",
+            field="nodes",
+        )
+    if api_key.max_usd_per_hour is None:
+        return
+    ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk").first()
+    running = key_spend_per_hour(api_key)
+    added = machine_type.price_per_hour * adding
+    if running + added > api_key.max_usd_per_hour:
+        raise ClusterRefused(
+            "key_limit_exceeded",
+            f"{named} may run at most {money(api_key.max_usd_per_hour)} per hour of clusters "
+            f"(max_usd_per_hour): the live clusters it created cost {money(running)} per hour "
+            f"and this adds {money(added)}, {money(running + added)} in all. Nothing was "
+            "reserved.",
+            field="nodes",
         )

@@ -130,3 +130,45 @@ def test_it_lists_a_teammates_key_with_who_made_it(owner, teammate):
     content = owner.browser_client().get("/accounts/").content.decode()
 
     assert "by teammate@example.com" in content
+
+
+def test_it_sets_scopes_and_limits_from_the_account_page(owner):
+    client = owner.browser_client()
+    page = client.get("/accounts/").content.decode()
+    assert 'name="scopes" value="billing"' in page and 'name="max_usd_per_hour"' in page
+    assert "csrfmiddlewaretoken" in page
+
+    response = client.post(
+        "/accounts/api-keys/",
+        {
+            "name": "agent",
+            "access": "scoped",
+            "scopes": ["read", "create"],
+            "max_machines_per_cluster": "4",
+            "max_usd_per_hour": "10",
+        },
+    )
+
+    assert response.status_code == 200
+    key = ApiKey.objects.get(name="agent")
+    assert key.granted_scopes == ["read", "create"]
+    assert key.max_machines_per_cluster == 4 and str(key.max_usd_per_hour) == "10.00"
+    assert KEY.search(response.content.decode())
+    listed = client.get("/accounts/").content.decode()
+    assert "≤ 4 machines per cluster" in listed and "≤ $10.00 per hour" in listed
+
+
+def test_it_refuses_a_narrowed_key_without_scopes_or_with_a_bad_limit(owner):
+    client = owner.browser_client()
+
+    no_scope = client.post("/accounts/api-keys/", {"name": "agent", "access": "scoped"})
+    bad_limit = client.post(
+        "/accounts/api-keys/",
+        {"name": "agent", "max_usd_per_hour": "-5"},
+        headers={"hx-request": "true"},
+    )
+
+    assert "Give the key at least one scope" in no_scope.content.decode()
+    assert "The most USD per hour is more than 0" in bad_limit.content.decode()
+    assert not KEY.search(no_scope.content.decode() + bad_limit.content.decode())
+    assert not ApiKey.objects.filter(name="agent").exists()
