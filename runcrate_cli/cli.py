@@ -2,8 +2,9 @@
 
 Exit codes: 0 done; 1 the API refused or could not be reached (its message is printed); 2 a
 usage error (a bad option, a confirmation not given); 3 a cluster waited for settled in a state
-other than ready (failed, degraded, ended); 4 the wait timed out. No traceback reaches the user:
-an unexpected error is one sentence (RUNCRATE_DEBUG=1 shows the traceback).
+other than ready (failed, degraded, ended); 4 the wait timed out; 130 Ctrl-C (a wait stops, the
+cluster goes on). No traceback reaches the user: an unexpected error is one sentence
+(RUNCRATE_DEBUG=1 shows the traceback).
 """
 
 from __future__ import annotations
@@ -61,12 +62,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-clusters_app = typer.Typer(help="Create, list, read, wait for and terminate clusters.")
-volumes_app = typer.Typer(help="Volumes: storage billed per GB-month, attached to a cluster.")
-quote_app = typer.Typer(help="Quotes: reserved capacity, more than 64 machines, InfiniBand.")
-for sub, name in ((clusters_app, "clusters"), (volumes_app, "volumes"), (quote_app, "quote")):
-    sub.info.no_args_is_help = True
-    app.add_typer(sub, name=name)
+clusters_app = typer.Typer(
+    no_args_is_help=True, help="Create, list, read, wait for and terminate clusters."
+)
+volumes_app = typer.Typer(
+    no_args_is_help=True, help="Volumes: storage billed per GB-month, attached to a cluster."
+)
+quote_app = typer.Typer(
+    no_args_is_help=True, help="Quotes: reserved capacity, more than 64 machines, InfiniBand."
+)
+app.add_typer(clusters_app, name="clusters")
+app.add_typer(volumes_app, name="volumes")
+app.add_typer(quote_app, name="quote")
 
 Json = Annotated[
     bool, typer.Option("--json", help="Print JSON (the default when stdout is not a terminal).")
@@ -196,15 +203,22 @@ def offers(
 
 def _wait(out: Output, client: ApiClient, cluster: dict, *, timeout: float) -> int:
     """Wait for the cluster to settle, live on a terminal; print it; return the exit code."""
-    if out.json:
-        final, settled = client.wait_for_cluster(cluster["id"], timeout=timeout)
-    else:
-        with Live(output.progress(cluster), console=out.console, refresh_per_second=4) as live:
-            final, settled = client.wait_for_cluster(
-                cluster["id"],
-                timeout=timeout,
-                on_update=lambda current: live.update(output.progress(current)),
-            )
+    try:
+        if out.json:
+            final, settled = client.wait_for_cluster(cluster["id"], timeout=timeout)
+        else:
+            with Live(output.progress(cluster), console=out.console, refresh_per_second=4) as live:
+                final, settled = client.wait_for_cluster(
+                    cluster["id"],
+                    timeout=timeout,
+                    on_update=lambda current: live.update(output.progress(current)),
+                )
+    except KeyboardInterrupt:
+        out.note(
+            f"Stopped waiting; cluster {cluster['name']} (id {cluster['id']}) goes on: "
+            f"`runcrate clusters wait {cluster['id']}` to wait again."
+        )
+        return 130
     if out.json:
         output.print_json(final)
     return _verdict(out, final, settled=settled, timeout=timeout)

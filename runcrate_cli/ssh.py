@@ -67,6 +67,7 @@ def private_copy(cluster_id: int, connect: dict) -> Written:
     """For `runcrate ssh`: one copy per cluster under the config directory, rewritten on every
     call (the machines' addresses can change while it boots), so nothing piles up in /tmp."""
     directory = config.config_dir() / "ssh" / str(cluster_id)
+    _private_dir(config.config_dir())
     _private_dir(directory.parent)
     return write(directory=directory, stem="config", connect=connect)
 

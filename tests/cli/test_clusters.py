@@ -2,10 +2,16 @@
 wait until ready (exit 0), a failed cluster (exit 3, its node and step), list, show, events,
 terminate (confirmation), names for ids."""
 
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from clusters.models import Cluster
-from tests.cli.kit import assert_no_traceback, ready_cluster, run_cli
+from tests.cli.kit import REPO, assert_no_traceback, ready_cluster, run_cli
 from tests.clusters.lifecycle_kit import create, inventory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -174,3 +180,31 @@ def test_it_adds_workers_to_a_ready_cluster(env, tmp_path, account, ticker):
     assert result.code == 0, result.stderr
     assert cluster.nodes.count() == 3
     assert [m["name"] for m in result.json()["machines"]] == ["node-0", "node-1", "node-2"]
+
+
+def test_ctrl_c_stops_the_wait_not_the_cluster(env, tmp_path, account):
+    offer = inventory(hosts=2)
+    err_path = tmp_path / "wait.err"
+    with err_path.open("w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runcrate_cli", "clusters", "create", "--offer", offer.slug,
+             "--nodes", "2", "--name", "patient", "--wait"],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while "Waiting for it" not in err_path.read_text():  # bounded: it is waiting
+                assert time.monotonic() < deadline and process.poll() is None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=0.05)
+            process.send_signal(signal.SIGINT)
+            code = process.wait(timeout=10)
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+    assert code == 130
+    cluster = Cluster.objects.get(project=account.project)
+    assert cluster.status == Cluster.Status.PROVISIONING
+    assert f"Stopped waiting; cluster patient (id {cluster.pk}) goes on" in err_path.read_text()
+    assert "Traceback" not in err_path.read_text()
