@@ -254,6 +254,13 @@ def clusters_create(
         str | None, typer.Option(help="A volume's id or name, mounted at /shared/volume.")
     ] = None,
     environment: Annotated[str | None, typer.Option(help="An environment's name.")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Running the same create again with this key (24 hours) answers the first "
+            "one's cluster instead of renting a second: for scripts that retry."
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Show each machine's progress until it settles.")
     ] = False,
@@ -277,6 +284,7 @@ def clusters_create(
             ssh_key_ids=key_ids,
             volume_id=volume_id,
             environment=environment,
+            idempotency_key=idempotency_key,
         )
         if not wait:
             out.emit(created, output.cluster)

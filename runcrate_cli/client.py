@@ -83,6 +83,7 @@ class ApiClient:
         *,
         params: dict[str, Any] | None = None,
         json: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """The decoded body of a 2xx answer (None for 204), or `ApiError`."""
         if not self.api_key:
@@ -90,7 +91,7 @@ class ApiClient:
                 "no_api_key",
                 "No API key: run `runcrate login`, or set RUNCRATE_API_KEY.",
             )
-        headers = {"authorization": f"Bearer {self.api_key}"}
+        headers = {**(headers or {}), "authorization": f"Bearer {self.api_key}"}
         delays = GET_RETRY_DELAYS if method == "GET" else ()
         for attempt in range(len(delays) + 1):
             try:
@@ -190,7 +191,10 @@ class ApiClient:
         ssh_key_ids: list[int] | None = None,
         volume_id: int | None = None,
         environment: str | None = None,
+        idempotency_key: str | None = None,
     ) -> dict:
+        """Create a cluster. With `idempotency_key`, sending the same create again answers the
+        first one's cluster and reserves nothing twice (the API keeps the key 24 hours)."""
         payload: dict[str, Any] = {
             "offer_id": offer_id,
             "nodes": nodes,
@@ -203,7 +207,8 @@ class ApiClient:
             payload["volume_id"] = volume_id
         if environment:
             payload["environment"] = environment
-        return self.data("POST", "/clusters", json=payload)
+        headers = {"idempotency-key": idempotency_key} if idempotency_key else None
+        return self.data("POST", "/clusters", json=payload, headers=headers)
 
     def terminate(self, cluster_id: int) -> dict:
         return self.data("POST", f"/clusters/{cluster_id}/terminate")

@@ -248,7 +248,7 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
             except ApiError as error:
                 if error.status != 403:
                     raise
-                balance = None  # a developer's key sees no billing (SPEC §5)
+                balance = None  # no billing scope, or a developer's key (SPEC §5)
             result: dict[str, Any] = {
                 "offer": offer,
                 "nodes": nodes,
@@ -273,7 +273,10 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
                 "community": offer["community"],
             }
             if balance is None:
-                result["balance_note"] = "This key cannot see billing (owners and managers do)."
+                result["balance_note"] = (
+                    "This key cannot see billing: that takes the billing scope and an owner's "
+                    "or manager's key."
+                )
             if offer["community"]:
                 result["community_note"] = (
                     "Runs on an independent operator's hosts: keep secrets off it."
@@ -304,7 +307,8 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
         "second at the offer's price (the plan's price_per_hour for the whole cluster) from "
         "the moment every machine joined until terminate_cluster. Needs the "
         "confirmation_token plan_cluster gave for exactly these parameters; refused without "
-        "it. Returns at once with the cluster provisioning: call wait_for_cluster."
+        "it. Calling again with the same token returns the same cluster, never a second one. "
+        "Returns at once with the cluster provisioning: call wait_for_cluster."
     )
     def create_cluster(
         ctx: Context,
@@ -329,6 +333,9 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
                 environment=environment,
             )
             plans.check(confirmation_token, fields)
+            # One plan, one cluster: an agent that calls again with the same token (after a
+            # timeout, say) gets the cluster the first call made, never a second one.
+            token_digest = hashlib.sha256(confirmation_token.strip().encode()).hexdigest()
             cluster = client.create_cluster(
                 offer_id=offer_id,
                 nodes=nodes,
@@ -336,6 +343,7 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
                 software=software,
                 volume_id=volume_id,
                 environment=environment,
+                idempotency_key=f"mcp-plan-{token_digest}",
             )
             return {"cluster": cluster}
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from accounts import keys
 from clusters.models import Cluster
 from tests.cli.kit import REPO, assert_no_traceback, ready_cluster, run_cli
 from tests.clusters.lifecycle_kit import create, inventory
@@ -208,3 +209,33 @@ def test_ctrl_c_stops_the_wait_not_the_cluster(env, tmp_path, account):
     assert cluster.status == Cluster.Status.PROVISIONING
     assert f"Stopped waiting; cluster patient (id {cluster.pk}) goes on" in err_path.read_text()
     assert "Traceback" not in err_path.read_text()
+
+
+def test_the_same_idempotency_key_twice_creates_one_cluster(env, tmp_path, account):
+    offer = inventory(hosts=4)
+    args = ("clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "once")
+
+    first = run_cli(*args, "--idempotency-key", "run-42", env=env, tmp_path=tmp_path)
+    again = run_cli(*args, "--idempotency-key", "run-42", env=env, tmp_path=tmp_path)
+
+    assert first.code == again.code == 0, again.stderr
+    assert first.json()["id"] == again.json()["id"]
+    assert Cluster.objects.filter(project=account.project).count() == 1
+
+
+def test_a_read_only_key_is_refused_a_create_with_the_apis_message(env, tmp_path, account):
+    offer = inventory(hosts=2)
+    _, read_only = keys.issue_api_key(
+        user=account.user, project=account.project, name="reader", scopes=["read"]
+    )
+
+    result = run_cli(
+        "clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "nope",
+        env={**env, "RUNCRATE_API_KEY": read_only}, tmp_path=tmp_path,
+    )  # fmt: skip
+
+    assert result.code == 1
+    error = result.json()["error"]
+    assert (error["code"], error["status"]) == ("scope_missing", 403)
+    assert error["message"] in result.stderr
+    assert not Cluster.objects.filter(project=account.project).exists()

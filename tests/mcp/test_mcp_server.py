@@ -13,6 +13,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from accounts import keys
 from clusters.models import Cluster
 from tests.cli.kit import REPO, drive_until
 from tests.clusters.lifecycle_kit import create, inventory
@@ -239,3 +240,45 @@ def test_api_refusals_are_tool_errors_with_the_apis_code(env, tmp_path, account)
     assert early.is_error
     assert early.structured_content["error"]["code"] == "invalid_state"
     assert Decimal(payload(balance)["balance"]["balance"]) == Decimal("10000.00")
+
+
+def test_the_same_token_twice_gives_the_same_cluster(env, tmp_path, account):
+    offer = inventory(hosts=4)
+    create_args = {"offer_id": offer.slug, "nodes": 2, "name": "retried"}
+
+    async def conversation(session):
+        plan = payload(
+            await session.call_tool("plan_cluster", {"gpu": offer.gpu.slug, **create_args})
+        )
+        args = {**create_args, "confirmation_token": plan["confirmation_token"]}
+        first = payload(await session.call_tool("create_cluster", args))
+        again = payload(await session.call_tool("create_cluster", args))
+        return first, again
+
+    first, again = talk(env, tmp_path, conversation)
+
+    assert first["cluster"]["id"] == again["cluster"]["id"]
+    assert Cluster.objects.filter(project=account.project).count() == 1
+
+
+def test_a_read_only_key_plans_but_cannot_create(env, tmp_path, account):
+    offer = inventory(hosts=2)
+    _, read_only = keys.issue_api_key(
+        user=account.user, project=account.project, name="agent", scopes=["read"]
+    )
+    create_args = {"offer_id": offer.slug, "nodes": 2, "name": "nope"}
+
+    async def conversation(session):
+        plan = payload(
+            await session.call_tool("plan_cluster", {"gpu": offer.gpu.slug, **create_args})
+        )
+        args = {**create_args, "confirmation_token": plan["confirmation_token"]}
+        return plan, await session.call_tool("create_cluster", args)
+
+    plan, refused = talk({**env, "RUNCRATE_API_KEY": read_only}, tmp_path, conversation)
+
+    assert plan["balance"] is None and plan["balance_note"]  # no billing scope: no balance
+    assert refused.is_error
+    assert refused.structured_content["error"]["code"] == "scope_missing"
+    assert refused.structured_content["error"]["status"] == 403
+    assert not Cluster.objects.filter(project=account.project).exists()
