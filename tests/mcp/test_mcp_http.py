@@ -16,6 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.cli.kit import REPO, cli_env, funded_account
 from tests.clusters.lifecycle_kit import create, inventory
+from tests.mcp.aio import run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 START_SECONDS = 20
@@ -70,7 +71,7 @@ def call(url: str, key: str | None, tool: str, arguments: dict):
                 await session.initialize()
                 return await session.call_tool(tool, arguments)
 
-    return anyio.run(main)
+    return run_async(main)
 
 
 def test_each_caller_sees_its_own_project_by_its_bearer_key(http_server, account):

@@ -18,6 +18,7 @@ from clusters.models import Cluster
 from tests.cli.kit import REPO, drive_until
 from tests.clusters.lifecycle_kit import create, inventory
 from tests.factories import HostFactory, MachineTypeFactory
+from tests.mcp.aio import run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +54,7 @@ def talk(env, tmp_path, conversation):
                 await session.initialize()
                 return await conversation(session)
 
-    return anyio.run(main)
+    return run_async(main)
 
 
 def talk_while_ticking(env, tmp_path, ticker, conversation):
