@@ -4,6 +4,7 @@ covers and send the billing emails. Safe to run twice and on several workers at 
 from celery import shared_task
 
 from billing import meter, stops
+from runcrate.models import Beat
 
 
 @shared_task(ignore_result=True)
@@ -11,6 +12,7 @@ def run_meter() -> dict:
     charged = meter.charge_accrued()
     stored = meter.charge_storage()
     limits = stops.enforce_limits()
+    Beat.record("meter")
     return {
         "records_charged": charged.records,
         "amount_charged": f"{charged.amount:.2f}",

@@ -188,12 +188,26 @@ def main() -> int:
     celery = [python, "-m", "celery", "--app=runcrate", "--quiet"]
     commands = {
         "web": [python, "manage.py", "runserver", f"{HOST}:{port}", "--noreload", "--skip-checks"],
+        # The default queue (advance, the tick's work, the meter, emails) and the machines'
+        # queue (bootstraps, installs, wipes: slow) each have their own worker, so slow work
+        # never delays the rest (docs/architecture.md, "Workers and queues").
         "worker": [
             *celery,
             "worker",
             f"--loglevel={log_level}",
             "--pool=threads",
             "--concurrency=4",
+            "--queues=celery",
+            "--hostname=default@%h",
+        ],
+        "machines": [
+            *celery,
+            "worker",
+            f"--loglevel={log_level}",
+            "--pool=threads",
+            "--concurrency=8",
+            "--queues=machines",
+            "--hostname=machines@%h",
         ],
         "beat": [*celery, "beat", f"--loglevel={log_level}"],
     }

@@ -8,6 +8,7 @@ from celery import shared_task
 from django.core.cache import cache
 
 from clusters import idempotency, lifecycle
+from runcrate.models import Beat
 
 
 @shared_task(name="clusters.tasks.tick", ignore_result=True)
@@ -16,6 +17,7 @@ def tick() -> int:
     cluster_ids = lifecycle.clusters_needing_work()
     for cluster_id in cluster_ids:
         lifecycle.enqueue_advance(cluster_id)
+    Beat.record("tick")
     return len(cluster_ids)
 
 

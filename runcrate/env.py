@@ -7,6 +7,7 @@ process at start-up instead of running with a silent default.
 import math
 import os
 from decimal import Decimal, InvalidOperation
+from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -72,3 +73,13 @@ def env_decimal(name: str, default: str) -> Decimal:
 def env_list(name: str, default: str = "") -> list[str]:
     raw = os.environ.get(name, default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def redis_database(url: str, offset: int) -> str:
+    """The Redis URL `offset` databases after the one `url` names (0 when it names none):
+    redis://h:6379/0 -> redis://h:6379/1."""
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise ImproperlyConfigured(f"REDIS_URL must end in a database number, not {path!r}")
+    return urlunsplit(parts._replace(path=f"/{int(path or 0) + offset}"))

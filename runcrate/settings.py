@@ -10,8 +10,17 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from kombu import Queue
 
-from runcrate.env import env_bool, env_decimal, env_float, env_int, env_list, env_str
+from runcrate.env import (
+    env_bool,
+    env_decimal,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    redis_database,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -138,12 +147,19 @@ WHITENOISE_AUTOREFRESH = DEBUG
 
 # --- cache (rate limits) --------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
+# The cache and the broker on separate Redis databases (Django's cache.clear() flushes its whole
+# database, queued tasks included): the broker on REDIS_URL's database, the cache on the next
+# one unless REDIS_CACHE_URL names another.
+REDIS_CACHE_URL = env_str("REDIS_CACHE_URL") or (redis_database(REDIS_URL, 1) if REDIS_URL else "")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
+            # Redis's own backend, but a cache that is down is a miss, never an error page
+            # (runcrate/cache.py): the product runs on without its rate limits and markers.
+            "BACKEND": "runcrate.cache.ForgivingRedisCache",
+            "LOCATION": REDIS_CACHE_URL,
             "KEY_PREFIX": env_str("RUNCRATE_CACHE_PREFIX", "runcrate"),
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
         }
     }
 else:
@@ -157,7 +173,14 @@ else:
 # --- Celery -------------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {
+        # An unacknowledged message (its worker died) is handed back after this long: longer
+        # than any task may run (clusters.lifecycle.rules.LONGEST_WORK_SECONDS, a test says
+        # so). Work whose worker died is handed out again sooner by the tick, under a new lease.
+        "visibility_timeout": 2 * 60 * 60 + 600,
+        "socket_connect_timeout": 2,
+        "socket_timeout": 5,
+    }
 else:
     # kombu's filesystem transport with atomic writes (runcrate/broker.py): one file per
     # message. It does not create its folders, and without `control_folder` it writes its
@@ -180,7 +203,27 @@ else:
 # the filesystem broker the queue of a worker that has gone stays behind and fills up.
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = bool(REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True
+# Acknowledged when done, and handed back when the worker process dies mid-task: every task is
+# safe to run twice (clusters/tasks.py: leases, row locks, tokens).
 CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# Per-machine work (bootstraps, installs, wipes, network tests: seconds to minutes) has its own
+# queue and worker, so it never delays `advance`, the tick and the meter on the default queue.
+# A worker started without -Q consumes both (tests, a one-process deployment); `make run` and
+# production run one worker per queue (docs/architecture.md, "Workers and queues").
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = (
+    Queue("celery", routing_key="celery"),
+    Queue("machines", routing_key="machines"),
+)
+CELERY_TASK_ROUTES = {
+    "clusters.tasks.node_work": {"queue": "machines"},
+    "clusters.tasks.network_test": {"queue": "machines"},
+}
+# A publish that fails (the broker is down) fails fast: the caller records what happened, and
+# the tick hands the work out again once the broker is back (clusters/lifecycle/dispatch.py).
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5}
 CELERY_TASK_ALWAYS_EAGER = env_bool("RUNCRATE_TASKS_EAGER", False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

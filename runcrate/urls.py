@@ -9,6 +9,7 @@ mount_routers()
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("accounts/", include("accounts.urls")),

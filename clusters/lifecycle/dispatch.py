@@ -3,15 +3,34 @@ the benchmark (`CollectingDispatcher`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from django.core.cache import cache
 from django.db import transaction
+from kombu.exceptions import OperationalError
 
 from clusters.lifecycle.rules import ADVANCE_PENDING_SECONDS
 
+log = logging.getLogger(__name__)
+
 # --- handing work on: Celery by default, in memory for tests and the benchmark -----------------
+
+
+def publish(what: str, send: Callable[[], object]) -> bool:
+    """Send a task; False (logged) when the broker cannot take it. Called after the commit:
+    what was committed stands, and the request that made it answers with it. Nothing is lost:
+    the tick finds every cluster with work to do (and every lease that ran out) once the broker
+    is back (docs/architecture.md, "When the broker is away")."""
+    try:
+        send()
+    except (OperationalError, ConnectionError, OSError) as error:
+        log.warning(
+            "could not queue %s (the broker is unavailable: %s); the tick will", what, error
+        )
+        return False
+    return True
 
 
 def advance_pending_key(cluster_id: int) -> str:
@@ -30,20 +49,34 @@ class Dispatcher:
         from clusters import tasks
 
         def enqueue() -> None:
-            if cache.add(advance_pending_key(cluster_id), True, timeout=ADVANCE_PENDING_SECONDS):
-                tasks.advance.delay(cluster_id)
+            key = advance_pending_key(cluster_id)
+            if not cache.add(key, True, timeout=ADVANCE_PENDING_SECONDS):
+                return
+            if not publish(
+                f"advance of cluster {cluster_id}", lambda: tasks.advance.delay(cluster_id)
+            ):
+                cache.delete(key)  # not queued after all: let the next request try again
 
         transaction.on_commit(enqueue)
 
     def node_work(self, node_id: int, action: str, token: str) -> None:
         from clusters import tasks
 
-        transaction.on_commit(lambda: tasks.node_work.delay(node_id, action, token))
+        transaction.on_commit(
+            lambda: publish(
+                f"{action} of node {node_id}", lambda: tasks.node_work.delay(node_id, action, token)
+            )
+        )
 
     def network_test(self, cluster_id: int, token: str) -> None:
         from clusters import tasks
 
-        transaction.on_commit(lambda: tasks.network_test.delay(cluster_id, token))
+        transaction.on_commit(
+            lambda: publish(
+                f"the network test of cluster {cluster_id}",
+                lambda: tasks.network_test.delay(cluster_id, token),
+            )
+        )
 
 
 class CollectingDispatcher(Dispatcher):

@@ -30,16 +30,24 @@ RETRY_AFTER = timedelta(seconds=10)
 START_ATTEMPTS = 3
 # Wiping a host is tried this many times before the host goes offline for staff.
 RELEASE_ATTEMPTS = 3
-# How long each kind of per-node work may hold its lease before the next tick may retry it.
+# How long each kind of per-node work holds its lease before the next tick may hand it out
+# again. Well inside the shortest step deadline it serves (RUNCRATE_MIN_STEP_SECONDS, 30 s): a
+# worker killed while it held the work costs one lease, not the step. Work that runs longer
+# (an install, a wipe, a slow bootstrap) renews its lease every third of it while it runs
+# (clusters/lifecycle/work.py), so a live worker never loses it.
 LEASE_SECONDS = {
-    "start": 120,
-    "agent": 60,
-    "network": 60,
-    "install": 30 * 60,
-    "check": 120,
-    "stop": 300,
-    "replan": 120,
+    "start": 15,
+    "agent": 10,
+    "network": 10,
+    "install": 30,
+    "check": 15,
+    "stop": 30,
+    "replan": 15,
 }
+# The longest one piece of work may run at all: the broker's visibility timeout is set from it
+# (runcrate/settings.py), so an unacknowledged message is handed back only after its work
+# could no longer be running.
+LONGEST_WORK_SECONDS = 2 * 60 * 60
 # How long a queued advance keeps others from being queued for the same cluster.
 ADVANCE_PENDING_SECONDS = 30
 # Statuses in which a user may terminate.

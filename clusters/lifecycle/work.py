@@ -4,9 +4,12 @@ write-back that only lands while the lease still holds."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from datetime import datetime
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 
+from django import db
 from django.db import transaction
 from django.utils import timezone
 
@@ -14,7 +17,7 @@ from clusters import connect
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import DriverError
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.rules import agent_token, lock_cluster
+from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster
 from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,35 @@ def _run(node: Node, action: str, now: datetime) -> dict:
     raise ValueError(f"unknown node work {action!r}")
 
 
+@contextmanager
+def renewing_lease(node_id: int, token: str, seconds: float) -> Iterator[None]:
+    """While the body runs, extend the node's lease every third of `seconds`, as long as
+    `token` still holds it (a conditional update: a lease taken back stays taken back)."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not stop.wait(seconds / 3):
+                until = timezone.now() + timedelta(seconds=seconds)
+                held = Node.objects.filter(pk=node_id, lease_token=token).update(
+                    lease_expires_at=until
+                )
+                if not held:
+                    return
+        except Exception:  # a renewal that fails leaves the lease to expire; the work goes on
+            log.exception("node %s: the lease could not be renewed", node_id)
+        finally:
+            db.connection.close()  # this thread's own connection
+
+    renewer = threading.Thread(target=renew, name=f"lease-{node_id}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join(timeout=10)
+
+
 def do_node_work(*, node_id: int, action: str, token: str) -> bool:
     """Do one handed-off piece of work if `token` still holds the node's lease, and write the
     result back only if it still does. Returns whether the result was written."""
@@ -121,7 +153,8 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
     if node is None or node.lease_expires_at is None or node.lease_expires_at <= now:
         return False
     try:
-        result = _run(node, action, now)
+        with renewing_lease(node_id, token, LEASE_SECONDS[action.partition(":")[0]]):
+            result = _run(node, action, now)
     except DriverError as error:  # the driver says what went wrong: no traceback needed
         log.warning("node %s: %s failed: %s", node_id, action, error.message)
         result = {

@@ -96,7 +96,29 @@ def test_it_uses_postgresql_and_redis_when_their_urls_are_set(load_settings):
     assert settings.IS_POSTGRES is True
     assert settings.CELERY_BROKER_URL == "redis://cache.internal:6379/2"
     assert settings.CELERY_WORKER_ENABLE_REMOTE_CONTROL is True
-    assert settings.CACHES["default"]["LOCATION"] == "redis://cache.internal:6379/2"
+    # The cache on the next database: its clear() never flushes queued tasks.
+    assert settings.CACHES["default"]["LOCATION"] == "redis://cache.internal:6379/3"
+    assert settings.CACHES["default"]["BACKEND"] == "runcrate.cache.ForgivingRedisCache"
+    # A visibility timeout longer than any work may run: a dead worker's message comes back
+    # only when its work cannot still be running.
+    from clusters.lifecycle.rules import LONGEST_WORK_SECONDS
+
+    timeout = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    assert timeout > LONGEST_WORK_SECONDS
+    assert settings.CELERY_TASK_ACKS_LATE and settings.CELERY_TASK_REJECT_ON_WORKER_LOST
+
+
+def test_the_cache_can_have_a_redis_of_its_own_and_a_bad_redis_url_is_refused(load_settings):
+    own = load_settings(
+        REDIS_URL="redis://broker.internal:6379", REDIS_CACHE_URL="redis://cache.internal:6379/5"
+    )
+    assert own.CELERY_BROKER_URL == "redis://broker.internal:6379"
+    assert own.CACHES["default"]["LOCATION"] == "redis://cache.internal:6379/5"
+    assert load_settings(REDIS_URL="redis://h:6379", REDIS_CACHE_URL="").CACHES["default"][
+        "LOCATION"
+    ] == ("redis://h:6379/1")
+    with pytest.raises(ImproperlyConfigured, match="must end in a database number"):
+        load_settings(REDIS_URL="redis://h:6379/cache")
 
 
 def test_it_applies_the_operator_settings_and_their_defaults(load_settings):

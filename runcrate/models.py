@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.utils import timezone
+
+
+class Beat(models.Model):
+    """When a periodic task last ran (the tick, the meter): `/readyz` fails when one is overdue,
+    because a dead beat scheduler otherwise means, silently, that nothing is charged, stopped
+    or advanced."""
+
+    name = models.CharField(max_length=40, primary_key=True)
+    last_ran_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.last_ran_at:%Y-%m-%d %H:%M:%S}"
+
+    @classmethod
+    def record(cls, name: str, at: datetime | None = None) -> None:
+        """One upsert."""
+        cls.objects.update_or_create(name=name, defaults={"last_ran_at": at or timezone.now()})
