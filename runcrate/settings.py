@@ -319,10 +319,30 @@ if not DEBUG:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 
+# --- logs and errors --------------------------------------------------------------------------
+# One line per record with its time (UTC), level and logger, on stderr (the process manager
+# keeps it). Nothing secret is logged: keys and tokens never reach a log call.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "line": {
+            "()": "runcrate.logs.UTCFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        }
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+# An error reporter, only where one is configured: Sentry (or anything speaking its protocol).
+SENTRY_DSN = env_str("SENTRY_DSN")
+if SENTRY_DSN:
+    import sentry_sdk
+
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        environment=env_str("SENTRY_ENVIRONMENT", "production"),
+        send_default_pii=False,  # no user emails, cookies or addresses
+        traces_sample_rate=0.0,
+    )

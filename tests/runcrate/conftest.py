@@ -10,6 +10,9 @@ SETTINGS_FILE = Path(__file__).resolve().parents[2] / "runcrate" / "settings.py"
 SETTINGS_VARIABLES = {
     "DATABASE_URL",
     "REDIS_URL",
+    "REDIS_CACHE_URL",
+    "SENTRY_DSN",
+    "SENTRY_ENVIRONMENT",
     "SECRET_KEY",
     "DEBUG",
     "ALLOWED_HOSTS",

@@ -177,3 +177,38 @@ def test_it_turns_on_the_security_settings_when_debug_is_off(load_settings):
     assert production.SESSION_COOKIE_SECURE is True
     assert production.CSRF_COOKIE_SECURE is True
     assert production.SECURE_HSTS_SECONDS == 31536000
+
+
+def test_log_lines_carry_the_time_in_utc_the_level_and_the_logger(load_settings):
+    import logging
+    import logging.config
+    import re
+
+    settings = load_settings()
+    logging.config.dictConfig(settings.LOGGING)
+    formatter = logging.getLogger().handlers[0].formatter
+    record = logging.LogRecord(
+        "clusters.lifecycle", logging.WARNING, __file__, 1, "stuck", (), None
+    )
+    line = formatter.format(record)
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z WARNING clusters\.lifecycle: stuck", line
+    ), line
+
+
+def test_errors_go_to_sentry_only_where_sentry_dsn_is_set(load_settings):
+    import sentry_sdk
+
+    load_settings()
+    assert not getattr(sentry_sdk.get_client(), "dsn", None)
+    try:
+        # Nothing listens at 127.0.0.1:9, and nothing is sent unless an error is captured.
+        load_settings(SENTRY_DSN="http://public@127.0.0.1:9/1", SENTRY_ENVIRONMENT="ci")
+        client = sentry_sdk.get_client()
+        assert client.dsn == "http://public@127.0.0.1:9/1"
+        assert client.options["environment"] == "ci"
+        assert client.options["send_default_pii"] is False
+    finally:
+        sentry_sdk.get_client().close()
+        sentry_sdk.init(dsn="")  # off again (not even from the environment)
+    assert not sentry_sdk.get_client().dsn
