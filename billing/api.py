@@ -243,6 +243,12 @@ class BudgetIn(Schema):
         description='USD as a decimal string, like "500.00"; null clears the budget.'
     )
 
+    confirm: bool = Field(
+        False,
+        description="Needed to set a budget at or below the month's spend while clusters run "
+        "in the environment: it stops them. Without it such a budget is 409 "
+        "`budget_below_spend`, naming them, and nothing changes.",
+    )
 
 class EnvironmentBudgetOut(Schema):
     name: str
@@ -250,6 +256,9 @@ class EnvironmentBudgetOut(Schema):
     month_to_date_spend: str
     budget_reached: bool
 
+    stopping: list[str] = Field(
+        description="The clusters this budget stops (it is at or below the month's spend)."
+    )
 
 class EnvironmentBudgetEnvelope(Schema):
     data: EnvironmentBudgetOut
@@ -264,6 +273,7 @@ class EnvironmentBudgetEnvelope(Schema):
         403: ErrorOut,
         404: ErrorOut,
         422: ErrorOut,
+        409: ErrorOut,
     },
     summary="Set or clear an environment's monthly budget",
 )
@@ -273,7 +283,7 @@ def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
     if environment is None:
         raise ApiError(404, "not_found", f"The project has no environment named {name!r}.")
     amount = budgets.parse_budget(payload.amount)
-    budgets.set_budget(environment=environment, amount=amount)
+    stops = budgets.set_budget(environment=environment, amount=amount, confirm=payload.confirm)
     spent = budgets.month_to_date_spend(environment=environment)
     return {
         "data": {
@@ -282,4 +292,5 @@ def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
             "month_to_date_spend": money_str(spent),
             "budget_reached": amount is not None and spent >= amount,
         }
+            "stopping": [cluster.name for cluster in stops.clusters] if stops else [],
     }

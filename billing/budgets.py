@@ -16,6 +16,8 @@ from django.utils import timezone
 
 from accounts.models import Environment, Project
 from billing.models import UsageDay
+from billing.templatetags.money import usd
+from clusters.models import Cluster
 from runcrate.errors import Refused
 
 MAX_BUDGET = Decimal("10000000.00")
@@ -27,6 +29,28 @@ NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 
 class BudgetRefused(Refused):
     """Bad input for a budget or an environment, with a code and a sentence for a person."""
+
+    STATUS = {"budget_below_spend": 409}
+
+
+class BudgetBelowSpend(BudgetRefused):
+    """A budget at or below the month's spend would stop clusters that run: it is set only when
+    confirmed. Carries what it would stop, for the page that asks."""
+
+    def __init__(self, *, environment: Environment, amount: Decimal, stops: "BudgetStops") -> None:
+        names = ", ".join(cluster.name for cluster in stops.clusters)
+        count = len(stops.clusters)
+        super().__init__(
+            "budget_below_spend",
+            f"A monthly budget of {usd(amount)} is at or below what {environment.name} has "
+            f"spent this month ({usd(stops.spent)}): it stops its {count} running "
+            f"cluster{'s' if count != 1 else ''} ({names}) within a minute, deleting everything "
+            "on their machines, and no new cluster starts there until next month or a higher "
+            'budget. Nothing was changed; send it again confirmed ("confirm": true) to set it.',
+            field="monthly_budget",
+        )
+        self.amount = amount
+        self.stops = stops
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -84,13 +108,45 @@ def parse_budget(raw: object) -> Decimal | None:
     return amount.quantize(Decimal("0.01"))
 
 
-def set_budget(*, environment: Environment, amount: Decimal | None) -> Environment:
-    """Set (or, with None, clear) the environment's monthly budget."""
+@dataclass(frozen=True)
+class BudgetStops:
+    """What a budget would stop: the month's spend and, when the budget is at or below it, the
+    environment's clusters that the meter's next run stops (billing/stops.py)."""
+
+    spent: Decimal
+    clusters: list[Cluster]
+
+
+def budget_stops(
+    *, environment: Environment, amount: Decimal, now: datetime | None = None
+) -> BudgetStops:
+    spent = month_to_date_spend(environment=environment, now=now)
+    if amount > spent:
+        return BudgetStops(spent=spent, clusters=[])
+    running = Cluster.objects.filter(environment=environment, status__in=Cluster.STOPPABLE)
+    return BudgetStops(spent=spent, clusters=list(running.order_by("name", "pk")))
+
+
+def set_budget(
+    *,
+    environment: Environment,
+    amount: Decimal | None,
+    confirm: bool = False,
+    now: datetime | None = None,
+) -> BudgetStops | None:
+    """Set (or, with None, clear) the environment's monthly budget; returns what it stops.
+
+    A budget at or below the month's spend stops the clusters that run there: unless
+    `confirm`, it raises BudgetBelowSpend (naming them) and changes nothing."""
+    stops = None
     if amount is not None:
         amount = parse_budget(amount)
+        stops = budget_stops(environment=environment, amount=amount, now=now)
+        if stops.clusters and not confirm:
+            raise BudgetBelowSpend(environment=environment, amount=amount, stops=stops)
     Environment.objects.filter(pk=environment.pk).update(monthly_budget=amount)
     environment.monthly_budget = amount
-    return environment
+    return stops
 
 
 def create_environment(

@@ -279,12 +279,32 @@ def set_budget(request: HttpRequest, name: str) -> HttpResponse:
     if not form.is_valid():
         context = _environments_context(request, forms={environment.pk: form})
         return render(request, "billing/environments.html", context, status=422)
-    budgets.set_budget(environment=environment, amount=form.cleaned_data["monthly_budget"])
+    amount = form.cleaned_data["monthly_budget"]
+    try:
+        stops = budgets.set_budget(
+            environment=environment, amount=amount, confirm=request.POST.get("confirm") == "yes"
+        )
+    except budgets.BudgetBelowSpend as refusal:
+        # One click must not stop (and wipe) every running cluster: say what it stops, and ask.
+        context = {
+            "environment": environment,
+            "amount": refusal.amount,
+            "stops": refusal.stops,
+            "field_name": form["monthly_budget"].html_name,
+        }
+        return render(request, "billing/confirm_budget.html", context)
     if environment.monthly_budget is None:
         messages.success(request, f"{environment.name} has no monthly budget any more.")
+        stopping = stops.clusters if stops else []
     else:
         messages.success(
             request,
-            f"{environment.name}: monthly budget set to {environment.monthly_budget:,.2f} USD.",
+            f"{environment.name}: monthly budget set to {environment.monthly_budget:,.2f} USD."
+            + (
+                f" It is reached: {len(stopping)} cluster{'s' if len(stopping) != 1 else ''} "
+                f"({', '.join(c.name for c in stopping)}) stop within a minute."
+                if stopping
+                else ""
+            ),
         )
     return redirect(reverse("billing:environments"))

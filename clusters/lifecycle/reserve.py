@@ -29,18 +29,34 @@ Reason = Event.Reason
 # --- reservation ---------------------------------------------------------------------------
 
 
+class _TooFewUnlocked(Exception):
+    """Fewer free hosts than asked for were not locked by others: look again, waiting."""
+
+
 def reserve_hosts(*, machine_type: MachineType, count: int, now: datetime) -> list[Host]:
     """Take `count` free hosts of `machine_type`, all or none. Call inside a transaction.
 
     On PostgreSQL the rows are locked (`FOR UPDATE SKIP LOCKED`): two requests racing for the
-    last machines never get the same one, and neither waits on the other. SQLite has no row
-    locks; its IMMEDIATE transactions (see settings) already let one writer in at a time. The
-    conditional update is checked either way.
+    last machines never get the same one, and neither waits on the other. A request that finds
+    too few unlocked rows lets go of what it locked (a savepoint) and asks again, this time
+    waiting for the rows others hold (in the same order, so no two waiters deadlock): it is
+    refused only when, after everyone ahead of it has committed or given up, too few are free,
+    so N racing requests for a pool of P get exactly min(N, P // size) clusters. SQLite has no
+    row locks; its IMMEDIATE transactions (see settings) already let one writer in at a time.
+    The conditional update is checked either way.
     """
     free = Host.objects.filter(machine_type=machine_type, state=Host.State.FREE).order_by("pk")
+    hosts: list[Host] = []
     if connection.features.has_select_for_update_skip_locked:
-        free = free.select_for_update(skip_locked=True)
-    hosts = list(free[:count])
+        try:
+            with transaction.atomic():
+                hosts = list(free.select_for_update(skip_locked=True)[:count])
+                if len(hosts) < count:
+                    raise _TooFewUnlocked
+        except _TooFewUnlocked:
+            hosts = list(free.select_for_update()[:count])
+    else:
+        hosts = list(free[:count])
     taken = 0
     if len(hosts) == count:
         taken = Host.objects.filter(pk__in=[h.pk for h in hosts], state=Host.State.FREE).update(

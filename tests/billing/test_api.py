@@ -174,6 +174,7 @@ def test_it_sets_and_clears_an_environments_budget(owner):
         "monthly_budget": "500.00",
         "month_to_date_spend": "0.00",
         "budget_reached": False,
+        "stopping": [],
     }
     assert cleared.json()["data"]["monthly_budget"] is None
     assert Environment.objects.get(project=owner.project).monthly_budget is None
