@@ -242,7 +242,6 @@ class BudgetIn(Schema):
     amount: Decimal | None = Field(
         description='USD as a decimal string, like "500.00"; null clears the budget.'
     )
-
     confirm: bool = Field(
         False,
         description="Needed to set a budget at or below the month's spend while clusters run "
@@ -250,15 +249,16 @@ class BudgetIn(Schema):
         "`budget_below_spend`, naming them, and nothing changes.",
     )
 
+
 class EnvironmentBudgetOut(Schema):
     name: str
     monthly_budget: str | None
     month_to_date_spend: str
     budget_reached: bool
-
     stopping: list[str] = Field(
         description="The clusters this budget stops (it is at or below the month's spend)."
     )
+
 
 class EnvironmentBudgetEnvelope(Schema):
     data: EnvironmentBudgetOut
@@ -272,8 +272,8 @@ class EnvironmentBudgetEnvelope(Schema):
         401: ErrorOut,
         403: ErrorOut,
         404: ErrorOut,
-        422: ErrorOut,
         409: ErrorOut,
+        422: ErrorOut,
     },
     summary="Set or clear an environment's monthly budget",
 )
@@ -291,6 +291,6 @@ def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
             "monthly_budget": money_str(environment.monthly_budget),
             "month_to_date_spend": money_str(spent),
             "budget_reached": amount is not None and spent >= amount,
-        }
             "stopping": [cluster.name for cluster in stops.clusters] if stops else [],
+        }
     }
