@@ -295,8 +295,8 @@ def set_budget(request: HttpRequest, name: str) -> HttpResponse:
         return render(request, "billing/confirm_budget.html", context)
     if environment.monthly_budget is None:
         messages.success(request, f"{environment.name} has no monthly budget any more.")
-        stopping = stops.clusters if stops else []
     else:
+        stopping = stops.clusters if stops else []
         messages.success(
             request,
             f"{environment.name}: monthly budget set to {environment.monthly_budget:,.2f} USD."
