@@ -25,14 +25,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 from django.db import connection, transaction
-from django.db.models import F, Model, Q, QuerySet
+from django.db.models import F, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from billing.models import LedgerEntry, UsageDay, UsageRecord
-from clusters.models import Cluster
+from clusters.models import Cluster, Volume
 
 HOUR = timedelta(hours=1)
 BATCH_SIZE = 1000
@@ -381,6 +381,37 @@ def storage_cost_in_cents(price_per_gb_month: Decimal, size_gb: int, seconds: in
     units = int((price_per_gb_month * 10_000).to_integral_value())
     denominator = STORAGE_MONTH_SECONDS * 100  # 1/10,000 USD·s per GB → cents
     return (2 * units * size_gb * seconds + denominator) // (2 * denominator)
+
+
+def storage_per_hour(price_per_gb_month: Decimal, size_gb: int) -> Decimal:
+    """USD per hour of a volume: its storage month (30 days) spread over 720 hours, unrounded."""
+    return price_per_gb_month * size_gb * Decimal(HOUR.total_seconds()) / STORAGE_MONTH_SECONDS
+
+
+def storage_per_day(per_month: Decimal) -> Decimal:
+    """USD a day of storage that costs `per_month` USD a storage month (30 days), rounded up to
+    the cent: what the balance must cover to create a volume (clusters/volumes.py)."""
+    day = per_month * Decimal(DAY.total_seconds()) / STORAGE_MONTH_SECONDS
+    return day.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
+
+
+def burn_rates(project_ids: set[int]) -> dict[int, Decimal]:
+    """USD per hour of what each project runs and stores: the price of every machine billed now
+    and the storage of every volume it keeps (SPEC §4's burn rate). Two queries."""
+    rates = {project_id: Decimal("0.00") for project_id in project_ids}
+    machines = (
+        UsageRecord.objects.filter(project_id__in=project_ids, ended_at__isnull=True)
+        .values("project_id")
+        .annotate(rate=Sum("price_per_hour"))
+    )
+    for row in machines:
+        rates[row["project_id"]] += row["rate"]
+    volumes = Volume.objects.filter(
+        project_id__in=project_ids, deleted_at__isnull=True
+    ).values_list("project_id", "price_per_gb_month", "size_gb")
+    for project_id, price, size in volumes:
+        rates[project_id] += storage_per_hour(price, size)
+    return rates
 
 
 def _days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:

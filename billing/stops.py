@@ -23,20 +23,13 @@ from django.utils import timezone
 
 from accounts.models import Environment, Membership
 from billing.budgets import WARNING_SHARE, month_start, spend_by_environment
-from billing.models import LedgerEntry, Notice, UsageRecord
+from billing.meter import burn_rates
+from billing.models import LedgerEntry, Notice
 from clusters.models import Cluster, Event
 from runcrate.emails import send_templated
 
 logger = logging.getLogger(__name__)
 
-# Clusters a stop ends: everything live but what is already terminating. A provisioning
-# cluster would start billing the moment it joins, so it stops too.
-STOPPABLE = {
-    Cluster.Status.PROVISIONING,
-    Cluster.Status.INSTALLING,
-    Cluster.Status.READY,
-    Cluster.Status.DEGRADED,
-}
 STOP_EVENTS = {Event.Reason.STOPPED_BALANCE, Event.Reason.STOPPED_BUDGET}
 LOW_BALANCE_HOURS = Decimal("1")
 
@@ -61,18 +54,6 @@ def balances(project_ids: set[int]) -> dict[int, Decimal]:
     return result
 
 
-def burn_rates(project_ids: set[int]) -> dict[int, Decimal]:
-    """USD per hour of each project's running machines."""
-    rows = (
-        UsageRecord.objects.filter(project_id__in=project_ids, ended_at__isnull=True)
-        .values("project_id")
-        .annotate(rate=Sum("price_per_hour"))
-    )
-    result = {project_id: Decimal("0.00") for project_id in project_ids}
-    result.update({row["project_id"]: row["rate"] for row in rows})
-    return result
-
-
 def billing_recipients(project_ids: set[int]) -> dict[int, list[str]]:
     """Who hears about money: each project's owners and managers."""
     rows = Membership.objects.filter(
@@ -90,7 +71,7 @@ def _stop(cluster_ids: list[int], reason: str) -> list[int]:
     from clusters import lifecycle
 
     stopped = []
-    for cluster in Cluster.objects.filter(pk__in=cluster_ids, status__in=STOPPABLE):
+    for cluster in Cluster.objects.filter(pk__in=cluster_ids, status__in=Cluster.STOPPABLE):
         try:
             lifecycle.stop(cluster=cluster, reason=reason)
         except Exception:
@@ -107,7 +88,7 @@ def enforce_limits(*, now: datetime | None = None) -> LimitsResult:
     now = now or timezone.now()
     result = LimitsResult()
     live = list(
-        Cluster.objects.filter(status__in=STOPPABLE).values_list(
+        Cluster.objects.filter(status__in=Cluster.STOPPABLE).values_list(
             "pk", "project_id", "environment_id"
         )
     )

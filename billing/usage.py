@@ -17,7 +17,7 @@ from django.db.models import CharField, F, IntegerField, Max, Min, Q, QuerySet, 
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.meter import HOUR, billed_seconds, cost_between
+from billing.meter import HOUR, billed_seconds, burn_rates, cost_between
 from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster
 from runcrate.errors import Refused
@@ -125,13 +125,12 @@ class Summary:
 
 
 def summary(*, project_id: int) -> Summary:
-    """Current balance, burn rate (USD/h of running machines) and hours left: two queries."""
+    """Current balance, burn rate (USD/h of running machines and stored volumes) and hours
+    left: three queries."""
     balance = LedgerEntry.objects.filter(project_id=project_id).aggregate(total=Sum("amount"))[
         "total"
     ] or Decimal("0.00")
-    burn = UsageRecord.objects.filter(project_id=project_id, ended_at__isnull=True).aggregate(
-        rate=Sum("price_per_hour")
-    )["rate"] or Decimal("0.00")
+    burn = burn_rates({project_id})[project_id]
     remaining = None
     if burn > 0:
         remaining = max(ZERO, (balance / burn).quantize(CENT, ROUND_HALF_UP))

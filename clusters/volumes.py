@@ -19,6 +19,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from accounts.models import Project
+from billing import ledger, meter
+from billing.templatetags.money import usd
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, Cluster, Volume
 from offers.models import Location, MachineType
@@ -102,6 +104,9 @@ def create_volume(
         raise taken
     try:
         with transaction.atomic():
+            # The project's row locked: two creates at once cannot both count on one balance.
+            Project.objects.select_for_update().filter(pk=project.pk).exists()
+            _require_balance(project=project, place=place, size_gb=size)
             return Volume.objects.create(
                 project=project,
                 name=name,
@@ -114,6 +119,24 @@ def create_volume(
     except IntegrityError:
         # Another request took the name between the check and the insert.
         raise taken from None
+
+
+def _require_balance(*, project: Project, place: Location, size_gb: int) -> None:
+    """The balance must cover one day of the project's storage with the new volume counted: an
+    empty account cannot rent storage it would never pay for."""
+    kept = live_volumes(project).values_list("price_per_gb_month", "size_gb")
+    this_month = place.volume_price_per_gb_month * size_gb
+    per_month = this_month + sum((price * size for price, size in kept), Decimal("0"))
+    needed = meter.storage_per_day(per_month)
+    balance = ledger.balance(project=project)
+    if balance < needed:
+        raise VolumeRefused(
+            "insufficient_balance",
+            f"Your balance is {usd(balance)}; a {size_gb:,} GB volume in {place.code} "
+            f"({usd(this_month)} a month) needs at least {usd(needed)}: one day of your "
+            "volumes' storage, this one included. Add credit, or make it smaller.",
+            field="size_gb",
+        )
 
 
 def delete_volume(*, volume: Volume, now: datetime | None = None) -> Volume:

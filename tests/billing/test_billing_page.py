@@ -42,7 +42,7 @@ def test_it_shows_a_dash_for_hours_remaining_when_nothing_runs(owner):
     response = owner.browser_client().get("/billing/")
 
     assert response.context["summary"].hours_remaining is None
-    assert "Nothing is running." in response.content.decode()
+    assert "Nothing is running or stored." in response.content.decode()
 
 
 def test_it_lists_top_ups_adjustments_and_one_line_per_cluster(owner):

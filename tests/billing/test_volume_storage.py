@@ -31,6 +31,13 @@ def ohio(db):
     return LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
 
 
+def paying_project():
+    """A project whose balance covers a day of its volumes (what creating one needs)."""
+    project = ProjectFactory()
+    add_credit(project, "100.00", at=T0 - timedelta(days=1))
+    return project
+
+
 def new_volume(project, location, *, at=T0, size_gb=1000, name="datasets") -> Volume:
     with time_machine.travel(at, tick=False):
         return volumes.create_volume(
@@ -61,7 +68,7 @@ def test_it_prices_storage_per_second_over_a_thirty_day_month():
 
 
 def test_it_charges_a_volume_from_its_creation_on_a_line_per_day(ohio):
-    project = ProjectFactory()
+    project = paying_project()
     volume = new_volume(project, ohio, at=T0)  # 09:00 on March 10
 
     result = meter.charge_storage(now=T0 + timedelta(days=1, hours=3))  # 12:00 on March 11
@@ -76,11 +83,11 @@ def test_it_charges_a_volume_from_its_creation_on_a_line_per_day(ohio):
     volume.refresh_from_db()
     assert volume.charged_until == T0 + timedelta(days=1, hours=3)
     assert volume.charged_amount == Decimal("3.75")
-    assert balance_of(project.pk) == Decimal("-3.75")
+    assert balance_of(project.pk) == Decimal("96.25")
 
 
 def test_it_charges_each_second_once_however_often_it_runs(ohio):
-    project = ProjectFactory()
+    project = paying_project()
     often = new_volume(project, ohio, name="often", size_gb=700)
     once = new_volume(project, ohio, name="once", size_gb=700)
     end = T0 + timedelta(days=2, minutes=13)
@@ -97,7 +104,7 @@ def test_it_charges_each_second_once_however_often_it_runs(ohio):
 
 
 def test_it_stops_charging_at_the_deletion(ohio):
-    project = ProjectFactory()
+    project = paying_project()
     volume = new_volume(project, ohio)
     meter.charge_storage(now=T0 + timedelta(hours=5))
     with time_machine.travel(T0 + timedelta(hours=10), tick=False):
@@ -114,7 +121,7 @@ def test_it_stops_charging_at_the_deletion(ohio):
 def test_it_charges_a_deleted_volume_up_to_its_deletion_at_once(
     ohio, django_capture_on_commit_callbacks
 ):
-    project = ProjectFactory()
+    project = paying_project()
     volume = new_volume(project, ohio)
 
     with (
@@ -143,6 +150,7 @@ def test_it_charges_storage_in_the_meters_run(ohio):
 
 
 def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
+    add_credit(owner.project, "100.00", at=T0 - timedelta(days=1))
     volume = new_volume(owner.project, ohio, at=T0)
     new_volume(owner.project, ohio, at=T0, name="checkpoints")
     meter.charge_storage(now=T0 + timedelta(days=1, hours=3))
@@ -172,7 +180,7 @@ def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
 @pytest.mark.django_db(transaction=True)
 def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     location = LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
-    project = ProjectFactory()
+    project = paying_project()
     for n in range(6):
         new_volume(project, location, name=f"v-{n}")
     inside = threading.Barrier(2, timeout=5)

@@ -31,6 +31,15 @@ def _work_in_memory():
         yield dispatcher
 
 
+@pytest.fixture(autouse=True)
+def _balances_that_cover_storage(request):
+    """Every project here can pay for a day of its volumes, which creating one needs; the rule
+    itself is tested with an empty balance (test_it_refuses_a_volume_the_balance_cannot_pay)."""
+    for person in ("owner", "stranger"):
+        if person in request.fixturenames:
+            credit(request.getfixturevalue(person).project, "100.00")
+
+
 @pytest.fixture
 def ohio(db):
     return LocationFactory(
@@ -243,6 +252,50 @@ def test_it_refuses_a_bad_volume_in_the_api_with_its_code(owner, ohio, fields, s
     assert error_of(response) == (status, code)
     assert response.json()["error"]["message"]
     assert snapshot() == before
+
+
+def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_day_on_the_page(owner, ohio):
+    credit(owner.project, "-100.00")  # the owner's balance is $0.00
+    before = snapshot()
+
+    response = owner.browser_client().post(
+        "/storage/", {"name": "datasets", "location": "us-east-2", "size_gb": "100000"}
+    )
+
+    assert response.status_code == 400
+    assert (
+        "Your balance is $0.00; a 100,000 GB volume in us-east-2 ($8,000.00 a month) needs at "
+        "least $266.67: one day of your volumes' storage, this one included."
+    ) in text_of(response)
+    assert snapshot() == before
+
+
+def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_day_in_the_api(owner, ohio):
+    # $100 covers one day of 37,500 GB at $0.08 a GB-month ($3,000 a month), not 37,501 GB.
+    api = owner.api()
+    body = {"name": "datasets", "location": "us-east-2", "size_gb": 37_500}
+    assert api.post(API, body, content_type="application/json").status_code == 201
+    before = snapshot()
+
+    # The volumes already kept count: a second one of 1 GB is a day beyond the balance.
+    response = api.post(
+        API, {**body, "name": "more", "size_gb": 1}, content_type="application/json"
+    )
+
+    assert error_of(response) == (402, "insufficient_balance")
+    assert "needs at least $100.01" in response.json()["error"]["message"]
+    assert snapshot() == before
+
+
+def test_it_counts_stored_volumes_in_the_burn_rate_on_the_page_and_in_the_api(owner, ohio):
+    volume(owner, ohio, size_gb=9000)  # $720.00 a month: $1.00 an hour
+
+    with time_machine.travel(timezone.now(), tick=False):
+        summary = owner.browser_client().get("/billing/").context["summary"]
+        balance = owner.api().get("/api/v1/billing/balance").json()["data"]
+
+    assert (summary.burn_rate, summary.hours_remaining) == (Decimal("1"), Decimal("100.00"))
+    assert (balance["burn_rate"], balance["hours_remaining"]) == ("1.00", "100.00")
 
 
 def test_it_refuses_to_delete_an_attached_volume_in_the_api(owner, ohio):
