@@ -4,7 +4,7 @@ from typing import TypeVar
 
 from django.db import transaction
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Environment, Membership, Project, User
@@ -30,6 +30,17 @@ def create_project(*, owner: User, name: str) -> Project:
     return project
 
 
+def require_project(request: HttpRequest) -> Project:
+    """The request's project, or a 404 for a user in none (removed from the last one).
+
+    `request.project` is a lazy object (accounts/middleware.py): it is never `is None`, but it
+    is falsy when the user has no project."""
+    project = request.project  # type: ignore[attr-defined]
+    if not project:
+        raise Http404("Your user belongs to no project.")
+    return project
+
+
 def get_for_project(request: HttpRequest, queryset: QuerySet[M], **lookup: object) -> M:
     """Look an object up within the request's project: anything else is a 404."""
-    return get_object_or_404(queryset, project=request.project, **lookup)
+    return get_object_or_404(queryset, project=require_project(request), **lookup)

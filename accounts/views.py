@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -15,7 +15,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from accounts import keys
 from accounts.forms import ApiKeyForm, SignupForm, SshKeyForm
 from accounts.models import ApiKey, Project, SshKey
-from accounts.projects import get_for_project
+from accounts.projects import get_for_project, require_project
 from accounts.signup import EmailTaken, sign_up
 
 
@@ -38,9 +38,7 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 
 def _project(request: HttpRequest) -> Project:
-    if request.project is None:  # type: ignore[attr-defined]
-        raise Http404("Your user belongs to no project.")
-    return request.project  # type: ignore[attr-defined]
+    return require_project(request)
 
 
 def _next_url(request: HttpRequest) -> str:
@@ -62,7 +60,7 @@ def _render_account(request: HttpRequest, partial: str, **extra: object) -> Http
         "ssh_key_form": SshKeyForm(),
         **extra,
     }
-    if project is not None:
+    if project:  # a lazy object: falsy, never None, for a user in no project
         context["environments"] = project.environments.all()
         context["api_keys"] = keys.project_api_keys(project)
         context["ssh_keys"] = SshKey.objects.filter(project=project).order_by("name", "pk")

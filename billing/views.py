@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.models import Environment
-from accounts.projects import get_for_project
+from accounts.projects import get_for_project, require_project
 from billing import budgets, payments, usage
 from billing.access import can_manage_billing
 from billing.charts import spend_chart
@@ -38,9 +38,8 @@ def billing_view(view):
     @login_required
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if request.project is None:  # type: ignore[attr-defined]
-            raise Http404("Your user belongs to no project.")
-        if not can_manage_billing(user=request.user, project=request.project):  # type: ignore[attr-defined]
+        project = require_project(request)
+        if not can_manage_billing(user=request.user, project=project):
             raise PermissionDenied("Only the project's owners and managers see billing.")
         return view(request, *args, **kwargs)
 

@@ -26,7 +26,7 @@ from django.utils.cache import patch_vary_headers
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts.projects import get_for_project
+from accounts.projects import get_for_project, require_project
 from billing import ledger
 from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
@@ -152,7 +152,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
 @login_required
 def cluster_list(request: HttpRequest) -> HttpResponse:
     clusters = (
-        Cluster.objects.filter(project=request.project)
+        Cluster.objects.filter(project=require_project(request))
         .select_related("environment", "machine_type__location", "machine_type__gpu")
         .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
         .order_by("-created_at", "-pk")
@@ -681,7 +681,7 @@ def _get_volume_for_user(request: HttpRequest, pk: int) -> Volume:
 @require_http_methods(["GET", "POST"])
 def storage(request: HttpRequest) -> HttpResponse:
     """The project's volumes, and the form that creates one."""
-    project = request.project
+    project = require_project(request)
     locations = list(Location.objects.order_by("code"))
     if request.method == "POST":
         form = VolumeForm(request.POST, locations=locations)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, NinjaAPI, Schema
@@ -20,7 +20,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 
-from accounts.models import ApiKey, hash_api_key
+from accounts.models import ApiKey, Membership, hash_api_key
 from runcrate.errors import Refused
 
 Scope = ApiKey.Scope
@@ -116,11 +116,28 @@ class ApiKeyAuth(HttpBearer):
         # key_hash is unique: get() spares the ORDER BY that first() would add (the model's
         # ordering), which costs as much as the rest of the lookup on every API call.
         try:
-            key = ApiKey.objects.select_related("project", "user").get(
-                key_hash=hash_api_key(token), revoked_at__isnull=True, user__is_active=True
+            key = (
+                ApiKey.objects.select_related("project", "user")
+                # In the same query: a user removed from the project loses its keys at once.
+                .annotate(
+                    is_member=Exists(
+                        Membership.objects.filter(
+                            project_id=OuterRef("project_id"), user_id=OuterRef("user_id")
+                        )
+                    )
+                )
+                .get(key_hash=hash_api_key(token), revoked_at__isnull=True, user__is_active=True)
             )
         except ApiKey.DoesNotExist:
             return None
+        if not key.is_member:
+            raise ApiError(
+                401,
+                "unauthenticated",
+                f"The API key '{key.name}' ({key.prefix}…) is {key.user.email}'s, who is no "
+                f"longer a member of the project {key.project.name!r}: it no longer opens the "
+                "API. Ask an owner of the project to add them again, or use another key.",
+            )
         now = timezone.now()
         if key.last_used_at is None or now - key.last_used_at > LAST_USED_PRECISION:
             ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)

@@ -7,7 +7,8 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.keys import revoke_api_key
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Membership
+from tests.factories import ClusterFactory
 
 UNAUTHENTICATED = "unauthenticated"
 
@@ -85,3 +86,50 @@ def test_it_keeps_a_failed_authentication_from_touching_any_key(owner):
     Client(headers={"authorization": "Bearer rc_live_unknown"}).get("/api/v1/me")
 
     assert ApiKey.objects.get(project=owner.project).last_used_at is None
+
+
+def test_it_refuses_the_key_of_a_user_removed_from_the_project(owner, teammate):
+    api = teammate.api()
+    assert api.get("/api/v1/me").status_code == 200
+
+    Membership.objects.filter(project=owner.project, user=teammate.user).delete()
+    response = api.get("/api/v1/clusters")
+
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["code"] == UNAUTHENTICATED
+    assert "teammate@example.com's, who is no longer a member of the project" in error["message"]
+    assert owner.api().get("/api/v1/me").status_code == 200
+
+
+def test_it_refuses_a_key_for_a_project_its_user_left_for_another(owner, teammate, stranger):
+    # Still a member somewhere else: the key was made for the project the user left.
+    Membership.objects.create(project=stranger.project, user=teammate.user)
+    Membership.objects.filter(project=owner.project, user=teammate.user).delete()
+
+    assert teammate.api().get("/api/v1/me").status_code == 401
+
+
+def test_it_shows_a_removed_member_none_of_the_projects_pages(owner, teammate):
+    cluster = ClusterFactory(project=owner.project, name="shared-work")
+    browser = teammate.browser_client()
+    assert browser.get(f"/clusters/{cluster.pk}/").status_code == 200
+
+    Membership.objects.filter(project=owner.project, user=teammate.user).delete()
+
+    assert browser.get(f"/clusters/{cluster.pk}/").status_code == 404
+    # In no project at all: a 404 that says so, never an error page.
+    for path in ("/clusters/", "/storage/", "/billing/", "/billing/environments/"):
+        response = browser.get(path)
+        assert response.status_code == 404, path
+    assert browser.get("/accounts/").status_code == 200  # the password and log-out stay
+
+
+def test_it_checks_the_membership_in_the_query_that_finds_the_key(
+    teammate, django_assert_num_queries
+):
+    api = teammate.api()
+    api.get("/api/v1/gpus")  # last_used_at written: later calls within the minute only read
+
+    with django_assert_num_queries(2):  # the key (with its membership), the GPU models
+        assert api.get("/api/v1/gpus").status_code == 200
