@@ -12,12 +12,14 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 
 from offers.inventory import (
+    FIXED_WHILE_SERVING,
     HELD_STATES,
     check_gateway,
     check_host_field,
     host_setup_problems,
     return_hosts_to_service,
     take_hosts_offline,
+    why_fixed_while_serving,
 )
 from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest
 
@@ -81,8 +83,37 @@ class LocationAdmin(admin.ModelAdmin):
         return location.host_count
 
 
+class MachineTypeForm(forms.ModelForm):
+    class Meta:
+        model = MachineType
+        fields = [
+            "slug",
+            "location",
+            "gpu",
+            "gpus_per_machine",
+            "machine_kind",
+            "interconnect",
+            "community",
+            "price_per_hour",
+            "boot_seconds",
+            "slow_boot",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        changing = [name for name in FIXED_WHILE_SERVING if name in self.changed_data]
+        if self.instance.pk and changing:
+            # The admin saves inside the transaction this runs in: the hosts stay locked.
+            problem = why_fixed_while_serving(self.instance)
+            if problem:
+                for name in changing:
+                    self.add_error(name, _sentence(f"{name.replace('_', ' ')} {problem}"))
+        return cleaned
+
+
 @admin.register(MachineType)
 class MachineTypeAdmin(admin.ModelAdmin):
+    form = MachineTypeForm
     list_display = [
         "slug",
         "location_code",

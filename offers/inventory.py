@@ -772,21 +772,35 @@ def _check_machine_type_changes(
         ]
         if not changing:
             continue
-        # Every host of the type locked: none can be reserved before this load commits.
-        hosts = (
-            Host.objects.select_for_update()
-            .filter(machine_type=machine_type)
-            .order_by("name")
-            .values_list("name", "state")
-        )
-        held = [name for name, state in hosts if state in HELD_STATES]
-        if held:
-            errors.append(
-                f"{spec.label}.{changing[0]}: cannot change while {_some(held)}"
-                f" {'is' if len(held) == 1 else 'are'} reserved, in use or cleaning;"
-                " location, gpu, gpus_per_machine and machine_kind change only when every"
-                " host of the type is free or offline"
-            )
+        problem = why_fixed_while_serving(machine_type)
+        if problem:
+            errors.append(f"{spec.label}.{changing[0]}: {problem}")
+
+
+# What running clusters depend on: a machine type changes these only while none of its hosts
+# is held. load_inventory and the admin both apply this.
+FIXED_WHILE_SERVING = ("location", "gpu", "gpus_per_machine", "machine_kind")
+
+
+def why_fixed_while_serving(machine_type: MachineType) -> str:
+    """Why the type's FIXED_WHILE_SERVING fields cannot change now, or "" when they can.
+
+    Locks every host of the type, so that none can be reserved before the caller's
+    transaction (the load, the admin's save) commits."""
+    hosts = (
+        Host.objects.select_for_update()
+        .filter(machine_type=machine_type)
+        .order_by("name")
+        .values_list("name", "state")
+    )
+    held = [name for name, state in hosts if state in HELD_STATES]
+    if not held:
+        return ""
+    return (
+        f"cannot change while {_some(held)} {'is' if len(held) == 1 else 'are'} reserved, in"
+        " use or cleaning; location, gpu, gpus_per_machine and machine_kind change only when"
+        " every host of the type is free or offline"
+    )
 
 
 def _some(names: list[str], shown: int = 3) -> str:

@@ -9,7 +9,14 @@ from accounts.models import User
 from clusters.models import Event
 from offers.inventory import return_hosts_to_service, take_hosts_offline
 from offers.models import Host, Location, MachineType, QuoteRequest
-from tests.factories import ClusterFactory, HostFactory, MachineTypeFactory, ProjectFactory
+from tests.factories import (
+    ClusterFactory,
+    GpuModelFactory,
+    HostFactory,
+    LocationFactory,
+    MachineTypeFactory,
+    ProjectFactory,
+)
 
 
 @pytest.fixture
@@ -238,3 +245,73 @@ def test_staff_see_the_key_a_host_offered_instead_of_its_pinned_one(staff_client
         "Nothing."
         in staff_client.get(reverse("admin:offers_host_change", args=[quiet.pk])).content.decode()
     )
+
+
+def _machine_type_form(machine_type: MachineType, **changes) -> dict:
+    from django.forms.models import model_to_dict
+
+    data = {**model_to_dict(machine_type), **changes}
+    # An unticked checkbox is not sent at all.
+    return {name: value for name, value in data.items() if value is not None and value is not False}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("gpus_per_machine", 4),
+        ("machine_kind", "container"),
+        ("gpu", lambda: GpuModelFactory(slug="l40s", name="L40S 48GB").pk),
+        ("location", lambda: LocationFactory().pk),
+    ],
+)
+def test_the_machine_type_form_keeps_what_serving_hosts_depend_on(staff_client, field, value):
+    machine_type = MachineTypeFactory(gpus_per_machine=8, machine_kind="vm")
+    _hosts(1, machine_type, state=Host.State.IN_USE)
+    if callable(value):
+        value = value()
+    before = MachineType.objects.filter(pk=machine_type.pk).values().get()
+
+    response = staff_client.post(
+        reverse("admin:offers_machinetype_change", args=[machine_type.pk]),
+        _machine_type_form(machine_type, **{field: value}),
+    )
+
+    assert response.status_code == 200
+    [error] = response.context["adminform"].form.errors[field]
+    assert "cannot change while" in error and "is reserved, in use or cleaning" in error
+    assert MachineType.objects.filter(pk=machine_type.pk).values().get() == before
+
+
+def test_the_machine_type_form_changes_the_price_of_serving_hosts_and_all_of_a_free_type(
+    staff_client,
+):
+    serving = MachineTypeFactory(gpus_per_machine=8)
+    _hosts(1, serving, state=Host.State.RESERVED)
+    idle = MachineTypeFactory(gpus_per_machine=8)
+    _hosts(2, idle)
+
+    priced = staff_client.post(
+        reverse("admin:offers_machinetype_change", args=[serving.pk]),
+        _machine_type_form(serving, price_per_hour="9.99"),
+    )
+    resized = staff_client.post(
+        reverse("admin:offers_machinetype_change", args=[idle.pk]),
+        _machine_type_form(idle, gpus_per_machine=4),
+    )
+
+    assert priced.status_code == resized.status_code == 302
+    serving.refresh_from_db()
+    idle.refresh_from_db()
+    assert str(serving.price_per_hour) == "9.99"
+    assert idle.gpus_per_machine == 4
+
+
+def test_load_inventory_and_the_admin_refuse_with_one_rule(db):
+    from offers.inventory import why_fixed_while_serving
+
+    machine_type = MachineTypeFactory()
+    [host] = _hosts(1, machine_type, state=Host.State.CLEANING)
+
+    assert why_fixed_while_serving(machine_type).startswith(f"cannot change while {host.name}")
+    Host.objects.filter(pk=host.pk).update(state=Host.State.OFFLINE)
+    assert why_fixed_while_serving(machine_type) == ""
