@@ -41,6 +41,15 @@ class LedgerEntry(models.Model):
     volume = models.ForeignKey(
         "clusters.Volume", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # Card top-ups only (billing/payments.py): the payment this line credits. One-to-one, so the
+    # database itself keeps a payment from being credited twice.
+    payment = models.OneToOneField(
+        "billing.Payment",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="ledger_entry",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -61,6 +70,10 @@ class LedgerEntry(models.Model):
                 fields=["volume", "period_start"],
                 condition=Q(kind="storage"),
                 name="ledger_storage_one_per_volume_day",
+            ),
+            models.CheckConstraint(
+                condition=Q(payment__isnull=True) | Q(kind="topup"),
+                name="ledger_payment_only_on_topups",
             ),
         ]
 
@@ -100,7 +113,8 @@ class Payment(models.Model):
     """A card top-up through Stripe Checkout (billing/payments.py).
 
     The row, with its Idempotency-Key, is stored before Stripe is called, so a retry reuses
-    the key; the balance is credited only by the verified webhook, once (`credited_at`).
+    the key; the balance is credited only by the verified webhook, once: its ledger line is
+    unique per payment (`credited_at` records when).
     """
 
     class Status(models.TextChoices):
@@ -130,9 +144,7 @@ class Payment(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     credited_at = models.DateTimeField(null=True, blank=True)
-    ledger_entry = models.OneToOneField(
-        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="payment"
-    )
+    # Its top-up line, once credited: `ledger_entry` (LedgerEntry.payment, unique).
 
     class Meta:
         ordering = ["-created_at", "-pk"]

@@ -6,8 +6,9 @@
 2. The balance is credited only by the webhook, verified with the signing secret:
    `checkout.session.completed` when it is paid, or `checkout.session.async_payment_succeeded`.
    Exactly once per payment, whatever the order, repetition or concurrency of the events: one
-   payment per session (unique), and the credit is a conditional update of `credited_at`
-   in the transaction that writes the ledger line.
+   payment per session (unique), and one top-up line per payment (a unique constraint on
+   `LedgerEntry.payment`), written in the transaction that marks the payment paid. Only a
+   positive amount in USD credits.
 """
 
 import json
@@ -18,7 +19,7 @@ from decimal import Decimal, InvalidOperation
 
 import stripe
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -182,7 +183,8 @@ def _create_session(payment: Payment, *, email: str | None) -> Payment:
 @dataclass(frozen=True)
 class WebhookResult:
     event_type: str
-    outcome: str  # credited, duplicate, processing, failed, expired, ignored, unknown_payment
+    # credited, duplicate, invalid_amount, processing, failed, expired, ignored, unknown_payment
+    outcome: str
     payment_id: int | None = None
 
 
@@ -264,34 +266,61 @@ def _payment_for(session: dict) -> Payment | None:
     ).first()
 
 
-def _amount_paid(payment: Payment, session: dict) -> Decimal:
+# The most one payment may credit, in cents: what a ledger line holds, far above MAX_TOPUP.
+MAX_CREDIT_CENTS = 10**14 - 1
+
+
+def _amount_paid(session: dict) -> Decimal | None:
+    """What Stripe collected, when it is a positive amount of our currency; else None.
+
+    Even a genuine, signed event credits nothing else: a negative, zero or missing
+    `amount_total`, or another currency, is a session we did not create as it reads."""
     total = session.get("amount_total")
-    if isinstance(total, int) and (session.get("currency") or CURRENCY) == CURRENCY:
+    if (
+        isinstance(total, int)
+        and not isinstance(total, bool)
+        and 0 < total <= MAX_CREDIT_CENTS
+        and session.get("currency") == CURRENCY
+    ):
         return Decimal(total).scaleb(-2)
-    return payment.amount
+    return None
 
 
 def _credit(payment: Payment, session: dict) -> str:
     now = timezone.now()
-    amount = _amount_paid(payment, session)
-    with transaction.atomic():
-        claimed = Payment.objects.filter(pk=payment.pk, credited_at__isnull=True).update(
-            credited_at=now,
-            status=Payment.Status.PAID,
-            amount_paid=amount,
-            stripe_session_id=session.get("id") or payment.stripe_session_id,
+    amount = _amount_paid(session)
+    if amount is None:
+        logger.warning(
+            "Stripe session %s for payment %s: amount_total %r %r is not a positive amount in "
+            "%s; nothing credited",
+            session.get("id"),
+            payment.pk,
+            session.get("amount_total"),
+            session.get("currency"),
+            CURRENCY,
         )
-        if not claimed:
-            return "duplicate"
-        entry = LedgerEntry.objects.create(
-            project_id=payment.project_id,
-            kind=LedgerEntry.Kind.TOPUP,
-            amount=amount,
-            note="Card top-up",
-            created_by_id=payment.created_by_id,
-            created_at=now,
-        )
-        Payment.objects.filter(pk=payment.pk).update(ledger_entry=entry)
+        return "invalid_amount"
+    try:
+        with transaction.atomic():
+            # The top-up line is unique per payment (billing/models.py): a second credit of the
+            # same payment, however it raced here, fails on the database's own index.
+            LedgerEntry.objects.create(
+                project_id=payment.project_id,
+                kind=LedgerEntry.Kind.TOPUP,
+                payment=payment,
+                amount=amount,
+                note="Card top-up",
+                created_by_id=payment.created_by_id,
+                created_at=now,
+            )
+            Payment.objects.filter(pk=payment.pk).update(
+                credited_at=now,
+                status=Payment.Status.PAID,
+                amount_paid=amount,
+                stripe_session_id=session.get("id") or payment.stripe_session_id,
+            )
+    except IntegrityError:
+        return "duplicate"
     logger.info("credited payment %s: %s USD", payment.pk, amount)
     return "credited"
 

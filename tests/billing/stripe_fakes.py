@@ -93,7 +93,8 @@ def session_event(
     payment_id: int | None = None,
     project_id: int | None = None,
     payment_status: str = "paid",
-    amount_total: int = 5000,
+    amount_total: object = 5000,
+    currency: object = "usd",
     event_id: str = "evt_test_1",
 ) -> str:
     return json.dumps(
@@ -108,7 +109,7 @@ def session_event(
                     "mode": "payment",
                     "payment_status": payment_status,
                     "amount_total": amount_total,
-                    "currency": "usd",
+                    "currency": currency,
                     "client_reference_id": str(payment_id) if payment_id else None,
                     "metadata": {
                         "payment_id": str(payment_id or ""),
