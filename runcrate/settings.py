@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
 from runcrate.env import (
@@ -37,8 +38,20 @@ def _dev_secret_key() -> str:
 
 
 DEBUG = env_bool("DEBUG", True)
+# The secret key signs sessions and password-reset links and derives the agents' tokens. With
+# DEBUG off it comes from the environment, the same for every process: a key made up on the
+# spot (the laptop's var/secret_key) would differ from one machine to the next.
+if not DEBUG and not env_str("SECRET_KEY"):
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be set when DEBUG is off: a long random secret, the same for every "
+        "process, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
 SECRET_KEY = env_str("SECRET_KEY") or _dev_secret_key()
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+# Former keys, comma-separated, while a rotation settles: what they signed stays valid
+# (sessions, reset links) and so do the agents' tokens derived from them (docs/security.md).
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
+# `testserver` (Django's test client) is added by the test runner itself, never here.
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 SITE_URL = env_str("SITE_URL", f"http://localhost:{env_int('PORT', 8000, minimum=1)}").rstrip("/")
 

@@ -21,7 +21,7 @@ from clusters.models import Node
 class AgentRefused(Exception):
     """A report the node's agent must not retry as is."""
 
-    STATUS = {"unknown_node": 404, "bad_token": 403, "node_released": 410, "invalid_report": 422}
+    STATUS = {"bad_token": 403, "node_released": 410, "invalid_report": 422}
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -33,15 +33,23 @@ class AgentRefused(Exception):
         return self.STATUS.get(self.code, 400)
 
 
+# An unknown node and a wrong token get the same answer: a caller learns nothing about which
+# node ids exist, and the agent stops on either (403).
+NOT_THIS_NODE = "No node with this id has this token."
+
+
 def _locked_node(node: Node | int, token: str) -> Node:
     node_id = node.pk if isinstance(node, Node) else node
-    cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
-    if cluster_id is None or lifecycle.lock_cluster(cluster_id) is None:
-        raise AgentRefused("unknown_node", "No such node.")
-    found = Node.objects.get(pk=node_id)
-    expected = found.agent_token_hash
-    if not token or not expected or not hmac.compare_digest(lifecycle.token_hash(token), expected):
-        raise AgentRefused("bad_token", "The node token does not match this node.")
+    found = None
+    if isinstance(node_id, int) and 0 < node_id < 2**63:
+        cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
+        if cluster_id is not None and lifecycle.lock_cluster(cluster_id) is not None:
+            found = Node.objects.get(pk=node_id)
+    expected = found.agent_token_hash if found is not None else ""
+    # The hash is compared even for an unknown node, so the answer takes as long either way.
+    matches = hmac.compare_digest(lifecycle.token_hash(token or ""), expected or "-" * 64)
+    if found is None or not token or not expected or not matches:
+        raise AgentRefused("bad_token", NOT_THIS_NODE)
     if found.status in (Node.Status.FAILED, Node.Status.ENDED):
         raise AgentRefused("node_released", "This node was released; stop the agent.")
     return found

@@ -82,9 +82,17 @@ def node_give_up_at(node: Node, machine_type: MachineType) -> datetime:
 
 
 def agent_token(node: Node) -> str:
-    """The node's agent credential, derived rather than stored: only its hash is kept."""
+    """The node's agent credential, derived rather than stored: only its hash is kept.
+
+    Derived from SECRET_KEY; after a rotation, from whichever key in SECRET_KEY_FALLBACKS made
+    the hash the node keeps, so the token its agent already holds stays the one it is sent."""
     message = f"runcrate-agent:{node.cluster_id}:{node.index}:{node.reserved_at.isoformat()}"
-    return hmac.new(settings.SECRET_KEY.encode(), message.encode(), hashlib.sha256).hexdigest()
+    tokens = [
+        hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+        for key in [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
+    ]
+    kept = node.agent_token_hash
+    return next((token for token in tokens if kept and token_hash(token) == kept), tokens[0])
 
 
 def token_hash(token: str) -> str:

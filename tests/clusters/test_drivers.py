@@ -136,7 +136,12 @@ def test_it_refuses_an_agent_with_a_wrong_token_or_a_released_node(project, cloc
         agent_check_in(node=n.pk, token=agent_token(other), gpus=[])
     with pytest.raises(AgentRefused) as unknown:
         agent_check_in(node=999_999, token="x", gpus=[])
-    assert unknown.value.code == "unknown_node"
+    # The same answer as a wrong token: nothing tells which node ids exist.
+    assert (unknown.value.code, unknown.value.status, unknown.value.message) == (
+        wrong.value.code,
+        wrong.value.status,
+        wrong.value.message,
+    )
 
     Node.objects.filter(pk=n.pk).update(status=Node.Status.ENDED)
     with pytest.raises(AgentRefused) as released:
