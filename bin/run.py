@@ -23,6 +23,10 @@ from typing import TextIO
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # runcrate.env: the one reader of the environment's values
+
+from runcrate.env import env_bool  # noqa: E402
+
 # The address the web server binds: HOST (default 127.0.0.1). The host lab's agents reach the
 # dashboard on the lab's bridge: `HOST=172.30.77.1 make run`.
 HOST = os.environ.get("HOST") or "127.0.0.1"
@@ -158,6 +162,27 @@ def _describe_broker(url: str, var_dir: Path) -> str:
     return f"Redis on {parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path}"
 
 
+def banner(*, env: Mapping[str, str], port: str, var_dir: Path) -> str:
+    """What `make run` prints once the web server answers."""
+    email, password = DEMO_LOGIN
+    # The demo's password is published: seed_demo makes its user only with DEBUG on.
+    login = (
+        f"{email} / {password} (the user seed_demo creates)"
+        if env_bool("DEBUG", True)
+        else "none (DEBUG is off: seed_demo makes no demo account)"
+    )
+    return (
+        f"\n  Runcrate Clusters is running: http://{HOST}:{port}/\n"
+        f"  Demo login:  {login}\n"
+        f"  Database:    {_describe_database(env.get('DATABASE_URL', ''), var_dir)}\n"
+        f"  Broker:      {_describe_broker(env.get('REDIS_URL', ''), var_dir)}\n"
+        f"  Mail:        written as files to {var_dir / 'mail'}\n"
+        f"  Simulated machines boot {env['RUNCRATE_SIM_SPEED']}x faster than real "
+        "(RUNCRATE_SIM_SPEED).\n"
+        f"  Ctrl-C stops the web server, the worker and the scheduler.\n"
+    )
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -220,18 +245,7 @@ def main() -> int:
                 HOST, int(port), timeout=60, stop=lambda: stopped.is_set() or web.poll() is not None
             ):
                 return
-            email, password = DEMO_LOGIN
-            sim_speed = env["RUNCRATE_SIM_SPEED"]
-            print(
-                f"\n  Runcrate Clusters is running: http://{HOST}:{port}/\n"
-                f"  Demo login:  {email} / {password} (the user seed_demo creates)\n"
-                f"  Database:    {_describe_database(env.get('DATABASE_URL', ''), var_dir)}\n"
-                f"  Broker:      {_describe_broker(env.get('REDIS_URL', ''), var_dir)}\n"
-                f"  Mail:        written as files to {var_dir / 'mail'}\n"
-                f"  Simulated machines boot {sim_speed}x faster than real (RUNCRATE_SIM_SPEED).\n"
-                f"  Ctrl-C stops the web server, the worker and the scheduler.\n",
-                flush=True,
-            )
+            print(banner(env=env, port=port, var_dir=var_dir), flush=True)
 
         threading.Thread(target=wait_then_print, daemon=True).start()
 

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def demo(transactional_db):
+def demo(transactional_db, settings):
+    settings.DEBUG = True  # seed_demo makes its user only with DEBUG on (the test runner's is off)
     call_command("seed_demo", stdout=io.StringIO())
     user = User.objects.get(email=DEMO_EMAIL)
     project = user.memberships.get().project

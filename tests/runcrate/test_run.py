@@ -193,3 +193,19 @@ def test_make_run_refuses_a_bad_host_or_port_before_starting_anything(env, says)
     )
     assert done.returncode == 2
     assert says in done.stderr
+
+
+def test_make_run_prints_the_demo_password_only_with_debug_on(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    env = {"RUNCRATE_SIM_SPEED": "30"}
+
+    monkeypatch.setenv("DEBUG", "true")
+    laptop = run.banner(env=env, port="8000", var_dir=tmp_path)
+    monkeypatch.setenv("DEBUG", "false")
+    deployed = run.banner(env=env, port="8000", var_dir=tmp_path)
+
+    assert "Demo login:  demo@runcrate.localhost / demo-gpus-2026" in laptop
+    assert "demo-gpus-2026" not in deployed
+    assert "Demo login:  none (DEBUG is off: seed_demo makes no demo account)" in deployed

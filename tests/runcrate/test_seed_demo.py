@@ -2,6 +2,7 @@
 
 from io import StringIO
 
+import pytest
 from django.core.management import call_command
 
 from accounts.models import Environment, Membership, Project, User
@@ -13,6 +14,12 @@ ROWS = (User, Project, Membership, Environment, GpuModel, Location, MachineType,
 
 def snapshot() -> dict:
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in ROWS}
+
+
+@pytest.fixture(autouse=True)
+def _debug_on(settings):
+    # `make run` on a laptop: DEBUG is on (the test runner turns it off).
+    settings.DEBUG = True
 
 
 def seed() -> str:
@@ -69,3 +76,14 @@ def test_it_changes_nothing_when_run_a_second_time(db):
 
     assert snapshot() == before
     assert "left it alone" in output
+
+
+def test_it_makes_no_demo_account_with_debug_off(db, settings, client):
+    settings.DEBUG = False
+
+    output = seed()
+
+    assert not User.objects.exists() and not GpuModel.objects.exists()
+    assert "DEBUG is off: seed_demo made no demo account" in output
+    assert "demo-gpus-2026" not in output
+    assert not client.login(username="demo@runcrate.localhost", password="demo-gpus-2026")

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -15,11 +16,19 @@ DEMO_CREDIT = "500.00"  # USD on the demo project's ledger, so it can create clu
 
 class Command(BaseCommand):
     help = (
-        "Into an empty database only (no GPU models, no users): load the demo inventory "
-        f"({DEMO_INVENTORY.name}) and create the demo user. Anything else is left alone."
+        "Into an empty database only (no GPU models, no users), and only with DEBUG on: load the "
+        f"demo inventory ({DEMO_INVENTORY.name}) and create the demo user. Anything else is "
+        "left alone."
     )
 
     def handle(self, *args, **options):
+        if not settings.DEBUG:
+            # Its password is in the README: never an account on a deployment.
+            self.stdout.write(
+                "DEBUG is off: seed_demo made no demo account and loaded nothing (its password "
+                "is published). Load your inventory with manage.py load_inventory FILE."
+            )
+            return
         if GpuModel.objects.exists() or User.objects.exists():
             self.stdout.write("The database already has data: seed_demo left it alone.")
             return
