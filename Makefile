@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 export PORT
 
-.PHONY: install run test bench lint clean lab lab-down
+.PHONY: install run serve serve-check test bench lint clean lab lab-down
 
 $(BIN)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
@@ -24,6 +24,20 @@ run: install
 	@$(BIN)/python manage.py migrate --noinput --verbosity 0
 	@$(BIN)/python manage.py seed_demo
 	@$(BIN)/python bin/run.py
+
+# The production set (README, "Running it for real"): DEBUG off, the Procfile's processes under
+# honcho. The environment is checked before anything is installed or started.
+serve: serve-check install
+	@DEBUG=false $(BIN)/python manage.py migrate --noinput
+	@DEBUG=false $(BIN)/python manage.py collectstatic --noinput --verbosity 0
+	@# Every process sends the same address in emails and to agents (honcho gives each its own PORT).
+	@DEBUG=false SITE_URL="$${SITE_URL:-http://localhost:$(PORT)}" PATH="$(CURDIR)/$(BIN):$$PATH" \
+		exec $(BIN)/honcho start
+
+serve-check:
+	@test -n "$$SECRET_KEY" || { echo "make serve needs SECRET_KEY: a long random secret, the same for every process (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"; exit 2; }
+	@test -n "$$DATABASE_URL" || { echo "make serve needs DATABASE_URL, e.g. postgres://user:password@127.0.0.1:5432/runcrate"; exit 2; }
+	@test -n "$$REDIS_URL" || echo "make serve: no REDIS_URL, so the broker is files in $(or $(RUNCRATE_VAR_DIR),var)/broker: every process must run on this machine"
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
