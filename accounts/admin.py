@@ -6,9 +6,13 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from accounts import keys
+from accounts.forms import AdminLoginForm
 from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
 from accounts.projects import create_project
 from accounts.signup import normalize_email, project_name_for
+
+# The admin's login page counts failures like the dashboard's (accounts/throttle.py).
+admin.site.login_form = AdminLoginForm
 
 
 class UserCreateForm(AdminUserCreationForm):

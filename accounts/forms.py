@@ -1,13 +1,37 @@
+from urllib.parse import urlsplit
+
 from django import forms
+from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import forms as auth_forms
 from django.contrib.auth import password_validation
 
+from accounts import throttle
 from accounts.keys import NAME_MAX_LENGTH
 from accounts.models import ApiKey, User
 from accounts.signup import normalize_email
 
 
-class LoginForm(auth_forms.AuthenticationForm):
+class ThrottledLogin:
+    """A login form whose failures are counted, per account and per client address, and that
+    refuses to try once either limit is used up (accounts/throttle.py)."""
+
+    def clean(self) -> dict:
+        email = str(self.data.get("username", ""))
+        if self.request is not None:
+            try:
+                throttle.check("login", self.request, email=email)
+            except throttle.RateLimited as refusal:
+                raise forms.ValidationError(refusal.message, code="rate_limited") from None
+        try:
+            return super().clean()
+        except forms.ValidationError:
+            if self.request is not None:
+                throttle.count("login", self.request, email=email)
+            raise
+
+
+class LoginForm(ThrottledLogin, auth_forms.AuthenticationForm):
     """Django's login form; the email is matched whatever its case."""
 
     error_messages = {
@@ -64,12 +88,23 @@ class SignupForm(forms.Form):
         return cleaned
 
 
+class AdminLoginForm(ThrottledLogin, AdminAuthenticationForm):
+    """The admin's login, counted like the dashboard's (staff accounts are worth the most)."""
+
+
 class PasswordResetForm(auth_forms.PasswordResetForm):
     """Also lets a user with no password yet (made by `issue_api_key --create-user`) set one:
     owning the mailbox is the proof, as it is for everyone else."""
 
     def get_users(self, email: str):  # type: ignore[no-untyped-def]
         return User.objects.filter(email__iexact=normalize_email(email), is_active=True)
+
+    def save(self, **kwargs: object) -> None:
+        # The link points at SITE_URL, never at the request's Host header: a forged Host would
+        # otherwise mail the account's owner a link to someone else's site, token included.
+        site = urlsplit(settings.SITE_URL)
+        kwargs.update(domain_override=site.netloc, use_https=site.scheme == "https")
+        super().save(**kwargs)
 
 
 class ApiKeyForm(forms.Form):

@@ -11,7 +11,7 @@ urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path(
         "login/",
-        auth_views.LoginView.as_view(
+        views.LoginView.as_view(
             template_name="accounts/login.html",
             authentication_form=LoginForm,
             redirect_authenticated_user=True,
@@ -36,7 +36,7 @@ urlpatterns = [
     ),
     path(
         "password-reset/",
-        auth_views.PasswordResetView.as_view(
+        views.PasswordResetView.as_view(
             template_name="accounts/password_reset.html",
             form_class=PasswordResetForm,
             subject_template_name="emails/password-reset-subject.html",

@@ -1,8 +1,10 @@
 from urllib.parse import urlencode
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -12,7 +14,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from accounts import keys
+from accounts import keys, throttle
 from accounts.forms import ApiKeyForm, SignupForm, SshKeyForm
 from accounts.models import ApiKey, Project, SshKey
 from accounts.projects import get_for_project, require_project
@@ -24,6 +26,15 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect(settings.LOGIN_REDIRECT_URL)
     form = SignupForm(request.POST or None)
+    if request.method == "POST":
+        try:
+            # Every request counts, before anything is checked: the form also tells whether an
+            # email has an account.
+            throttle.take("signup", request, email=str(request.POST.get("email", "")))
+        except throttle.RateLimited as refusal:
+            form = SignupForm(initial={"email": request.POST.get("email", "")})
+            context = {"form": form, "refusal": refusal.message}
+            return render(request, "accounts/signup.html", context, status=refusal.status)
     if request.method == "POST" and form.is_valid():
         try:
             user = sign_up(
@@ -35,6 +46,35 @@ def signup(request: HttpRequest) -> HttpResponse:
             login(request, user, backend="django.contrib.auth.backends.ModelBackend")
             return redirect(settings.LOGIN_REDIRECT_URL)
     return render(request, "accounts/signup.html", {"form": form})
+
+
+def _rate_limited(form) -> bool:
+    return any(error.code == "rate_limited" for error in form.errors.as_data().get("__all__", []))
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login view, answering 429 while the account or the address is locked out."""
+
+    def form_invalid(self, form):  # type: ignore[no-untyped-def]
+        response = super().form_invalid(form)
+        if _rate_limited(form):
+            response.status_code = 429
+        return response
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's reset view; each request with a valid email counts against the limits, and a
+    request past them sends nothing."""
+
+    def form_valid(self, form):  # type: ignore[no-untyped-def]
+        try:
+            throttle.take("password_reset", self.request, email=form.cleaned_data["email"])
+        except throttle.RateLimited as refusal:
+            form.add_error(None, forms.ValidationError(refusal.message, code="rate_limited"))
+            response = self.form_invalid(form)
+            response.status_code = refusal.status
+            return response
+        return super().form_valid(form)
 
 
 def _project(request: HttpRequest) -> Project:

@@ -132,6 +132,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- accounts -------------------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"
+# Logins, sign-ups and password resets are rate-limited per account and per client address
+# (accounts/throttle.py, django-ratelimit, in the cache). Behind a proxy, the header it adds
+# the client's address to, e.g. X-Forwarded-For (its last entry counts); empty: REMOTE_ADDR.
+RUNCRATE_CLIENT_IP_HEADER = env_str("RUNCRATE_CLIENT_IP_HEADER")
+RATELIMIT_FAIL_OPEN = True  # a cache that does not answer lets the request through
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "clusters:list"
 LOGOUT_REDIRECT_URL = "accounts:login"

@@ -83,3 +83,18 @@ def test_it_sends_nothing_to_a_deactivated_user(client, owner):
     client.post("/accounts/password-reset/", {"email": owner.user.email})
 
     assert mail.outbox == []
+
+
+def test_it_builds_the_link_from_site_url_never_from_the_requests_host(client, owner, settings):
+    settings.SITE_URL = "https://clusters.runcrate.example"
+    settings.ALLOWED_HOSTS = ["*"]  # a host check that lets any Host through
+
+    client.post(
+        "/accounts/password-reset/", {"email": owner.user.email}, HTTP_HOST="attacker.example"
+    )
+
+    message = mail.outbox[0]
+    html, _ = message.alternatives[0]
+    assert "https://clusters.runcrate.example/accounts/password-reset/" in message.body
+    assert "attacker.example" not in message.body and "attacker.example" not in html
+    assert "https://clusters.runcrate.example/accounts/password-reset/" in html

@@ -1,0 +1,108 @@
+"""How often one may try to log in, sign up or ask for a password reset (docs/security.md).
+
+Counted by django-ratelimit in the cache, in fixed windows, twice: per account (the email typed,
+whether an account has it or not, so a refusal tells nothing about who has one) and per client
+address. A login counts only its failures; a sign-up and a reset count every request. A cache
+that does not answer counts nothing (runcrate/cache.py forgives it): the limits lapse for that
+while and the pages keep working.
+"""
+
+import ipaddress
+import math
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import HttpRequest
+from django_ratelimit.core import get_usage
+
+from accounts.signup import normalize_email
+from runcrate.errors import Refused
+
+
+@dataclass(frozen=True)
+class Limit:
+    group: str
+    rate: str  # django-ratelimit's "count/period", e.g. "5/15m"
+    per: str  # "account" or "address"
+
+
+LIMITS = {
+    "login": (
+        Limit("login-account", "5/15m", "account"),
+        Limit("login-address", "30/15m", "address"),
+    ),
+    "signup": (
+        Limit("signup-account", "5/h", "account"),
+        Limit("signup-address", "10/h", "address"),
+    ),
+    "password_reset": (
+        Limit("reset-account", "3/h", "account"),
+        Limit("reset-address", "10/h", "address"),
+    ),
+}
+TOO_MANY = {
+    "login": "Too many failed logins",
+    "signup": "Too many sign-ups",
+    "password_reset": "Too many password reset requests",
+}
+
+
+class RateLimited(Refused):
+    STATUS = {"rate_limited": 429}
+
+    def __init__(self, *, action: str, per: str, seconds_left: int) -> None:
+        minutes = max(1, math.ceil(seconds_left / 60))
+        whose = "for this account" if per == "account" else "from your address"
+        unit = "minute" if minutes == 1 else "minutes"
+        super().__init__(
+            "rate_limited", f"{TOO_MANY[action]} {whose}: try again in {minutes} {unit}."
+        )
+        self.seconds_left = seconds_left
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address: REMOTE_ADDR, or behind a proxy the last address it added to
+    RUNCRATE_CLIENT_IP_HEADER. An IPv6 client counts by its /64, as one host's many addresses."""
+    raw = request.META.get("REMOTE_ADDR", "")
+    header = settings.RUNCRATE_CLIENT_IP_HEADER
+    if header:
+        forwarded = request.META.get("HTTP_" + header.upper().replace("-", "_"), "")
+        raw = forwarded.split(",")[-1].strip() or raw
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return raw or "unknown"
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False).network_address)
+    return str(address)
+
+
+def _usage(limit: Limit, request: HttpRequest, email: str, *, increment: bool) -> dict | None:
+    value = normalize_email(email) if limit.per == "account" else client_address(request)
+    return get_usage(
+        request,
+        group=limit.group,
+        key=lambda group, request: value,
+        rate=limit.rate,
+        increment=increment,
+    )
+
+
+def check(action: str, request: HttpRequest, *, email: str) -> None:
+    """Raise RateLimited when a limit of `action` is used up; counts nothing."""
+    for limit in LIMITS[action]:
+        usage = _usage(limit, request, email, increment=False)
+        if usage is not None and usage["count"] >= usage["limit"]:
+            raise RateLimited(action=action, per=limit.per, seconds_left=usage["time_left"])
+
+
+def count(action: str, request: HttpRequest, *, email: str) -> None:
+    """Count one attempt of `action` (a failed login) against each of its limits."""
+    for limit in LIMITS[action]:
+        _usage(limit, request, email, increment=True)
+
+
+def take(action: str, request: HttpRequest, *, email: str) -> None:
+    """Count this request, and raise RateLimited when it is one too many."""
+    check(action, request, email=email)
+    count(action, request, email=email)
