@@ -215,6 +215,9 @@ class HostAdmin(admin.ModelAdmin):
     readonly_fields = ["state", "state_changed_at", "what_went_wrong"]
     actions = ["mark_offline", "mark_free"]
 
+    class Media:
+        css = {"all": ["css/admin.css"]}  # no inline style: the CSP refuses them
+
     # Events for staff about this host: a host key it offered instead of the pinned one, a
     # wipe that failed. The newest few, with their output (the offered key, the leftovers).
     STAFF_REASONS = ("host_key_mismatch", "release_failed")
@@ -230,8 +233,7 @@ class HostAdmin(admin.ModelAdmin):
             return "Nothing."
         return format_html_join(
             "",
-            "<p><strong>{}</strong> <code>{}</code>: {}</p>"
-            '<pre style="white-space: pre-wrap; overflow-wrap: anywhere">{}</pre>',
+            '<p><strong>{}</strong> <code>{}</code>: {}</p><pre class="staff-output">{}</pre>',
             ((f"{e.at:%Y-%m-%d %H:%M:%S} UTC", e.reason, e.message, e.output) for e in events),
         )
 
