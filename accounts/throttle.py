@@ -79,6 +79,8 @@ def client_address(request: HttpRequest) -> str:
 
 def _usage(limit: Limit, request: HttpRequest, email: str, *, increment: bool) -> dict | None:
     value = normalize_email(email) if limit.per == "account" else client_address(request)
+    if not value:
+        return None  # no email typed: only the address counts, not one account for all blanks
     return get_usage(
         request,
         group=limit.group,

@@ -185,3 +185,13 @@ def test_it_lets_everyone_in_when_the_cache_is_down(owner, client, settings):
 
     assert log_in(client, owner.user.email, PASSWORD).status_code == 302
     assert client.post(RESET, {"email": owner.user.email}).status_code == 302
+
+
+def test_it_counts_requests_without_an_email_by_their_address_only(client, db):
+    for n in range(6):
+        client.post(SIGNUP, {"email": ""}, REMOTE_ADDR=f"10.0.6.{n}")
+
+    # Six blank sign-ups from six addresses lock no one out.
+    response = client.post(SIGNUP, {"email": "", "password1": "x"}, REMOTE_ADDR="10.0.7.1")
+
+    assert response.status_code == 200
