@@ -14,6 +14,7 @@ from runcrate.api import (
     ApiError,
     ErrorOut,
     ListMeta,
+    Offset,
     Scope,
     money_str,
     needs,
@@ -117,7 +118,7 @@ def me(request: HttpRequest) -> dict:
 def list_ssh_keys(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> dict:
     queryset = SshKey.objects.filter(project=request.project).order_by("name", "pk")  # type: ignore[attr-defined]
     return paginated(queryset, limit=limit, offset=offset)
@@ -205,12 +206,18 @@ class ApiKeyList(Schema):
 
 
 class ApiKeyIn(Schema):
-    name: str = Field(description="What uses the key, so you know which one to revoke.")
+    # The limits are documented here and refused by accounts.keys (422 invalid_name, …).
+    name: str = Field(
+        description="What uses the key, so you know which one to revoke.",
+        json_schema_extra={"maxLength": keys.NAME_MAX_LENGTH},
+    )
     scopes: list[str] | None = Field(
         None, description="Any of read, create, terminate, billing; default: all of them."
     )
     max_machines_per_cluster: int | None = Field(
-        None, description="At most this many machines in a cluster it creates or grows."
+        None,
+        description="At most this many machines in a cluster it creates or grows.",
+        json_schema_extra={"minimum": 1, "maximum": keys.MAX_MACHINES_LIMIT},
     )
     max_usd_per_hour: Decimal | None = Field(
         None,
@@ -243,7 +250,7 @@ def _api_key(key: ApiKey, raw: str | None = None) -> dict:
 def list_api_keys(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> dict:
     queryset = keys.project_api_keys(request.project)  # type: ignore[attr-defined]
     return paginated(queryset, limit=limit, offset=offset, render=_api_key)

@@ -21,13 +21,13 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, Project, SshKey, User, hash_api_key
 from runcrate.errors import Refused
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
 NAME_MAX_LENGTH = 100
 API_KEY_PREFIX_LENGTH = 12  # "rc_live_" and four random characters: enough to tell keys apart
 RSA_MIN_BITS = 2048
 MAX_MACHINES_LIMIT = 1000
 MAX_USD_PER_HOUR_LIMIT = Decimal("1000000.00")
-CENT = Decimal("0.01")
 BASE64_CHARS = re.compile(r"[A-Za-z0-9+/]+")
 DIGITS = re.compile(r"[0-9]{1,6}")
 
@@ -321,18 +321,20 @@ def clean_max_usd_per_hour(value: Decimal | int | str | None) -> Decimal | None:
     text = "" if value is None else str(value).strip()
     if not text:
         return None
-    try:
-        amount = Decimal(text)
-    except ArithmeticError:
-        amount = None
-    if isinstance(value, bool | float) or amount is None or not amount.is_finite():
-        problem = "is an amount in USD, like 25.00"
-    elif amount != amount.quantize(CENT):
-        problem = "takes at most 2 decimals"
-    elif not 0 < amount <= MAX_USD_PER_HOUR_LIMIT:
-        problem = f"is more than 0 and at most {MAX_USD_PER_HOUR_LIMIT:,}"
-    else:
-        return amount.quantize(CENT)
+    in_range = f"is more than 0 and at most {MAX_USD_PER_HOUR_LIMIT:,}"
+    problem = "is an amount in USD, like 25.00"
+    if not isinstance(value, float):  # a JSON number is not exact enough for money
+        try:
+            amount = read_amount(value, minimum=Decimal(0), maximum=MAX_USD_PER_HOUR_LIMIT)
+        except NotAnAmount as error:
+            if error.reason == TOO_PRECISE:
+                problem = "takes at most 2 decimals"
+            elif error.reason in (TOO_SMALL, TOO_LARGE):
+                problem = in_range
+        else:
+            if amount > 0:
+                return amount
+            problem = in_range
     raise KeyRefused(
         "invalid_limit",
         f"The most USD per hour {problem}, or empty for no limit; got {text[:40]!r}.",

@@ -22,6 +22,7 @@ from runcrate.api import (
     ApiError,
     ErrorOut,
     ListMeta,
+    Offset,
     Scope,
     list_envelope,
     money_str,
@@ -123,7 +124,7 @@ def usage_of_month(
         str | None, Query(description="YYYY-MM; the current month if omitted.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> dict:
     project = _billing_project(request)
     chosen = usage.Month.parse(month)
@@ -200,7 +201,7 @@ def transactions(
         Query(description="Only lines of this type."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> dict:
     project = _billing_project(request)
     queryset = LedgerEntry.objects.filter(project=project)

@@ -8,7 +8,7 @@ the start of the calendar month (UTC). Reaching the budget stops its clusters
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
@@ -19,6 +19,7 @@ from billing.models import UsageDay
 from billing.templatetags.money import usd
 from clusters.models import Cluster
 from runcrate.errors import Refused
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
 MAX_BUDGET = Decimal("10000000.00")
 MAX_ENVIRONMENTS = 50
@@ -94,18 +95,17 @@ def parse_budget(raw: object) -> Decimal | None:
     if raw is None or (isinstance(raw, str) and raw.strip() == ""):
         return None
     try:
-        amount = Decimal(str(raw).strip())
-    except InvalidOperation:
-        raise BudgetRefused(
-            "invalid_budget", f"The budget must be an amount in USD, like 500.00, not {raw!r}."
-        ) from None
-    if not amount.is_finite() or amount < 0:
-        raise BudgetRefused("invalid_budget", "The budget must be zero or more USD.")
-    if amount != amount.quantize(Decimal("0.01")):
-        raise BudgetRefused("invalid_budget", "The budget takes at most 2 decimal places.")
-    if amount > MAX_BUDGET:
-        raise BudgetRefused("invalid_budget", f"The budget can be at most {MAX_BUDGET:,} USD.")
-    return amount.quantize(Decimal("0.01"))
+        return read_amount(raw, minimum=Decimal("0"), maximum=MAX_BUDGET)
+    except NotAnAmount as error:
+        if error.reason == TOO_SMALL:
+            message = "The budget must be zero or more USD."
+        elif error.reason == TOO_LARGE:
+            message = f"The budget can be at most {MAX_BUDGET:,} USD."
+        elif error.reason == TOO_PRECISE:
+            message = "The budget takes at most 2 decimal places."
+        else:
+            message = f"The budget must be an amount in USD, like 500.00, not {raw!r}."
+        raise BudgetRefused("invalid_budget", message) from None
 
 
 @dataclass(frozen=True)

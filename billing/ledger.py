@@ -4,13 +4,15 @@ Lines are only ever added. Staff credit (or debit) an account with `credit`, fro
 `manage.py credit` or the admin; usage charges come from the meter (billing/meter.py).
 """
 
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from accounts.models import Project, User
 from billing.models import LedgerEntry, balance_of
 from runcrate.errors import Refused
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
-CENT = Decimal("0.01")
+# One ledger line moves less than a trillion USD either way (12 digits before the point).
+MAX_LINE = Decimal("999999999999.99")
 
 
 class InvalidAmount(Refused, ValueError):
@@ -27,20 +29,20 @@ def balance(*, project: Project) -> Decimal:
 def parse_amount(raw: str | Decimal | int) -> Decimal:
     """A USD amount with at most 2 decimals, not zero; raises InvalidAmount otherwise."""
     try:
-        amount = Decimal(str(raw).strip())
-    except ArithmeticError:
+        amount = read_amount(raw, minimum=-MAX_LINE, maximum=MAX_LINE)
+    except NotAnAmount as error:
+        if error.reason == TOO_PRECISE:
+            raise InvalidAmount(
+                f"{raw} has more than 2 decimals; amounts are in whole cents."
+            ) from None
+        if error.reason in (TOO_SMALL, TOO_LARGE):
+            raise InvalidAmount(f"{raw} is too large for one ledger line.") from None
         raise InvalidAmount(
             f"{raw!r} is not an amount in USD (for example 250 or 12.50)."
         ) from None
-    if not amount.is_finite():
-        raise InvalidAmount(f"{raw!r} is not an amount in USD (for example 250 or 12.50).")
-    if amount != amount.quantize(CENT):
-        raise InvalidAmount(f"{raw} has more than 2 decimals; amounts are in whole cents.")
     if amount == 0:
         raise InvalidAmount("The amount is zero; a ledger line must move money.")
-    if abs(amount) >= Decimal("1e12"):
-        raise InvalidAmount(f"{raw} is too large for one ledger line.")
-    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+    return amount
 
 
 def credit(

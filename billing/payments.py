@@ -15,7 +15,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 import stripe
 from django.conf import settings
@@ -26,6 +26,7 @@ from django.utils import timezone
 from accounts.models import Project, User
 from billing.models import LedgerEntry, Payment
 from runcrate.errors import Refused
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
 logger = logging.getLogger(__name__)
 
@@ -61,23 +62,24 @@ def new_idempotency_key() -> str:
 
 def parse_amount(raw: object) -> Decimal:
     try:
-        amount = Decimal(str(raw).strip())
-    except (InvalidOperation, ValueError):
+        return read_amount(raw, minimum=MIN_TOPUP, maximum=MAX_TOPUP)
+    except NotAnAmount as error:
+        if error.reason == TOO_PRECISE:
+            raise PaymentRefused(
+                "invalid_amount", "The amount takes at most 2 decimal places."
+            ) from None
+        if error.reason == TOO_SMALL:
+            raise PaymentRefused(
+                "amount_too_small", f"The minimum top-up is {MIN_TOPUP} USD."
+            ) from None
+        if error.reason == TOO_LARGE:
+            raise PaymentRefused(
+                "amount_too_large",
+                f"A card top-up is at most {MAX_TOPUP:,} USD; ask us for an invoice above that.",
+            ) from None
         raise PaymentRefused(
             "invalid_amount", f"Enter an amount in USD, like 50.00, not {str(raw)!r}."
         ) from None
-    if not amount.is_finite():
-        raise PaymentRefused("invalid_amount", "Enter an amount in USD, like 50.00.")
-    if amount != amount.quantize(Decimal("0.01")):
-        raise PaymentRefused("invalid_amount", "The amount takes at most 2 decimal places.")
-    if amount < MIN_TOPUP:
-        raise PaymentRefused("amount_too_small", f"The minimum top-up is {MIN_TOPUP} USD.")
-    if amount > MAX_TOPUP:
-        raise PaymentRefused(
-            "amount_too_large",
-            f"A card top-up is at most {MAX_TOPUP:,} USD; ask us for an invoice above that.",
-        )
-    return amount.quantize(Decimal("0.01"))
 
 
 def _client() -> stripe.StripeClient:

@@ -17,8 +17,19 @@ from ninja import Field, Header, Query, Router, Schema, Status
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import connect, idempotency, lifecycle, volumes
-from clusters.models import Cluster, Event, Node, Volume
-from runcrate.api import ApiError, ErrorOut, ListMeta, Scope, money_str, needs, paginated, render
+from clusters.models import NAME_RE, Cluster, Event, Node, Volume
+from offers.models import MAX_NODES, MIN_NODES
+from runcrate.api import (
+    ApiError,
+    ErrorOut,
+    ListMeta,
+    Offset,
+    Scope,
+    money_str,
+    needs,
+    paginated,
+    render,
+)
 
 router = Router(tags=["clusters"])
 
@@ -176,10 +187,21 @@ class ClusterList(Schema):
     meta: ListMeta
 
 
+# What the OpenAPI document says of a name and a size. Only said, not enforced by the schema:
+# the lifecycle refuses them with their own codes (invalid_name, invalid_nodes, …).
+NAME_SCHEMA = {"pattern": "^" + NAME_RE.pattern.removesuffix(r"\Z") + "$", "maxLength": 63}
+
+
 class ClusterIn(Schema):
-    name: str = Field(description="A DNS label, unique among the environment's live clusters.")
+    name: str = Field(
+        description="A DNS label, unique among the environment's live clusters.",
+        json_schema_extra=NAME_SCHEMA,
+    )
     offer_id: str = Field(description="An offer's id, from GET /api/v1/offers.")
-    nodes: int = Field(description="2 to 64, at most the offer's max_nodes.")
+    nodes: int = Field(
+        description=f"{MIN_NODES} to {MAX_NODES}, at most the offer's max_nodes.",
+        json_schema_extra={"minimum": MIN_NODES, "maximum": MAX_NODES},
+    )
     software: str = Field("none", description="none, slurm, kubernetes or ray.")
     ssh_key_ids: list[int] | None = Field(
         None, description="The project's SSH keys to install; default: all of them."
@@ -193,7 +215,10 @@ class ClusterIn(Schema):
 
 
 class WorkersIn(Schema):
-    count: int = Field(description="How many machines to add; the cluster stays at most 64.")
+    count: int = Field(
+        description=f"How many machines to add; the cluster stays at most {MAX_NODES}.",
+        json_schema_extra={"minimum": 1, "maximum": MAX_NODES - MIN_NODES},
+    )
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -309,7 +334,7 @@ REFUSAL_CODES = (
 def list_clusters(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> dict:
     """The project's clusters, newest first. Each object is a cluster without its events."""
     queryset = _clusters(request).order_by("-created_at", "-pk")
@@ -611,9 +636,15 @@ class VolumeList(Schema):
 
 
 class VolumeIn(Schema):
-    name: str = Field(description="A DNS label, unique among the project's volumes.")
+    name: str = Field(
+        description="A DNS label, unique among the project's volumes.",
+        json_schema_extra=NAME_SCHEMA,
+    )
     location: str = Field(description="A location's code, e.g. us-east-2.")
-    size_gb: int = Field(description=f"{Volume.MIN_GB} to {Volume.MAX_GB} GB.")
+    size_gb: int = Field(
+        description=f"{Volume.MIN_GB} to {Volume.MAX_GB} GB.",
+        json_schema_extra={"minimum": Volume.MIN_GB, "maximum": Volume.MAX_GB},
+    )
 
 
 def _volume(volume: Volume) -> dict:
@@ -640,7 +671,7 @@ def _volume(volume: Volume) -> dict:
 def list_volumes(
     request: HttpRequest,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> dict:
     """The project's volumes (deleted ones are gone), by name."""
     queryset = volumes.live_volumes(request.project)  # type: ignore[attr-defined]

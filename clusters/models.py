@@ -9,8 +9,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 # A cluster's name is a DNS label: lowercase letters, digits and hyphens, 1-63 characters,
-# starting and ending with a letter or digit.
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# starting and ending with a letter or digit. `\Z`, not `$`: `$` also matches before a
+# trailing newline, so "web\n" was a name; with `\Z` both match() and fullmatch() are whole.
+NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
 PRIVATE_NETWORK = "10.77.0.0/24"
 
 

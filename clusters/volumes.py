@@ -80,7 +80,7 @@ def create_volume(
     the location's price per GB-month. Raises VolumeRefused (nothing written)."""
     now = now or timezone.now()
     name = name.strip() if isinstance(name, str) else name
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise VolumeRefused(
             "invalid_name",
             "A volume name is a DNS label: 1-63 lowercase letters, digits and hyphens, starting "

@@ -8,8 +8,17 @@ from ninja import Field, Router, Schema, Status
 from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
 from offers.offers import Offer, gpu_cards, list_offers
-from offers.quotes import quotes_for, request_quote
-from runcrate.api import ApiError, Scope, list_envelope, money_str, needs, utc_str
+from offers.quotes import (
+    NAME_MAX_LENGTH,
+    NOTES_MAX_LENGTH,
+    QUOTE_MAX_NODES,
+    QUOTE_MAX_WEEKS,
+    QUOTE_MIN_NODES,
+    QUOTE_MIN_WEEKS,
+    quotes_for,
+    request_quote,
+)
+from runcrate.api import ApiError, ErrorOut, Scope, list_envelope, money_str, needs, utc_str
 
 router = Router(tags=["offers"])
 
@@ -130,7 +139,7 @@ def _parse_nodes(raw: str | None) -> int:
 @router.get(
     "/offers",
     auth=needs(Scope.READ),
-    response=OfferList,
+    response={200: OfferList, 404: ErrorOut},
     summary="List the offers for a GPU and a size",
 )
 def offers(
@@ -159,15 +168,18 @@ def offers(
 
 
 class QuoteIn(Schema):
+    # The limits are documented here and refused by request_quote (422 invalid_request).
     gpu: str = Field(description="A GPU model's slug, from GET /api/v1/gpus.")
-    nodes: int
+    nodes: int = Field(json_schema_extra={"minimum": QUOTE_MIN_NODES, "maximum": QUOTE_MAX_NODES})
     interconnect: str = Field("ethernet", description="ethernet, infiniband or roce")
     location: str | None = Field(None, description="A location's code; leave out for any.")
     start_date: date
-    duration_weeks: int
-    contact_name: str
+    duration_weeks: int = Field(
+        json_schema_extra={"minimum": QUOTE_MIN_WEEKS, "maximum": QUOTE_MAX_WEEKS}
+    )
+    contact_name: str = Field(json_schema_extra={"maxLength": NAME_MAX_LENGTH})
     contact_email: str
-    notes: str = ""
+    notes: str = Field("", json_schema_extra={"maxLength": NOTES_MAX_LENGTH})
 
 
 class QuoteOut(Schema):
@@ -216,7 +228,10 @@ def quote_json(quote: QuoteRequest) -> dict:
 
 
 @router.post(
-    "/quotes", auth=needs(Scope.CREATE), response={201: QuoteCreated}, summary="Request a quote"
+    "/quotes",
+    auth=needs(Scope.CREATE),
+    response={201: QuoteCreated, 429: ErrorOut},
+    summary="Request a quote",
 )
 def create_quote(request: HttpRequest, payload: QuoteIn) -> Status:
     """Ask for reserved capacity, more than 64 machines or InfiniBand/RoCE. The requester

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ from django.utils import timezone
 
 from offers.models import GpuModel, Host, Location, MachineType
 from runcrate.errors import Refused
+from runcrate.money import TOO_LARGE, NotAnAmount, read_amount
+from runcrate.text import InvalidText, check_json, too_deep
 
 DEMO_INVENTORY = Path(settings.BASE_DIR) / "demo" / "inventory.json"
 
@@ -107,15 +109,24 @@ def _refuse_constant(name: str) -> None:
 
 
 def parse_inventory(text: str) -> Any:
-    """The JSON document in `text`; a syntax error names its line and column."""
+    """The JSON document in `text`; a syntax error names its line and column. A document nested
+    deeper than any inventory is, or with text no input may hold (NUL: runcrate/text.py), is
+    refused here, before anything reads it."""
     try:
-        return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_refuse_constant)
+        data = json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         raise InventoryError(
             [f"line {error.lineno}, column {error.colno}: invalid JSON ({error.msg})"]
         ) from None
     except ValueError as error:  # NaN, Infinity
         raise InventoryError([f"invalid JSON ({error})"]) from None
+    except RecursionError:  # json's parser recurses once per level
+        raise InventoryError([too_deep(name="the document").message]) from None
+    try:
+        check_json(data, name="the document")
+    except InvalidText as refusal:
+        raise InventoryError([refusal.message]) from None
+    return data
 
 
 def read_inventory_file(path: Path | str) -> Any:
@@ -233,14 +244,16 @@ def _amount(*, places: int, max_digits: int, positive: bool) -> Callable[[Any], 
         if not _AMOUNT.fullmatch(text):
             raise _Invalid(problem)
         try:
-            amount = Decimal(text)
-        except InvalidOperation:
-            raise _Invalid(problem) from None
-        if amount != amount.quantize(Decimal(1).scaleb(-places)) or (positive and amount <= 0):
-            raise _Invalid(problem)
-        if amount >= ceiling:
+            amount = read_amount(text, minimum=Decimal(0), maximum=ceiling, places=places)
+        except NotAnAmount as error:
+            raise _Invalid(
+                f"must be below {ceiling}" if error.reason == TOO_LARGE else problem
+            ) from None
+        if amount == ceiling:
             raise _Invalid(f"must be below {ceiling}")
-        return amount.quantize(Decimal(1).scaleb(-places))
+        if positive and amount <= 0:
+            raise _Invalid(problem)
+        return amount
 
     return check
 

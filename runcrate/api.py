@@ -5,23 +5,46 @@ Success is `{"data": …}` (lists add `"meta"`, built by `list_envelope`/`pagina
 the product subclasses `runcrate.errors.Refused`; the one handler here renders it, so no
 endpoint converts refusals by hand. Every operation declares the scope its key needs
 (`auth=needs(Scope.CREATE)`); one that forgets needs a key with every scope and no limits.
+
+No answer under /api/v1/ is anything but that JSON (docs/api.md "Every answer is the
+envelope"): a bug is a logged 500 `internal_error` without its traceback, and what no endpoint
+answered (no route, a method the path does not take) is made the envelope by
+`EnvelopeMiddleware`. Bodies are read by `BodyParser`, which refuses what no input may hold.
 """
 
+import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from http import HTTPStatus
+from typing import Annotated, Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db.models import Exists, OuterRef, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
-from ninja import Field, NinjaAPI, Schema
+from ninja import Field, NinjaAPI, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.params.models import BodyModel
+from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from accounts.models import ApiKey, Membership, hash_api_key
 from runcrate.errors import Refused
+from runcrate.text import check_json, too_deep
+
+logger = logging.getLogger(__name__)
+
+# Where the API is mounted (runcrate/urls.py): every answer under it is the envelope.
+PREFIX = "/api/v1/"
+
+
+def is_api(request: HttpRequest) -> bool:
+    return request.path_info.startswith(PREFIX)
+
 
 Scope = ApiKey.Scope
 
@@ -73,6 +96,14 @@ class ListMeta(Schema):
     offset: int
 
 
+# Rows a list may skip: far more than any project has, and far less than the 2**63 that
+# overflows the database's OFFSET.
+MAX_OFFSET = 10**9
+Offset = Annotated[
+    int, Query(ge=0, le=MAX_OFFSET, description=f"Rows to skip: 0 to {MAX_OFFSET:,}.")
+]
+
+
 def list_envelope(data: list, **meta: object) -> dict:
     """The one shape of every list: `{"data": [...], "meta": {...}}`."""
     return {"data": data, "meta": meta}
@@ -86,7 +117,14 @@ def paginated(
     render: Callable[[Any], Any] | None = None,
     **meta: object,
 ) -> dict:
-    """One page of `queryset` (each row through `render`), with `total`, `limit`, `offset`."""
+    """One page of `queryset` (each row through `render`), with `total`, `limit`, `offset`.
+    Operations declare `offset: Offset`; an offset beyond MAX_OFFSET is refused here too."""
+    if not 0 <= offset <= MAX_OFFSET or limit < 1:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"offset is 0 to {MAX_OFFSET:,} and limit at least 1; got {offset} and {limit}.",
+        )
     rows = list(queryset[offset : offset + limit])
     data = [render(row) for row in rows] if render else rows
     return list_envelope(data, total=queryset.count(), limit=limit, offset=offset, **meta)
@@ -172,6 +210,27 @@ def needs(scope: str) -> ApiKeyAuth:
     return _SCOPED[scope]
 
 
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+class BodyParser(Parser):
+    """JSON bodies, refused before any endpoint sees them when they hold what no input may
+    (`runcrate.text`: NUL and other control characters, lone surrogates, numbers beyond a
+    float, nesting deeper than 32 levels). Ninja answers whatever this raises as 400 "Cannot
+    parse request body", with this as its cause: `_http_error` answers the cause."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        try:
+            data = json.loads(request.body, parse_constant=_refuse_constant)
+        except RecursionError:  # json's parser recurses once per level
+            raise too_deep(name="the body") from None
+        except ValueError as error:  # not JSON, not UTF-8, NaN, Infinity
+            raise ApiError(400, "invalid_json", f"The body is not valid JSON: {error}.") from None
+        check_json(data, name="the body")
+        return data
+
+
 api = NinjaAPI(
     title="Runcrate Clusters API",
     version="1",
@@ -180,6 +239,7 @@ api = NinjaAPI(
     # limits may call it.
     auth=ApiKeyAuth(None),
     docs_url="/docs",
+    parser=BodyParser(),
 )
 
 
@@ -229,10 +289,86 @@ def _invalid(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    cause = exc.__cause__  # what BodyParser raised, wrapped by ninja in a 400
+    if isinstance(cause, Refused):
+        return _refused(request, cause)
     codes = {404: "not_found", 405: "method_not_allowed", 429: "rate_limited"}
     return error_response(
         request, exc.status_code, codes.get(exc.status_code, "bad_request"), str(exc)
     )
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return error_response(request, 413, "body_too_large", _too_large_message())
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return error_response(request, 404, "not_found", str(exc) or "Nothing is there.")
+
+
+INTERNAL_ERROR = (
+    "The request failed on our side; it was logged, and nothing in it was at fault. It may or "
+    "may not have taken effect: read the object back before sending it again."
+)
+
+
+@api.exception_handler(Exception)
+def _crashed(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A bug, not a refusal: logged with its traceback, answered without it (DEBUG too)."""
+    logger.exception("%s %s failed", request.method, request.path)
+    return error_response(request, 500, "internal_error", INTERNAL_ERROR)
+
+
+def _too_large_message() -> str:
+    return (
+        f"The body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes, the most "
+        "any call takes."
+    )
+
+
+class EnvelopeMiddleware:
+    """Every error answer under /api/v1/ is the envelope, also those no endpoint made: a path
+    with no route (404), a method the path does not take (405, ninja's plain text), a request
+    Django refused before the API saw it (400, 413) and a crash outside an endpoint (500, HTML
+    or, with DEBUG, a traceback page). JSON answers pass untouched."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            response.status_code < 400
+            or not is_api(request)
+            or response.get("Content-Type", "").startswith("application/json")
+        ):
+            return response
+        code, message = self._explain(request, response)
+        answer = error_response(request, response.status_code, code, message)
+        if response.has_header("Allow"):
+            answer["Allow"] = response["Allow"]
+        return answer
+
+    @staticmethod
+    def _explain(request: HttpRequest, response: HttpResponse) -> tuple[str, str]:
+        status = response.status_code
+        call = f"{request.method} {request.path}"
+        if status == 404:
+            return "not_found", f"There is no {call} in this API: see {PREFIX}docs."
+        if status == 405:
+            allowed = response.get("Allow", "")
+            return "method_not_allowed", f"{call} is not an operation; this path takes {allowed}."
+        if status == 413:
+            return "body_too_large", _too_large_message()
+        if status >= 500:
+            return "internal_error", INTERNAL_ERROR
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Bad Request"
+        return "_".join(phrase.lower().split()), f"{call} was refused: {phrase}."
 
 
 def mount_routers() -> None:
@@ -241,13 +377,29 @@ def mount_routers() -> None:
     half-initialised."""
     from accounts.api import router as accounts_router
     from billing.api import router as billing_router
+    from clusters.agent.api import router as agent_router  # nodes' agents, by node token
     from clusters.api import router as clusters_router
     from offers.api import router as offers_router
 
-    api.add_router("/", offers_router)
-    api.add_router("/", accounts_router)
-    api.add_router("/", clusters_router)
-    api.add_router("/", billing_router)
-    from clusters.agent.api import router as agent_router  # nodes' agents, by node token
+    routers = [offers_router, accounts_router, clusters_router, billing_router, agent_router]
+    for router in routers:
+        declare_error_answers(router)
+        api.add_router("/", router)
 
-    api.add_router("/", agent_router)
+
+def declare_error_answers(router: Router) -> None:
+    """Add to each operation's OpenAPI answers the envelope for the statuses any operation of
+    its kind can give, beside the refusals it declares itself: 422 (a query string with a
+    control character, a parameter of the wrong shape) and 500 for all; 401 and 403 with an API
+    key; 404 with a path parameter; 400 (not JSON) and 413 (too large) with a body."""
+    for path_view in router.path_operations.values():
+        for operation in path_view.operations:
+            statuses = {422, 500}
+            if any(isinstance(auth, ApiKeyAuth) for auth in operation.auth_callbacks):
+                statuses |= {401, 403}
+            if "{" in operation.path:
+                statuses.add(404)
+            if any(issubclass(model, BodyModel) for model in operation.models):
+                statuses |= {400, 413}
+            for status in statuses - operation.response_models.keys():
+                operation.response_models[status] = operation._create_response_model(ErrorOut)

@@ -6,10 +6,12 @@ process at start-up instead of running with a silent default.
 
 import math
 import os
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -59,15 +61,21 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     return value
 
 
-def env_decimal(name: str, default: str) -> Decimal:
+def env_decimal(name: str, default: str, *, maximum: Decimal = Decimal("1000000000")) -> Decimal:
+    """A USD amount of 0 to `maximum`, with at most 2 decimals (runcrate/money.py)."""
     raw = os.environ.get(name) or default
     try:
-        value = Decimal(raw.strip())
-    except InvalidOperation:
-        raise ImproperlyConfigured(f"{name} must be a decimal amount, not {raw!r}") from None
-    if not value.is_finite():
-        raise ImproperlyConfigured(f"{name} must be a decimal amount, not {raw!r}")
-    return value
+        return read_amount(raw, minimum=Decimal(0), maximum=maximum)
+    except NotAnAmount as error:
+        if error.reason in (TOO_SMALL, TOO_LARGE):
+            problem = f"from 0 to {maximum:,}"
+        elif error.reason == TOO_PRECISE:
+            problem = "with at most 2 decimals"
+        else:
+            problem = ""
+        raise ImproperlyConfigured(
+            f"{name} must be a decimal amount{' ' if problem else ''}{problem}, not {raw!r}"
+        ) from None
 
 
 def env_list(name: str, default: str = "") -> list[str]:

@@ -80,6 +80,9 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "runcrate.csp.ContentSecurityPolicy",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Every error under /api/v1/ as the envelope, whatever made it; then no NUL in any input.
+    "runcrate.api.EnvelopeMiddleware",
+    "runcrate.middleware.RefuseControlCharacters",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

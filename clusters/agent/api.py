@@ -12,9 +12,13 @@ from ninja import Router, Schema
 from clusters.agent.service import AgentRefused, agent_check_in, agent_report_network
 from clusters.drivers.ssh import WIREGUARD_PORT
 from clusters.models import Node, private_ip
-from runcrate.api import error_response
+from runcrate.api import ErrorOut, error_response
 
 router = Router(tags=["agent"], auth=None)
+
+# What an agent's call answers besides 200: each refusal AgentRefused makes (an unknown node,
+# a wrong token, a released node, a report it cannot read).
+REFUSALS = {status: ErrorOut for status in {*AgentRefused.STATUS.values(), 400}}
 
 
 class CheckInIn(Schema):
@@ -81,7 +85,11 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
     }
 
 
-@router.post("/agent/nodes/{node_id}/check-in", summary="An agent checks in (and heartbeats)")
+@router.post(
+    "/agent/nodes/{node_id}/check-in",
+    response={200: dict[str, Any], **REFUSALS},
+    summary="An agent checks in (and heartbeats)",
+)
 def check_in(request: HttpRequest, node_id: int, payload: CheckInIn):
     gpus = payload.nvidia_smi if payload.nvidia_smi is not None else payload.gpus
     return _answer(
@@ -95,7 +103,11 @@ def check_in(request: HttpRequest, node_id: int, payload: CheckInIn):
     )
 
 
-@router.post("/agent/nodes/{node_id}/network", summary="An agent reports which peers it reached")
+@router.post(
+    "/agent/nodes/{node_id}/network",
+    response={200: dict[str, Any], **REFUSALS},
+    summary="An agent reports which peers it reached",
+)
 def network(request: HttpRequest, node_id: int, payload: NetworkIn):
     return _answer(
         request,

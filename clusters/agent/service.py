@@ -70,7 +70,7 @@ def parse_nvidia_smi(csv: str) -> list[dict[str, Any]]:
         name, memory, uuid, driver = fields
         try:
             memory_mib = int(float(memory))
-        except ValueError:
+        except (ValueError, OverflowError):  # "nan", "1e999"
             raise AgentRefused(
                 "invalid_report", f"GPU line {number}: memory {memory!r} is not a number."
             ) from None
@@ -96,14 +96,14 @@ def _clean_gpus(gpus: Any) -> list[dict[str, Any]]:
                     "driver_version": str(gpu.get("driver_version", ""))[:40],
                 }
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise AgentRefused(
                 "invalid_report", "Each GPU needs a name and memory_total_mib (a whole number)."
             ) from None
     return cleaned
 
 
-_WIREGUARD_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=$")
+_WIREGUARD_KEY = re.compile(r"[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=")
 _METHODS = {"iperf3", "tcp-stream", "simulated"}
 _SHARED_METHODS = {"nfs", "sshfs", "simulated"}
 
@@ -111,7 +111,7 @@ _SHARED_METHODS = {"nfs", "sshfs", "simulated"}
 def _clean_wireguard_key(key: Any) -> str | None:
     if key is None or key == "":
         return None
-    if not isinstance(key, str) or not _WIREGUARD_KEY.match(key):
+    if not isinstance(key, str) or not _WIREGUARD_KEY.fullmatch(key):
         raise AgentRefused(
             "invalid_report", "wireguard_public_key must be a WireGuard public key (44 base64)."
         )

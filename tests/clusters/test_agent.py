@@ -191,6 +191,12 @@ def test_it_keeps_how_a_worker_mounted_shared_or_why_it_could_not(cluster, clien
     [
         ("check-in", {"wireguard_public_key": "not-a-key"}, "wireguard_public_key must be"),
         (
+            "check-in",
+            {"wireguard_public_key": "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\n"},
+            "wireguard_public_key must be",
+        ),
+        ("check-in", {"nvidia_smi": "H100, 1e999, GPU-1, 550"}, "memory '1e999' is not a number"),
+        (
             "network",
             {"reachability": {}, "acceptance": {"bandwidth_mbit": "fast"}},
             "acceptance.bandwidth_mbit must be a number",

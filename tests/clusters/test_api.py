@@ -102,6 +102,7 @@ def test_it_creates_in_a_named_environment_with_chosen_keys(owner, offer):
         ({"offer_id": "no-such-offer"}, 404, "unknown_offer"),
         ({"nodes": 5}, 409, "not_enough_machines"),
         ({"name": "Not_A_Label"}, 422, "invalid_name"),
+        ({"name": "train\n"}, 422, "invalid_name"),
         ({"software": "nomad"}, 422, "software_not_offered"),
         ({"environment": "nowhere"}, 404, "unknown_environment"),
         ({"ssh_key_ids": [987654]}, 422, "unknown_ssh_key"),

@@ -637,6 +637,38 @@ def test_the_command_refuses_nan(db, tmp_path):
     assert "invalid JSON (NaN is not a number JSON allows)" in str(refused.value)
 
 
+def test_the_command_refuses_a_document_nested_past_pythons_stack(db, tmp_path):
+    text = json.dumps(inventory())[:-1] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+    with pytest.raises(CommandError) as refused:
+        call_command("load_inventory", str(write(tmp_path, text)))
+
+    assert "the document nests objects and lists more than 32 levels deep" in str(refused.value)
+    assert GpuModel.objects.count() == 0
+
+
+def test_the_command_refuses_a_nul_anywhere_and_loads_nothing(db, tmp_path):
+    data = inventory()
+    data["locations"][0]["name"] = "Columbus\x00, Ohio"
+
+    with pytest.raises(CommandError) as refused:
+        call_command("load_inventory", str(write(tmp_path, data)))
+
+    assert "locations[0].name holds the control character U+0000" in str(refused.value)
+    assert snapshot() == {"GpuModel": [], "Location": [], "MachineType": [], "Host": []}
+
+
+def test_it_refuses_a_price_too_long_for_decimal_arithmetic(db):
+    data = inventory()
+    data["machine_types"][0]["price_per_hour"] = "9" * 40 + ".5"
+
+    with pytest.raises(InventoryError) as refused:
+        load_inventory(data)
+
+    [error] = refused.value.errors
+    assert error.startswith("machine_types[0] (use2-h100x8-bm).price_per_hour: must be below")
+
+
 def test_the_command_says_when_the_file_is_missing(db, tmp_path):
     with pytest.raises(CommandError) as refused:
         call_command("load_inventory", str(tmp_path / "nowhere.json"))

@@ -25,6 +25,9 @@ from runcrate.env import env_bool, env_decimal, env_float, env_int, env_list
         (lambda: env_decimal("RC_VALUE", "10.00"), "ten", "RC_VALUE must be a decimal amount"),
         (lambda: env_decimal("RC_VALUE", "10.00"), "NaN", "RC_VALUE must be a decimal amount"),
         (lambda: env_decimal("RC_VALUE", "10.00"), "Infinity", "RC_VALUE must be a decimal"),
+        (lambda: env_decimal("RC_VALUE", "10.00"), "1e30", "must be a decimal amount from 0 to"),
+        (lambda: env_decimal("RC_VALUE", "10.00"), "-5", "must be a decimal amount from 0 to"),
+        (lambda: env_decimal("RC_VALUE", "10.00"), "0.001", "with at most 2 decimals"),
     ],
 )
 def test_it_refuses_a_bad_value_naming_the_variable(monkeypatch, reader, raw, message):
