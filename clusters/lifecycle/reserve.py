@@ -176,7 +176,7 @@ def create_cluster(
             "another offer.",
             field="nodes",
         )
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ClusterRefused(
             "invalid_name",
             "A cluster name is a DNS label: 1-63 lowercase letters, digits and hyphens, starting "
