@@ -368,6 +368,7 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 # An error reporter, only where one is configured: Sentry (or anything speaking its protocol).
+# Its default sends no personal data (user emails, cookies, addresses); we leave it so.
 SENTRY_DSN = env_str("SENTRY_DSN")
 if SENTRY_DSN:
     import sentry_sdk
@@ -375,6 +376,5 @@ if SENTRY_DSN:
     sentry_sdk.init(
         dsn=SENTRY_DSN,
         environment=env_str("SENTRY_ENVIRONMENT", "production"),
-        send_default_pii=False,  # no user emails, cookies or addresses
         traces_sample_rate=0.0,
     )
