@@ -363,6 +363,8 @@ class SshDriver(Driver):
         self.start(node, agent_token=agent_token(node), plan=plan.node_plans[node.name])
         files = {
             "software.env": (software_env(node, plan), 0o600),
+            # What every installer shares, sourced from beside it.
+            "installer.sh": ((SCRIPTS / "installer.sh").read_text(), 0o600),
             script.name: (script.read_text(), 0o700),
         }
         with host_session(node.host) as session:

@@ -14,17 +14,9 @@
 # Like the bootstrap it prints "runcrate: changed WHAT" per change and ends with "runcrate: ok",
 # or "runcrate: failed: WHY" (exit 4). Nothing outside this folder is touched before the k3s
 # release is fetched and checked.
-set -eu
-umask 022
-HERE=$(dirname "$0")
-SOFTWARE_DIR="${SOFTWARE_DIR:-$HERE}"
-say() { echo "runcrate: $*"; }
-fail() { say "failed: $*"; exit 4; }
-
-[ -f "$SOFTWARE_DIR/software.env" ] || fail "no software.env in $SOFTWARE_DIR"
-# shellcheck disable=SC1091
-. "$SOFTWARE_DIR/software.env"
-[ "$(id -u)" = 0 ] || fail "the Kubernetes installer must run as root"
+INSTALLER=Kubernetes
+# shellcheck source-path=SCRIPTDIR source=installer.sh
+. "$(dirname "$0")/installer.sh"
 [ -n "${K3S_URL:-}" ] || fail "software.env gives no K3S_URL to fetch k3s from"
 K3S_URL=${K3S_URL%/}
 case "$ROLE" in

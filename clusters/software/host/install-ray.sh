@@ -10,20 +10,11 @@
 # dashboard 8265, client 10001) or, on the others, waits for the head and joins it. Every node
 # tells Ray its GPUs (--num-gpus). Like the bootstrap it prints "runcrate: changed WHAT" per
 # change and ends with "runcrate: ok", or "runcrate: failed: WHY" (exit 4).
-set -eu
-umask 022
-HERE=$(dirname "$0")
-SOFTWARE_DIR="${SOFTWARE_DIR:-$HERE}"
-say() { echo "runcrate: $*"; }
-fail() { say "failed: $*"; exit 4; }
-
-[ "$(id -u)" = 0 ] || fail "the Ray installer must run as root"
-[ -f "$SOFTWARE_DIR/software.env" ] || fail "no software.env in $SOFTWARE_DIR"
-# shellcheck disable=SC1091
-. "$SOFTWARE_DIR/software.env"
+INSTALLER=Ray
+# shellcheck source-path=SCRIPTDIR source=installer.sh
+. "$(dirname "$0")/installer.sh"
 VENV=/opt/runcrate/ray
 VERSION=${RAY_REQUIREMENT##*==}
-CODENAME=$(. /etc/os-release; echo "${VERSION_CODENAME:-}")
 STATE=/etc/runcrate/ray.args
 LOG="$SOFTWARE_DIR/ray-install.log"
 # Ray sends nothing home, and its programs are found on PATH by the jobs it runs.
@@ -32,24 +23,7 @@ PATH="$VENV/bin:$PATH"
 export PATH
 
 # --- python3-venv: only if missing, from the location's mirror only ----------------------------
-if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-  [ -n "${APT_MIRROR:-}" ] \
-    || fail "this host's Python has no venv module and its location has no apt_mirror"
-  list=/etc/apt/sources.list.d/runcrate.list
-  line="deb $APT_MIRROR $CODENAME main"
-  if [ "$(cat "$list" 2>/dev/null)" != "$line" ]; then
-    echo "$line" > "$list"
-    say "changed apt-source"
-  fi
-  apt_opts="-o Dir::Etc::sourcelist=$list -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq update >"$LOG" 2>&1 \
-    || { tail -n 20 "$LOG"; fail "apt-get update from $APT_MIRROR failed"; }
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
-    python3-venv >"$LOG" 2>&1 || { tail -n 20 "$LOG"; fail "could not install python3-venv from $APT_MIRROR"; }
-  say "changed packages python3-venv"
-fi
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then apt_install python3-venv; fi
 
 # --- the pinned Ray in its own virtualenv ------------------------------------------------------
 installed=$("$VENV/bin/python" -c 'import ray; print(ray.__version__)' 2>/dev/null || true)

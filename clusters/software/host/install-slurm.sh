@@ -11,18 +11,9 @@
 # slurmd everywhere, restarted only when their configuration changed. Like the bootstrap it
 # prints "runcrate: changed WHAT" per change and ends with "runcrate: ok", or
 # "runcrate: failed: WHY" (exit 4).
-set -eu
-umask 022
-HERE=$(dirname "$0")
-SOFTWARE_DIR="${SOFTWARE_DIR:-$HERE}"
-say() { echo "runcrate: $*"; }
-fail() { say "failed: $*"; exit 4; }
-
-[ "$(id -u)" = 0 ] || fail "the Slurm installer must run as root"
-[ -f "$SOFTWARE_DIR/software.env" ] || fail "no software.env in $SOFTWARE_DIR"
-# shellcheck disable=SC1091
-. "$SOFTWARE_DIR/software.env"
-CODENAME=$(. /etc/os-release; echo "${VERSION_CODENAME:-}")
+INSTALLER=Slurm
+# shellcheck source-path=SCRIPTDIR source=installer.sh
+. "$(dirname "$0")/installer.sh"
 SYSTEMD=0
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then SYSTEMD=1; fi
 HEADER="# Written by runcrate (install-slurm.sh) for cluster $CLUSTER_NAME: the same on every node."
@@ -35,25 +26,8 @@ command -v slurmd >/dev/null 2>&1 || missing="$missing slurmd"
 command -v slurmctld >/dev/null 2>&1 || missing="$missing slurmctld"
 command -v sinfo >/dev/null 2>&1 || missing="$missing slurm-client"
 command -v munged >/dev/null 2>&1 || missing="$missing munge"
-if [ -n "$missing" ]; then
-  [ -n "${APT_MIRROR:-}" ] \
-    || fail "this host lacks$missing and its location has no apt_mirror to install from"
-  list=/etc/apt/sources.list.d/runcrate.list
-  line="deb $APT_MIRROR $CODENAME main"
-  if [ "$(cat "$list" 2>/dev/null)" != "$line" ]; then
-    echo "$line" > "$list"
-    say "changed apt-source"
-  fi
-  apt_opts="-o Dir::Etc::sourcelist=$list -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"
-  log="$SOFTWARE_DIR/apt.log"
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq update >"$log" 2>&1 \
-    || { tail -n 20 "$log"; fail "apt-get update from $APT_MIRROR failed"; }
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
-    $missing >"$log" 2>&1 || { tail -n 20 "$log"; fail "could not install$missing from $APT_MIRROR"; }
-  say "changed packages$missing"
-fi
+# shellcheck disable=SC2086 # one word per package
+if [ -n "$missing" ]; then apt_install $missing; fi
 id slurm >/dev/null 2>&1 || fail "the Slurm packages made no user slurm"
 id munge >/dev/null 2>&1 || fail "the munge package made no user munge"
 
