@@ -4,6 +4,7 @@ that a test moves (`clock.move_to(at(seconds))`)."""
 import pytest
 import time_machine
 
+from tests.clusters.lab_kit import dashboard, fleet, lab, user_key  # noqa: F401 - lab fixtures
 from tests.clusters.lifecycle_kit import T0, new_project
 
 

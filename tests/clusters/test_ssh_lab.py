@@ -8,7 +8,6 @@ with the reason, where the lab cannot start (not root, no namespaces).
 
 from __future__ import annotations
 
-import random
 import subprocess
 import time
 from datetime import timedelta
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import time_machine
-from django.test.testcases import LiveServerThread
 from django.utils import timezone
 
 from accounts.models import SshKey
@@ -24,84 +22,21 @@ from billing.models import UsageRecord
 from clusters import connect, lifecycle
 from clusters.drivers import get_driver
 from clusters.drivers.base import DriverError
-from clusters.drivers.ssh import operator_public_key
 from clusters.lifecycle import reconcile
 from clusters.models import Cluster, Event, Node
 from lab import hostlab
-from offers.inventory import load_inventory
 from offers.models import Host, Location, MachineType
+from tests.clusters.lab_kit import BOOT
 from tests.clusters.lifecycle_kit import Sim, create, new_project
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
-HOSTS = 5  # lab-1..lab-3 in `lab` (own addresses), lab-4 and lab-5 behind the gateway
-BOOT = 300  # generous: a first bootstrap installs WireGuard from the lab's mirror
 WAIT = 180  # seconds any one test waits for a cluster to move
-
-
-@pytest.fixture(scope="module")
-def lab():
-    reason = hostlab.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    was_up = hostlab.current() is not None
-    the_lab = hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
-    yield the_lab
-    if not was_up:
-        hostlab.down()
-
-
-@pytest.fixture
-def dashboard(transactional_db, settings):
-    """The live dashboard on the lab's bridge, where the hosts' agents reach it."""
-    # The lab lets its hosts reach 8000-8999 on the bridge: a free port there (another test's
-    # server, or anything else, may hold the first one tried).
-    for port in random.sample(range(8100, 8900), 20):
-        server = LiveServerThread(hostlab.BRIDGE_ADDRESS, _static_handler(), port=port)
-        server.daemon = True
-        server.start()
-        server.is_ready.wait(10)
-        if not isinstance(server.error, OSError):
-            break
-        server.join(5)
-    if server.error:
-        raise server.error
-    settings.RUNCRATE_AGENT_URL = f"http://{hostlab.BRIDGE_ADDRESS}:{server.port}"
-    settings.ALLOWED_HOSTS = ["*"]
-    yield settings.RUNCRATE_AGENT_URL
-    server.terminate()
-
-
-def _static_handler():
-    from django.test.testcases import _StaticFilesHandler
-
-    return _StaticFilesHandler
 
 
 @pytest.fixture
 def quick_retries(monkeypatch):
     monkeypatch.setattr(reconcile, "RETRY_AFTER", timedelta(seconds=1))
-
-
-@pytest.fixture
-def fleet(lab, dashboard):
-    """The lab's hosts in the inventory: machine types `lab-h100x2-vm` and `lab-gw-h100x2-vm`."""
-    load_inventory(lab.inventory(boot_seconds=BOOT, gateway_hosts=2))
-    yield lab
-    # A test that failed half-way leaves nothing for the next one.
-    for host in lab.hosts:
-        if lab.exec(host.name, "test -e /var/lib/runcrate", check=False).returncode == 0:
-            lab.reset(host.name)
-
-
-@pytest.fixture
-def user_key(tmp_path) -> Path:
-    key = tmp_path / "id_user"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "user@test", "-f", str(key)],
-        check=True,
-    )
-    return key
 
 
 def project_with(user_key: Path):

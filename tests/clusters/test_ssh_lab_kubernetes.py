@@ -18,15 +18,8 @@ from django.conf import settings as django_settings
 from clusters.models import Cluster
 from lab import hostlab
 from offers.models import Host
-from tests.clusters import test_ssh_lab as base
 from tests.clusters.lifecycle_kit import create
 from tests.clusters.test_ssh_lab import drive, machine_type, project_with, terminate_and_check
-
-# The lab's fixtures, shared with the ssh driver's lab tests.
-lab = base.lab
-dashboard = base.dashboard
-fleet = base.fleet
-user_key = base.user_key
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 

@@ -9,7 +9,6 @@ import pytest
 
 from clusters import lifecycle
 from clusters.models import Cluster, Event
-from tests.clusters import test_ssh_lab as base
 from tests.clusters.lifecycle_kit import Sim, create
 from tests.clusters.test_ssh_lab import (
     agent_logs,
@@ -18,12 +17,6 @@ from tests.clusters.test_ssh_lab import (
     project_with,
     terminate_and_check,
 )
-
-# The lab's fixtures, shared with the ssh driver's lab tests.
-lab = base.lab
-dashboard = base.dashboard
-fleet = base.fleet
-user_key = base.user_key
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,6 @@ from clusters.models import Cluster
 from clusters.software import RAY_REQUIREMENT, RAY_VERSION
 from lab import hostlab
 from offers.models import Host
-from tests.clusters import test_ssh_lab as base
 from tests.clusters.lifecycle_kit import create
 from tests.clusters.test_ssh_lab import (
     drive,
@@ -25,11 +24,6 @@ from tests.clusters.test_ssh_lab import (
     ssh_config_file,
     terminate_and_check,
 )
-
-lab = base.lab
-dashboard = base.dashboard
-fleet = base.fleet
-user_key = base.user_key
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 

@@ -26,12 +26,6 @@ from tests.clusters.test_ssh_lab import (
     terminate_and_check,
 )
 
-# The lab's fixtures, shared with the ssh driver's lab tests.
-lab = base.lab
-dashboard = base.dashboard
-fleet = base.fleet
-user_key = base.user_key
-
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 SLURM_LEFTOVERS = {

@@ -12,7 +12,6 @@ import pytest
 from clusters import connect, volumes
 from clusters.models import Cluster, Event
 from lab import hostlab
-from tests.clusters import test_ssh_lab as base
 from tests.clusters.lifecycle_kit import create
 from tests.clusters.test_ssh_lab import (
     drive,
@@ -22,11 +21,6 @@ from tests.clusters.test_ssh_lab import (
     ssh_config_file,
     terminate_and_check,
 )
-
-lab = base.lab
-dashboard = base.dashboard
-fleet = base.fleet
-user_key = base.user_key
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 

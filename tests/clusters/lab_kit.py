@@ -1,0 +1,79 @@
+"""The lab's fixtures for every lab test module (tests/clusters/conftest.py offers them): the
+lab's hosts up for a module, the live dashboard on the lab's bridge where the hosts' agents reach
+it, the hosts in the inventory, and a user's SSH key (docs/lab.md)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.test.testcases import LiveServerThread
+
+from clusters.drivers.ssh import operator_public_key
+from lab import hostlab
+from offers.inventory import load_inventory
+
+HOSTS = 5  # lab-1..lab-3 in `lab` (own addresses), lab-4 and lab-5 behind the gateway
+BOOT = 300  # generous: a first bootstrap installs WireGuard from the lab's mirror
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = hostlab.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    was_up = hostlab.current() is not None
+    the_lab = hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
+    yield the_lab
+    if not was_up:
+        hostlab.down()
+
+
+@pytest.fixture
+def dashboard(transactional_db, settings):
+    """The live dashboard on the lab's bridge, where the hosts' agents reach it."""
+    # The lab lets its hosts reach 8000-8999 on the bridge: a free port there (another test's
+    # server, or anything else, may hold the first one tried).
+    for port in random.sample(range(8100, 8900), 20):
+        server = LiveServerThread(hostlab.BRIDGE_ADDRESS, _static_handler(), port=port)
+        server.daemon = True
+        server.start()
+        server.is_ready.wait(10)
+        if not isinstance(server.error, OSError):
+            break
+        server.join(5)
+    if server.error:
+        raise server.error
+    settings.RUNCRATE_AGENT_URL = f"http://{hostlab.BRIDGE_ADDRESS}:{server.port}"
+    settings.ALLOWED_HOSTS = ["*"]
+    yield settings.RUNCRATE_AGENT_URL
+    server.terminate()
+
+
+def _static_handler():
+    from django.test.testcases import _StaticFilesHandler
+
+    return _StaticFilesHandler
+
+
+@pytest.fixture
+def fleet(lab, dashboard):
+    """The lab's hosts in the inventory: machine types `lab-h100x2-vm` and `lab-gw-h100x2-vm`."""
+    load_inventory(lab.inventory(boot_seconds=BOOT, gateway_hosts=2))
+    yield lab
+    # A test that failed half-way leaves nothing for the next one.
+    for host in lab.hosts:
+        if lab.exec(host.name, "test -e /var/lib/runcrate", check=False).returncode == 0:
+            lab.reset(host.name)
+
+
+@pytest.fixture
+def user_key(tmp_path) -> Path:
+    key = tmp_path / "id_user"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "user@test", "-f", str(key)],
+        check=True,
+    )
+    return key
