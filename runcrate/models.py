@@ -19,5 +19,7 @@ class Beat(models.Model):
 
     @classmethod
     def record(cls, name: str, at: datetime | None = None) -> None:
-        """One upsert."""
-        cls.objects.update_or_create(name=name, defaults={"last_ran_at": at or timezone.now()})
+        """One UPDATE every time but the first (the tick runs every 2 s)."""
+        at = at or timezone.now()
+        if not cls.objects.filter(name=name).update(last_ran_at=at):
+            cls.objects.update_or_create(name=name, defaults={"last_ran_at": at})

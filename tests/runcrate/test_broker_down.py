@@ -130,3 +130,11 @@ def test_readyz_is_ready_with_the_broker_and_fresh_beats_and_not_when_a_beat_is_
     assert late.status_code == 503
     assert late.json()["checks"]["tick"] == "overdue: last ran 61 s ago"
     assert late.json()["checks"]["meter"] == "ok"
+
+
+def test_recording_a_beat_costs_one_query_once_it_has_run(django_assert_num_queries):
+    Beat.record("tick")
+    later = timezone.now() + timedelta(seconds=2)
+    with django_assert_num_queries(1):
+        Beat.record("tick", at=later)
+    assert Beat.objects.get(name="tick").last_ran_at == later
