@@ -315,9 +315,10 @@ class SshDriver(Driver):
             )
         gateway_sync(node)
         volume = None
-        if node.index == 0 and storage.attached_volume(node) is not None:
+        synced = storage.synced_volume(node)
+        if synced is not None:
             with host_session(host) as session:
-                volume = storage.pull(node, session, cluster_keys(node)[1])
+                volume = storage.pull(node, session, cluster_keys(node)[1], synced)
         return {
             "volume": volume,
             "bootstrapped_at": timezone.now().isoformat(),
@@ -390,7 +391,8 @@ class SshDriver(Driver):
         user = shlex.quote(host.user or "root")
         original = shlex.quote(node.driver_state.get("original_hostname") or "")
         with host_session(host) as session:
-            warning = storage.push(node, session, cluster_keys(node)[1])
+            synced = storage.synced_volume(node)
+            warning = storage.push(node, session, cluster_keys(node)[1], synced) if synced else None
             status, output = session.run(f"sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text())
         if status != 0:
             raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])

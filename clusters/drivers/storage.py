@@ -67,11 +67,16 @@ class Store:
         )
 
 
-def attached_volume(node: Node) -> Volume | None:
-    """The volume attached to the node's cluster, for node-0 only."""
+def synced_volume(node: Node) -> tuple[Volume, Store] | None:
+    """The volume attached to the node's cluster and where its files are, for node-0 of a
+    location with a storage host; None where there is nothing to sync."""
     if node.index != 0:
         return None
-    return node.cluster.volumes.filter(deleted_at__isnull=True).first()
+    volume = node.cluster.volumes.filter(deleted_at__isnull=True).first()
+    if volume is None:
+        return None
+    store = Store.for_volume(volume, node.cluster.machine_type.location)
+    return None if store is None else (volume, store)
 
 
 def _tag(node: Node, volume: Volume) -> str:
@@ -117,16 +122,11 @@ def _remote(store: Store) -> str:
     return f"root@{store.address}:./"
 
 
-def pull(node: Node, session: Session, public_key: str) -> str | None:
-    """Bring the attached volume's files into /shared/volume on node-0, once per cluster.
-    Returns what was done (for the start's record), None when there is nothing to do; raises
-    DriverError when the sync fails (the start is tried again)."""
-    volume = attached_volume(node)
-    if volume is None:
-        return None
-    store = Store.for_volume(volume, node.cluster.machine_type.location)
-    if store is None:
-        return None
+def pull(node: Node, session: Session, public_key: str, synced: tuple[Volume, Store]) -> str:
+    """Bring the volume's files (`synced_volume(node)`) into /shared/volume on node-0, once per
+    cluster. Returns what was done, for the start's record; raises DriverError when the sync
+    fails (the start is tried again)."""
+    volume, store = synced
     status, _ = session.run(f"test -e {PULLED}", timeout=30)
     if status == 0:
         return f"volume {volume.name} is in {VOLUME_DIR}"
@@ -152,16 +152,13 @@ def pull(node: Node, session: Session, public_key: str) -> str | None:
     return f"volume {volume.name} synced into {VOLUME_DIR}"
 
 
-def push(node: Node, session: Session, public_key: str) -> tuple[str, str] | None:
-    """Sync /shared/volume on node-0 back to the volume before the wipe. Returns a warning and
-    the output (the files stay as they were on the storage host) when it could not; None
-    otherwise."""
-    volume = attached_volume(node)
-    if volume is None:
-        return None
-    store = Store.for_volume(volume, node.cluster.machine_type.location)
-    if store is None:
-        return None
+def push(
+    node: Node, session: Session, public_key: str, synced: tuple[Volume, Store]
+) -> tuple[str, str] | None:
+    """Sync /shared/volume on node-0 back to the volume (`synced_volume(node)`) before the
+    wipe. Returns a warning and the output (the files stay as they were on the storage host)
+    when it could not; None otherwise."""
+    volume, store = synced
     status, _ = session.run(f"test -e {PULLED} -a -d {VOLUME_DIR}", timeout=30)
     if status != 0:
         return None  # it never came in (or a wipe has begun): nothing to sync back
