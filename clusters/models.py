@@ -131,6 +131,12 @@ class Cluster(models.Model):
         help_text="The last network test a user asked for: state (running, done, failed), when "
         "it started and finished, its method (nccl or agent) and results (docs/lifecycle.md).",
     )
+    version = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Goes up by one whenever what the cluster page shows changes (its status, a "
+        "node row, a new event): the page's poll sends the version it shows, and an unchanged "
+        "cluster is answered from this column alone.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]

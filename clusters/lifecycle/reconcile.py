@@ -134,6 +134,10 @@ class _Pass:
             UsageRecord.objects.bulk_create(self.usage)
         if self.events:
             Event.objects.bulk_create(self.events)
+        if self.cluster_dirty or self.dirty or self.events:
+            # What the cluster page shows changed: its poll must answer with it.
+            self.cluster.version += 1
+            self.cluster_dirty = True
         if self.cluster_dirty:
             self.cluster.save()
         for node_id, action, token in self.handoffs:
