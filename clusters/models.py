@@ -161,6 +161,15 @@ class Cluster(models.Model):
     def is_final(self) -> bool:
         return self.status in self.TERMINAL
 
+    def bump_version(self) -> int:
+        """Mark that what the cluster page shows changed (a status, a node row, an event), so its
+        poll answers with it (docs/clusters.md, "The poll"); returns the new version, which the
+        writer also stamps on the node rows and events it writes. The writer holds the row lock
+        (`lock_cluster`) and saves `version` with its own write of the row, so the increment is
+        exact and costs no query of its own."""
+        self.version += 1
+        return self.version
+
     def move_to(self, status: "Cluster.Status") -> None:
         if status not in self.TRANSITIONS.get(self.status, set()):
             raise IllegalTransition(f"cluster {self.pk}: {self.status} -> {status} is not allowed")
@@ -297,6 +306,12 @@ class Node(models.Model):
     )
     driver_state = models.JSONField(default=dict, blank=True)
 
+    version = models.PositiveBigIntegerField(
+        default=0,
+        help_text="The cluster's version when this row last changed, or when it was added: a "
+        "poll from a page showing an older version gets this row again.",
+    )
+
     # A per-node task's claim on slow work (DESIGN.md: leases).
     lease_token = models.CharField(max_length=32, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -428,6 +443,11 @@ class Event(models.Model):
     output = models.TextField(blank=True, default="", help_text="Raw output of a failing check.")
     # The outbox: emails are sent from events and this marks the ones already sent.
     emailed_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(
+        default=0,
+        help_text="The cluster's version that this event came with: a poll from a page showing an "
+        "older version gets it.",
+    )
 
     class Meta:
         ordering = ["at", "pk"]

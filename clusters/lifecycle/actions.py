@@ -144,6 +144,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
         )
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)
         first = (nodes.aggregate(last=Max("index"))["last"] or 0) + 1
+        version = locked.bump_version()  # new_nodes stamps the added rows with it
         added = new_nodes(cluster=locked, hosts=hosts, first_index=first, is_worker=True, now=now)
         Event.objects.create(
             cluster=locked,
@@ -153,7 +154,9 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
                 f"Adding {count} worker{'s' if count > 1 else ''}: "
                 f"{', '.join(n.name for n in added)}."
             ),
+            version=version,
         )
+        locked.save(update_fields=["version"])
         dispatch.current().advance(locked.pk)
     return locked
 

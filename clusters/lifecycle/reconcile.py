@@ -126,6 +126,12 @@ class _Pass:
     def flush(self) -> None:
         if self.cluster_dirty and self.cluster.status in Cluster.TERMINAL:
             volumes.detach(cluster=self.cluster)  # failed, terminated or stopped: it has ended
+        if self.cluster_dirty or self.dirty or self.events:
+            # What the cluster page shows changed: its poll answers with these rows and events.
+            version = self.cluster.bump_version()
+            for row in [*self.dirty.values(), *self.events]:
+                row.version = version
+            self.cluster_dirty = True
         if self.dirty:
             Node.objects.bulk_update(list(self.dirty.values()), NODE_FIELDS)
         for state, host_ids in self.hosts.items():
@@ -134,10 +140,6 @@ class _Pass:
             UsageRecord.objects.bulk_create(self.usage)
         if self.events:
             Event.objects.bulk_create(self.events)
-        if self.cluster_dirty or self.dirty or self.events:
-            # What the cluster page shows changed: its poll must answer with it.
-            self.cluster.version += 1
-            self.cluster_dirty = True
         if self.cluster_dirty:
             self.cluster.save()
         for node_id, action, token in self.handoffs:
@@ -755,6 +757,7 @@ NODE_FIELDS = [
     "public_address",
     "public_port",
     "host_key",
+    "version",
 ]
 
 

@@ -89,6 +89,7 @@ def new_nodes(
             step=Step.RUNNING,
             step_started_at=now,
             reserved_at=now,
+            version=cluster.version,
         )
         node.step_deadline = step_deadline(
             start=now,
