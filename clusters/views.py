@@ -590,12 +590,11 @@ def _poll(request: HttpRequest, pk: int, shown: int) -> HttpResponse:
     """The page's poll, showing version `shown`. Unchanged: one query (the cluster's version,
     looked up within the user's project) and `204`, which htmx swaps nothing for; `286`, which
     stops the polling, when the cluster is final. Changed: what changed since `shown`."""
-    head = (
-        in_project(request, Cluster.objects.filter(pk=pk)).values_list("version", "status").first()
-    )
-    if head is None:
-        raise Http404("No such cluster in your project.")
-    version, status = head
+    clusters = in_project(request, Cluster.objects.all()).values_list("version", "status")
+    try:
+        version, status = clusters.get(pk=pk)
+    except Cluster.DoesNotExist:
+        raise Http404("No such cluster in your project.") from None
     if version == shown and _still_holds(request):
         if status in Cluster.TERMINAL:
             response = HttpResponse(status=STOP_POLLING)
@@ -605,7 +604,9 @@ def _poll(request: HttpRequest, pk: int, shown: int) -> HttpResponse:
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
     context = _detail_context(cluster)
-    if cluster.is_final:  # the last answer: the page as it stays, and the polling stops
+    # The last answer once final (the page as it stays, and the polling stops), and the answer
+    # to a page ahead of the cluster (a version it never had: nothing can say what changed).
+    if cluster.is_final or shown > cluster.version:
         context["events"] = list(_page_events().filter(cluster=cluster))
         context["node_rows"] = _node_rows(cluster, context["nodes"], context["now"])
         return _whole_answer(request, cluster, context)

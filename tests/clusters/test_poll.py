@@ -183,6 +183,19 @@ def test_it_sends_the_whole_page_once_the_cluster_is_final_and_stops_the_polling
     assert 'hx-trigger="every' not in body
 
 
+def test_it_sends_the_whole_page_to_a_page_ahead_of_the_cluster(owner):
+    cluster = live_cluster(owner.project, version=3)
+
+    response = owner.browser_client().get(
+        f"/clusters/{cluster.pk}/?version=9&nodes=2&connect=", headers=HTMX
+    )
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert '<div id="cluster-activity" class="cluster-page" hx-swap-oob="true">' in body
+    assert query_of(poll_url(body))["version"] == "3"
+
+
 def test_it_answers_the_whole_poll_once_a_running_network_test_is_past_its_time(owner):
     with time_machine.travel(NOW, tick=False) as clock:
         now = timezone.now()
