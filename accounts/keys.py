@@ -524,5 +524,6 @@ def forget_projects_keys(sender, instance: Project, created: bool = False, **kwa
         forget_keys_of(project_id=instance.pk)
 
 
-def forget_members_keys(sender, instance: Membership, **kwargs) -> None:
-    forget_keys_of(user_id=instance.user_id, project_id=instance.project_id)
+def forget_members_keys(sender, instance: Membership, created: bool = False, **kwargs) -> None:
+    if not created:  # a key of a user who was not a member is never cached
+        forget_keys_of(user_id=instance.user_id, project_id=instance.project_id)

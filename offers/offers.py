@@ -362,8 +362,8 @@ def cached(name: str, compute: Callable[[], T]) -> T:
 
 
 def inventory_changed() -> None:
-    """Forget every cached offer once the caller's transaction commits: staff changed what is on
-    offer (the inventory file, an admin edit, a host taken out of service or back).
+    """Forget every cached offer: staff changed what is on offer (the inventory file, an admin
+    edit, a host taken out of service or back).
 
     Now and again on commit: an answer computed while the change is uncommitted (from the
     rows as they were) is stored under the first new version and dropped by the second.
