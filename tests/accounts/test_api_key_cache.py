@@ -57,7 +57,7 @@ def test_it_keeps_neither_the_key_nor_the_users_password_in_the_cache(owner):
     assert "password" in entry.user.get_deferred_fields()
 
 
-def test_it_loads_what_the_cache_does_not_hold_from_the_database(owner, settings):
+def test_it_loads_what_the_cache_does_not_hold_from_the_database(owner):
     warm(owner)
     entry = cache.get(f"apikey:{hash_api_key(owner.key)}")
 
