@@ -141,7 +141,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
             ClusterRow(
                 cluster=cluster,
                 machines=machines,
-                price_per_hour=_price(cluster.machine_type.price_per_hour, machines),
+                price_per_hour=_price(cluster.price_per_machine_hour, machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=_age(cluster.created_at, now),
             )
@@ -153,7 +153,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
 def cluster_list(request: HttpRequest) -> HttpResponse:
     clusters = (
         Cluster.objects.filter(project=require_project(request))
-        .select_related("environment", "machine_type__location", "machine_type__gpu")
+        .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
         .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
         .order_by("-created_at", "-pk")
     )
@@ -260,7 +260,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
 def _clusters_with_details() -> QuerySet[Cluster]:
     """One cluster's page in a fixed number of queries, whatever its number of nodes."""
     return Cluster.objects.select_related(
-        "environment", "machine_type__location", "machine_type__gpu"
+        "environment", "machine_type__location", "machine_type__gpu", "quote__gpu"
     ).prefetch_related(
         Prefetch("nodes", queryset=Node.objects.select_related("host").order_by("index")),
         Prefetch("events", queryset=Event.objects.select_related("node").order_by("-at", "-pk")),
@@ -466,7 +466,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "machine_type": machine_type,
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines or cluster.size,
-        "price_per_hour": _price(machine_type.price_per_hour, machines or cluster.size),
+        "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
         "steps": _stepper(cluster, nodes),
         "node_rows": _node_rows(cluster, nodes, now),
         "events": list(cluster.events.all()),
