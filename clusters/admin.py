@@ -23,11 +23,10 @@ from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import lifecycle
 from clusters.errors import ClusterRefused
-from clusters.models import NAME_RE, Cluster, Event, Node, Volume
+from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, Volume
 from offers.admin import QuoteRequestAdmin
 from offers.inventory import take_hosts_offline
 from offers.models import MIN_NODES, Host, MachineType, QuoteRequest
-from offers.quotes import QUOTE_MAX_NODES
 
 MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
 
@@ -68,8 +67,9 @@ class QuotedClusterForm(forms.Form):
     )
     nodes = forms.IntegerField(
         min_value=MIN_NODES,
-        max_value=QUOTE_MAX_NODES,
-        help_text=f"{MIN_NODES} to {QUOTE_MAX_NODES:,} machines: past the self-serve limit too.",
+        max_value=QUOTED_MAX_NODES,
+        help_text=f"{MIN_NODES} to {QUOTED_MAX_NODES} machines (the private network's addresses): "
+        "past the self-serve limit too.",
     )
     agreed_price_per_machine_hour = forms.DecimalField(
         label="Agreed price per machine-hour",

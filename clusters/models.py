@@ -13,6 +13,8 @@ from django.utils import timezone
 # trailing newline, so "web\n" was a name; with `\Z` both match() and fullmatch() are whole.
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
 PRIVATE_NETWORK = "10.77.0.0/24"
+# node-i is 10.77.0.{i+1}, so the /24 holds 254 machines: the largest a (quoted) cluster gets.
+QUOTED_MAX_NODES = 254
 
 
 def private_ip(index: int) -> str:

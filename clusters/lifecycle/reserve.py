@@ -18,10 +18,9 @@ from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_deadline, token_hash
-from clusters.models import NAME_RE, Cluster, Event, Node, give_up_after
+from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, Host, MachineType, QuoteRequest
 from offers.offers import Availability, get_offer
-from offers.quotes import QUOTE_MAX_NODES
 
 Status = Cluster.Status
 Step = Node.Step
@@ -213,7 +212,7 @@ def create_cluster(
     recorded as its own and must fit the key's limits (`require_key_limits`).
 
     With `quoted` (staff, from a won quote request: `Quoted`), `offer_slug` names any machine
-    type, listed or not, the size may reach QUOTE_MAX_NODES, and the cluster is billed at the
+    type, listed or not, the size may reach QUOTED_MAX_NODES, and the cluster is billed at the
     agreed price; the balance, budget, name, software and SSH key rules are the same.
 
     Raises ClusterRefused before anything is reserved or written.
@@ -221,7 +220,7 @@ def create_cluster(
     now = timezone.now()
     if environment.project_id != project.pk:
         raise ClusterRefused("unknown_environment", "No such environment in this project.")
-    max_nodes = MAX_NODES if quoted is None else QUOTE_MAX_NODES
+    max_nodes = MAX_NODES if quoted is None else QUOTED_MAX_NODES
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= max_nodes:
         raise ClusterRefused(
             "invalid_nodes",

@@ -16,7 +16,7 @@ from billing import meter
 from billing.models import LedgerEntry, UsageRecord
 from clusters import lifecycle
 from clusters.errors import ClusterRefused
-from clusters.models import Cluster, Event, Node
+from clusters.models import QUOTED_MAX_NODES, Cluster, Event, Node
 from offers.models import MAX_NODES, Host, MachineType, QuoteRequest
 from tests.clusters.lifecycle_kit import Sim, at, create, environment_of, inventory, new_project
 
@@ -147,7 +147,7 @@ def test_it_creates_a_quoted_cluster_from_a_won_quote_through_the_admin(
 @pytest.mark.parametrize(
     ("changes", "field", "message"),
     [
-        ({"nodes": "1001"}, "nodes", "less than or equal to 1000"),
+        ({"nodes": "255"}, "nodes", "less than or equal to 254"),
         ({"agreed_price_per_machine_hour": "0"}, "agreed_price_per_machine_hour", "0.01"),
         ({"agreed_price_per_machine_hour": "1e30"}, "agreed_price_per_machine_hour", "digits"),
         ({"name": "Not A Label"}, "name", "DNS label"),
@@ -387,3 +387,15 @@ def test_another_project_sees_none_of_it(requester, infiniband, sim):
     cluster.refresh_from_db()
     assert cluster.status == Cluster.Status.PROVISIONING
     assert Node.objects.filter(cluster=cluster, holds_host=True).count() == SIZE
+
+
+def test_a_quoted_cluster_stops_at_the_private_networks_254_addresses(requester, infiniband):
+    _, project = requester
+    quote = won_quote(project, infiniband)
+
+    with pytest.raises(ClusterRefused) as refused:
+        quoted_cluster(project, infiniband, quote, nodes=QUOTED_MAX_NODES + 1)
+
+    assert (refused.value.code, refused.value.field) == ("invalid_nodes", "nodes")
+    assert "2 to 254 machines" in refused.value.message
+    assert not Host.objects.filter(state=Host.State.RESERVED).exists()
