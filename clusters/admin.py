@@ -418,6 +418,7 @@ class NodeAdmin(admin.ModelAdmin):
     ]
     list_select_related = ["cluster__project", "host"]
     search_fields = ["cluster__name", "cluster__project__name", "host__name"]
+    ordering = ["-cluster_id", "index"]  # the newest clusters first
     show_full_result_count = False
     actions = ["take_host_offline"]
 
