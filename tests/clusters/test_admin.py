@@ -151,3 +151,20 @@ def test_it_shows_nodes_and_events_read_only(staff_client, db):
     assert set(Node.objects.values_list("step", flat=True)) == {Node.Step.RUNNING}
     cluster.refresh_from_db()
     assert cluster.status == Cluster.Status.READY
+
+
+def test_a_clusters_page_runs_the_same_queries_for_2_and_20_nodes(
+    staff_client, django_assert_max_num_queries, django_assert_num_queries
+):
+    small = ClusterFactory(status=Cluster.Status.READY, size=2, machines=True)
+    large = ClusterFactory(status=Cluster.Status.READY, size=20, machines=True)
+    for cluster in (small, large):
+        for node in cluster.nodes.all():
+            EventFactory(cluster=cluster, node=node, message=f"{node.name} joined.")
+
+    staff_client.get(reverse("admin:clusters_cluster_change", args=[small.pk]))  # content types
+    with django_assert_max_num_queries(25) as few:
+        staff_client.get(reverse("admin:clusters_cluster_change", args=[small.pk]))
+    with django_assert_num_queries(len(few.captured_queries)):
+        page = staff_client.get(reverse("admin:clusters_cluster_change", args=[large.pk]))
+    assert all(f"node-{i} joined." in page.content.decode() for i in range(20))
