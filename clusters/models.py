@@ -13,6 +13,8 @@ from django.utils import timezone
 # trailing newline, so "web\n" was a name; with `\Z` both match() and fullmatch() are whole.
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
 PRIVATE_NETWORK = "10.77.0.0/24"
+# node-i is 10.77.0.{i+1}, so the /24 holds 254 machines: the largest a (quoted) cluster gets.
+QUOTED_MAX_NODES = 254
 
 
 def private_ip(index: int) -> str:
@@ -131,6 +133,25 @@ class Cluster(models.Model):
         help_text="The last network test a user asked for: state (running, done, failed), when "
         "it started and finished, its method (nccl or agent) and results (docs/lifecycle.md).",
     )
+    # A quoted cluster (SPEC §7, docs/clusters.md): created by staff from a won quote request,
+    # on any machine type and past the self-serve size limit, billed at the agreed price.
+    quote = models.ForeignKey(
+        "offers.QuoteRequest",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="clusters",
+        help_text="The won quote request staff created it from; null for a self-serve cluster.",
+    )
+    agreed_price_per_machine_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.01"))],
+        help_text="A quoted cluster's agreed USD per machine-hour, billed instead of the machine "
+        "type's price; null for a self-serve cluster.",
+    )
     version = models.PositiveBigIntegerField(
         default=0,
         help_text="Goes up by one whenever what the cluster page shows changes (its status, a "
@@ -141,13 +162,18 @@ class Cluster(models.Model):
     class Meta:
         ordering = ["-created_at", "-pk"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(quote__isnull=True, agreed_price_per_machine_hour__isnull=True)
+                | Q(quote__isnull=False, agreed_price_per_machine_hour__gt=0),
+                name="cluster_quoted_has_agreed_price",
+            ),
             models.UniqueConstraint(
                 fields=["environment", "name"],
                 condition=Q(
                     status__in=["provisioning", "installing", "ready", "degraded", "terminating"]
                 ),
                 name="cluster_live_name_unique",
-            )
+            ),
         ]
 
     def __str__(self) -> str:
@@ -169,6 +195,18 @@ class Cluster(models.Model):
         exact and costs no query of its own."""
         self.version += 1
         return self.version
+
+    @property
+    def is_quoted(self) -> bool:
+        return self.quote_id is not None
+
+    @property
+    def price_per_machine_hour(self) -> Decimal:
+        """What one machine of this cluster costs per hour: the agreed price of a quoted
+        cluster, else its machine type's. Billing, pages, the API and emails all read this."""
+        if self.agreed_price_per_machine_hour is not None:
+            return self.agreed_price_per_machine_hour
+        return self.machine_type.price_per_hour
 
     def move_to(self, status: "Cluster.Status") -> None:
         if status not in self.TRANSITIONS.get(self.status, set()):

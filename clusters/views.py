@@ -147,7 +147,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
             ClusterRow(
                 cluster=cluster,
                 machines=machines,
-                price_per_hour=_price(cluster.machine_type.price_per_hour, machines),
+                price_per_hour=_price(cluster.price_per_machine_hour, machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=_age(cluster.created_at, now),
             )
@@ -159,7 +159,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
 def cluster_list(request: HttpRequest) -> HttpResponse:
     clusters = (
         Cluster.objects.filter(project=require_project(request))
-        .select_related("environment", "machine_type__location", "machine_type__gpu")
+        .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
         .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
         .order_by("-created_at", "-pk")
     )
@@ -287,7 +287,7 @@ def _clusters_with_details(*, events: bool = True) -> QuerySet[Cluster]:
     if events:
         prefetch.append(Prefetch("events", queryset=_page_events()))
     return Cluster.objects.select_related(
-        "environment", "machine_type__location", "machine_type__gpu"
+        "environment", "machine_type__location", "machine_type__gpu", "quote__gpu"
     ).prefetch_related(*prefetch)
 
 
@@ -496,7 +496,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "machine_type": machine_type,
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines or cluster.size,
-        "price_per_hour": _price(machine_type.price_per_hour, machines or cluster.size),
+        "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
         "steps": _stepper(cluster, nodes),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,

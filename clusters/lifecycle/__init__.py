@@ -3,7 +3,7 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
 
 - `create_cluster` validates, then reserves every host in one transaction with row locks; made
   with an API key, it must fit the key's limits (`key_spend_per_hour` is what the hourly one
-  counts).
+  counts); given `Quoted` terms (staff, from a won quote), it lifts only the self-serve rules.
 - `advance` is level-triggered: it reads the cluster's rows and the clock, does what is due in
   one transaction with the cluster row locked, and returns what it did. Running it twice does
   nothing new. Slow work (starting a machine, an install, a check, wiping a host) is handed to a
@@ -39,7 +39,7 @@ from clusters.lifecycle.network_test import (
     run_network_test,
 )
 from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance
-from clusters.lifecycle.reserve import create_cluster, key_spend_per_hour, reserve_hosts
+from clusters.lifecycle.reserve import Quoted, create_cluster, key_spend_per_hour, reserve_hosts
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
@@ -64,6 +64,7 @@ __all__ = [
     "LEASE_SECONDS",
     "NETWORK_TEST_SECONDS",
     "NODE_FIELDS",
+    "Quoted",
     "RELEASE_ATTEMPTS",
     "RETRY_AFTER",
     "START_ATTEMPTS",

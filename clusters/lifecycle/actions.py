@@ -124,6 +124,13 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
                 f"Workers can be added to a ready cluster; this one is "
                 f"{locked.status if locked else 'gone'}.",
             )
+        if locked.is_quoted:
+            raise ClusterRefused(
+                "invalid_state",
+                "A quoted cluster's size is part of the terms agreed with our team: request a "
+                "quote to change it.",
+                field="count",
+            )
         nodes = locked.nodes.all()
         live = nodes.filter(status__in=[NodeStatus.STARTING, NodeStatus.JOINED]).count()
         if live + count > MAX_NODES:
@@ -138,7 +145,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
         )
         require_balance(
             project=locked.project,
-            machine_type=locked.machine_type,
+            price_per_machine_hour=locked.price_per_machine_hour,
             machines=live + count,
             doing=f"a cluster of {live + count} machines",
         )

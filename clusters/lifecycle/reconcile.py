@@ -448,7 +448,7 @@ class _Pass:
                     project_id=self.cluster.project_id,
                     cluster=self.cluster,
                     node=node,
-                    price_per_hour=self.machine_type.price_per_hour,
+                    price_per_hour=self.cluster.price_per_machine_hour,
                     started_at=self.now,
                     charged_until=self.now,
                 )
