@@ -137,6 +137,12 @@ class Cluster(models.Model):
         "node row, a new event): the page's poll sends the version it shows, and an unchanged "
         "cluster is answered from this column alone.",
     )
+    needs_work = models.BooleanField(
+        default=True,
+        help_text="Whether the tick advances it: still moving, or a node still holds a host to "
+        "release (`clusters.lifecycle.needs_work`). Kept by every write-back of the reconciler, "
+        "so the tick reads only these clusters (a partial index), however many are ready.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -148,6 +154,10 @@ class Cluster(models.Model):
                 ),
                 name="cluster_live_name_unique",
             )
+        ]
+        indexes = [
+            # The tick reads only the clusters with work to do.
+            models.Index(fields=["id"], condition=Q(needs_work=True), name="cluster_needs_work")
         ]
 
     def __str__(self) -> str:

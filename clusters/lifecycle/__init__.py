@@ -56,7 +56,7 @@ from clusters.lifecycle.rules import (
     token_hash,
 )
 from clusters.lifecycle.watch import clusters_needing_work, sweep_orphan_hosts, watch_heartbeats
-from clusters.lifecycle.work import do_node_work, install_plan, node_plan_for
+from clusters.lifecycle.work import do_node_work, do_work, install_plan, node_plan_for
 
 __all__ = [
     "CHECK_EVERY",
@@ -80,6 +80,7 @@ __all__ = [
     "dispatching_to",
     "do_network_test",
     "do_node_work",
+    "do_work",
     "enqueue_advance",
     "hardware_problem",
     "install_plan",

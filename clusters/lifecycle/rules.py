@@ -99,6 +99,24 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def needs_work(cluster: Cluster, nodes: list[Node]) -> bool:
+    """Whether the reconciler still has something to do for the cluster: it is still moving
+    (provisioning, installing, terminating), a worker is starting or installing, or a node that
+    ended still holds its host (to wipe). Kept in `Cluster.needs_work`, which the tick reads."""
+    if cluster.status in (Status.PROVISIONING, Status.INSTALLING, Status.TERMINATING):
+        return True
+    return any(
+        n.status == NodeStatus.STARTING
+        or (n.holds_host and n.status in Node.RELEASED)
+        or (
+            cluster.status == Status.READY
+            and n.status == NodeStatus.JOINED
+            and n.step == Node.Step.INSTALL
+        )
+        for n in nodes
+    )
+
+
 def lock_cluster(cluster_id: int) -> Cluster | None:
     return (
         Cluster.objects.select_for_update(of=("self",))

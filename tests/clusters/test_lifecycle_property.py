@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,6 +45,18 @@ def assert_no_host_held_twice(machine_type) -> None:
     assert set(taken.values_list("pk", flat=True)) == set(held.values_list("host", flat=True))
 
 
+def assert_the_tick_sees_it(cluster) -> None:
+    """The flag the tick reads says what the rows say: still moving, or a node that ended still
+    holds its host, or a ready cluster's worker is starting or installing."""
+    moving = Cluster.objects.filter(pk=cluster.pk).filter(
+        Q(status__in=["provisioning", "installing", "terminating"])
+        | Q(nodes__status="starting")
+        | Q(nodes__holds_host=True, nodes__status__in=["failed", "ended", "lost"])
+        | Q(status="ready", nodes__step="install", nodes__status="joined")
+    )
+    assert cluster.needs_work == moving.exists()
+
+
 @pytest.mark.django_db
 @settings(
     max_examples=20,
@@ -65,6 +77,7 @@ def test_it_ends_all_joined_or_all_released(scenario):
             sim.tick()
             assert_no_host_held_twice(machine_type)
             cluster.refresh_from_db()
+            assert_the_tick_sees_it(cluster)
             settled = not cluster.nodes.filter(
                 holds_host=True, status__in=[Node.Status.FAILED, Node.Status.ENDED]
             ).exists()

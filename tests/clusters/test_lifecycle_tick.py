@@ -13,21 +13,42 @@ from tests.factories import HostFactory
 
 
 def test_it_ticks_only_the_clusters_with_something_to_do(project):
-    machine_type = inventory(hosts=8, boot_seconds=5)
+    # Every state is reached through the lifecycle: the tick reads what its writes keep
+    # (`Cluster.needs_work`), not the nodes.
+    machine_type = inventory(hosts=7, boot_seconds=5)
+    crashing = inventory(hosts=2, boot_seconds=5, faults={0: "crash"})
     with time_machine.travel(T0, tick=False) as clock, Sim() as sim:
-        moving = create(project, machine_type)
+        failed = create(project, crashing)  # its node-0 crashes: failed, every host wiped
         ready = create(project, machine_type)
         releasing = create(project, machine_type)
         sim.run_until(clock, T0.replace(minute=1), every=5)
         lifecycle.terminate(cluster=releasing)
         sim.dispatcher.advances.clear()
-        Cluster.objects.filter(pk=moving.pk).update(status="provisioning")
-        failed = create(project, machine_type)
-        Cluster.objects.filter(pk=failed.pk).update(status="failed")
-        failed.nodes.update(holds_host=False, status="ended")
+        moving = create(project, machine_type)
+        sim.dispatcher.advances.clear()
+        statuses = dict(Cluster.objects.values_list("pk", "status"))
+        assert [statuses[c.pk] for c in (failed, ready, releasing, moving)] == [
+            "failed",
+            "ready",
+            "terminating",
+            "provisioning",
+        ]
+        assert not failed.nodes.filter(holds_host=True).exists()
 
-        assert lifecycle.clusters_needing_work() == [moving.pk, releasing.pk]
-        assert ready.pk not in lifecycle.clusters_needing_work()
+        assert lifecycle.clusters_needing_work() == [releasing.pk, moving.pk]
+
+        lifecycle.add_workers(cluster=ready, count=1)  # a ready cluster with a worker starting
+        assert lifecycle.clusters_needing_work() == [ready.pk, releasing.pk, moving.pk]
+
+        sim.run_until(clock, T0.replace(minute=2), every=5)
+        statuses = dict(Cluster.objects.values_list("pk", "status"))
+        assert [statuses[c.pk] for c in (ready, releasing, moving)] == [
+            "ready",
+            "terminated",
+            "ready",
+        ]
+        assert ready.nodes.filter(status="joined").count() == 3
+        assert lifecycle.clusters_needing_work() == []
 
 
 def test_it_enqueues_one_advance_per_cluster_from_the_beat_task(
