@@ -21,7 +21,7 @@ from clusters.lifecycle.reserve import (
     require_key_limits,
     reserve_hosts,
 )
-from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money
+from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money, set_needs_work
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
 
@@ -145,8 +145,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)
         first = (nodes.aggregate(last=Max("index"))["last"] or 0) + 1
         added = new_nodes(cluster=locked, hosts=hosts, first_index=first, is_worker=True, now=now)
-        if not locked.needs_work:
-            locked.needs_work = True  # its new workers are starting: the tick must see them
+        if set_needs_work(locked, True):  # its new workers are starting: the tick must see them
             locked.save(update_fields=["needs_work"])
         Event.objects.create(
             cluster=locked,

@@ -36,6 +36,7 @@ from clusters.lifecycle.rules import (
     needs_work,
     node_give_up_at,
     reachability_matrix,
+    set_needs_work,
     step_deadline,
 )
 from clusters.models import Cluster, Event, Node, give_up_after
@@ -145,10 +146,8 @@ class _Pass:
             # What the cluster page shows changed: its poll must answer with it.
             self.cluster.version += 1
             self.cluster_dirty = True
-        due = needs_work(self.cluster, self.nodes)
-        if due != self.cluster.needs_work:
-            self.cluster.needs_work = due  # what the tick reads
-            self.cluster_dirty = True
+        if set_needs_work(self.cluster, needs_work(self.cluster, self.nodes)):
+            self.cluster_dirty = True  # what the tick reads
         if self.cluster_dirty:
             self.cluster.save()
         self.dispatch_handoffs()

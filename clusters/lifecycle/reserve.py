@@ -17,7 +17,7 @@ from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_deadline, token_hash
-from clusters.models import NAME_RE, Cluster, Event, Node, give_up_after
+from clusters.models import NAME_RE, Cluster, DueCluster, Event, Node, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, Host, MachineType
 from offers.offers import Availability, get_offer
 
@@ -242,6 +242,7 @@ def create_cluster(
                 created_at=now,
                 give_up_at=now + give_up_after(machine_type.slow_boot),
             )
+            DueCluster.objects.create(cluster=cluster)  # needs_work: the tick advances it
             cluster.ssh_keys.set(keys)
             if volume is not None:
                 volumes.attach(volume=volume, cluster=cluster, now=now)

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from clusters.models import Cluster, Node, give_up_after
+from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
 
 Status = Cluster.Status
@@ -115,6 +115,19 @@ def needs_work(cluster: Cluster, nodes: list[Node]) -> bool:
         )
         for n in nodes
     )
+
+
+def set_needs_work(cluster: Cluster, due: bool) -> bool:
+    """Set the locked cluster's `needs_work` (saved with the cluster by the caller) and write
+    its DueCluster row to match, in the caller's transaction; returns whether it changed."""
+    if cluster.needs_work == due:
+        return False
+    cluster.needs_work = due
+    if due:
+        DueCluster.objects.bulk_create([DueCluster(cluster_id=cluster.pk)], ignore_conflicts=True)
+    else:
+        DueCluster.objects.filter(cluster_id=cluster.pk).delete()
+    return True
 
 
 def lock_cluster(cluster_id: int) -> Cluster | None:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from clusters.drivers import get_driver
 from clusters.drivers.base import MachineState
 from clusters.lifecycle.actions import mark_lost
-from clusters.models import Cluster, Node
+from clusters.models import Cluster, DueCluster, Node
 from offers.models import Host
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,9 @@ NodeStatus = Node.Status
 
 def clusters_needing_work() -> list[int]:
     """The clusters a tick should advance: anything still moving, or still holding a host
-    (`rules.needs_work`, which every write of the reconciler keeps in `Cluster.needs_work`).
-    One read of a partial index that holds only these clusters: ready and ended clusters,
-    however many, cost nothing."""
-    return list(Cluster.objects.filter(needs_work=True).order_by("pk").values_list("pk", flat=True))
+    (`rules.needs_work`, which every write of the reconciler keeps). One read of DueCluster,
+    which holds only these clusters: ready and ended clusters, however many, cost nothing."""
+    return list(DueCluster.objects.order_by("cluster_id").values_list("cluster_id", flat=True))
 
 
 def sweep_orphan_hosts() -> list[Host]:

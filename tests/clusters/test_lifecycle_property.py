@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.models import UsageRecord
-from clusters.models import Cluster, Node
+from clusters.models import Cluster, DueCluster, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
 
@@ -46,8 +46,9 @@ def assert_no_host_held_twice(machine_type) -> None:
 
 
 def assert_the_tick_sees_it(cluster) -> None:
-    """The flag the tick reads says what the rows say: still moving, or a node that ended still
-    holds its host, or a ready cluster's worker is starting or installing."""
+    """What the tick reads (the flag, and the DueCluster row with it) says what the rows say:
+    still moving, or a node that ended still holds its host, or a ready cluster's worker is
+    starting or installing."""
     moving = Cluster.objects.filter(pk=cluster.pk).filter(
         Q(status__in=["provisioning", "installing", "terminating"])
         | Q(nodes__status="starting")
@@ -55,6 +56,7 @@ def assert_the_tick_sees_it(cluster) -> None:
         | Q(status="ready", nodes__step="install", nodes__status="joined")
     )
     assert cluster.needs_work == moving.exists()
+    assert DueCluster.objects.filter(cluster=cluster).exists() == cluster.needs_work
 
 
 @pytest.mark.django_db
