@@ -138,7 +138,7 @@ class Cluster(models.Model):
         "cluster is answered from this column alone.",
     )
     needs_work = models.BooleanField(
-        default=True,
+        default=False,
         help_text="Whether the tick advances it: still moving, or a node still holds a host to "
         "release (`clusters.lifecycle.needs_work`). Kept by every write of the reconciler, with "
         "a DueCluster row exactly while it is set.",

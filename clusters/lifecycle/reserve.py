@@ -241,8 +241,9 @@ def create_cluster(
                 authorized_keys="\n".join(k.public_key.strip() for k in keys) + "\n",
                 created_at=now,
                 give_up_at=now + give_up_after(machine_type.slow_boot),
+                needs_work=True,
             )
-            DueCluster.objects.create(cluster=cluster)  # needs_work: the tick advances it
+            DueCluster.objects.create(cluster=cluster)  # with needs_work: the tick advances it
             cluster.ssh_keys.set(keys)
             if volume is not None:
                 volumes.attach(volume=volume, cluster=cluster, now=now)

@@ -5,10 +5,10 @@ from django.db import migrations, models
 from django.db.models import Q
 
 
-def mark_idle_clusters(apps, schema_editor):
-    """Every existing cluster starts at needs_work=True; those the tick's old query would not
-    pick (ready, ended, with nothing held) are set to False, and the others get their
-    DueCluster row, so the first tick after the migration advances what it advanced before."""
+def mark_clusters_with_work(apps, schema_editor):
+    """The clusters the tick's old query picked (moving, or a node still holding a host) get
+    needs_work and their DueCluster row, so the first tick after the migration advances what
+    it advanced before."""
     Cluster = apps.get_model("clusters", "Cluster")
     DueCluster = apps.get_model("clusters", "DueCluster")
     moving = Cluster.objects.filter(
@@ -17,7 +17,7 @@ def mark_idle_clusters(apps, schema_editor):
         | Q(nodes__holds_host=True, nodes__status__in=["failed", "ended", "lost"])
         | Q(status="ready", nodes__step="install", nodes__status="joined")
     ).values("pk")
-    Cluster.objects.exclude(pk__in=moving).update(needs_work=False)
+    Cluster.objects.filter(pk__in=moving).update(needs_work=True)
     due = Cluster.objects.filter(needs_work=True).values_list("pk", flat=True)
     DueCluster.objects.bulk_create(
         [DueCluster(cluster_id=pk) for pk in due.iterator()], batch_size=1000
@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='cluster',
             name='needs_work',
-            field=models.BooleanField(default=True, help_text='Whether the tick advances it: still moving, or a node still holds a host to release (`clusters.lifecycle.needs_work`). Kept by every write of the reconciler, with a DueCluster row exactly while it is set.'),
+            field=models.BooleanField(default=False, help_text='Whether the tick advances it: still moving, or a node still holds a host to release (`clusters.lifecycle.needs_work`). Kept by every write of the reconciler, with a DueCluster row exactly while it is set.'),
         ),
-        migrations.RunPython(mark_idle_clusters, migrations.RunPython.noop),
+        migrations.RunPython(mark_clusters_with_work, migrations.RunPython.noop),
     ]
