@@ -7,8 +7,9 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
 - `advance` is level-triggered: it reads the cluster's rows and the clock, does what is due in
   one transaction with the cluster row locked, and returns what it did. Running it twice does
   nothing new. Slow work (starting a machine, an install, a check, wiping a host) is handed to a
-  per-node task under a lease and never runs inside the transaction; the task writes its result
-  back only while its lease token still matches (`do_node_work`).
+  per-node task under a lease (one task for a cluster's nodes where the driver batches) and
+  never runs inside the transaction; the task writes its results back only while their lease
+  tokens still match, and advances the cluster in the same transaction (`do_work`).
 - `terminate`, `retry_install`, `add_workers` change what the reconciler aims for.
 - `run_network_test` measures the private network of a ready cluster on request, in a task.
 
