@@ -158,6 +158,12 @@ class Cluster(models.Model):
         "node row, a new event): the page's poll sends the version it shows, and an unchanged "
         "cluster is answered from this column alone.",
     )
+    needs_work = models.BooleanField(
+        default=False,
+        help_text="Whether the tick advances it: still moving, or a node still holds a host to "
+        "release (`clusters.lifecycle.needs_work`). Kept by every write of the reconciler, with "
+        "a DueCluster row exactly while it is set.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -247,6 +253,21 @@ class Cluster(models.Model):
                 "it is done.",
             )
         return None
+
+
+class DueCluster(models.Model):
+    """A cluster the tick advances: one row for each cluster whose `needs_work` is set, written
+    and deleted with it (`clusters.lifecycle.rules.set_needs_work`). The tick reads this table,
+    which holds only the clusters still moving, so its query and its plan are the same however
+    many clusters are ready or ended (a partial index on the clusters table would not do:
+    PostgreSQL scans a small table whole and a large one by the index, two plans)."""
+
+    cluster = models.OneToOneField(
+        Cluster, primary_key=True, on_delete=models.CASCADE, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"cluster {self.cluster_id} is due"
 
 
 class Node(models.Model):

@@ -21,7 +21,7 @@ from clusters.lifecycle.reserve import (
     require_key_limits,
     reserve_hosts,
 )
-from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money
+from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money, set_needs_work
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
 
@@ -153,6 +153,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
         first = (nodes.aggregate(last=Max("index"))["last"] or 0) + 1
         version = locked.bump_version()  # new_nodes stamps the added rows with it
         added = new_nodes(cluster=locked, hosts=hosts, first_index=first, is_worker=True, now=now)
+        set_needs_work(locked, True)  # its new workers are starting: the tick must see them
         Event.objects.create(
             cluster=locked,
             at=now,
@@ -163,7 +164,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
             ),
             version=version,
         )
-        locked.save(update_fields=["version"])
+        locked.save(update_fields=["version", "needs_work"])
         dispatch.current().advance(locked.pk)
     return locked
 

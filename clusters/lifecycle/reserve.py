@@ -18,7 +18,15 @@ from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_deadline, token_hash
-from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, give_up_after
+from clusters.models import (
+    NAME_RE,
+    QUOTED_MAX_NODES,
+    Cluster,
+    DueCluster,
+    Event,
+    Node,
+    give_up_after,
+)
 from offers.models import MAX_NODES, MIN_NODES, Host, MachineType, QuoteRequest
 from offers.offers import Availability, get_offer
 
@@ -304,7 +312,9 @@ def create_cluster(
                 give_up_at=now + give_up_after(machine_type.slow_boot),
                 quote=quoted.quote if quoted else None,
                 agreed_price_per_machine_hour=quoted.price_per_machine_hour if quoted else None,
+                needs_work=True,
             )
+            DueCluster.objects.create(cluster=cluster)  # with needs_work: the tick advances it
             cluster.ssh_keys.set(keys)
             if volume is not None:
                 volumes.attach(volume=volume, cluster=cluster, now=now)
