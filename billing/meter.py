@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from django.db.models import F, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
+from billing import balances
 from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster, Volume
 
@@ -240,7 +241,16 @@ def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Deci
         [(entries[key], cents(line.cents), line.machine_seconds) for key, line in lines.items()],
     )
     _post_days(lines)
+    _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
+
+
+def _move_balances(lines: dict[tuple[int, datetime], _Line]) -> None:
+    """The debits move each project's running balance, in the transaction of the lines."""
+    debits: dict[int, int] = defaultdict(int)
+    for line in lines.values():
+        debits[line.project_id] += line.cents
+    balances.move({project_id: -cents(amount) for project_id, amount in debits.items()})
 
 
 def _post_days(lines: dict[tuple[int, datetime], _Line]) -> None:
@@ -520,6 +530,7 @@ def _post_storage_lines(
         entries[key].amount -= cents(line.cents)
         entries[key].machine_seconds += line.machine_seconds
     LedgerEntry.objects.bulk_update([entries[key] for key in lines], ["amount", "machine_seconds"])
+    _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
 
 

@@ -1,13 +1,14 @@
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import models
-from django.db.models import Q, Sum
+from django.db import models, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 
 class LedgerEntry(models.Model):
-    """One line of a project's append-only ledger. The balance is the sum of the lines."""
+    """One line of a project's append-only ledger. The balance is the sum of the lines, kept as
+    a running total on the project (billing/balances.py)."""
 
     class Kind(models.TextChoices):
         TOPUP = "topup", "Top-up"
@@ -80,10 +81,29 @@ class LedgerEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.amount} USD"
 
+    def save(self, *args, **kwargs) -> None:
+        """A new line moves its project's running balance by its amount, in one transaction
+        (billing/balances.py). Lines are only added: a saved line's amount never changes here;
+        the meter adds to usage lines with its own set-based writes, which move the balance
+        the same way."""
+        if not self._state.adding:
+            super().save(*args, **kwargs)
+            return
+        project = self._meta.get_field("project").related_model
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            if self.amount:
+                project.objects.filter(pk=self.project_id).update(
+                    balance=F("balance") + self.amount
+                )
 
-def balance_of(project_id: int) -> Decimal:
-    total = LedgerEntry.objects.filter(project_id=project_id).aggregate(total=Sum("amount"))
-    return total["total"] or Decimal("0.00")
+
+def balance_of(project_id: "int | models.Model") -> Decimal:
+    """The project's (or the project id's) running balance: one row, however long its ledger."""
+    project = LedgerEntry._meta.get_field("project").related_model
+    pk = getattr(project_id, "pk", project_id)
+    found = project.objects.filter(pk=pk).values_list("balance", flat=True).first()
+    return found if found is not None else Decimal("0.00")
 
 
 class UsageRecord(models.Model):

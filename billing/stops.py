@@ -18,10 +18,11 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Sum
+from django.db.models import Max
 from django.utils import timezone
 
 from accounts.models import Environment, Membership
+from billing import balances
 from billing.budgets import WARNING_SHARE, month_start, spend_by_environment
 from billing.meter import burn_rates
 from billing.models import LedgerEntry, Notice
@@ -41,17 +42,6 @@ class LimitsResult:
     low_balance_emails: int = 0
     budget_emails: int = 0
     stop_emails: int = 0
-
-
-def balances(project_ids: set[int]) -> dict[int, Decimal]:
-    rows = (
-        LedgerEntry.objects.filter(project_id__in=project_ids)
-        .values("project_id")
-        .annotate(total=Sum("amount"))
-    )
-    result = {project_id: Decimal("0.00") for project_id in project_ids}
-    result.update({row["project_id"]: row["total"] for row in rows})
-    return result
 
 
 def billing_recipients(project_ids: set[int]) -> dict[int, list[str]]:
@@ -93,7 +83,7 @@ def enforce_limits(*, now: datetime | None = None) -> LimitsResult:
         )
     )
     project_ids = {project_id for _, project_id, _ in live}
-    balance = balances(project_ids)
+    balance = balances.balances(project_ids)
     burn = burn_rates(project_ids)
 
     broke = {project_id for project_id in project_ids if balance[project_id] <= 0}

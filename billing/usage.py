@@ -18,7 +18,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from billing.meter import HOUR, billed_seconds, burn_rates, cost_between
-from billing.models import LedgerEntry, UsageDay, UsageRecord
+from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from clusters.models import Cluster
 from runcrate.errors import Refused
 
@@ -126,10 +126,8 @@ class Summary:
 
 def summary(*, project_id: int) -> Summary:
     """Current balance, burn rate (USD/h of running machines and stored volumes) and hours
-    left: three queries."""
-    balance = LedgerEntry.objects.filter(project_id=project_id).aggregate(total=Sum("amount"))[
-        "total"
-    ] or Decimal("0.00")
+    left: three queries, none of which reads the ledger."""
+    balance = balance_of(project_id)  # the running total: one row (billing/balances.py)
     burn = burn_rates({project_id})[project_id]
     remaining = None
     if burn > 0:
