@@ -115,6 +115,9 @@ class UsageRecord(models.Model):
     price_per_hour = models.DecimalField(max_digits=10, decimal_places=2)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Written when the meter first charges the machine, when it crosses a clock hour and when
+    # it ends, not every minute: it is charged at least up to here, and up to its cluster's
+    # MeterMark (or its end) once charged at all (billing/meter.py `charged_until`).
     charged_until = models.DateTimeField(help_text="The meter has charged this record up to here.")
     charged_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
 
@@ -127,6 +130,21 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} from {self.started_at:%Y-%m-%d %H:%M}"
+
+
+class MeterMark(models.Model):
+    """The meter's mark on one cluster: every machine of it is charged up to `charged_until`
+    (one that ended, up to its end if that came first), so a running machine's own row need
+    not be written every minute (billing/meter.py). It is also the row the meter locks while
+    it charges the cluster: two meters, or a meter and a terminate, never charge it at once."""
+
+    cluster = models.OneToOneField(
+        "clusters.Cluster", on_delete=models.CASCADE, related_name="+", primary_key=True
+    )
+    charged_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} charged until {self.charged_until}"
 
 
 class Payment(models.Model):

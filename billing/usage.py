@@ -8,7 +8,7 @@ rounding rule (`billing.meter.cost_between`), so the two agree to the cent.
 
 import calendar
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -17,7 +17,7 @@ from django.db.models import CharField, F, IntegerField, Max, Min, Q, QuerySet, 
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.meter import HOUR, billed_seconds, burn_rates, cost_between
+from billing.meter import HOUR, billed_seconds, burn_rates, cost_between, marks, settle
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from clusters.models import Cluster
 from runcrate.errors import Refused
@@ -402,11 +402,25 @@ class MachineRow:
 
 
 def _records_in(month: Month) -> QuerySet[UsageRecord]:
+    """The records that may have been charged in `month`: a running one's row says how far it
+    was charged only once an hour (billing/meter.py), so each is `settle`d before it is read."""
     return (
-        UsageRecord.objects.filter(started_at__lt=month.end, charged_until__gt=month.start)
+        UsageRecord.objects.filter(
+            Q(charged_until__gt=month.start)
+            | Q(ended_at__isnull=True)
+            | Q(ended_at__gt=month.start),
+            started_at__lt=month.end,
+        )
         .select_related("node", "cluster__machine_type__gpu", "cluster__machine_type__location")
         .order_by("cluster_id", "node__index", "pk")
     )
+
+
+def _settled_rows(records: Iterable[UsageRecord], marks: dict, month: Month) -> Iterator:
+    for record in records:
+        settle(record, marks.get(record.cluster_id))
+        if record.charged_until > month.start:
+            yield record.cluster_id, machine_row(record, month)
 
 
 def machine_row(record: UsageRecord, month: Month) -> MachineRow:
@@ -436,8 +450,10 @@ def machine_row(record: UsageRecord, month: Month) -> MachineRow:
 
 
 def machine_rows(*, cluster: Cluster, month: Month) -> list[MachineRow]:
-    """One row per machine of `cluster` billed in `month`: one query."""
-    return [machine_row(record, month) for record in _records_in(month).filter(cluster=cluster)]
+    """One row per machine of `cluster` billed in `month`: two queries."""
+    records = _records_in(month).filter(cluster_id=cluster.pk)
+    found = marks(cluster_id__in=[cluster.pk])
+    return [row for _, row in _settled_rows(records, found, month)]
 
 
 def machine_rows_by_cluster(
@@ -446,9 +462,10 @@ def machine_rows_by_cluster(
     records = _records_in(month).filter(project_id=project_id)
     if cluster_ids is not None:
         records = records.filter(cluster_id__in=cluster_ids)
+    found = marks(cluster__project_id=project_id)
     rows: dict[int, list[MachineRow]] = defaultdict(list)
-    for record in records.iterator(chunk_size=2000):
-        rows[record.cluster_id].append(machine_row(record, month))
+    for cluster_id, row in _settled_rows(records.iterator(chunk_size=2000), found, month):
+        rows[cluster_id].append(row)
     return rows
 
 
