@@ -31,10 +31,10 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Min, Model, Q, QuerySet, Sum, Value, When
 from django.utils import timezone
 
+from accounts.models import Project
 from billing import balances
 from billing.models import LedgerEntry, MeterMark, UsageDay, UsageRecord
 from billing.sql import update_from_values
-from clusters.models import Volume
 
 HOUR = timedelta(hours=1)
 BATCH_SIZE = 1000
@@ -119,7 +119,9 @@ class ChargeResult:
 
 
 @dataclass
-class _Line:
+class Debit:
+    """What one ledger line (a cluster-hour, a volume-day) is debited: cents and seconds."""
+
     project_id: int
     cents: int = 0
     machine_seconds: int = 0
@@ -294,7 +296,7 @@ def _records_cte(
 
 def _charges(
     cluster_ids: list[int], now: datetime, record_ids: list[int] | None
-) -> tuple[dict[tuple[int, datetime], _Line], int]:
+) -> tuple[dict[tuple[int, datetime], Debit], int]:
     """The debit of each (cluster, clock hour) and the number of records charged: one query
     for the hours, one for the charges."""
     chargeable = _chargeable(UsageRecord.objects.filter(cluster_id__in=cluster_ids), now)
@@ -325,13 +327,13 @@ def _charges(
             SUM(CASE WHEN x.lo >= x.hs THEN 1 ELSE 0 END)
         FROM p AS x
         GROUP BY x.n, x.project_id"""  # noqa: S608 - names are ours, values are parameters
-    lines: dict[tuple[int, datetime], _Line] = {}
+    lines: dict[tuple[int, datetime], Debit] = {}
     charged = 0
     with connection.cursor() as cursor:
         cursor.execute(query, sql.params)
         for n, project_id, amount, seconds, count in cursor.fetchall():
             _, cluster_id, hour, _ = hours[n]
-            lines[(cluster_id, hour)] = _Line(project_id, int(amount), int(seconds))
+            lines[(cluster_id, hour)] = Debit(project_id, int(amount), int(seconds))
             charged += int(count)
     return lines, charged
 
@@ -386,7 +388,7 @@ def _find_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], i
     return {key: pk for key, pk in found.items() if key in keys}
 
 
-def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Decimal:
+def _post_lines(lines: dict[tuple[int, datetime], Debit], now: datetime) -> Decimal:
     """Add each cluster-hour's debit to its usage line, creating the line when it is new."""
     lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
     if not lines:
@@ -432,7 +434,7 @@ def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Deci
     return cents(sum(line.cents for line in lines.values()))
 
 
-def _move_balances(lines: dict[tuple[int, datetime], _Line]) -> None:
+def _move_balances(lines: dict[tuple[int, datetime], Debit]) -> None:
     """The debits move each project's running balance, in the transaction of the lines."""
     debits: dict[int, int] = defaultdict(int)
     for line in lines.values():
@@ -440,13 +442,13 @@ def _move_balances(lines: dict[tuple[int, datetime], _Line]) -> None:
     balances.move({project_id: -cents(amount) for project_id, amount in debits.items()})
 
 
-def _post_days(lines: dict[tuple[int, datetime], _Line]) -> None:
+def _post_days(lines: dict[tuple[int, datetime], Debit]) -> None:
     """Add the same debits to the per-day rollup (UsageDay), the same way as the lines."""
-    days: dict[tuple[int, date], _Line] = {}
+    days: dict[tuple[int, date], Debit] = {}
     last_hours: dict[tuple[int, date], datetime] = {}
     for (cluster_id, hour), line in lines.items():
         key = (cluster_id, hour.date())
-        day = days.setdefault(key, _Line(project_id=line.project_id))
+        day = days.setdefault(key, Debit(project_id=line.project_id))
         day.cents += line.cents
         day.machine_seconds += line.machine_seconds
         last_hours[key] = max(hour, last_hours.get(key, hour))
@@ -592,67 +594,26 @@ def burn_rates(project_ids: set[int]) -> dict[int, Decimal]:
     )
     for row in machines:
         rates[row["project_id"]] += row["rate"]
-    volumes = Volume.objects.filter(
-        project_id__in=project_ids, deleted_at__isnull=True
-    ).values_list("project_id", "price_per_gb_month", "size_gb")
+    # The volumes through the projects' relation: billing does not import clusters.
+    volumes = (
+        Project.objects.filter(
+            pk__in=project_ids, volumes__isnull=False, volumes__deleted_at__isnull=True
+        )
+        .order_by()
+        .values_list("pk", "volumes__price_per_gb_month", "volumes__size_gb")
+    )
     for project_id, price, size in volumes:
         rates[project_id] += storage_per_hour(price, size)
     return rates
 
 
-def _days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
+def days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
     """`[start, end)` cut at midnight (UTC): (the day's midnight, piece end)."""
     while start < end:
         day = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         piece_end = min(end, day + DAY)
         yield day, piece_end
         start = piece_end
-
-
-def _chargeable_volumes(queryset: QuerySet, now: datetime) -> QuerySet:
-    """Live volumes, and deleted ones not yet charged to their deletion."""
-    return queryset.filter(
-        Q(deleted_at__isnull=True) | Q(charged_until__lt=F("deleted_at")), charged_until__lt=now
-    )
-
-
-def _charge_volumes(volumes: Iterable, now: datetime) -> ChargeResult:
-    """Charge locked volumes up to `now` (or their deletion) onto their per-day storage lines.
-
-    Like machines, a volume's cost is computed over its whole life from `created_at`, so its
-    debits add up to the rounded cost of everything it stored, however often this runs."""
-    from clusters.models import Volume
-
-    lines: dict[tuple[int, datetime], _Line] = defaultdict(lambda: _Line(project_id=0))
-    names: dict[int, str] = {}
-    changed = []
-    result = ChargeResult()
-    for volume in volumes:
-        until = min(now, volume.deleted_at) if volume.deleted_at else now
-        if until <= volume.charged_until:
-            continue
-        price, size, created = volume.price_per_gb_month, volume.size_gb, volume.created_at
-        seconds_before = billed_seconds(created, volume.charged_until)
-        cents_before = storage_cost_in_cents(price, size, seconds_before)
-        for day, piece_end in _days(volume.charged_until, until):
-            seconds_after = billed_seconds(created, piece_end)
-            cents_after = storage_cost_in_cents(price, size, seconds_after)
-            line = lines[(volume.pk, day)]
-            line.project_id = volume.project_id
-            line.cents += cents_after - cents_before
-            line.machine_seconds += seconds_after - seconds_before
-            seconds_before, cents_before = seconds_after, cents_after
-        volume.charged_until = until
-        volume.charged_amount = cents(cents_before)
-        names[volume.pk] = volume.name
-        changed.append(volume)
-        result.records += 1
-        result.project_ids.add(volume.project_id)
-    if changed:
-        # Volumes are few next to machines: Django's own bulk update is fast enough here.
-        Volume.objects.bulk_update(changed, ["charged_until", "charged_amount"])
-    result.amount = _post_storage_lines(lines, names, now)
-    return result
 
 
 def _lock_storage_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], LedgerEntry]:
@@ -674,11 +635,13 @@ def _lock_storage_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, date
     }
 
 
-def _post_storage_lines(
-    lines: dict[tuple[int, datetime], _Line], names: dict[int, str], now: datetime
+def post_storage_lines(
+    lines: dict[tuple[int, datetime], Debit], names: dict[int, str], now: datetime
 ) -> Decimal:
     """Add each volume-day's debit to its storage line, creating the line when it is new (the
-    same ON CONFLICT DO NOTHING, lock, then add as the machines' lines)."""
+    same ON CONFLICT DO NOTHING, lock, then add as the machines' lines), and to the balances.
+    Called by the volumes' meter (clusters/volume_billing.py) in the transaction that holds
+    the volumes' rows; `lines` are keyed (volume id, the day's midnight)."""
     lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
     if not lines:
         return Decimal("0.00")
@@ -708,36 +671,3 @@ def _post_storage_lines(
     LedgerEntry.objects.bulk_update([entries[key] for key in lines], ["amount", "machine_seconds"])
     _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
-
-
-def charge_storage(
-    *,
-    now: datetime | None = None,
-    volume_ids: Iterable[int] | None = None,
-    batch_size: int = BATCH_SIZE,
-) -> ChargeResult:
-    """Charge every volume's storage up to `now` (or its deletion), batch by batch; with
-    `volume_ids`, only those (waiting for a meter that holds them). Safe to run twice and on
-    several workers at once: a batch another meter holds is skipped, and a volume is only
-    charged past its own `charged_until`."""
-    from clusters.models import Volume
-
-    now = now or timezone.now()
-    queryset = Volume.objects.all()
-    if volume_ids is not None:
-        queryset = queryset.filter(pk__in=list(volume_ids))
-    result = ChargeResult()
-    after_pk = 0
-    while True:
-        with transaction.atomic():
-            chargeable = _chargeable_volumes(queryset.filter(pk__gt=after_pk), now)
-            if connection.features.has_select_for_update_skip_locked and volume_ids is None:
-                chargeable = chargeable.select_for_update(skip_locked=True)
-            else:
-                chargeable = chargeable.select_for_update()
-            batch = list(chargeable.order_by("pk")[:batch_size])
-            if batch:
-                result.add(_charge_volumes(batch, now))
-        if len(batch) < batch_size:
-            return result
-        after_pk = batch[-1].pk

@@ -13,13 +13,26 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import CharField, F, IntegerField, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models import (
+    BooleanField,
+    CharField,
+    Exists,
+    F,
+    IntegerField,
+    Max,
+    Min,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+)
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from billing.meter import HOUR, billed_seconds, burn_rates, cost_between, marks, settle
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
-from clusters.models import Cluster
 from runcrate.errors import Refused
 
 ZERO = Decimal("0.00")
@@ -147,7 +160,7 @@ class Line:
     last_period: datetime | None
     cluster_id: int | None
     title: str
-    cluster_status: str
+    billed: bool  # a usage line: one of its cluster's machines still runs
     amount: Decimal
     machine_seconds: int
     entry_id: int
@@ -180,11 +193,19 @@ _LINE_FIELDS = (
     "last_period",
     "cluster_id",
     "title",
-    "cluster_status",
+    "billed",
     "line_amount",
     "seconds",
     "entry_id",
 )
+
+
+def still_billed() -> Exists:
+    """Whether the row's cluster is still billed: one of its machines runs (billing's own
+    record of it, instead of the cluster's status, which is the clusters' business)."""
+    return Exists(
+        UsageRecord.objects.filter(cluster_id=OuterRef("cluster_id"), ended_at__isnull=True)
+    )
 
 
 def _cluster_lines(project_id: int, month: Month) -> QuerySet:
@@ -199,7 +220,7 @@ def _cluster_lines(project_id: int, month: Month) -> QuerySet:
             at=Min("day"),
             last_period=Max("last_hour"),
             title=F("cluster__name"),
-            cluster_status=F("cluster__status"),
+            billed=still_billed(),
             line_amount=Sum("amount"),
             seconds=Sum("machine_seconds"),
             entry_id=Min("pk"),
@@ -219,7 +240,7 @@ def _credit_lines(project_id: int, month: Month) -> QuerySet:
             at=TruncDate("created_at", tzinfo=UTC),
             last_period=F("period_start"),
             title=F("note"),
-            cluster_status=Value("", output_field=CharField()),
+            billed=Value(False, output_field=BooleanField()),
             line_amount=F("amount"),
             seconds=F("machine_seconds"),
             entry_id=F("pk"),
@@ -244,7 +265,7 @@ def _storage_lines(project_id: int, month: Month) -> QuerySet:
             last_period=Max("period_start"),
             line_cluster=Value(None, output_field=IntegerField()),
             title=F("volume__name"),
-            cluster_status=Value("", output_field=CharField()),
+            billed=Value(False, output_field=BooleanField()),
             line_amount=Sum("amount"),
             seconds=Sum("machine_seconds"),
             entry_id=Min("pk"),
@@ -255,7 +276,7 @@ def _storage_lines(project_id: int, month: Month) -> QuerySet:
             "last_period",
             "line_cluster",
             "title",
-            "cluster_status",
+            "billed",
             "line_amount",
             "seconds",
             "entry_id",
@@ -289,7 +310,7 @@ def to_lines(rows: list[tuple], *, now: datetime | None = None) -> list[Line]:
         line.accumulating = bool(
             line.is_usage
             and line.last_period is not None
-            and line.cluster_status in Cluster.BILLED
+            and line.billed
             and now < _aware(line.last_period) + HOUR
         )
         lines.append(line)
@@ -302,7 +323,7 @@ _LINE_FIELDS_OUT = (
     "last_period",
     "cluster_id",
     "title",
-    "cluster_status",
+    "billed",
     "amount",
     "machine_seconds",
     "entry_id",
@@ -449,7 +470,7 @@ def machine_row(record: UsageRecord, month: Month) -> MachineRow:
     )
 
 
-def machine_rows(*, cluster: Cluster, month: Month) -> list[MachineRow]:
+def machine_rows(*, cluster: Model, month: Month) -> list[MachineRow]:
     """One row per machine of `cluster` billed in `month`: two queries."""
     records = _records_in(month).filter(cluster_id=cluster.pk)
     found = marks(cluster_id__in=[cluster.pk])
