@@ -1,8 +1,8 @@
 """The meter: turns the seconds machines ran into ledger debits (SPEC §4, docs/billing.md).
 
-Each usage record (one per machine) is charged from `charged_until` up to now, or up to its
-`ended_at` once it has ended. Its cost is computed over its whole span, never as a sum of
-rounded slices:
+Each usage record (one per machine) is charged from where it was charged (`charged_point`) up
+to now, or up to its `ended_at` once it has ended. Its cost is computed over its whole span,
+never as a sum of rounded slices:
 
     cost(t) = round_half_up(price_per_hour × whole seconds from started_at to t / 3600, 2)
 
@@ -16,9 +16,10 @@ which the meter adds to while that hour runs (the *accumulating* line) and never
 the hour is charged to its end. The same debits go to `UsageDay`, a per-cluster, per-day
 rollup of those lines that the Billing page reads.
 
-Running it twice, or on two workers at once, charges once: each batch of records is locked
-(`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN), and
-a record is only charged past its own `charged_until`.
+Running it twice, or on two workers at once, charges once: each batch of clusters' marks is
+locked (`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN),
+and a record is only charged past its charged point. Billing never imports clusters: the
+volumes' storage is charged by clusters/volume_billing.py onto lines written here.
 """
 
 from collections import defaultdict
@@ -34,10 +35,10 @@ from django.utils import timezone
 from accounts.models import Project
 from billing import balances
 from billing.models import LedgerEntry, MeterMark, UsageDay, UsageRecord
-from billing.sql import update_from_values
+from billing.sql import update_from_values  # and the `__among` lookup
 
 HOUR = timedelta(hours=1)
-BATCH_SIZE = 1000
+BATCH_SIZE = 5000  # clusters per transaction (40,000 machines of 8)
 
 
 # ---- the rounding rule ----------------------------------------------------------------------
@@ -100,7 +101,7 @@ def _hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime,
 #
 # A run, per batch of clusters, in one transaction: lock their marks (`SKIP LOCKED`: a cluster
 # another meter holds is that meter's), compute every record's charge hour by hour in one
-# set-based statement (`_CHARGES`, the rounding rule in integers, in SQL), write the records
+# set-based statement (`_charges`, the rounding rule in integers, in SQL), write the records
 # that first got charged, crossed an hour or reached their end (one UPDATE), move the marks to
 # now (one), add the debits to the hourly lines, the day rollup and the balances (set-based).
 # So its queries grow with clusters (batches of BATCH_SIZE), never with machines.
@@ -135,7 +136,7 @@ def _chargeable(queryset: QuerySet[UsageRecord], now: datetime) -> QuerySet[Usag
 
 
 def charged_point(record: UsageRecord, mark: datetime | None) -> datetime:
-    """How far `record` is charged, given its cluster's mark (the SQL of `_CHARGES` says the
+    """How far `record` is charged, given its cluster's mark (the SQL of `_records_cte` says the
     same as `lo`)."""
     if mark is None or record.charged_until == record.started_at:
         return record.charged_until
@@ -180,7 +181,7 @@ def lock_marks(cluster_ids: Iterable[int]) -> list[int]:
 
 def _make_marks(cluster_ids: list[int]) -> None:
     existing = set(
-        MeterMark.objects.filter(cluster_id__in=cluster_ids).values_list("cluster_id", flat=True)
+        MeterMark.objects.filter(cluster_id__among=cluster_ids).values_list("cluster_id", flat=True)
     )
     if missing := [pk for pk in cluster_ids if pk not in existing]:
         MeterMark.objects.bulk_create(
@@ -194,7 +195,7 @@ def _lock_marks(cluster_ids: list[int], *, skip_locked: bool) -> list[int]:
         return []
     skip = skip_locked and connection.features.has_select_for_update_skip_locked
     return list(
-        MeterMark.objects.filter(cluster_id__in=cluster_ids)
+        MeterMark.objects.filter(cluster_id__among=cluster_ids)
         .select_for_update(skip_locked=skip)
         .order_by("cluster_id")
         .values_list("cluster_id", flat=True)
@@ -274,7 +275,7 @@ def _records_cte(
         clock AS ({clock}),
         r AS (
             SELECT u.id, u.cluster_id, u.project_id, u.started_at AS s, u.charged_until AS cu,
-                u.ended_at AS e, {sql.price_cents()} AS pc,
+                u.ended_at AS e, {sql.price_cents()} AS pc, clock.hour AS ch,
                 CASE
                     WHEN u.charged_until = u.started_at OR m.charged_until IS NULL
                         THEN u.charged_until
@@ -296,19 +297,19 @@ def _records_cte(
 
 def _charges(
     cluster_ids: list[int], now: datetime, record_ids: list[int] | None
-) -> tuple[dict[tuple[int, datetime], Debit], int]:
-    """The debit of each (cluster, clock hour) and the number of records charged: one query
-    for the hours, one for the charges."""
-    chargeable = _chargeable(UsageRecord.objects.filter(cluster_id__in=cluster_ids), now)
+) -> tuple[dict[tuple[int, datetime], Debit], int, int]:
+    """The debit of each (cluster, clock hour), the number of records charged and of rows to
+    write: one query for the hours, one for the charges."""
+    chargeable = _chargeable(UsageRecord.objects.filter(cluster_id__among=cluster_ids), now)
     if record_ids is not None:
-        chargeable = chargeable.filter(pk__in=record_ids)
+        chargeable = chargeable.filter(pk__among=record_ids)
     firsts = chargeable.order_by().values("cluster_id").annotate(first=Min("charged_until"))
     hours: list[tuple[int, int, datetime, datetime]] = []
     for row in firsts.values_list("cluster_id", "first"):
         for hour, _, _ in _hours(hour_of(row[1]), now):
             hours.append((len(hours), row[0], hour, hour + HOUR))
     if not hours:
-        return {}, 0
+        return {}, 0, 0
     sql = _Statement()
     records = _records_cte(sql, now=now, cluster_ids=cluster_ids, record_ids=record_ids)
     table = sql.hours(hours)
@@ -324,18 +325,27 @@ def _charges(
         SELECT x.n, x.project_id,
             SUM({sql.cost("x.b")} - {sql.cost("x.a")}),
             SUM({sql.billed("x.b")} - {sql.billed("x.a")}),
-            SUM(CASE WHEN x.lo >= x.hs THEN 1 ELSE 0 END)
+            SUM(CASE WHEN x.lo >= x.hs THEN 1 ELSE 0 END),
+            SUM(CASE WHEN x.lo >= x.hs AND x.hi > x.cu AND ({_write_rule(record_ids)})
+                THEN 1 ELSE 0 END)
         FROM p AS x
         GROUP BY x.n, x.project_id"""  # noqa: S608 - names are ours, values are parameters
     lines: dict[tuple[int, datetime], Debit] = {}
-    charged = 0
+    charged = written = 0
     with connection.cursor() as cursor:
         cursor.execute(query, sql.params)
-        for n, project_id, amount, seconds, count in cursor.fetchall():
+        for n, project_id, amount, seconds, count, rows in cursor.fetchall():
             _, cluster_id, hour, _ = hours[n]
             lines[(cluster_id, hour)] = Debit(project_id, int(amount), int(seconds))
             charged += int(count)
-    return lines, charged
+            written += int(rows)
+    return lines, charged, written
+
+
+def _write_rule(record_ids: list[int] | None) -> str:
+    """Which charged records of x get their row written: those charged for the first time,
+    ended ones, and those whose row is from an earlier hour; with `record_ids`, all of them."""
+    return "x.cu = x.s OR x.e IS NOT NULL OR x.cu < x.ch" if record_ids is None else "1 = 1"
 
 
 def _write_records(cluster_ids: list[int], now: datetime, record_ids: list[int] | None) -> None:
@@ -344,12 +354,12 @@ def _write_records(cluster_ids: list[int], now: datetime, record_ids: list[int] 
     (their cluster's mark does not move for them)."""
     sql = _Statement()
     records = _records_cte(sql, now=now, cluster_ids=cluster_ids, record_ids=record_ids)
-    rule = "x.cu = x.s OR x.e IS NOT NULL OR x.cu < clock.hour" if record_ids is None else "1 = 1"
+    rule = _write_rule(record_ids)
     table = connection.ops.quote_name(UsageRecord._meta.db_table)
     query = f"""
         WITH {records}
         UPDATE {table} SET charged_until = x.hi, charged_amount = {sql.cost("x.hi")} / 100.0
-        FROM x CROSS JOIN clock
+        FROM x
         WHERE {table}.id = x.id AND x.hi > x.cu AND ({rule})"""  # noqa: S608 - names are ours, values are parameters
     with connection.cursor() as cursor:
         cursor.execute(query, sql.params)
@@ -360,13 +370,13 @@ def _charge_clusters(
 ) -> ChargeResult:
     """Charge the records of these locked clusters (or only `record_ids` among them) up to
     `now`, or to their end; the caller holds the transaction and the marks' locks."""
-    lines, charged = _charges(cluster_ids, now, record_ids)
+    lines, charged, written = _charges(cluster_ids, now, record_ids)
     result = ChargeResult(records=charged)
     result.project_ids = {line.project_id for line in lines.values()}
-    if charged:
+    if written:
         _write_records(cluster_ids, now, record_ids)
     if record_ids is None:
-        MeterMark.objects.filter(cluster_id__in=cluster_ids).update(
+        MeterMark.objects.filter(cluster_id__among=cluster_ids).update(
             charged_until=Case(
                 When(Q(charged_until__isnull=True) | Q(charged_until__lt=now), then=Value(now)),
                 default=F("charged_until"),
@@ -381,7 +391,7 @@ def _find_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], i
     marks are locked: nobody else writes these lines meanwhile."""
     rows = LedgerEntry.objects.filter(
         kind=LedgerEntry.Kind.USAGE,
-        cluster_id__in={cluster_id for cluster_id, _ in keys},
+        cluster_id__among={cluster_id for cluster_id, _ in keys},
         period_start__in={hour for _, hour in keys},
     ).values_list("pk", "cluster_id", "period_start")
     found = {(cluster_id, hour): pk for pk, cluster_id, hour in rows}
@@ -398,7 +408,7 @@ def _post_lines(lines: dict[tuple[int, datetime], Debit], now: datetime) -> Deci
     if missing:
         # The cluster's name, through the records' relation (billing does not import clusters).
         names = dict(
-            UsageRecord.objects.filter(cluster_id__in={c for c, _ in missing})
+            UsageRecord.objects.filter(cluster_id__among={c for c, _ in missing})
             .order_by()
             .values_list("cluster_id", "cluster__name")
             .distinct()
@@ -493,7 +503,7 @@ def _post_days(lines: dict[tuple[int, datetime], Debit]) -> None:
 
 def _find_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int, datetime]]:
     rows = UsageDay.objects.filter(
-        cluster_id__in={c for c, _ in keys}, day__in={d for _, d in keys}
+        cluster_id__among={c for c, _ in keys}, day__in={d for _, d in keys}
     ).values_list("pk", "cluster_id", "day", "last_hour")
     found = {(cluster_id, day): (pk, last) for pk, cluster_id, day, last in rows}
     return {key: value for key, value in found.items() if key in keys}
