@@ -192,7 +192,7 @@ class Payment(models.Model):
 
 
 class Notice(models.Model):
-    """A billing email that was sent, so each is sent once (billing/stops.py)."""
+    """A billing email that was sent, so each is sent once (billing/limits.py)."""
 
     class Kind(models.TextChoices):
         LOW_BALANCE = "low_balance", "Low balance"
