@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -30,10 +31,10 @@ def test_every_kind_of_line_moves_the_stored_balance_and_the_check_agrees(db):
     add_credit(other, "7.00", at=T0)
     cluster = bill_cluster(project, size=2, price="36.00", at=T0)
     bill_cluster(other, size=1, price="3.60", at=T0)
-    charge_accrued(now=T0 + timedelta(seconds=100))  # 2.00 and 0.10
-    end_cluster(cluster, at=T0 + timedelta(seconds=150))
+    charge_accrued(now=T0 + timetimedelta(seconds=100))  # 2.00 and 0.10
+    end_cluster(cluster, at=T0 + timetimedelta(seconds=150))
     charge_usage(cluster=cluster)  # 1.00 more
-    charge_accrued(now=T0 + timedelta(hours=2, seconds=5))  # 3.60 × 2 h 5 s on `other`
+    charge_accrued(now=T0 + timetimedelta(hours=2, seconds=5))  # 3.60 × 2 h 5 s on `other`
 
     assert stored(project) == Decimal("100.00") - Decimal("2.50") - Decimal("3.00")
     assert stored(other) == Decimal("7.00") - Decimal("7.21")
@@ -103,3 +104,41 @@ def test_reading_the_balance_does_not_read_the_ledger_however_long_it_is(db):
     assert not [sql for sql in long if LedgerEntry._meta.db_table in sql]
     assert usage.summary(project_id=project.pk).balance == Decimal("21.00")
     assert balances.check() == []
+
+
+def test_the_billing_page_runs_the_same_queries_at_1_and_3001_ledger_lines(owner):
+    now = datetime(2026, 3, 20, 12, 0, tzinfo=UTC)
+    add_credit(owner.project, "100.00", at=now - timedelta(days=40))
+    client = owner.browser_client()
+    client.get("/billing/")  # warm the session and the template cache
+
+    with time_machine.travel(now, tick=False):
+        with CaptureQueriesContext(connection) as short:
+            client.get("/billing/")
+        # Three thousand lines of earlier months (a long ledger), then the same page.
+        LedgerEntry.objects.bulk_create(
+            LedgerEntry(
+                project=owner.project,
+                kind="adjustment",
+                amount=Decimal("0.01"),
+                created_at=now - timedelta(days=40, minutes=minute),
+            )
+            for minute in range(3000)
+        )
+        balances.repair(balances.check())  # the bulk insert went around the running total
+        with CaptureQueriesContext(connection) as long:
+            response = client.get("/billing/")
+
+    assert len(long) == len(short)
+    assert response.context["summary"].balance == Decimal("130.00")
+    # The balance is read from the project, not summed: no query sums the whole ledger.
+    table = LedgerEntry._meta.db_table
+    whole_ledger = [
+        query["sql"]
+        for query in long.captured_queries
+        if table in query["sql"]
+        and "SUM" in query["sql"]
+        and "created_at" not in query["sql"]
+        and "period_start" not in query["sql"]
+    ]
+    assert whole_ledger == []
