@@ -1,5 +1,6 @@
 import hashlib
 import secrets
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser, BaseUserManager
@@ -52,6 +53,15 @@ class Project(models.Model):
 
     name = models.CharField(max_length=100)
     created_at = models.DateTimeField(default=timezone.now)
+    # The running total of the project's ledger, moved in the transaction that writes each
+    # ledger line (billing/balances.py); `manage.py check_balances` recomputes it from the lines.
+    balance = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        default=Decimal("0.00"),
+        db_default=Decimal("0.00"),
+        editable=False,
+    )
 
     def __str__(self) -> str:
         return self.name

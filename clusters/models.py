@@ -47,7 +47,7 @@ class Cluster(models.Model):
     TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
     # Statuses in which machines are up and billed.
     BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
-    # What a stop for balance or budget ends (billing/stops.py): everything live but what is
+    # What a stop for balance or budget ends (clusters/stops.py): everything live but what is
     # already terminating. A provisioning cluster would start billing the moment it joins.
     STOPPABLE = LIVE - {Status.TERMINATING}
     # Statuses in which the network test may run: the software is settled and the machines

@@ -215,7 +215,10 @@ def _end_usage_at(*, node: Node, cluster: Cluster, at: datetime) -> Decimal:
     from billing import meter
 
     refunded = Decimal("0.00")
-    records = UsageRecord.objects.select_for_update().filter(node=node, ended_at__isnull=True)
+    meter.lock_marks([cluster.pk])  # no meter charges this cluster until the refund commits
+    records = meter.settled(
+        UsageRecord.objects.select_for_update().filter(node=node, ended_at__isnull=True)
+    )
     for record in records:
         end = max(at, record.started_at)
         if record.charged_until > end:
