@@ -432,8 +432,12 @@ def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
     """
     key_hash = hash_api_key(token)
     entry = cache.get(_cache_key(key_hash))
-    if isinstance(entry, ApiKey):
-        return entry
+    # An entry is (the key or FORGOTTEN, good until), judged by this clock rather than left to
+    # the cache's own expiry alone: a cache whose clock runs behind never serves a stale key.
+    held, until = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
+    fresh = until is not None and now < until
+    if fresh and isinstance(held, ApiKey):
+        return held
     try:
         key = (
             ApiKey.objects.select_related("project", "user")
@@ -461,7 +465,7 @@ def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_PRECISION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
-    if entry is None:  # not forgotten lately
+    if not (fresh and held == FORGOTTEN):  # not forgotten lately
         _remember(key, now=now)
     return key
 
@@ -470,8 +474,10 @@ def _remember(key: ApiKey, *, now: datetime) -> None:
     precise_for = (key.last_used_at + LAST_USED_PRECISION - now).total_seconds()
     seconds = min(KEY_CACHE_SECONDS, math.floor(precise_for))
     if seconds >= 1:
-        # add, not set: an entry already there is either as good or a forgotten marker.
-        cache.add(_cache_key(key.key_hash), key, seconds)
+        # add, not set: an entry already there is as good, a forgotten marker, or one the
+        # cache drops within its own time.
+        until = now + timedelta(seconds=seconds)
+        cache.add(_cache_key(key.key_hash), (key, until), seconds)
 
 
 def forget_api_keys(key_hashes: Iterable[str]) -> None:
@@ -482,10 +488,16 @@ def forget_api_keys(key_hashes: Iterable[str]) -> None:
     the change is still uncommitted from being kept, the second counts the time from the
     commit. (Were the change rolled back, the keys are merely read from the database a while.)
     """
-    entries = {_cache_key(key_hash): FORGOTTEN for key_hash in key_hashes}
-    if entries:
-        cache.set_many(entries, KEY_CACHE_SECONDS)
-        transaction.on_commit(lambda: cache.set_many(entries, KEY_CACHE_SECONDS))
+    names = [_cache_key(key_hash) for key_hash in key_hashes]
+    if not names:
+        return
+
+    def forget() -> None:
+        until = timezone.now() + timedelta(seconds=KEY_CACHE_SECONDS)
+        cache.set_many(dict.fromkeys(names, (FORGOTTEN, until)), KEY_CACHE_SECONDS)
+
+    forget()
+    transaction.on_commit(forget)
 
 
 def forget_keys_of(*, user_id: int | None = None, project_id: int | None = None) -> None:

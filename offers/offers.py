@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import TypeVar
@@ -21,6 +22,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import IntegerField, Min, Q
 from django.db.models.expressions import RawSQL
+from django.utils import timezone
 
 from offers.models import (
     BOOLEAN_MAX_NODES,
@@ -354,10 +356,14 @@ def cached(name: str, compute: Callable[[], T]) -> T:
     found = cache.get_many([VERSION_KEY, key])
     version = found.get(VERSION_KEY)
     entry = found.get(key)
-    if entry is not None and entry[0] == version:
-        return entry[1]
+    now = timezone.now()
+    # (inventory version, good until, answer): the age is judged by this clock too, not left to
+    # the cache's expiry alone, which runs on the cache server's clock and in whole seconds.
+    if isinstance(entry, tuple) and len(entry) == 3 and entry[0] == version and now < entry[1]:
+        return entry[2]
     answer = compute()
-    cache.set(key, (version, answer), cache_seconds())
+    until = now + timedelta(seconds=settings.RUNCRATE_TICK_SECONDS)
+    cache.set(key, (version, until, answer), cache_seconds())
     return answer
 
 
