@@ -1,39 +1,61 @@
-"""Provisioning benchmark for `manage.py bench`: many clusters on a fresh inventory with instant
-boot, carried to ready by the reconciler run in this process (no worker, no broker).
+"""Cluster benchmarks for `manage.py bench`, on its throwaway database (they write an
+inventory, projects and clusters, and commit them).
 
-A round is what one beat tick and the workers do between two ticks: advance every cluster the
-tick picks, and run everything that hands off (per-node work, the agents' reports, follow-up
-advances) until the queue is empty. Run it on a throwaway database: it writes an inventory,
-a project and its clusters.
+Provisioning: many clusters on a fresh inventory with instant boot, carried to ready by the
+reconciler run in this process (no worker, no broker). A round is what one beat tick and the
+workers do between two ticks: advance every cluster the tick picks, and run everything that
+hands off (per-node work, the agents' reports, follow-up advances) until the queue is empty.
+
+The tick: the beat's tick task body, run in this process (the bench swaps the broker for an
+in-memory one), over a growing number of ready clusters that have nothing to do.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from decimal import Decimal
 
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import override_settings
+from django.utils import timezone
 
 from accounts.models import SshKey, User
 from accounts.projects import create_project
 from billing import ledger
 from clusters import lifecycle
-from clusters.models import Cluster
+from clusters.models import Cluster, Node
 from offers.models import GpuModel, Host, Location, MachineType
 
 MAX_ROUNDS = 100
 
 
 class _Counter:
+    """Counts the queries, and the commits that wrote something: a write outside any
+    transaction is a commit of its own, and a transaction commits once, at its end."""
+
+    WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
     def __init__(self) -> None:
         self.queries = 0
+        self.commits = 0
+        self._wrote = False
 
     def __call__(self, execute: Callable, sql, params, many, context):
         self.queries += 1
+        if sql.lstrip()[:7].upper().startswith(self.WRITES):
+            if context["connection"].get_autocommit():
+                self.commits += 1
+            else:
+                self._wrote = True
         return execute(sql, params, many, context)
+
+    def committed(self) -> None:
+        if self._wrote:
+            self.commits += 1
+            self._wrote = False
 
 
 class _TimedDispatcher(lifecycle.CollectingDispatcher):
@@ -122,7 +144,8 @@ def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
         ids = [c.pk for c in created]
 
         rounds = 0
-        with connection.execute_wrapper(counter):
+        # Commits of `transaction.atomic` blocks are not statements the wrapper sees.
+        with connection.execute_wrapper(counter), _on_commit_counted(counter):
             while rounds < MAX_ROUNDS:
                 rounds += 1
                 for cluster_id in lifecycle.clusters_needing_work():
@@ -137,6 +160,132 @@ def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
         "ticks": rounds,
         "worker_seconds": dispatcher.seconds,
         "queries": counter.queries,
+        "commits": counter.commits,
         "tasks": dispatcher.ran,
         "create_seconds": create_seconds,
     }
+
+
+class _on_commit_counted:  # noqa: N801 - a context manager, used like a function
+    """Counts every transaction that wrote as one commit, by wrapping the connection's commit."""
+
+    def __init__(self, counter: _Counter) -> None:
+        self.counter = counter
+
+    def __enter__(self) -> None:
+        self.saved = connection.commit
+        counter, saved = self.counter, self.saved
+
+        def commit() -> None:
+            counter.committed()
+            saved()
+
+        connection.commit = commit
+
+    def __exit__(self, *exc: object) -> None:
+        connection.commit = self.saved
+
+
+# --- the tick -----------------------------------------------------------------------------
+
+
+def build_ready_clusters(
+    *, count: int, nodes: int = 2, tag: str = "tick", start: int = 0
+) -> tuple[int, int]:
+    """`count` ready clusters of `nodes` joined machines each (numbered from `start`), by bulk
+    inserts, in a project of their own: what a fleet in service holds, with nothing to do."""
+    project = _tick_project(tag)
+    machine_type = MachineType.objects.filter(slug=f"bench-{tag}-h100x8").first() or _inventory(
+        hosts=0, tag=tag
+    )
+    environment = project.environments.get()
+    now = timezone.now() - timedelta(hours=1)
+    with transaction.atomic():
+        made = Cluster.objects.bulk_create(
+            (
+                Cluster(
+                    project=project,
+                    environment=environment,
+                    name=f"{tag}-{index:06d}",
+                    machine_type=machine_type,
+                    size=nodes,
+                    status=Cluster.Status.READY,
+                    authorized_keys="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchTick bench",
+                    created_at=now,
+                    joined_at=now,
+                    ready_at=now,
+                    give_up_at=now + timedelta(minutes=25),
+                )
+                for index in range(start, start + count)
+            ),
+            batch_size=5000,
+        )
+        Node.objects.bulk_create(
+            (
+                Node(
+                    cluster_id=cluster.pk,
+                    index=index,
+                    status=Node.Status.JOINED,
+                    step=Node.Step.DONE,
+                    reserved_at=now,
+                    heartbeat_at=now + timedelta(minutes=59),
+                )
+                for cluster in made
+                for index in range(nodes)
+            ),
+            batch_size=5000,
+        )
+    return count, count * nodes
+
+
+def _tick_project(tag: str):
+    user = User.objects.filter(email=f"bench-{tag}@runcrate.invalid").first()
+    if user is None:
+        user = User.objects.create(email=f"bench-{tag}@runcrate.invalid")
+        return create_project(owner=user, name=f"Bench {tag}")
+    return user.memberships.get().project
+
+
+def tick_benchmark(
+    *,
+    sizes: Sequence[int] = (2_000, 20_000),
+    runs: int = 30,
+    nodes: int = 2,
+    progress: Callable[[str], None] = lambda message: None,
+) -> list[dict]:
+    """The tick (`clusters.tasks.tick`, its task body in this process) at each number of ready
+    clusters: the time of its SELECTs and of the whole tick (runbench.Timing), its queries."""
+    from clusters.tasks import tick
+    from runcrate.bench import QueryTimer, Timing, settle
+
+    results = []
+    built = 0
+    for size in sizes:
+        progress(f"Building {size:,} ready clusters for the tick…")
+        started = time.perf_counter()
+        build_ready_clusters(count=size - built, nodes=nodes, start=built)
+        built = size
+        settle()
+        build_seconds = time.perf_counter() - started
+        reads, whole = Timing(), Timing()
+        queries = 0
+        tick()  # once untimed, like every figure
+        for _ in range(runs):
+            timer = QueryTimer()
+            with connection.execute_wrapper(timer):
+                started = time.perf_counter()
+                tick()
+                whole.samples.append(time.perf_counter() - started)
+            reads.samples.append(timer.reads_seconds())
+            queries = len(timer.queries)
+        results.append(
+            {
+                "clusters": Cluster.objects.filter(status=Cluster.Status.READY).count(),
+                "nodes": Node.objects.count(),
+                "reads": reads,
+                "tick": whole,
+                "queries": queries,
+                "build_seconds": build_seconds,
+            }
+        )
+    return results
