@@ -178,6 +178,7 @@ def meter_benchmark(
     machines: Sequence[int] = (1_000, 10_000, 50_000),
     runs: int = 10,
     per_cluster: int = 8,
+    seconds_per_size: float = 20.0,
     progress: Callable[[str], None] = _quiet,
 ) -> list[dict]:
     """The meter's public entry (`charge_accrued`) at each number of running machines, taking
@@ -185,7 +186,8 @@ def meter_benchmark(
     as the beat's meter does every minute. The machines stay, and are ended at the end.
 
     Every size is measured within a clock hour of its own (in the past), after an untimed run
-    that catches up (and crosses the hour), so no timed run opens new hourly lines."""
+    that catches up (and crosses the hour), so no timed run opens new hourly lines. A size
+    stops after 3 runs once its runs took `seconds_per_size`."""
     from runcrate.bench import QueryTimer, Timing, settle, timed
 
     runs = min(runs, 25)  # two minutes a run, within the hour
@@ -213,6 +215,8 @@ def meter_benchmark(
         meter, baseline = Timing(), Timing()
         queries = rows = 0
         for run in range(runs):
+            if run >= 3 and sum(meter.samples) + sum(baseline.samples) > seconds_per_size:
+                break  # a slow meter stops here, so the run stays bounded
             moment = hour + timedelta(minutes=6 + 2 * run)
             elapsed, rows = timed(lambda moment=moment: set_based_charge(moment))
             baseline.samples.append(elapsed)

@@ -65,6 +65,8 @@ GOAL_RATIO = 2.0
 # "The same" at two sizes: the larger within this factor of the smaller (timer noise on
 # sub-millisecond figures is a good part of it).
 SAME_RATIO = 1.5
+# A slow page stops at this many seconds of timed requests (with 50 samples at least).
+PAGE_SECONDS = 8.0
 LOAD_RPS_GOAL = 500
 LOAD_P99_GOAL_MS = 100
 BARE_LOGGED_IN = "/bench/logged-in"
@@ -125,9 +127,9 @@ class Sizes:
     locations: int = 40
     poll_nodes: tuple[int, ...] = (8, 64)
     requests: int = 300  # timed requests per kind over HTTP in this process
-    load_requests: int = 600  # per target and round under gunicorn
-    load_rounds: int = 3
-    load_cap_seconds: float = 20.0  # per target and round
+    load_requests: int = 500  # per target and round under gunicorn
+    load_rounds: int = 2
+    load_cap_seconds: float = 8.0  # per target and round
     load_connections: int = 8
     tick_clusters: tuple[int, ...] = (2_000, 20_000)
     tick_runs: int = 30
@@ -560,18 +562,24 @@ def measure_rounds(
     rounds: int,
     warmup: int,
     block: int = 10,
+    seconds_per_kind: float | None = None,
+    at_least: int = 50,
 ) -> dict[str, Timing]:
     """`rounds` timed requests of each kind, after `warmup` untimed ones.
 
     The kinds take turns in blocks of `block` requests, so a change in the machine's load hits
     them all alike, while each request still finds the caches as a run of its own kind left
-    them (one at a time, a bare request after a large one pays for refilling them).
+    them (one at a time, a bare request after a large one pays for refilling them). With
+    `seconds_per_kind`, a kind whose timed requests took that long stops at the end of its
+    block once it has `at_least` samples (so a slow page cannot stretch the run), while the
+    others go on.
     """
     timings = {name: Timing() for name in requests}
     done = dict.fromkeys(requests, -warmup)
-    while any(count < rounds for count in done.values()):
+    wanted = dict.fromkeys(requests, rounds)
+    while any(done[name] < wanted[name] for name in requests):
         for name, (path_, headers) in requests.items():
-            for _ in range(min(block, rounds - done[name])):
+            for _ in range(min(block, wanted[name] - done[name])):
                 status, body, elapsed = bench.get(path_, headers)
                 if status >= 400:
                     raise RuntimeError(f"{name}: GET {path_} answered {status}: {body[:300]!r}")
@@ -579,6 +587,13 @@ def measure_rounds(
                     timings[name].samples.append(elapsed)
                     timings[name].statuses[status] += 1
                 done[name] += 1
+            samples = timings[name].samples
+            if (
+                seconds_per_kind is not None
+                and len(samples) >= min(at_least, rounds)
+                and sum(samples) >= seconds_per_kind
+            ):
+                wanted[name] = done[name]
     return timings
 
 
@@ -652,7 +667,7 @@ def _quiet_logs() -> Iterator[None]:
 def format_rows(title: str, rows: list[Row], *, ratio_label: str = "× base") -> str:
     lines = [
         title,
-        f"{'':<52}{'median':>10}{'p90':>10}{'p99':>10}{'n':>5}{'status':>8}{'queries':>8}"
+        f"{'':<52}{'median':>11}{'p90':>11}{'p99':>11}{'n':>5}{'status':>8}{'queries':>8}"
         f"{ratio_label:>8}",
     ]
     for row in rows:
@@ -661,7 +676,7 @@ def format_rows(title: str, rows: list[Row], *, ratio_label: str = "× base") ->
         queries = "" if row.queries is None else str(row.queries)
         note = f"  {row.note}" if row.note else ""
         lines.append(
-            f"{row.name:<52}{t.median_ms:>7.2f} ms{t.p90_ms:>7.2f} ms{t.p99_ms:>7.2f} ms"
+            f"{row.name:<52}{t.median_ms:>8.2f} ms{t.p90_ms:>8.2f} ms{t.p99_ms:>8.2f} ms"
             f"{len(t.samples):>5}{t.status:>8}{queries:>8}{ratio:>8}{note}"
         )
     return "\n".join(lines) + "\n"
@@ -706,7 +721,9 @@ def pages_section(ctx: Context) -> None:
         targets[f"changed {nodes}"] = (changed, htmx)
     ctx.note(f"Timing {sizes.requests} rounds of {len(targets)} page requests over HTTP…")
     with http_bench() as bench:
-        timings = measure_rounds(bench, targets, rounds=sizes.requests, warmup=20)
+        timings = measure_rounds(
+            bench, targets, rounds=sizes.requests, warmup=20, seconds_per_kind=PAGE_SECONDS
+        )
     bare = timings["logged-in"].median_ms
     rows = [
         Row("bare Django view, GET /healthz", timings["healthz"], count_queries("/healthz", {})),

@@ -5,7 +5,7 @@ from runcrate import bench
 
 def _sizes(raw: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(part.replace("_", "")) for part in raw.split(",") if part.strip())
+        values = tuple(int(part.replace("_", "")) for part in str(raw).split(",") if part.strip())
     except ValueError:
         raise CommandError(f"Not a list of numbers: {raw!r} (e.g. 2000,20000)") from None
     if not values or values != tuple(sorted(set(values))):
