@@ -66,7 +66,7 @@ GOAL_RATIO = 2.0
 # sub-millisecond figures is a good part of it).
 SAME_RATIO = 1.5
 # A slow page stops at this many seconds of timed requests (with 50 samples at least).
-PAGE_SECONDS = 8.0
+PAGE_SECONDS = 5.0
 LOAD_RPS_GOAL = 500
 LOAD_P99_GOAL_MS = 100
 BARE_LOGGED_IN = "/bench/logged-in"
@@ -129,7 +129,7 @@ class Sizes:
     requests: int = 300  # timed requests per kind over HTTP in this process
     load_requests: int = 500  # per target and round under gunicorn
     load_rounds: int = 2
-    load_cap_seconds: float = 8.0  # per target and round
+    load_cap_seconds: float = 6.0  # per target and round
     load_connections: int = 8
     tick_clusters: tuple[int, ...] = (2_000, 20_000)
     tick_runs: int = 30
