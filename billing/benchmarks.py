@@ -10,7 +10,7 @@ used by the tests that count queries.
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.core.signals import request_finished, request_started
@@ -23,7 +23,7 @@ from django.utils import timezone
 from accounts.models import Environment, Project, User
 from accounts.projects import create_project
 from billing import ledger
-from billing.meter import charge_accrued, hour_of
+from billing.meter import charge_accrued
 from billing.models import LedgerEntry, UsageDay, UsageRecord
 from clusters.models import Cluster, Node
 from offers.models import GpuModel, Location, MachineType
@@ -146,6 +146,11 @@ def _owner(email: str) -> tuple[User, Project]:
 
 def _quiet(message: str) -> None:
     pass
+
+
+def hour_of(moment: datetime) -> datetime:
+    """The start of the clock hour (UTC) of `moment`."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def set_based_charge(now: datetime) -> int:

@@ -669,7 +669,7 @@ def _quiet_logs() -> Iterator[None]:
 def format_rows(title: str, rows: list[Row], *, ratio_label: str = "× base") -> str:
     lines = [
         title,
-        f"{'':<52}{'median':>11}{'p90':>11}{'p99':>11}{'n':>5}{'status':>8}{'queries':>8}"
+        f"{'':<52}{'median':>12}{'p90':>12}{'p99':>12}{'n':>5}{'status':>8}{'queries':>8}"
         f"{ratio_label:>8}",
     ]
     for row in rows:
@@ -678,7 +678,7 @@ def format_rows(title: str, rows: list[Row], *, ratio_label: str = "× base") ->
         queries = "" if row.queries is None else str(row.queries)
         note = f"  {row.note}" if row.note else ""
         lines.append(
-            f"{row.name:<52}{t.median_ms:>8.2f} ms{t.p90_ms:>8.2f} ms{t.p99_ms:>8.2f} ms"
+            f"{row.name:<52}{t.median_ms:>9.2f} ms{t.p90_ms:>9.2f} ms{t.p99_ms:>9.2f} ms"
             f"{len(t.samples):>5}{t.status:>8}{queries:>8}{ratio:>8}{note}"
         )
     return "\n".join(lines) + "\n"
