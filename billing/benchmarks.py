@@ -271,6 +271,7 @@ def _pages(
     with http_bench() as bench:
         timings = measure_rounds(bench, targets, rounds=requests, warmup=3, block=5)
     queries = {name: count_queries(path, {}, client) for name, path in paths.items()}
+    queries["bare"] = count_queries(BARE_LOGGED_IN, {}, client)
     return timings, queries
 
 
@@ -314,6 +315,7 @@ def billing_page_benchmark(
                 "clusters": size,
                 "machines": size * machines_per_cluster,
                 "bare": timings["bare"],
+                "bare_queries": queries["bare"],
                 "page": timings["page"],
                 "page_queries": queries["page"],
                 "cluster_rows": timings["cluster_rows"],
@@ -453,6 +455,7 @@ def ledger_benchmark(
             {
                 "lines": LedgerEntry.objects.filter(project=project).count(),
                 "bare": timings["bare"],
+                "bare_queries": queries["bare"],
                 "page": timings["page"],
                 "page_queries": queries["page"],
                 "balance": balance,

@@ -1102,7 +1102,12 @@ def billing_section(ctx: Context) -> None:
     rows = []
     for r in results:
         rows += [
-            Row(f"bare logged-in view, {r['clusters']:,} clusters (base)", r["bare"], 2, 1.0),
+            Row(
+                f"bare logged-in view, {r['clusters']:,} clusters (base)",
+                r["bare"],
+                r["bare_queries"],
+                1.0,
+            ),
             Row(
                 f"Billing page, {r['clusters']:,} clusters",
                 r["page"],
@@ -1134,7 +1139,12 @@ def ledger_section(ctx: Context) -> None:
     rows = []
     for r in results:
         rows += [
-            Row(f"bare logged-in view, {r['lines']:,} lines (base)", r["bare"], 2, 1.0),
+            Row(
+                f"bare logged-in view, {r['lines']:,} lines (base)",
+                r["bare"],
+                r["bare_queries"],
+                1.0,
+            ),
             Row(
                 f"Billing page, {r['lines']:,} ledger lines",
                 r["page"],

@@ -262,7 +262,9 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
     out = []
 
     succeeded = bench.run(
-        sizes=bench.sizes_from(quick=True, sections=("pages", "tick", "meter", "ledger")),
+        sizes=bench.sizes_from(
+            quick=True, sections=("pages", "tick", "meter", "billing", "ledger")
+        ),
         emit=out.append,
     )
 
@@ -279,6 +281,7 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
         "Billing page and balance time",
     ]
     assert "1,000 and 3,000 ledger lines" in report
+    assert "Billing page, 10 clusters" in report
     assert "the benchmark database is gone" in report
     assert not (tmp_path / "bench" / "bench.sqlite3").exists()
 
