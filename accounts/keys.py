@@ -8,18 +8,21 @@ sentence for a person, before anything is written.
 import base64
 import binascii
 import hashlib
+import math
 import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.db.models import F, QuerySet
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
-from accounts.models import ApiKey, Project, SshKey, User, hash_api_key
+from accounts.models import ApiKey, Membership, Project, SshKey, User, hash_api_key
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
@@ -384,11 +387,143 @@ def project_api_keys(project: Project) -> QuerySet[ApiKey]:
 
 
 def revoke_api_key(*, key: ApiKey) -> bool:
-    """Revoke a key at once. False when it was already revoked (nothing changes)."""
+    """Revoke a key at once: the next call with it is refused. False when it was already
+    revoked (nothing changes)."""
     revoked_at = timezone.now()
     changed = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
         revoked_at=revoked_at
     )
     if changed:
         key.revoked_at = revoked_at
+        forget_api_keys([key.key_hash])
     return bool(changed)
+
+
+# --- finding the key of an API call ----------------------------------------------------------
+
+# An API call finds its key in the cache, by the key's hash (the key itself is never kept), for
+# at most this long; every change to what the lookup checks forgets it at once (below), so the
+# time only bounds a change made around this module (a queryset update in a shell).
+KEY_CACHE_SECONDS = 30
+# Writing last_used_at on every call would turn each read into a write; a minute is precise
+# enough for "last used" and keeps the hot path read-only.
+LAST_USED_PRECISION = timedelta(minutes=1)
+# What a forgotten key's cache entry holds for KEY_CACHE_SECONDS: "ask the database". A lookup
+# that read the key just before a revocation committed stores it with `add`, which this entry
+# refuses, so the revoked key cannot come back for the rest of the entry's time.
+FORGOTTEN = "forgotten"
+# What the cached key holds of its user and project; reading any other field loads it fresh
+# (the user's password hash never reaches the cache).
+KEY_USER_FIELDS = ("user__id", "user__email", "user__name", "user__is_active")
+KEY_PROJECT_FIELDS = ("project__id", "project__name")
+
+
+def _cache_key(key_hash: str) -> str:
+    return f"apikey:{key_hash}"
+
+
+def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
+    """The working key `token` is, with its user and project, or None (unknown, revoked, or of
+    a deactivated user). `key.is_member` says whether its user is still in its project.
+
+    From the cache when a call found it lately, else one query. last_used_at is written at
+    most once a LAST_USED_PRECISION, and a key is cached no longer than its stamp stays
+    precise, so a call answered from the cache is always within a minute of the stamp.
+    """
+    key_hash = hash_api_key(token)
+    entry = cache.get(_cache_key(key_hash))
+    if isinstance(entry, ApiKey):
+        return entry
+    try:
+        key = (
+            ApiKey.objects.select_related("project", "user")
+            .only(
+                *(field.name for field in ApiKey._meta.concrete_fields),
+                *KEY_USER_FIELDS,
+                *KEY_PROJECT_FIELDS,
+            )
+            # In the same query: a user removed from the project loses its keys at once.
+            .annotate(
+                is_member=Exists(
+                    Membership.objects.filter(
+                        project_id=OuterRef("project_id"), user_id=OuterRef("user_id")
+                    )
+                )
+            )
+            # key_hash is unique: get() spares the ORDER BY that first() would add (the
+            # model's ordering), which costs as much as the rest of the lookup.
+            .get(key_hash=key_hash, revoked_at__isnull=True, user__is_active=True)
+        )
+    except ApiKey.DoesNotExist:
+        return None
+    if not key.is_member:
+        return key  # refused by the caller; neither stamped nor kept
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_PRECISION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    if entry is None:  # not forgotten lately
+        _remember(key, now=now)
+    return key
+
+
+def _remember(key: ApiKey, *, now: datetime) -> None:
+    precise_for = (key.last_used_at + LAST_USED_PRECISION - now).total_seconds()
+    seconds = min(KEY_CACHE_SECONDS, math.floor(precise_for))
+    if seconds >= 1:
+        # add, not set: an entry already there is either as good or a forgotten marker.
+        cache.add(_cache_key(key.key_hash), key, seconds)
+
+
+def forget_api_keys(key_hashes: Iterable[str]) -> None:
+    """Refuse the cache's copy of these keys: each call reads them from the database for the
+    next KEY_CACHE_SECONDS.
+
+    Now, and again once the caller's transaction commits: the first stops a lookup made while
+    the change is still uncommitted from being kept, the second counts the time from the
+    commit. (Were the change rolled back, the keys are merely read from the database a while.)
+    """
+    entries = {_cache_key(key_hash): FORGOTTEN for key_hash in key_hashes}
+    if entries:
+        cache.set_many(entries, KEY_CACHE_SECONDS)
+        transaction.on_commit(lambda: cache.set_many(entries, KEY_CACHE_SECONDS))
+
+
+def forget_keys_of(*, user_id: int | None = None, project_id: int | None = None) -> None:
+    """Forget the cached keys of a user, a project, or a user in a project (a membership)."""
+    keys = ApiKey.objects.all()
+    if user_id is not None:
+        keys = keys.filter(user_id=user_id)
+    if project_id is not None:
+        keys = keys.filter(project_id=project_id)
+    forget_api_keys(keys.values_list("key_hash", flat=True))
+
+
+# The cached key must not outlive a change to what its lookup checks, however the change is
+# made: the admin's forms and inlines, a deleted user's or project's cascade, the shell. Only
+# Django's model signals see all of these, so these receivers (connected in accounts/apps.py)
+# do nothing but forget; revoking, an UPDATE that no signal sees, forgets in revoke_api_key.
+
+
+def forget_saved_key(sender, instance: ApiKey, created: bool = False, **kwargs) -> None:
+    if not created:  # a new key was never looked up, so never cached
+        forget_api_keys([instance.key_hash])
+
+
+def forget_deleted_key(sender, instance: ApiKey, **kwargs) -> None:
+    forget_api_keys([instance.key_hash])
+
+
+def forget_users_keys(sender, instance: User, created: bool = False, update_fields=None, **kw):
+    # A log-in stamps last_login alone: nothing the key's lookup reads.
+    if not created and set(update_fields or ()) != {"last_login"}:
+        forget_keys_of(user_id=instance.pk)
+
+
+def forget_projects_keys(sender, instance: Project, created: bool = False, **kwargs) -> None:
+    if not created:
+        forget_keys_of(project_id=instance.pk)
+
+
+def forget_members_keys(sender, instance: Membership, created: bool = False, **kwargs) -> None:
+    if not created:  # a key of a user who was not a member is never cached
+        forget_keys_of(user_id=instance.user_id, project_id=instance.project_id)

@@ -3,7 +3,7 @@
 from typing import TypeVar
 
 from django.db import transaction
-from django.db.models import Model, QuerySet
+from django.db.models import Model, QuerySet, Subquery
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 
@@ -44,3 +44,11 @@ def require_project(request: HttpRequest) -> Project:
 def get_for_project(request: HttpRequest, queryset: QuerySet[M], **lookup: object) -> M:
     """Look an object up within the request's project: anything else is a 404."""
     return get_object_or_404(queryset, project=require_project(request), **lookup)
+
+
+def in_project(request: HttpRequest, queryset: QuerySet[M]) -> QuerySet[M]:
+    """`queryset` narrowed to the request's project inside its own query: the project is a
+    subquery (the user's first membership, as `project_for` picks it), not a row read first.
+    A user in no project matches nothing. For answers that must cost one query, the poll's."""
+    first = Membership.objects.filter(user=request.user).order_by("pk").values("project_id")[:1]
+    return queryset.filter(project_id=Subquery(first))

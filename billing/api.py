@@ -17,7 +17,6 @@ from billing import budgets, usage
 from billing.access import can_manage_billing
 from billing.meter import HOUR
 from billing.models import LedgerEntry
-from clusters.models import Cluster
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -207,7 +206,8 @@ def transactions(
     queryset = LedgerEntry.objects.filter(project=project)
     if type:
         queryset = queryset.filter(kind=type)
-    queryset = queryset.select_related("cluster").order_by("-created_at", "-pk")
+    queryset = queryset.annotate(billed=usage.still_billed()).select_related("cluster")
+    queryset = queryset.order_by("-created_at", "-pk")
     now = timezone.now()
     return paginated(
         queryset, limit=limit, offset=offset, render=lambda entry: _transaction(entry, now=now)
@@ -230,7 +230,7 @@ def _transaction(entry: LedgerEntry, *, now: datetime) -> dict:
         "accumulating": bool(
             is_usage
             and entry.period_start is not None
-            and entry.cluster.status in Cluster.BILLED
+            and entry.billed
             and now < entry.period_start + HOUR
         ),
     }

@@ -153,10 +153,11 @@ def hour_of(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def set_based_charge(now: datetime) -> int:
+def set_based_charge(now: datetime, *, keep: bool = False) -> int:
     """The meter's baseline: one UPDATE that charges every running record up to `now` with the
     meter's rounding (cost = price × whole seconds since its start / 3600, half up, in cents),
-    computed by the database. The rows it changed."""
+    computed by the database. The rows it changed. Rolled back unless `keep`, so the meter it
+    takes turns with finds the rows as it left them."""
     table = connection.ops.quote_name(UsageRecord._meta.db_table)
     if connection.vendor == "postgresql":
         seconds = "FLOOR(EXTRACT(EPOCH FROM (%s - started_at)))::bigint"
@@ -173,9 +174,16 @@ def set_based_charge(now: datetime) -> int:
         f"charged_amount = ((2 * {price_cents} * {seconds} + 3600) / 7200) / 100.0 "
         "WHERE ended_at IS NULL AND charged_until < %s"
     )
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, [value, value, value])
-        return cursor.rowcount
+    changed = 0
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, [value, value, value])
+            changed = cursor.rowcount
+            if not keep:
+                raise _Rollback
+    except _Rollback:
+        pass
+    return changed
 
 
 def meter_benchmark(
@@ -187,8 +195,9 @@ def meter_benchmark(
     progress: Callable[[str], None] = _quiet,
 ) -> list[dict]:
     """The meter's public entry (`charge_accrued`) at each number of running machines, taking
-    turns with `set_based_charge`: each run of either charges one more minute of every machine,
-    as the beat's meter does every minute. The machines stay, and are ended at the end.
+    turns with `set_based_charge` (rolled back each time): each meter run charges two more
+    minutes of every machine, as the beat's meter charges one every minute. The machines stay,
+    and are ended at the end.
 
     Every size is measured within a clock hour of its own (in the past), after an untimed run
     that catches up (and crosses the hour), so no timed run opens new hourly lines. A size

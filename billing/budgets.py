@@ -2,7 +2,7 @@
 
 An environment's month-to-date spend is the usage the meter has charged to its clusters since
 the start of the calendar month (UTC). Reaching the budget stops its clusters
-(billing/stops.py) and refuses new ones (`budget_reached`).
+(clusters/stops.py) and refuses new ones (`budget_reached`).
 """
 
 import re
@@ -11,13 +11,12 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Model, Sum
 from django.utils import timezone
 
 from accounts.models import Environment, Project
 from billing.models import UsageDay
 from billing.templatetags.money import usd
-from clusters.models import Cluster
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
@@ -111,10 +110,10 @@ def parse_budget(raw: object) -> Decimal | None:
 @dataclass(frozen=True)
 class BudgetStops:
     """What a budget would stop: the month's spend and, when the budget is at or below it, the
-    environment's clusters that the meter's next run stops (billing/stops.py)."""
+    environment's clusters that the meter's next run stops (clusters/stops.py)."""
 
     spent: Decimal
-    clusters: list[Cluster]
+    clusters: list[Model]
 
 
 def budget_stops(
@@ -123,7 +122,10 @@ def budget_stops(
     spent = month_to_date_spend(environment=environment, now=now)
     if amount > spent:
         return BudgetStops(spent=spent, clusters=[])
-    running = Cluster.objects.filter(environment=environment, status__in=Cluster.STOPPABLE)
+    # Through the environment's relation (billing does not import clusters), in the statuses
+    # that the clusters' stops end (clusters/stops.py).
+    clusters = environment.clusters  # type: ignore[attr-defined]
+    running = clusters.filter(status__in=clusters.model.STOPPABLE)
     return BudgetStops(spent=spent, clusters=list(running.order_by("name", "pk")))
 
 

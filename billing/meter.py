@@ -1,8 +1,8 @@
 """The meter: turns the seconds machines ran into ledger debits (SPEC §4, docs/billing.md).
 
-Each usage record (one per machine) is charged from `charged_until` up to now, or up to its
-`ended_at` once it has ended. Its cost is computed over its whole span, never as a sum of
-rounded slices:
+Each usage record (one per machine) is charged from where it was charged (`charged_point`) up
+to now, or up to its `ended_at` once it has ended. Its cost is computed over its whole span,
+never as a sum of rounded slices:
 
     cost(t) = round_half_up(price_per_hour × whole seconds from started_at to t / 3600, 2)
 
@@ -16,9 +16,10 @@ which the meter adds to while that hour runs (the *accumulating* line) and never
 the hour is charged to its end. The same debits go to `UsageDay`, a per-cluster, per-day
 rollup of those lines that the Billing page reads.
 
-Running it twice, or on two workers at once, charges once: each batch of records is locked
-(`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN), and
-a record is only charged past its own `charged_until`.
+Running it twice, or on two workers at once, charges once: each batch of clusters' marks is
+locked (`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN),
+and a record is only charged past its charged point. Billing never imports clusters: the
+volumes' storage is charged by clusters/volume_billing.py onto lines written here.
 """
 
 from collections import defaultdict
@@ -28,14 +29,16 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
 from django.db import connection, transaction
-from django.db.models import F, Model, Q, QuerySet, Sum
+from django.db.models import Case, F, Min, Model, Q, QuerySet, Sum, Value, When
 from django.utils import timezone
 
-from billing.models import LedgerEntry, UsageDay, UsageRecord
-from clusters.models import Cluster, Volume
+from accounts.models import Project
+from billing import balances
+from billing.models import LedgerEntry, MeterMark, UsageDay, UsageRecord
+from billing.sql import update_from_values  # and the `__among` lookup
 
 HOUR = timedelta(hours=1)
-BATCH_SIZE = 1000
+BATCH_SIZE = 5000  # clusters per transaction (40,000 machines of 8)
 
 
 # ---- the rounding rule ----------------------------------------------------------------------
@@ -87,6 +90,21 @@ def _hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime,
 
 
 # ---- charging ---------------------------------------------------------------------------------
+#
+# The state. A record's `charged_until` is where it was charged when its row was last written:
+# when the meter first charged it, when it crossed a clock hour and when it ended. In between,
+# its cluster's MeterMark says how far the meter went: a record charged at least once is
+# charged up to its mark (or its end, if that came first), never below its own
+# `charged_until` (`charged_point`). A record never charged yet (`charged_until` still its
+# start) is charged from its start, whatever the mark: it may have been committed after a meter
+# that ran past its start.
+#
+# A run, per batch of clusters, in one transaction: lock their marks (`SKIP LOCKED`: a cluster
+# another meter holds is that meter's), compute every record's charge hour by hour in one
+# set-based statement (`_charges`, the rounding rule in integers, in SQL), write the records
+# that first got charged, crossed an hour or reached their end (one UPDATE), move the marks to
+# now (one), add the debits to the hourly lines, the day rollup and the balances (set-based).
+# So its queries grow with clusters (batches of BATCH_SIZE), never with machines.
 
 
 @dataclass
@@ -102,7 +120,9 @@ class ChargeResult:
 
 
 @dataclass
-class _Line:
+class Debit:
+    """What one ledger line (a cluster-hour, a volume-day) is debited: cents and seconds."""
+
     project_id: int
     cents: int = 0
     machine_seconds: int = 0
@@ -115,106 +135,286 @@ def _chargeable(queryset: QuerySet[UsageRecord], now: datetime) -> QuerySet[Usag
     )
 
 
-def _charge_records(records: Iterable[UsageRecord], now: datetime) -> ChargeResult:
-    """Charge locked `records` up to `now` (or their end); the caller holds the transaction."""
-    lines: dict[tuple[int, datetime], _Line] = defaultdict(lambda: _Line(project_id=0))
-    changed: list[UsageRecord] = []
-    result = ChargeResult()
-    for record in records:
-        until = min(now, record.ended_at) if record.ended_at else now
-        if until <= record.charged_until:
-            continue
-        price, started_at = record.price_per_hour, record.started_at
-        seconds_before = billed_seconds(started_at, record.charged_until)
-        cents_before = cost_in_cents(price, seconds_before)
-        for hour, _, piece_end in _hours(record.charged_until, until):
-            seconds_after = billed_seconds(started_at, piece_end)
-            cents_after = cost_in_cents(price, seconds_after)
-            line = lines[(record.cluster_id, hour)]
-            line.project_id = record.project_id
-            line.cents += cents_after - cents_before
-            line.machine_seconds += seconds_after - seconds_before
-            seconds_before, cents_before = seconds_after, cents_after
-        record.charged_until = until
-        record.charged_amount = cents(cents_before)
-        changed.append(record)
-        result.records += 1
-        result.project_ids.add(record.project_id)
-    if changed:
-        ops = connection.ops
-        _update_from_values(
-            UsageRecord,
-            {"charged_until": "v.c1", "charged_amount": "v.c2"},
-            ("timestamptz", "numeric"),
-            [
-                (
-                    record.pk,
-                    ops.adapt_datetimefield_value(record.charged_until),
-                    record.charged_amount,
-                )
-                for record in changed
-            ],
+def charged_point(record: UsageRecord, mark: datetime | None) -> datetime:
+    """How far `record` is charged, given its cluster's mark (the SQL of `_records_cte` says the
+    same as `lo`)."""
+    if mark is None or record.charged_until == record.started_at:
+        return record.charged_until
+    reach = min(record.ended_at, mark) if record.ended_at else mark
+    return max(record.charged_until, reach)
+
+
+def marks(**filters) -> dict[int, datetime | None]:
+    """The marks of the clusters `filters` picks (`cluster_id__in=…`, `cluster__project_id=…`)
+    by cluster id: one query."""
+    return dict(MeterMark.objects.filter(**filters).values_list("cluster_id", "charged_until"))
+
+
+def settle(record: UsageRecord, mark: datetime | None) -> UsageRecord:
+    """`record` with `charged_until` and `charged_amount` set (in memory) to how far the meter
+    has charged it, given its cluster's mark: what its row would say if the meter wrote it at
+    every run."""
+    point = charged_point(record, mark)
+    if point != record.charged_until:
+        record.charged_until = point
+        record.charged_amount = cost(
+            record.price_per_hour, billed_seconds(record.started_at, point)
+        )
+    return record
+
+
+def settled(records: Iterable[UsageRecord]) -> list[UsageRecord]:
+    """`settle` for each of `records`: one query for their marks."""
+    records = list(records)
+    found = marks(cluster_id__in={record.cluster_id for record in records})
+    return [settle(record, found.get(record.cluster_id)) for record in records]
+
+
+def lock_marks(cluster_ids: Iterable[int]) -> list[int]:
+    """Lock the clusters' marks (made when missing), in one order, waiting for a meter that
+    holds them; the ids locked. A caller that ends machines outside the meter (a refund) locks
+    them first, so that no meter charges those machines meanwhile."""
+    cluster_ids = sorted(set(cluster_ids))
+    _make_marks(cluster_ids)
+    return _lock_marks(cluster_ids, skip_locked=False)
+
+
+def _make_marks(cluster_ids: list[int]) -> None:
+    existing = set(
+        MeterMark.objects.filter(cluster_id__among=cluster_ids).values_list("cluster_id", flat=True)
+    )
+    if missing := [pk for pk in cluster_ids if pk not in existing]:
+        MeterMark.objects.bulk_create(
+            [MeterMark(cluster_id=pk) for pk in missing], ignore_conflicts=True
+        )
+
+
+def _lock_marks(cluster_ids: list[int], *, skip_locked: bool) -> list[int]:
+    """With `skip_locked`, the marks another transaction holds are left out."""
+    if not cluster_ids:
+        return []
+    skip = skip_locked and connection.features.has_select_for_update_skip_locked
+    return list(
+        MeterMark.objects.filter(cluster_id__among=cluster_ids)
+        .select_for_update(skip_locked=skip)
+        .order_by("cluster_id")
+        .values_list("cluster_id", flat=True)
+    )
+
+
+class _Statement:
+    """SQL text with its parameters in order, for PostgreSQL or SQLite."""
+
+    def __init__(self) -> None:
+        self.params: list = []
+        self.postgres = connection.vendor == "postgresql"
+
+    def value(self, value, kind: str) -> str:
+        self.params.append(
+            connection.ops.adapt_datetimefield_value(value) if kind == "timestamptz" else value
+        )
+        return f"%s::{kind}" if self.postgres else "%s"
+
+    def among(self, column: str, values: list[int]) -> str:
+        if self.postgres:
+            self.params.append(values)
+            return f"{column} = ANY(%s::bigint[])"
+        self.params.extend(values)
+        return f"{column} IN ({', '.join(['%s'] * len(values))})"
+
+    def hours(self, rows: list[tuple[int, int, datetime, datetime]]) -> str:
+        """A table h(n, cluster_id, hs, he): each cluster's clock hours to charge."""
+        adapt = connection.ops.adapt_datetimefield_value
+        if self.postgres:
+            self.params.extend([list(column) for column in zip(*rows, strict=True)])
+            return (
+                "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::timestamptz[], "
+                "%s::timestamptz[]) AS h (n, cluster_id, hs, he)"
+            )
+        for n, cluster_id, start, end in rows:
+            self.params.extend([n, cluster_id, adapt(start), adapt(end)])
+        return "VALUES " + ", ".join(["(%s, %s, %s, %s)"] * len(rows))
+
+    def seconds(self, later: str, earlier: str) -> str:
+        """Whole seconds from `earlier` to `later` (later > earlier), like `billed_seconds`."""
+        if self.postgres:
+            return f"FLOOR(EXTRACT(EPOCH FROM ({later} - {earlier})))::bigint"
+        # Django's own SQLite function (TemporalSubtraction): exact microseconds.
+        return f"(django_timestamp_diff({later}, {earlier}) / 1000000)"
+
+    def billed(self, moment: str) -> str:
+        """`billed_seconds(started_at, moment)` of each row of x."""
+        return f"(CASE WHEN {moment} > x.s THEN {self.seconds(moment, 'x.s')} ELSE 0 END)"
+
+    def cost(self, moment: str) -> str:
+        """`cost_in_cents(price, billed_seconds(started_at, moment))` of each row of x."""
+        return f"((2 * x.pc * {self.billed(moment)} + 3600) / 7200)"
+
+    def price_cents(self) -> str:
+        if self.postgres:
+            return "ROUND(u.price_per_hour * 100)::bigint"
+        return "CAST(ROUND(u.price_per_hour * 100) AS INTEGER)"
+
+
+def _records_cte(
+    sql: _Statement, *, now: datetime, cluster_ids: list[int], record_ids: list[int] | None
+) -> str:
+    """x: the chargeable records of the clusters (or `record_ids` among them), each with `lo`,
+    how far it is charged (`charged_point`), and `hi`, how far this run charges it (now, or its
+    end); clock: now and the start of its hour. Parameters are added in the text's order."""
+    usage = UsageRecord._meta.db_table
+    marks = MeterMark._meta.db_table
+    clock = (
+        f"SELECT {sql.value(now, 'timestamptz')} AS now, "
+        f"{sql.value(hour_of(now), 'timestamptz')} AS hour"
+    )
+    where = sql.among("u.cluster_id", cluster_ids)
+    if record_ids is not None:
+        where += " AND " + sql.among("u.id", record_ids)
+    return f"""
+        clock AS ({clock}),
+        r AS (
+            SELECT u.id, u.cluster_id, u.project_id, u.started_at AS s, u.charged_until AS cu,
+                u.ended_at AS e, {sql.price_cents()} AS pc, clock.hour AS ch,
+                CASE
+                    WHEN u.charged_until = u.started_at OR m.charged_until IS NULL
+                        THEN u.charged_until
+                    WHEN u.ended_at IS NOT NULL AND u.ended_at < m.charged_until THEN
+                        CASE WHEN u.ended_at > u.charged_until
+                            THEN u.ended_at ELSE u.charged_until END
+                    WHEN m.charged_until > u.charged_until THEN m.charged_until
+                    ELSE u.charged_until
+                END AS lo,
+                CASE WHEN u.ended_at IS NOT NULL AND u.ended_at < clock.now
+                    THEN u.ended_at ELSE clock.now END AS t
+            FROM {usage} u CROSS JOIN clock
+            LEFT JOIN {marks} m ON m.cluster_id = u.cluster_id
+            WHERE {where} AND (u.ended_at IS NULL OR u.charged_until < u.ended_at)
+                AND u.charged_until < clock.now
+        ),
+        x AS (SELECT r.*, CASE WHEN r.t > r.lo THEN r.t ELSE r.lo END AS hi FROM r)"""  # noqa: S608 - names are ours, values are parameters
+
+
+def _charges(
+    cluster_ids: list[int], now: datetime, record_ids: list[int] | None
+) -> tuple[dict[tuple[int, datetime], Debit], int, int]:
+    """The debit of each (cluster, clock hour), the number of records charged and of rows to
+    write: one query for the hours, one for the charges."""
+    chargeable = _chargeable(UsageRecord.objects.filter(cluster_id__among=cluster_ids), now)
+    if record_ids is not None:
+        chargeable = chargeable.filter(pk__among=record_ids)
+    firsts = chargeable.order_by().values("cluster_id").annotate(first=Min("charged_until"))
+    hours: list[tuple[int, int, datetime, datetime]] = []
+    for row in firsts.values_list("cluster_id", "first"):
+        for hour, _, _ in _hours(hour_of(row[1]), now):
+            hours.append((len(hours), row[0], hour, hour + HOUR))
+    if not hours:
+        return {}, 0, 0
+    sql = _Statement()
+    records = _records_cte(sql, now=now, cluster_ids=cluster_ids, record_ids=record_ids)
+    table = sql.hours(hours)
+    query = f"""
+        WITH {records},
+        h (n, cluster_id, hs, he) AS ({table}),
+        p AS (
+            SELECT x.*, h.n, h.hs,
+                CASE WHEN x.lo > h.hs THEN x.lo ELSE h.hs END AS a,
+                CASE WHEN x.hi < h.he THEN x.hi ELSE h.he END AS b
+            FROM x JOIN h ON h.cluster_id = x.cluster_id AND h.hs < x.hi AND h.he > x.lo
+        )
+        SELECT x.n, x.project_id,
+            SUM({sql.cost("x.b")} - {sql.cost("x.a")}),
+            SUM({sql.billed("x.b")} - {sql.billed("x.a")}),
+            SUM(CASE WHEN x.lo >= x.hs THEN 1 ELSE 0 END),
+            SUM(CASE WHEN x.lo >= x.hs AND x.hi > x.cu AND ({_write_rule(record_ids)})
+                THEN 1 ELSE 0 END)
+        FROM p AS x
+        GROUP BY x.n, x.project_id"""  # noqa: S608 - names are ours, values are parameters
+    lines: dict[tuple[int, datetime], Debit] = {}
+    charged = written = 0
+    with connection.cursor() as cursor:
+        cursor.execute(query, sql.params)
+        for n, project_id, amount, seconds, count, rows in cursor.fetchall():
+            _, cluster_id, hour, _ = hours[n]
+            lines[(cluster_id, hour)] = Debit(project_id, int(amount), int(seconds))
+            charged += int(count)
+            written += int(rows)
+    return lines, charged, written
+
+
+def _write_rule(record_ids: list[int] | None) -> str:
+    """Which charged records of x get their row written: those charged for the first time,
+    ended ones, and those whose row is from an earlier hour; with `record_ids`, all of them."""
+    return "x.cu = x.s OR x.e IS NOT NULL OR x.cu < x.ch" if record_ids is None else "1 = 1"
+
+
+def _write_records(cluster_ids: list[int], now: datetime, record_ids: list[int] | None) -> None:
+    """Write the charged point of the records that first got charged, crossed into this hour
+    (or ran through older ones) or reached their end; with `record_ids`, of those records
+    (their cluster's mark does not move for them)."""
+    sql = _Statement()
+    records = _records_cte(sql, now=now, cluster_ids=cluster_ids, record_ids=record_ids)
+    rule = _write_rule(record_ids)
+    table = connection.ops.quote_name(UsageRecord._meta.db_table)
+    query = f"""
+        WITH {records}
+        UPDATE {table} SET charged_until = x.hi, charged_amount = {sql.cost("x.hi")} / 100.0
+        FROM x
+        WHERE {table}.id = x.id AND x.hi > x.cu AND ({rule})"""  # noqa: S608 - names are ours, values are parameters
+    with connection.cursor() as cursor:
+        cursor.execute(query, sql.params)
+
+
+def _charge_clusters(
+    cluster_ids: list[int], now: datetime, *, record_ids: list[int] | None = None
+) -> ChargeResult:
+    """Charge the records of these locked clusters (or only `record_ids` among them) up to
+    `now`, or to their end; the caller holds the transaction and the marks' locks."""
+    lines, charged, written = _charges(cluster_ids, now, record_ids)
+    result = ChargeResult(records=charged)
+    result.project_ids = {line.project_id for line in lines.values()}
+    if written:
+        _write_records(cluster_ids, now, record_ids)
+    if record_ids is None:
+        MeterMark.objects.filter(cluster_id__among=cluster_ids).update(
+            charged_until=Case(
+                When(Q(charged_until__isnull=True) | Q(charged_until__lt=now), then=Value(now)),
+                default=F("charged_until"),
+            )
         )
     result.amount = _post_lines(lines, now)
     return result
 
 
-def _update_from_values(
-    model: type[Model], assignments: dict[str, str], types: tuple[str, ...], rows: list[tuple]
-) -> None:
-    """`UPDATE … SET … FROM` a set of (pk, c1, c2, …): many rows with their own values in one
-    statement, in linear time (Django's bulk_update builds a CASE per row, which takes
-    seconds for a meter's thousands of rows). Expressions name the values `v.c1`, `v.c2`, ….
-    PostgreSQL gets one array per column (`unnest`), SQLite a VALUES list."""
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    names = ["pk"] + [f"c{index}" for index in range(1, len(types) + 1)]
-    if connection.vendor == "postgresql":
-        arrays = ", ".join(f"%s::{kind}[]" for kind in ("bigint", *types))
-        source = f"unnest({arrays}) AS v ({', '.join(names)})"
-        params = [list(column) for column in zip(*rows, strict=True)]
-    else:
-        row = "(" + ", ".join(["%s"] * len(names)) + ")"
-        columns = ", ".join(f"column{index + 1} AS {name}" for index, name in enumerate(names))
-        source = f"(SELECT {columns} FROM (VALUES {', '.join([row] * len(rows))})) AS v"  # noqa: S608 - no input
-        params = [value for row_values in rows for value in row_values]
-    sets = ", ".join(f"{quote(column)} = {value}" for column, value in assignments.items())
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET {sets} FROM {source} WHERE {table}.{quote('id')} = v.pk",  # noqa: S608 - names are ours, values are parameters
-            params,
-        )
+def _find_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], int]:
+    """The primary keys of the usage lines for these (cluster, hour) keys. Their clusters'
+    marks are locked: nobody else writes these lines meanwhile."""
+    rows = LedgerEntry.objects.filter(
+        kind=LedgerEntry.Kind.USAGE,
+        cluster_id__among={cluster_id for cluster_id, _ in keys},
+        period_start__in={hour for _, hour in keys},
+    ).values_list("pk", "cluster_id", "period_start")
+    found = {(cluster_id, hour): pk for pk, cluster_id, hour in rows}
+    return {key: pk for key, pk in found.items() if key in keys}
 
 
-def _lock_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], int]:
-    """The primary keys of the usage lines for these (cluster, hour) keys, locked."""
-    cluster_ids = {cluster_id for cluster_id, _ in keys}
-    hours = {hour for _, hour in keys}
-    # Every meter locks lines in the same order (cluster, hour), so two never deadlock.
-    rows = (
-        LedgerEntry.objects.select_for_update()
-        .filter(kind=LedgerEntry.Kind.USAGE, cluster_id__in=cluster_ids, period_start__in=hours)
-        .order_by("cluster_id", "period_start")
-        .values_list("pk", "cluster_id", "period_start")
-    )
-    locked = {(cluster_id, hour): pk for pk, cluster_id, hour in rows}
-    return {key: pk for key, pk in locked.items() if key in keys}
-
-
-def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Decimal:
+def _post_lines(lines: dict[tuple[int, datetime], Debit], now: datetime) -> Decimal:
     """Add each cluster-hour's debit to its usage line, creating the line when it is new."""
     lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
     if not lines:
         return Decimal("0.00")
-    entries = _lock_lines(set(lines))
+    entries = _find_lines(set(lines))
     missing = sorted(set(lines) - set(entries))
     if missing:
+        # The cluster's name, through the records' relation (billing does not import clusters).
         names = dict(
-            Cluster.objects.filter(pk__in={c for c, _ in missing}).values_list("pk", "name")
+            UsageRecord.objects.filter(cluster_id__among={c for c, _ in missing})
+            .order_by()
+            .values_list("cluster_id", "cluster__name")
+            .distinct()
         )
-        # Another meter (or a terminate) may be creating the same line right now: the insert
-        # then waits for it and keeps its line (ON CONFLICT DO NOTHING), which is locked and
-        # added to below like any other.
+        # A terminate of a cluster whose mark was locked by nobody yet, or a line a crashed
+        # run left: ON CONFLICT DO NOTHING keeps the line there is, which is added to below.
         LedgerEntry.objects.bulk_create(
             [
                 LedgerEntry(
@@ -231,30 +431,39 @@ def _post_lines(lines: dict[tuple[int, datetime], _Line], now: datetime) -> Deci
             ],
             ignore_conflicts=True,
         )
-        entries.update(_lock_lines(set(missing)))
-    # Added in the database to the locked lines, whatever they held.
-    _update_from_values(
+        entries.update(_find_lines(set(missing)))
+    # Added in the database to the lines, whatever they held.
+    update_from_values(
         LedgerEntry,
         {"amount": "amount - v.c1", "machine_seconds": "machine_seconds + v.c2"},
         ("numeric", "bigint"),
         [(entries[key], cents(line.cents), line.machine_seconds) for key, line in lines.items()],
     )
     _post_days(lines)
+    _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
 
 
-def _post_days(lines: dict[tuple[int, datetime], _Line]) -> None:
+def _move_balances(lines: dict[tuple[int, datetime], Debit]) -> None:
+    """The debits move each project's running balance, in the transaction of the lines."""
+    debits: dict[int, int] = defaultdict(int)
+    for line in lines.values():
+        debits[line.project_id] += line.cents
+    balances.move({project_id: -cents(amount) for project_id, amount in debits.items()})
+
+
+def _post_days(lines: dict[tuple[int, datetime], Debit]) -> None:
     """Add the same debits to the per-day rollup (UsageDay), the same way as the lines."""
-    days: dict[tuple[int, date], _Line] = {}
+    days: dict[tuple[int, date], Debit] = {}
     last_hours: dict[tuple[int, date], datetime] = {}
     for (cluster_id, hour), line in lines.items():
         key = (cluster_id, hour.date())
-        day = days.setdefault(key, _Line(project_id=line.project_id))
+        day = days.setdefault(key, Debit(project_id=line.project_id))
         day.cents += line.cents
         day.machine_seconds += line.machine_seconds
         last_hours[key] = max(hour, last_hours.get(key, hour))
-    locked = _lock_days(set(days))
-    missing = sorted(set(days) - set(locked))
+    found = _find_days(set(days))
+    missing = sorted(set(days) - set(found))
     if missing:
         UsageDay.objects.bulk_create(
             [
@@ -270,9 +479,9 @@ def _post_days(lines: dict[tuple[int, datetime], _Line]) -> None:
             ],
             ignore_conflicts=True,
         )
-        locked.update(_lock_days(set(missing)))
+        found.update(_find_days(set(missing)))
     ops = connection.ops
-    _update_from_values(
+    update_from_values(
         UsageDay,
         {
             "amount": "amount - v.c1",
@@ -282,59 +491,50 @@ def _post_days(lines: dict[tuple[int, datetime], _Line]) -> None:
         ("numeric", "bigint", "timestamptz"),
         [
             (
-                locked[key][0],
+                found[key][0],
                 cents(day.cents),
                 day.machine_seconds,
-                ops.adapt_datetimefield_value(max(last_hours[key], locked[key][1])),
+                ops.adapt_datetimefield_value(max(last_hours[key], found[key][1])),
             )
             for key, day in days.items()
         ],
     )
 
 
-def _lock_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int, datetime]]:
-    rows = (
-        UsageDay.objects.select_for_update()
-        .filter(cluster_id__in={c for c, _ in keys}, day__in={d for _, d in keys})
-        .order_by("cluster_id", "day")
-        .values_list("pk", "cluster_id", "day", "last_hour")
-    )
-    locked = {(cluster_id, day): (pk, last) for pk, cluster_id, day, last in rows}
-    return {key: value for key, value in locked.items() if key in keys}
-
-
-def _locked(queryset: QuerySet[UsageRecord], *, skip_locked: bool) -> QuerySet[UsageRecord]:
-    if connection.features.has_select_for_update_skip_locked and skip_locked:
-        return queryset.select_for_update(skip_locked=True)
-    return queryset.select_for_update()
+def _find_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int, datetime]]:
+    rows = UsageDay.objects.filter(
+        cluster_id__among={c for c, _ in keys}, day__in={d for _, d in keys}
+    ).values_list("pk", "cluster_id", "day", "last_hour")
+    found = {(cluster_id, day): (pk, last) for pk, cluster_id, day, last in rows}
+    return {key: value for key, value in found.items() if key in keys}
 
 
 def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> ChargeResult:
-    """Charge every running or not-yet-fully-charged record up to `now`, batch by batch.
-
-    A batch another meter holds is skipped: that meter charges it.
-    """
+    """Charge every running or not-yet-fully-charged record up to `now`, `batch_size` clusters
+    per transaction. A cluster another meter holds is skipped: that meter charges it."""
     now = now or timezone.now()
+    cluster_ids = list(
+        _chargeable(UsageRecord.objects.all(), now)
+        .order_by("cluster_id")
+        .values_list("cluster_id", flat=True)
+        .distinct()
+    )
     result = ChargeResult()
-    after_pk = 0
-    while True:
+    for start in range(0, len(cluster_ids), batch_size):
+        batch = cluster_ids[start : start + batch_size]
+        # New clusters' marks are made (and committed) first: a second meter would otherwise
+        # wait on the first one's uncommitted insert instead of skipping its clusters.
+        _make_marks(batch)
         with transaction.atomic():
-            batch = list(
-                _locked(
-                    _chargeable(UsageRecord.objects.filter(pk__gt=after_pk), now),
-                    skip_locked=True,
-                ).order_by("pk")[:batch_size]
-            )
-            if batch:
-                result.add(_charge_records(batch, now))
-        if len(batch) < batch_size:
-            return result
-        after_pk = batch[-1].pk
+            locked = _lock_marks(batch, skip_locked=True)
+            if locked:
+                result.add(_charge_clusters(locked, now))
+    return result
 
 
 def charge_usage(
     *,
-    cluster: Cluster | None = None,
+    cluster: Model | None = None,
     record_ids: Iterable[int] | None = None,
     until: datetime | None = None,
 ) -> ChargeResult:
@@ -342,19 +542,17 @@ def charge_usage(
 
     Called by the lifecycle when a cluster or a worker ends, right after it set `ended_at`,
     so the bill stops at the end instant, not at the next meter run. Each record is charged
-    up to min(`until` or now, its `ended_at`). It waits for a meter holding the same rows.
+    up to min(`until` or now, its `ended_at`). It waits for a meter holding the same cluster.
     """
     if (cluster is None) == (record_ids is None):
         raise ValueError("charge_usage needs either a cluster or record_ids.")
     now = until or timezone.now()
-    queryset = UsageRecord.objects.all()
-    if cluster is not None:
-        queryset = queryset.filter(cluster=cluster)
-    else:
-        queryset = queryset.filter(pk__in=list(record_ids or ()))
     with transaction.atomic():
-        records = list(_locked(_chargeable(queryset, now), skip_locked=False).order_by("pk"))
-        return _charge_records(records, now)
+        if cluster is not None:
+            return _charge_clusters(lock_marks([cluster.pk]), now)
+        ids = list(record_ids or ())
+        clusters = UsageRecord.objects.filter(pk__in=ids).values_list("cluster_id", flat=True)
+        return _charge_clusters(lock_marks(clusters), now, record_ids=ids)
 
 
 # ---- what the Billing page shows -------------------------------------------------------------
@@ -406,67 +604,26 @@ def burn_rates(project_ids: set[int]) -> dict[int, Decimal]:
     )
     for row in machines:
         rates[row["project_id"]] += row["rate"]
-    volumes = Volume.objects.filter(
-        project_id__in=project_ids, deleted_at__isnull=True
-    ).values_list("project_id", "price_per_gb_month", "size_gb")
+    # The volumes through the projects' relation: billing does not import clusters.
+    volumes = (
+        Project.objects.filter(
+            pk__in=project_ids, volumes__isnull=False, volumes__deleted_at__isnull=True
+        )
+        .order_by()
+        .values_list("pk", "volumes__price_per_gb_month", "volumes__size_gb")
+    )
     for project_id, price, size in volumes:
         rates[project_id] += storage_per_hour(price, size)
     return rates
 
 
-def _days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
+def days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
     """`[start, end)` cut at midnight (UTC): (the day's midnight, piece end)."""
     while start < end:
         day = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         piece_end = min(end, day + DAY)
         yield day, piece_end
         start = piece_end
-
-
-def _chargeable_volumes(queryset: QuerySet, now: datetime) -> QuerySet:
-    """Live volumes, and deleted ones not yet charged to their deletion."""
-    return queryset.filter(
-        Q(deleted_at__isnull=True) | Q(charged_until__lt=F("deleted_at")), charged_until__lt=now
-    )
-
-
-def _charge_volumes(volumes: Iterable, now: datetime) -> ChargeResult:
-    """Charge locked volumes up to `now` (or their deletion) onto their per-day storage lines.
-
-    Like machines, a volume's cost is computed over its whole life from `created_at`, so its
-    debits add up to the rounded cost of everything it stored, however often this runs."""
-    from clusters.models import Volume
-
-    lines: dict[tuple[int, datetime], _Line] = defaultdict(lambda: _Line(project_id=0))
-    names: dict[int, str] = {}
-    changed = []
-    result = ChargeResult()
-    for volume in volumes:
-        until = min(now, volume.deleted_at) if volume.deleted_at else now
-        if until <= volume.charged_until:
-            continue
-        price, size, created = volume.price_per_gb_month, volume.size_gb, volume.created_at
-        seconds_before = billed_seconds(created, volume.charged_until)
-        cents_before = storage_cost_in_cents(price, size, seconds_before)
-        for day, piece_end in _days(volume.charged_until, until):
-            seconds_after = billed_seconds(created, piece_end)
-            cents_after = storage_cost_in_cents(price, size, seconds_after)
-            line = lines[(volume.pk, day)]
-            line.project_id = volume.project_id
-            line.cents += cents_after - cents_before
-            line.machine_seconds += seconds_after - seconds_before
-            seconds_before, cents_before = seconds_after, cents_after
-        volume.charged_until = until
-        volume.charged_amount = cents(cents_before)
-        names[volume.pk] = volume.name
-        changed.append(volume)
-        result.records += 1
-        result.project_ids.add(volume.project_id)
-    if changed:
-        # Volumes are few next to machines: Django's own bulk update is fast enough here.
-        Volume.objects.bulk_update(changed, ["charged_until", "charged_amount"])
-    result.amount = _post_storage_lines(lines, names, now)
-    return result
 
 
 def _lock_storage_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], LedgerEntry]:
@@ -488,11 +645,13 @@ def _lock_storage_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, date
     }
 
 
-def _post_storage_lines(
-    lines: dict[tuple[int, datetime], _Line], names: dict[int, str], now: datetime
+def post_storage_lines(
+    lines: dict[tuple[int, datetime], Debit], names: dict[int, str], now: datetime
 ) -> Decimal:
     """Add each volume-day's debit to its storage line, creating the line when it is new (the
-    same ON CONFLICT DO NOTHING, lock, then add as the machines' lines)."""
+    same ON CONFLICT DO NOTHING, lock, then add as the machines' lines), and to the balances.
+    Called by the volumes' meter (clusters/volume_billing.py) in the transaction that holds
+    the volumes' rows; `lines` are keyed (volume id, the day's midnight)."""
     lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
     if not lines:
         return Decimal("0.00")
@@ -520,37 +679,5 @@ def _post_storage_lines(
         entries[key].amount -= cents(line.cents)
         entries[key].machine_seconds += line.machine_seconds
     LedgerEntry.objects.bulk_update([entries[key] for key in lines], ["amount", "machine_seconds"])
+    _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
-
-
-def charge_storage(
-    *,
-    now: datetime | None = None,
-    volume_ids: Iterable[int] | None = None,
-    batch_size: int = BATCH_SIZE,
-) -> ChargeResult:
-    """Charge every volume's storage up to `now` (or its deletion), batch by batch; with
-    `volume_ids`, only those (waiting for a meter that holds them). Safe to run twice and on
-    several workers at once: a batch another meter holds is skipped, and a volume is only
-    charged past its own `charged_until`."""
-    from clusters.models import Volume
-
-    now = now or timezone.now()
-    queryset = Volume.objects.all()
-    if volume_ids is not None:
-        queryset = queryset.filter(pk__in=list(volume_ids))
-    result = ChargeResult()
-    after_pk = 0
-    while True:
-        with transaction.atomic():
-            chargeable = _chargeable_volumes(queryset.filter(pk__gt=after_pk), now)
-            if connection.features.has_select_for_update_skip_locked and volume_ids is None:
-                chargeable = chargeable.select_for_update(skip_locked=True)
-            else:
-                chargeable = chargeable.select_for_update()
-            batch = list(chargeable.order_by("pk")[:batch_size])
-            if batch:
-                result.add(_charge_volumes(batch, now))
-        if len(batch) < batch_size:
-            return result
-        after_pk = batch[-1].pk

@@ -1,13 +1,14 @@
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import models
-from django.db.models import Q, Sum
+from django.db import models, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 
 class LedgerEntry(models.Model):
-    """One line of a project's append-only ledger. The balance is the sum of the lines."""
+    """One line of a project's append-only ledger. The balance is the sum of the lines, kept as
+    a running total on the project (billing/balances.py)."""
 
     class Kind(models.TextChoices):
         TOPUP = "topup", "Top-up"
@@ -80,10 +81,29 @@ class LedgerEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.amount} USD"
 
+    def save(self, *args, **kwargs) -> None:
+        """A new line moves its project's running balance by its amount, in one transaction
+        (billing/balances.py). Lines are only added: a saved line's amount never changes here;
+        the meter adds to usage lines with its own set-based writes, which move the balance
+        the same way."""
+        if not self._state.adding:
+            super().save(*args, **kwargs)
+            return
+        project = self._meta.get_field("project").related_model
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            if self.amount:
+                project.objects.filter(pk=self.project_id).update(
+                    balance=F("balance") + self.amount
+                )
 
-def balance_of(project_id: int) -> Decimal:
-    total = LedgerEntry.objects.filter(project_id=project_id).aggregate(total=Sum("amount"))
-    return total["total"] or Decimal("0.00")
+
+def balance_of(project_id: "int | models.Model") -> Decimal:
+    """The project's (or the project id's) running balance: one row, however long its ledger."""
+    project = LedgerEntry._meta.get_field("project").related_model
+    pk = getattr(project_id, "pk", project_id)
+    found = project.objects.filter(pk=pk).values_list("balance", flat=True).first()
+    return found if found is not None else Decimal("0.00")
 
 
 class UsageRecord(models.Model):
@@ -95,6 +115,9 @@ class UsageRecord(models.Model):
     price_per_hour = models.DecimalField(max_digits=10, decimal_places=2)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Written when the meter first charges the machine, when it crosses a clock hour and when
+    # it ends, not every minute: it is charged at least up to here, and up to its cluster's
+    # MeterMark (or its end) once charged at all (billing/meter.py `charged_until`).
     charged_until = models.DateTimeField(help_text="The meter has charged this record up to here.")
     charged_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
 
@@ -107,6 +130,21 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} from {self.started_at:%Y-%m-%d %H:%M}"
+
+
+class MeterMark(models.Model):
+    """The meter's mark on one cluster: every machine of it is charged up to `charged_until`
+    (one that ended, up to its end if that came first), so a running machine's own row need
+    not be written every minute (billing/meter.py). It is also the row the meter locks while
+    it charges the cluster: two meters, or a meter and a terminate, never charge it at once."""
+
+    cluster = models.OneToOneField(
+        "clusters.Cluster", on_delete=models.CASCADE, related_name="+", primary_key=True
+    )
+    charged_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} charged until {self.charged_until}"
 
 
 class Payment(models.Model):
@@ -154,7 +192,7 @@ class Payment(models.Model):
 
 
 class Notice(models.Model):
-    """A billing email that was sent, so each is sent once (billing/stops.py)."""
+    """A billing email that was sent, so each is sent once (billing/limits.py)."""
 
     class Kind(models.TextChoices):
         LOW_BALANCE = "low_balance", "Low balance"

@@ -8,18 +8,31 @@ rounding rule (`billing.meter.cost_between`), so the two agree to the cent.
 
 import calendar
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import CharField, F, IntegerField, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models import (
+    BooleanField,
+    CharField,
+    Exists,
+    F,
+    IntegerField,
+    Max,
+    Min,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+)
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.meter import HOUR, billed_seconds, burn_rates, cost_between
-from billing.models import LedgerEntry, UsageDay, UsageRecord
-from clusters.models import Cluster
+from billing.meter import HOUR, billed_seconds, burn_rates, cost_between, marks, settle
+from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from runcrate.errors import Refused
 
 ZERO = Decimal("0.00")
@@ -126,10 +139,8 @@ class Summary:
 
 def summary(*, project_id: int) -> Summary:
     """Current balance, burn rate (USD/h of running machines and stored volumes) and hours
-    left: three queries."""
-    balance = LedgerEntry.objects.filter(project_id=project_id).aggregate(total=Sum("amount"))[
-        "total"
-    ] or Decimal("0.00")
+    left: three queries, none of which reads the ledger."""
+    balance = balance_of(project_id)  # the running total: one row (billing/balances.py)
     burn = burn_rates({project_id})[project_id]
     remaining = None
     if burn > 0:
@@ -149,7 +160,7 @@ class Line:
     last_period: datetime | None
     cluster_id: int | None
     title: str
-    cluster_status: str
+    billed: bool  # a usage line: one of its cluster's machines still runs
     amount: Decimal
     machine_seconds: int
     entry_id: int
@@ -182,11 +193,19 @@ _LINE_FIELDS = (
     "last_period",
     "cluster_id",
     "title",
-    "cluster_status",
+    "billed",
     "line_amount",
     "seconds",
     "entry_id",
 )
+
+
+def still_billed() -> Exists:
+    """Whether the row's cluster is still billed: one of its machines runs (billing's own
+    record of it, instead of the cluster's status, which is the clusters' business)."""
+    return Exists(
+        UsageRecord.objects.filter(cluster_id=OuterRef("cluster_id"), ended_at__isnull=True)
+    )
 
 
 def _cluster_lines(project_id: int, month: Month) -> QuerySet:
@@ -201,7 +220,7 @@ def _cluster_lines(project_id: int, month: Month) -> QuerySet:
             at=Min("day"),
             last_period=Max("last_hour"),
             title=F("cluster__name"),
-            cluster_status=F("cluster__status"),
+            billed=still_billed(),
             line_amount=Sum("amount"),
             seconds=Sum("machine_seconds"),
             entry_id=Min("pk"),
@@ -221,7 +240,7 @@ def _credit_lines(project_id: int, month: Month) -> QuerySet:
             at=TruncDate("created_at", tzinfo=UTC),
             last_period=F("period_start"),
             title=F("note"),
-            cluster_status=Value("", output_field=CharField()),
+            billed=Value(False, output_field=BooleanField()),
             line_amount=F("amount"),
             seconds=F("machine_seconds"),
             entry_id=F("pk"),
@@ -246,7 +265,7 @@ def _storage_lines(project_id: int, month: Month) -> QuerySet:
             last_period=Max("period_start"),
             line_cluster=Value(None, output_field=IntegerField()),
             title=F("volume__name"),
-            cluster_status=Value("", output_field=CharField()),
+            billed=Value(False, output_field=BooleanField()),
             line_amount=Sum("amount"),
             seconds=Sum("machine_seconds"),
             entry_id=Min("pk"),
@@ -257,7 +276,7 @@ def _storage_lines(project_id: int, month: Month) -> QuerySet:
             "last_period",
             "line_cluster",
             "title",
-            "cluster_status",
+            "billed",
             "line_amount",
             "seconds",
             "entry_id",
@@ -291,7 +310,7 @@ def to_lines(rows: list[tuple], *, now: datetime | None = None) -> list[Line]:
         line.accumulating = bool(
             line.is_usage
             and line.last_period is not None
-            and line.cluster_status in Cluster.BILLED
+            and line.billed
             and now < _aware(line.last_period) + HOUR
         )
         lines.append(line)
@@ -304,7 +323,7 @@ _LINE_FIELDS_OUT = (
     "last_period",
     "cluster_id",
     "title",
-    "cluster_status",
+    "billed",
     "amount",
     "machine_seconds",
     "entry_id",
@@ -404,11 +423,25 @@ class MachineRow:
 
 
 def _records_in(month: Month) -> QuerySet[UsageRecord]:
+    """The records that may have been charged in `month`: a running one's row says how far it
+    was charged only once an hour (billing/meter.py), so each is `settle`d before it is read."""
     return (
-        UsageRecord.objects.filter(started_at__lt=month.end, charged_until__gt=month.start)
+        UsageRecord.objects.filter(
+            Q(charged_until__gt=month.start)
+            | Q(ended_at__isnull=True)
+            | Q(ended_at__gt=month.start),
+            started_at__lt=month.end,
+        )
         .select_related("node", "cluster__machine_type__gpu", "cluster__machine_type__location")
         .order_by("cluster_id", "node__index", "pk")
     )
+
+
+def _settled_rows(records: Iterable[UsageRecord], marks: dict, month: Month) -> Iterator:
+    for record in records:
+        settle(record, marks.get(record.cluster_id))
+        if record.charged_until > month.start:
+            yield record.cluster_id, machine_row(record, month)
 
 
 def machine_row(record: UsageRecord, month: Month) -> MachineRow:
@@ -437,9 +470,11 @@ def machine_row(record: UsageRecord, month: Month) -> MachineRow:
     )
 
 
-def machine_rows(*, cluster: Cluster, month: Month) -> list[MachineRow]:
-    """One row per machine of `cluster` billed in `month`: one query."""
-    return [machine_row(record, month) for record in _records_in(month).filter(cluster=cluster)]
+def machine_rows(*, cluster: Model, month: Month) -> list[MachineRow]:
+    """One row per machine of `cluster` billed in `month`: two queries."""
+    records = _records_in(month).filter(cluster_id=cluster.pk)
+    found = marks(cluster_id__in=[cluster.pk])
+    return [row for _, row in _settled_rows(records, found, month)]
 
 
 def machine_rows_by_cluster(
@@ -448,9 +483,10 @@ def machine_rows_by_cluster(
     records = _records_in(month).filter(project_id=project_id)
     if cluster_ids is not None:
         records = records.filter(cluster_id__in=cluster_ids)
+    found = marks(cluster__project_id=project_id)
     rows: dict[int, list[MachineRow]] = defaultdict(list)
-    for record in records.iterator(chunk_size=2000):
-        rows[record.cluster_id].append(machine_row(record, month))
+    for cluster_id, row in _settled_rows(records.iterator(chunk_size=2000), found, month):
+        rows[cluster_id].append(row)
     return rows
 
 

@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -25,7 +26,6 @@ from billing.access import can_manage_billing
 from billing.charts import spend_chart
 from billing.forms import BudgetForm, EnvironmentForm, TopUpForm
 from billing.models import Payment
-from clusters.models import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,10 @@ def _top_context(request: HttpRequest, form: TopUpForm | None = None) -> dict:
     }
 
 
-def _billed_cluster(request: HttpRequest, cluster_id: int) -> Cluster:
-    return get_for_project(request, Cluster.objects.select_related("machine_type"), pk=cluster_id)
+def _billed_cluster(request: HttpRequest, cluster_id: int) -> Model:
+    # The project's clusters through its relation: billing does not import clusters.
+    clusters = require_project(request).clusters.select_related("machine_type")
+    return get_for_project(request, clusters, pk=cluster_id)
 
 
 @billing_view

@@ -81,7 +81,12 @@ class ClusterSummaryOut(Schema):
     nodes: int = Field(description="Machines up now (with workers); the size asked for once ended.")
     software: str
     price_per_hour: str = Field(description="The whole cluster, USD per hour.")
-    machine_price_per_hour: str
+    machine_price_per_hour: str = Field(
+        description="One machine, USD per hour: a quoted cluster's agreed price."
+    )
+    quoted: bool = Field(
+        description="Created by our team from a won quote request, billed at the agreed price."
+    )
     created_at: datetime
     joined_at: datetime | None = Field(description="Every machine joined; billing starts here.")
     billing_started_at: datetime | None = Field(description="The same instant as joined_at.")
@@ -269,8 +274,9 @@ def _summary(cluster: Cluster) -> dict:
         "location": machine_type.location.code,
         "nodes": size,
         "software": cluster.software,
-        "price_per_hour": money_str(machine_type.price_per_hour * size),
-        "machine_price_per_hour": money_str(machine_type.price_per_hour),
+        "price_per_hour": money_str(cluster.price_per_machine_hour * size),
+        "machine_price_per_hour": money_str(cluster.price_per_machine_hour),
+        "quoted": cluster.is_quoted,
         "created_at": cluster.created_at,
         "joined_at": cluster.joined_at,
         "billing_started_at": cluster.joined_at,

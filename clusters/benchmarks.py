@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 
@@ -33,29 +34,37 @@ MAX_ROUNDS = 100
 
 
 class _Counter:
-    """Counts the queries, and the commits that wrote something: a write outside any
-    transaction is a commit of its own, and a transaction commits once, at its end."""
-
-    WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+    """Counts the queries, and the commits: each outermost transaction that commits, and each
+    write run outside one (it commits on its own)."""
 
     def __init__(self) -> None:
         self.queries = 0
         self.commits = 0
-        self._wrote = False
 
     def __call__(self, execute: Callable, sql, params, many, context):
         self.queries += 1
-        if sql.lstrip()[:7].upper().startswith(self.WRITES):
-            if context["connection"].get_autocommit():
-                self.commits += 1
-            else:
-                self._wrote = True
+        if not connection.in_atomic_block and sql.lstrip()[:6].upper() in (
+            "INSERT",
+            "UPDATE",
+            "DELETE",
+        ):
+            self.commits += 1
         return execute(sql, params, many, context)
 
-    def committed(self) -> None:
-        if self._wrote:
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        commit = connection.commit
+
+        def counted() -> None:
             self.commits += 1
-            self._wrote = False
+            commit()
+
+        connection.commit = counted  # what `atomic` calls when its outermost block commits
+        try:
+            with connection.execute_wrapper(self):
+                yield
+        finally:
+            del connection.commit
 
 
 class _TimedDispatcher(lifecycle.CollectingDispatcher):
@@ -102,7 +111,9 @@ def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
     """Create `clusters` clusters of `nodes` machines and drive them to ready.
 
     Returns the rounds (ticks) it took, the worker time (advance and per-node work, seconds),
-    the queries that work ran, the tasks it ran and the time the creations took.
+    the queries and commits that work ran (from the first tick to ready), the tasks it ran, and
+    the time, queries and commits the creations took. Run in a transaction of its own
+    (a test's `transaction=True`), not inside one: commits inside are savepoints.
     """
     tag = f"{int(time.time() * 1000) % 10**9}"
     machine_type = _inventory(hosts=clusters * nodes, tag=tag)
@@ -128,24 +139,25 @@ def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
         lifecycle.dispatching_to(dispatcher),
     ):
         started = time.perf_counter()
-        created = [
-            lifecycle.create_cluster(
-                project=project,
-                user=user,
-                environment=environment,
-                offer_slug=machine_type.slug,
-                nodes=nodes,
-                name=next(names),
-                software="none",
-            )
-            for _ in range(clusters)
-        ]
+        creating = _Counter()
+        with creating.counting():
+            created = [
+                lifecycle.create_cluster(
+                    project=project,
+                    user=user,
+                    environment=environment,
+                    offer_slug=machine_type.slug,
+                    nodes=nodes,
+                    name=next(names),
+                    software="none",
+                )
+                for _ in range(clusters)
+            ]
         create_seconds = time.perf_counter() - started
         ids = [c.pk for c in created]
 
         rounds = 0
-        # Commits of `transaction.atomic` blocks are not statements the wrapper sees.
-        with connection.execute_wrapper(counter), _on_commit_counted(counter):
+        with counter.counting():
             while rounds < MAX_ROUNDS:
                 rounds += 1
                 for cluster_id in lifecycle.clusters_needing_work():
@@ -163,27 +175,9 @@ def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
         "commits": counter.commits,
         "tasks": dispatcher.ran,
         "create_seconds": create_seconds,
+        "create_queries": creating.queries,
+        "create_commits": creating.commits,
     }
-
-
-class _on_commit_counted:  # noqa: N801 - a context manager, used like a function
-    """Counts every transaction that wrote as one commit, by wrapping the connection's commit."""
-
-    def __init__(self, counter: _Counter) -> None:
-        self.counter = counter
-
-    def __enter__(self) -> None:
-        self.saved = connection.commit
-        counter, saved = self.counter, self.saved
-
-        def commit() -> None:
-            counter.committed()
-            saved()
-
-        connection.commit = commit
-
-    def __exit__(self, *exc: object) -> None:
-        connection.commit = self.saved
 
 
 # --- the tick -----------------------------------------------------------------------------

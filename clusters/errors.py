@@ -27,4 +27,7 @@ class ClusterRefused(Refused):
         "volume_in_use": 409,
         "network_test_running": 409,
         "key_limit_exceeded": 403,
+        "unknown_quote": 404,
+        "quote_not_won": 409,
+        "invalid_price": 422,
     }

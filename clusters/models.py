@@ -13,6 +13,8 @@ from django.utils import timezone
 # trailing newline, so "web\n" was a name; with `\Z` both match() and fullmatch() are whole.
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
 PRIVATE_NETWORK = "10.77.0.0/24"
+# node-i is 10.77.0.{i+1}, so the /24 holds 254 machines: the largest a (quoted) cluster gets.
+QUOTED_MAX_NODES = 254
 
 
 def private_ip(index: int) -> str:
@@ -45,7 +47,7 @@ class Cluster(models.Model):
     TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
     # Statuses in which machines are up and billed.
     BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
-    # What a stop for balance or budget ends (billing/stops.py): everything live but what is
+    # What a stop for balance or budget ends (clusters/stops.py): everything live but what is
     # already terminating. A provisioning cluster would start billing the moment it joins.
     STOPPABLE = LIVE - {Status.TERMINATING}
     # Statuses in which the network test may run: the software is settled and the machines
@@ -131,23 +133,53 @@ class Cluster(models.Model):
         help_text="The last network test a user asked for: state (running, done, failed), when "
         "it started and finished, its method (nccl or agent) and results (docs/lifecycle.md).",
     )
+    # A quoted cluster (SPEC §7, docs/clusters.md): created by staff from a won quote request,
+    # on any machine type and past the self-serve size limit, billed at the agreed price.
+    quote = models.ForeignKey(
+        "offers.QuoteRequest",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="clusters",
+        help_text="The won quote request staff created it from; null for a self-serve cluster.",
+    )
+    agreed_price_per_machine_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.01"))],
+        help_text="A quoted cluster's agreed USD per machine-hour, billed instead of the machine "
+        "type's price; null for a self-serve cluster.",
+    )
     version = models.PositiveBigIntegerField(
         default=0,
         help_text="Goes up by one whenever what the cluster page shows changes (its status, a "
         "node row, a new event): the page's poll sends the version it shows, and an unchanged "
         "cluster is answered from this column alone.",
     )
+    needs_work = models.BooleanField(
+        default=False,
+        help_text="Whether the tick advances it: still moving, or a node still holds a host to "
+        "release (`clusters.lifecycle.needs_work`). Kept by every write of the reconciler, with "
+        "a DueCluster row exactly while it is set.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(quote__isnull=True, agreed_price_per_machine_hour__isnull=True)
+                | Q(quote__isnull=False, agreed_price_per_machine_hour__gt=0),
+                name="cluster_quoted_has_agreed_price",
+            ),
             models.UniqueConstraint(
                 fields=["environment", "name"],
                 condition=Q(
                     status__in=["provisioning", "installing", "ready", "degraded", "terminating"]
                 ),
                 name="cluster_live_name_unique",
-            )
+            ),
         ]
 
     def __str__(self) -> str:
@@ -160,6 +192,27 @@ class Cluster(models.Model):
     @property
     def is_final(self) -> bool:
         return self.status in self.TERMINAL
+
+    def bump_version(self) -> int:
+        """Mark that what the cluster page shows changed (a status, a node row, an event), so its
+        poll answers with it (docs/clusters.md, "The poll"); returns the new version, which the
+        writer also stamps on the node rows and events it writes. The writer holds the row lock
+        (`lock_cluster`) and saves `version` with its own write of the row, so the increment is
+        exact and costs no query of its own."""
+        self.version += 1
+        return self.version
+
+    @property
+    def is_quoted(self) -> bool:
+        return self.quote_id is not None
+
+    @property
+    def price_per_machine_hour(self) -> Decimal:
+        """What one machine of this cluster costs per hour: the agreed price of a quoted
+        cluster, else its machine type's. Billing, pages, the API and emails all read this."""
+        if self.agreed_price_per_machine_hour is not None:
+            return self.agreed_price_per_machine_hour
+        return self.machine_type.price_per_hour
 
     def move_to(self, status: "Cluster.Status") -> None:
         if status not in self.TRANSITIONS.get(self.status, set()):
@@ -200,6 +253,21 @@ class Cluster(models.Model):
                 "it is done.",
             )
         return None
+
+
+class DueCluster(models.Model):
+    """A cluster the tick advances: one row for each cluster whose `needs_work` is set, written
+    and deleted with it (`clusters.lifecycle.rules.set_needs_work`). The tick reads this table,
+    which holds only the clusters still moving, so its query and its plan are the same however
+    many clusters are ready or ended (a partial index on the clusters table would not do:
+    PostgreSQL scans a small table whole and a large one by the index, two plans)."""
+
+    cluster = models.OneToOneField(
+        Cluster, primary_key=True, on_delete=models.CASCADE, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"cluster {self.cluster_id} is due"
 
 
 class Node(models.Model):
@@ -296,6 +364,12 @@ class Node(models.Model):
         default=dict, blank=True, help_text="Peer name -> reached, as the agent reported."
     )
     driver_state = models.JSONField(default=dict, blank=True)
+
+    version = models.PositiveBigIntegerField(
+        default=0,
+        help_text="The cluster's version when this row last changed, or when it was added: a "
+        "poll from a page showing an older version gets this row again.",
+    )
 
     # A per-node task's claim on slow work (DESIGN.md: leases).
     lease_token = models.CharField(max_length=32, blank=True, default="")
@@ -428,6 +502,11 @@ class Event(models.Model):
     output = models.TextField(blank=True, default="", help_text="Raw output of a failing check.")
     # The outbox: emails are sent from events and this marks the ones already sent.
     emailed_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(
+        default=0,
+        help_text="The cluster's version that this event came with: a poll from a page showing an "
+        "older version gets it.",
+    )
 
     class Meta:
         ordering = ["at", "pk"]

@@ -48,8 +48,11 @@ def advance(cluster_id: int) -> list[str]:
 
 
 @shared_task(name="clusters.tasks.node_work", ignore_result=True)
-def node_work(node_id: int, action: str, token: str) -> bool:
-    return lifecycle.do_node_work(node_id=node_id, action=action, token=token)
+def node_work(node_id: int, action: str, token: str, also: list | None = None) -> int:
+    """`action` on the node, and on the other nodes of its cluster in `also` ([node, token]
+    pairs: a driver that batches hands a cluster's nodes over together)."""
+    leases = [(node_id, token), *((n, t) for n, t in also or [])]
+    return lifecycle.do_work(action=action, leases=leases)
 
 
 @shared_task(name="clusters.tasks.network_test", ignore_result=True)

@@ -7,6 +7,7 @@ request's project, so another project's cluster is a 404.
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -18,7 +19,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -26,7 +27,7 @@ from django.utils.cache import patch_vary_headers
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts.projects import get_for_project, require_project
+from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
 from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
@@ -90,6 +91,11 @@ def _duration(seconds: int) -> str:
     return f"{secs}s"
 
 
+def _instant(at: datetime) -> str:
+    """An instant as the page's script reads it (static/js/app.js): ISO 8601, in milliseconds."""
+    return at.isoformat(timespec="milliseconds")
+
+
 def _age(since: datetime, now: datetime) -> str:
     seconds = int((now - since).total_seconds())
     if seconds < 60:
@@ -141,7 +147,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
             ClusterRow(
                 cluster=cluster,
                 machines=machines,
-                price_per_hour=_price(cluster.machine_type.price_per_hour, machines),
+                price_per_hour=_price(cluster.price_per_machine_hour, machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=_age(cluster.created_at, now),
             )
@@ -153,7 +159,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
 def cluster_list(request: HttpRequest) -> HttpResponse:
     clusters = (
         Cluster.objects.filter(project=require_project(request))
-        .select_related("environment", "machine_type__location", "machine_type__gpu")
+        .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
         .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
         .order_by("-created_at", "-pk")
     )
@@ -257,15 +263,32 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
 # --- the cluster page ---------------------------------------------------------------------------
 
 
-def _clusters_with_details() -> QuerySet[Cluster]:
-    """One cluster's page in a fixed number of queries, whatever its number of nodes."""
-    return Cluster.objects.select_related(
-        "environment", "machine_type__location", "machine_type__gpu"
-    ).prefetch_related(
-        Prefetch("nodes", queryset=Node.objects.select_related("host").order_by("index")),
-        Prefetch("events", queryset=Event.objects.select_related("node").order_by("-at", "-pk")),
+# What the agent and the drivers write on a node row and the page never shows: its GPUs, its
+# reachability row (one entry per peer, so 64 × 64 at 64 nodes) and the drivers' records.
+NODE_COLUMNS_UNSHOWN = ("gpus", "reachability", "driver_state")
+
+
+def _page_nodes() -> QuerySet[Node]:
+    return Node.objects.defer(*NODE_COLUMNS_UNSHOWN).order_by("index")
+
+
+def _page_events() -> QuerySet[Event]:
+    unshown = [f"node__{column}" for column in NODE_COLUMNS_UNSHOWN]
+    return Event.objects.select_related("node").defer(*unshown).order_by("-at", "-pk")
+
+
+def _clusters_with_details(*, events: bool = True) -> QuerySet[Cluster]:
+    """One cluster's page in a fixed number of queries, whatever its number of nodes; a poll's
+    answer reads only the events it sends (`events=False`)."""
+    prefetch = [
+        Prefetch("nodes", queryset=_page_nodes()),
         Prefetch("volumes", queryset=Volume.objects.select_related("location")),
-    )
+    ]
+    if events:
+        prefetch.append(Prefetch("events", queryset=_page_events()))
+    return Cluster.objects.select_related(
+        "environment", "machine_type__location", "machine_type__gpu", "quote__gpu"
+    ).prefetch_related(*prefetch)
 
 
 def _get_cluster_for_user(request: HttpRequest, pk: int, *, details: bool = False) -> Cluster:
@@ -291,6 +314,7 @@ class NodeRow:
     percent: int
     tone: str  # "" | ok | bad
     time_left: str
+    deadline: str  # the step's deadline as an ISO instant, which the page counts down to; or ""
 
 
 def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
@@ -364,6 +388,7 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
                 percent=round(100 * done / len(fields)),
                 tone=tone,
                 time_left=f"{_duration(left)} left" if left is not None else "",
+                deadline=_instant(node.step_deadline) if left is not None else "",
             )
         )
     return rows
@@ -457,25 +482,29 @@ def _acceptance(cluster: Cluster) -> dict | None:
 
 
 def _detail_context(cluster: Cluster) -> dict:
+    """What the page shows of the cluster itself: everything but its node rows and events,
+    which the page reads whole (`_with_every_row`) and a poll only where they changed."""
     now = timezone.now()
     nodes = list(cluster.nodes.all())
     machines = sum(1 for n in nodes if n.status in MACHINES_UP) if cluster.is_live else 0
     machine_type = cluster.machine_type
     context = {
         "cluster": cluster,
+        "now": now,
+        "nodes": nodes,
+        "server_now": _instant(now),
         "machine_type": machine_type,
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines or cluster.size,
-        "price_per_hour": _price(machine_type.price_per_hour, machines or cluster.size),
+        "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
         "steps": _stepper(cluster, nodes),
-        "node_rows": _node_rows(cluster, nodes, now),
-        "events": list(cluster.events.all()),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,
         "poll_seconds": _poll_seconds(cluster, nodes),
         "can_terminate": cluster.status in TERMINABLE,
         "workers_max": max(0, MAX_NODES - machines),
         "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
+        "connect_version": "",
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
     context["acceptance"] = _acceptance(cluster)
@@ -502,27 +531,99 @@ def _detail_context(cluster: Cluster) -> dict:
             for offer in offers
             if offer.is_available
         ]
+    context["poll_url"] = _poll_url(cluster, nodes, context["connect_version"], now)
     return context
+
+
+def _with_every_row(context: dict) -> dict:
+    """The context of a page that shows every node row and every event (read prefetched)."""
+    cluster = context["cluster"]
+    context["node_rows"] = _node_rows(cluster, context["nodes"], context["now"])
+    context["events"] = list(cluster.events.all())
+    return context
+
+
+def _poll_url(cluster: Cluster, nodes: list[Node], connect_version: str, now: datetime) -> str:
+    """Where the page polls, saying what it shows (docs/clusters.md, "The poll"): the cluster's
+    version, how many node rows, the connect panel's version, and, while a network test runs,
+    until when what it shows holds: a test past its time reads as failed with nothing written."""
+    query: dict[str, str | int] = {
+        "version": cluster.version,
+        "nodes": len(nodes),
+        "connect": connect_version,
+    }
+    if cluster.network_test_running(now):
+        expires = datetime.fromisoformat(cluster.network_test["expires_at"])
+        query["until"] = math.ceil(expires.timestamp())
+    return f"{reverse('clusters:detail', args=[cluster.pk])}?{urlencode(query)}"
+
+
+def _count(raw: str | None) -> int | None:
+    """A whole number ≥ 0 from the query string, or None for anything else."""
+    if raw and len(raw) <= 20 and raw.isascii() and raw.isdigit():
+        return int(raw)
+    return None
 
 
 @login_required
 def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    """The page; a poll (htmx) answers the status section, the machines and events out of band,
-    and the connect panel out of band only when it differs from the version the page shows (the
-    poll's `connect`), so a poll never touches a panel the user is selecting or copying from."""
-    cluster = _get_cluster_for_user(request, pk, details=True)
-    context = _detail_context(cluster)
-    context.setdefault("connect_version", "")
-    if not request.htmx:
-        response = render(request, "clusters/detail.html", context)
+    """The page, and its poll (htmx). A poll that says which version it shows is answered from
+    the cluster's version alone while nothing changed (`_poll`); one that does not gets the
+    whole answer: the status section, the machines and events out of band, and the connect
+    panel out of band only when it differs from the version the page shows (the poll's
+    `connect`), so a poll never touches a panel the user is selecting or copying from."""
+    shown = _count(request.GET.get("version")) if request.htmx else None
+    if shown is not None:
+        response = _poll(request, pk, shown)
     else:
-        response = _poll_answer(request, cluster, context)
+        cluster = _get_cluster_for_user(request, pk, details=True)
+        context = _with_every_row(_detail_context(cluster))
+        if request.htmx:
+            response = _whole_answer(request, cluster, context)
+        else:
+            response = render(request, "clusters/detail.html", context)
     patch_vary_headers(response, ("HX-Request",))
     return response
 
 
-def _poll_answer(request: HttpRequest, cluster: Cluster, context: dict) -> HttpResponse:
-    """What a poll gets: the status section, and the rest out of band."""
+def _poll(request: HttpRequest, pk: int, shown: int) -> HttpResponse:
+    """The page's poll, showing version `shown`. Unchanged: one query (the cluster's version,
+    looked up within the user's project) and `204`, which htmx swaps nothing for; `286`, which
+    stops the polling, when the cluster is final. Changed: what changed since `shown`."""
+    clusters = in_project(request, Cluster.objects.all()).values_list("version", "status")
+    try:
+        version, status = clusters.get(pk=pk)
+    except Cluster.DoesNotExist:
+        raise Http404("No such cluster in your project.") from None
+    if version == shown and _still_holds(request):
+        if status in Cluster.TERMINAL:
+            response = HttpResponse(status=STOP_POLLING)
+            response["HX-Reswap"] = "none"
+            return response
+        return HttpResponse(status=204)
+    queryset = in_project(request, _clusters_with_details(events=False))
+    cluster = get_object_or_404(queryset, pk=pk)
+    context = _detail_context(cluster)
+    # The last answer once final (the page as it stays, and the polling stops), and the answer
+    # to a page ahead of the cluster (a version it never had: nothing can say what changed).
+    if cluster.is_final or shown > cluster.version:
+        context["events"] = list(_page_events().filter(cluster=cluster))
+        context["node_rows"] = _node_rows(cluster, context["nodes"], context["now"])
+        return _whole_answer(request, cluster, context)
+    return _changes_answer(request, cluster, context, shown)
+
+
+def _still_holds(request: HttpRequest) -> bool:
+    """Whether what the page shows holds now, as far as the clock goes (the poll's `until`)."""
+    raw = request.GET.get("until")
+    if raw is None:
+        return True
+    until = _count(raw)
+    return until is not None and timezone.now().timestamp() < until
+
+
+def _whole_answer(request: HttpRequest, cluster: Cluster, context: dict) -> HttpResponse:
+    """The status section, and the rest out of band."""
     context["oob"] = True
     parts = [
         render_to_string("clusters/detail.html#status", context, request),
@@ -534,6 +635,32 @@ def _poll_answer(request: HttpRequest, cluster: Cluster, context: dict) -> HttpR
     if cluster.is_final:
         response.status_code = STOP_POLLING
     return response
+
+
+def _changes_answer(request: HttpRequest, cluster: Cluster, context: dict, shown: int):
+    """What changed since version `shown`: the status section (which carries the new version
+    in its poll) and the cluster's reports, then out of band the node rows stamped after
+    `shown`, the rows the page lacks (workers added), the events that came after `shown`, and
+    the connect panel when its version differs from the page's."""
+    nodes, now = context["nodes"], context["now"]
+    on_page = _count(request.GET.get("nodes"))
+    on_page = len(nodes) if on_page is None else on_page
+    changed = [n for n in nodes if n.index < on_page and n.version > shown]
+    context["changed_rows"] = _node_rows(cluster, changed, now)
+    context["added_rows"] = _node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
+    # Up to the version read: an event written since comes with the next poll, and only then.
+    context["new_events"] = list(
+        _page_events().filter(cluster=cluster, version__gt=shown, version__lte=cluster.version)
+    )
+    context["oob"] = context["reports_oob"] = True
+    parts = [
+        render_to_string("clusters/detail.html#status", context, request),
+        render_to_string("clusters/detail.html#changes", context, request),
+        render_to_string("clusters/detail.html#reports", context, request),
+    ]
+    if request.GET.get("connect", "") != context["connect_version"]:
+        parts.append(render_to_string("clusters/detail.html#connect", context, request))
+    return HttpResponse("".join(parts))
 
 
 # --- actions --------------------------------------------------------------------------------
@@ -609,10 +736,9 @@ def cluster_network_test(request: HttpRequest, pk: int) -> HttpResponse:
             messages.success(request, "Network test started: the result shows on this page.")
         return redirect("clusters:detail", pk=cluster.pk)
     cluster = _get_cluster_for_user(request, pk, details=True)
-    context = _detail_context(cluster)
-    context.setdefault("connect_version", "")
+    context = _with_every_row(_detail_context(cluster))
     context["network_test_refused"] = refused
-    response = _poll_answer(request, cluster, context)
+    response = _whole_answer(request, cluster, context)
     patch_vary_headers(response, ("HX-Request",))
     return response
 

@@ -164,9 +164,9 @@ def _charge_on_commit(volume_id: int) -> None:
     """Bill a deleted volume up to its end now rather than at the meter's next run."""
 
     def charge() -> None:
-        from billing import meter
+        from clusters.volume_billing import charge_storage
 
-        meter.charge_storage(volume_ids=[volume_id])
+        charge_storage(volume_ids=[volume_id])
 
     transaction.on_commit(charge, robust=True)
 

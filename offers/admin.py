@@ -22,14 +22,31 @@ from offers.inventory import (
     why_fixed_while_serving,
 )
 from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest
+from offers.offers import inventory_changed
 
 
 def _sentence(problem: str) -> str:
     return problem[0].upper() + problem[1:] + "."
 
 
+class ChangesOffers(admin.ModelAdmin):
+    """An admin whose edits change what is on offer: the cached offers are forgotten."""
+
+    def save_model(self, request: HttpRequest, obj, form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        inventory_changed()
+
+    def delete_model(self, request: HttpRequest, obj) -> None:
+        super().delete_model(request, obj)
+        inventory_changed()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        super().delete_queryset(request, queryset)
+        inventory_changed()
+
+
 @admin.register(GpuModel)
-class GpuModelAdmin(admin.ModelAdmin):
+class GpuModelAdmin(ChangesOffers):
     list_display = ["name", "slug", "memory_gib", "machine_type_count"]
     search_fields = ["name", "slug"]
 
@@ -61,7 +78,7 @@ class LocationForm(forms.ModelForm):
 
 
 @admin.register(Location)
-class LocationAdmin(admin.ModelAdmin):
+class LocationAdmin(ChangesOffers):
     form = LocationForm
     list_display = [
         "code",
@@ -112,7 +129,7 @@ class MachineTypeForm(forms.ModelForm):
 
 
 @admin.register(MachineType)
-class MachineTypeAdmin(admin.ModelAdmin):
+class MachineTypeAdmin(ChangesOffers):
     form = MachineTypeForm
     list_display = [
         "slug",
@@ -199,7 +216,7 @@ class HostForm(forms.ModelForm):
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(ChangesOffers):
     form = HostForm
     list_display = ["name", "machine_type", "location", "gpu", "driver", "state", "fault"]
     list_filter = [

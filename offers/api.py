@@ -1,13 +1,14 @@
 """The catalog and offers API: `/api/v1/gpus`, `/api/v1/offers`, `/api/v1/quotes`."""
 
+import json
 from datetime import date
 
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
 
 from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
-from offers.offers import Offer, gpu_cards, list_offers
+from offers.offers import CACHEABLE_SLUG, Offer, cached, cards_key, gpu_cards, list_offers
 from offers.quotes import (
     NAME_MAX_LENGTH,
     NOTES_MAX_LENGTH,
@@ -54,7 +55,11 @@ class GpuList(Schema):
 )
 def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
     """Every GPU model, with the lowest machine price and the GPU counts of its self-serve
-    offers (community hosts included only when asked)."""
+    offers (community hosts included only when asked). The answer may be one tick old."""
+    cards = cached(
+        cards_key(include_community=include_community),
+        lambda: gpu_cards(include_community=include_community),
+    )
     data = [
         {
             "slug": card.gpu.slug,
@@ -63,7 +68,7 @@ def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
             "lowest_machine_price_per_hour": money_str(card.lowest_machine_price),
             "gpu_counts": list(card.gpu_counts),
         }
-        for card in gpu_cards(include_community=include_community)
+        for card in cards
     ]
     return list_envelope(data, count=len(data), include_community=include_community)
 
@@ -136,6 +141,16 @@ def _parse_nodes(raw: str | None) -> int:
     return nodes
 
 
+def _offers_body(*, gpu: str, nodes: int, include_community: bool) -> bytes | None:
+    """The answer's body, or None for an unknown GPU."""
+    found = list_offers(gpu=gpu, nodes=nodes, include_community=include_community)
+    if not found and not GpuModel.objects.filter(slug=gpu).exists():
+        return None
+    data = [offer_json(offer) for offer in found]
+    meta = {"count": len(data), "gpu": gpu, "nodes": nodes, "include_community": include_community}
+    return json.dumps(list_envelope(data, **meta)).encode()
+
+
 @router.get(
     "/offers",
     auth=needs(Scope.READ),
@@ -147,21 +162,24 @@ def offers(
     gpu: str,
     nodes: str | None = None,
     include_community: bool = False,
-) -> JsonResponse:
+) -> HttpResponse:
     """The offers that can start `nodes` machines of `gpu` now, available first, then by
-    cluster price, then location. `nodes` is 2 to 64."""
+    cluster price, then location. `nodes` is 2 to 64. The answer may be one tick (about 2 s)
+    old; creating a cluster checks the offer again."""
     size = _parse_nodes(nodes)
-    found = list_offers(gpu=gpu, nodes=size, include_community=include_community)
-    if not found and not GpuModel.objects.filter(slug=gpu).exists():
-        raise ApiError(404, "unknown_gpu", f"There is no GPU model '{gpu}': see GET /api/v1/gpus.")
-    data = [offer_json(offer) for offer in found]
+
+    def compute() -> bytes | None:
+        return _offers_body(gpu=gpu, nodes=size, include_community=include_community)
+
     # The hot path of the API: the body is built to OfferList's shape (a test holds it to the
-    # schema) and sent as is, skipping a pydantic pass over every row.
-    return JsonResponse(
-        list_envelope(
-            data, count=len(data), gpu=gpu, nodes=size, include_community=include_community
-        )
-    )
+    # schema), kept for a tick per GPU, size and community choice, and sent as it was kept.
+    if CACHEABLE_SLUG.fullmatch(gpu):
+        body = cached(f"api:{gpu}:{size}:{int(include_community)}", compute)
+    else:
+        body = compute()
+    if body is None:
+        raise ApiError(404, "unknown_gpu", f"There is no GPU model '{gpu}': see GET /api/v1/gpus.")
+    return HttpResponse(body, content_type="application/json")
 
 
 # --- quotes -------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from offers.models import GpuModel, Host, Location, MachineType
+from offers.offers import inventory_changed
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, NotAnAmount, read_amount
 from runcrate.text import InvalidText, check_json, too_deep
@@ -943,6 +944,8 @@ def load_inventory(data: Any, *, dry_run: bool = False) -> LoadReport:
         _upsert(Host, "name", doc.hosts, hosts, report.hosts)
         if dry_run:
             transaction.set_rollback(True)
+        else:
+            inventory_changed()
     return report
 
 
@@ -954,15 +957,21 @@ def take_hosts_offline(*, host_ids: Iterable[int]) -> int:
 
     A reserved, in-use or cleaning host is left alone: its cluster's lifecycle releases it.
     """
-    return Host.objects.filter(pk__in=list(host_ids), state=Host.State.FREE).update(
+    changed = Host.objects.filter(pk__in=list(host_ids), state=Host.State.FREE).update(
         state=Host.State.OFFLINE, state_changed_at=timezone.now()
     )
+    if changed:
+        inventory_changed()
+    return changed
 
 
 def return_hosts_to_service(*, host_ids: Iterable[int]) -> int:
     """Make offline hosts free again; returns how many did. A host a node still holds stays."""
-    return (
+    changed = (
         Host.objects.filter(pk__in=list(host_ids), state=Host.State.OFFLINE)
         .exclude(nodes__holds_host=True)
         .update(state=Host.State.FREE, state_changed_at=timezone.now())
     )
+    if changed:
+        inventory_changed()
+    return changed

@@ -2,13 +2,23 @@
 
 An offer is a machine type with its free capacity. Everything here runs in a constant number
 of queries whatever the size of the inventory: one query, counting free hosts per machine type.
+The picker and the API read their answers through `cached`, for one tick of the beat
+(docs/offers.md "How fresh the offers are"): create re-reads its offer and reserves hosts
+under row locks, so an answer a tick old can mislead a user for that long, never oversell.
 """
 
+import math
+import re
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
+from typing import TypeVar
 
-from django.db import connection
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection, transaction
 from django.db.models import IntegerField, Min, Q
 from django.db.models.expressions import RawSQL
 
@@ -34,8 +44,56 @@ CENT = Decimal("0.01")
 
 
 @dataclass(frozen=True)
+class OfferLocation:
+    """The location of a listed offer, as the picker and the API show it."""
+
+    code: str
+    name: str
+    country: str
+    capacity_reporting: str
+
+
+@dataclass(frozen=True)
+class OfferGpu:
+    slug: str
+    name: str
+
+
+@dataclass(frozen=True)
+class OfferMachineType:
+    """A machine type as `list_offers` reads it: plain values from one `values()` row, which
+    cost a fraction of three model instances each and keep small in the cache. It answers what
+    the picker, the API and the cluster page read of a `MachineType`; `get_offer` gives the
+    model itself, for create."""
+
+    pk: int
+    slug: str
+    gpus_per_machine: int
+    machine_kind: str
+    interconnect: str
+    community: bool
+    price_per_hour: Decimal
+    location: OfferLocation
+    gpu: OfferGpu
+
+    @property
+    def supports_kubernetes(self) -> bool:
+        return self.machine_kind != MachineType.Kind.CONTAINER
+
+    @property
+    def supports_volumes(self) -> bool:
+        return not self.community
+
+    def get_machine_kind_display(self) -> str:
+        return MachineType.Kind(self.machine_kind).label
+
+    def get_interconnect_display(self) -> str:
+        return MachineType.Interconnect(self.interconnect).label
+
+
+@dataclass(frozen=True)
 class Offer:
-    machine_type: MachineType
+    machine_type: MachineType | OfferMachineType
     nodes: int
     free_hosts: int
 
@@ -124,19 +182,59 @@ def sort_key(offer: Offer) -> tuple:
     )
 
 
+_ROW = (
+    "pk",
+    "slug",
+    "gpus_per_machine",
+    "machine_kind",
+    "interconnect",
+    "community",
+    "price_per_hour",
+    "location__code",
+    "location__name",
+    "location__country",
+    "location__capacity_reporting",
+    "gpu__slug",
+    "gpu__name",
+)
+
+
+def _listed(row: dict) -> OfferMachineType:
+    return OfferMachineType(
+        pk=row["pk"],
+        slug=row["slug"],
+        gpus_per_machine=row["gpus_per_machine"],
+        machine_kind=row["machine_kind"],
+        interconnect=row["interconnect"],
+        community=row["community"],
+        price_per_hour=row["price_per_hour"],
+        location=OfferLocation(
+            code=row["location__code"],
+            name=row["location__name"],
+            country=row["location__country"],
+            capacity_reporting=row["location__capacity_reporting"],
+        ),
+        gpu=OfferGpu(slug=row["gpu__slug"], name=row["gpu__name"]),
+    )
+
+
 def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> list[Offer]:
-    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order.
+    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order, read fresh.
 
     `gpu` is a GPU model or its slug; with a slug nothing tells an unknown GPU from one with
-    no offers (both give []), which spares the API a query on its hot path.
+    no offers (both give []), which spares the API a query on its hot path. The rows are read
+    with `values()`: each offer's machine type is an `OfferMachineType`, not a model.
     """
     by_gpu = {"gpu__slug": gpu} if isinstance(gpu, str) else {"gpu": gpu}
-    machine_types = _with_free_hosts(
-        MachineType.objects.filter(**by_gpu, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS)
+    machine_types = MachineType.objects.filter(
+        **by_gpu, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
     )
     if not include_community:
         machine_types = machine_types.filter(community=False)
-    offers = [Offer(machine_type=mt, nodes=nodes, free_hosts=mt.free_hosts) for mt in machine_types]
+    rows = machine_types.annotate(free_hosts=_free_hosts()).order_by().values(*_ROW, "free_hosts")
+    offers = [
+        Offer(machine_type=_listed(row), nodes=nodes, free_hosts=row["free_hosts"]) for row in rows
+    ]
     return sorted(offers, key=sort_key)
 
 
@@ -226,3 +324,72 @@ def gpu_cards(*, include_community: bool) -> list[GpuCard]:
             )
         )
     return cards
+
+
+# --- one tick in the cache -----------------------------------------------------------------
+
+# Every cached answer is stored beside the inventory version it was computed under, and read
+# with it in one round trip: a change to the inventory moves the version, and every answer
+# computed before it no longer matches. The version is read before the answer is computed, so
+# an answer that raced a change is stored under the old version and dropped on its next read.
+VERSION_KEY = "offers:version"
+# A GPU slug as SlugField allows it: only these are looked up through the cache, so no input
+# makes an odd or unbounded cache key (anything else names no GPU, and is answered fresh).
+CACHEABLE_SLUG = re.compile(r"[-a-zA-Z0-9_]{1,40}")
+
+T = TypeVar("T")
+
+
+def cache_seconds() -> int:
+    """One tick of the beat, in whole seconds (Redis keeps nothing for less than one)."""
+    return max(1, math.ceil(settings.RUNCRATE_TICK_SECONDS))
+
+
+def cached(name: str, compute: Callable[[], T]) -> T:
+    """`compute()`'s answer as it was at most one tick ago, under the cache key `name`.
+
+    A cache that is down reads as a miss (runcrate/cache.py): the answer is computed each time.
+    """
+    key = f"offers:{name}"
+    found = cache.get_many([VERSION_KEY, key])
+    version = found.get(VERSION_KEY)
+    entry = found.get(key)
+    if entry is not None and entry[0] == version:
+        return entry[1]
+    answer = compute()
+    cache.set(key, (version, answer), cache_seconds())
+    return answer
+
+
+def inventory_changed() -> None:
+    """Forget every cached offer: staff changed what is on offer (the inventory file, an admin
+    edit, a host taken out of service or back).
+
+    Now and again on commit: an answer computed while the change is uncommitted (from the
+    rows as they were) is stored under the first new version and dropped by the second.
+    Reservations and releases by the cluster lifecycle do not call it: their answers age out
+    within the tick, and create never trusts a cached count.
+    """
+
+    def new_version() -> None:
+        cache.set(VERSION_KEY, uuid.uuid4().hex, None)
+
+    new_version()
+    transaction.on_commit(new_version)
+
+
+def cards_key(*, include_community: bool) -> str:
+    """The cache key of `gpu_cards`' answer, shared by the picker and `GET /api/v1/gpus`."""
+    return f"cards:{int(include_community)}"
+
+
+def cached_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> list[Offer]:
+    """`list_offers`, at most one tick old."""
+    slug = gpu if isinstance(gpu, str) else gpu.slug
+
+    def compute() -> list[Offer]:
+        return list_offers(gpu=gpu, nodes=nodes, include_community=include_community)
+
+    if not CACHEABLE_SLUG.fullmatch(slug):
+        return compute()
+    return cached(f"list:{slug}:{nodes}:{int(include_community)}", compute)

@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from offers.forms import SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
-from offers.offers import GpuCard, gpu_cards, list_offers
+from offers.offers import GpuCard, cached, cached_offers, cards_key, gpu_cards
 from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
 
 
@@ -26,16 +26,20 @@ def _choose_card(cards: list[GpuCard], slug: str) -> tuple[GpuCard | None, str]:
 
 @login_required
 def picker(request: HttpRequest) -> HttpResponse:
-    """Create cluster, step one: a GPU and a size, and the offers that can start now."""
+    """Create cluster, step one: a GPU and a size, and the offers that can start now (as they
+    were at most one tick ago: the create form checks its offer again)."""
     form = PickerForm(request.GET)
     form.is_valid()
     community = form.cleaned_data.get("community", False)
     nodes = form.cleaned_data.get("nodes")
-    cards = [card for card in gpu_cards(include_community=community) if card.listed]
+    every_card = cached(
+        cards_key(include_community=community), lambda: gpu_cards(include_community=community)
+    )
+    cards = [card for card in every_card if card.listed]
     card, gpu_error = _choose_card(cards, form.cleaned_data.get("gpu") or "")
     offers = []
     if card is not None and nodes is not None:
-        offers = list_offers(gpu=card.gpu, nodes=nodes, include_community=community)
+        offers = cached_offers(gpu=card.gpu, nodes=nodes, include_community=community)
     available = [o for o in offers if o.is_available]
     context = {
         "form": form,

@@ -15,14 +15,14 @@ answered (no route, a method the path does not take) is made the envelope by
 import json
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from http import HTTPStatus
 from typing import Annotated, Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, NinjaAPI, Query, Router, Schema
@@ -32,7 +32,8 @@ from ninja.params.models import BodyModel
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
-from accounts.models import ApiKey, Membership, hash_api_key
+from accounts.keys import find_api_key
+from accounts.models import ApiKey
 from runcrate.errors import Refused
 from runcrate.text import check_json, too_deep
 
@@ -47,10 +48,6 @@ def is_api(request: HttpRequest) -> bool:
 
 
 Scope = ApiKey.Scope
-
-# Writing last_used_at on every call would turn each read into a write; a minute is precise
-# enough for "last used" and keeps the hot path read-only.
-LAST_USED_PRECISION = timedelta(minutes=1)
 
 
 class ApiError(Refused):
@@ -151,22 +148,8 @@ class ApiKeyAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
         if not token.startswith("rc_"):
             return None
-        # key_hash is unique: get() spares the ORDER BY that first() would add (the model's
-        # ordering), which costs as much as the rest of the lookup on every API call.
-        try:
-            key = (
-                ApiKey.objects.select_related("project", "user")
-                # In the same query: a user removed from the project loses its keys at once.
-                .annotate(
-                    is_member=Exists(
-                        Membership.objects.filter(
-                            project_id=OuterRef("project_id"), user_id=OuterRef("user_id")
-                        )
-                    )
-                )
-                .get(key_hash=hash_api_key(token), revoked_at__isnull=True, user__is_active=True)
-            )
-        except ApiKey.DoesNotExist:
+        key = find_api_key(token, now=timezone.now())
+        if key is None:
             return None
         if not key.is_member:
             raise ApiError(
@@ -176,9 +159,6 @@ class ApiKeyAuth(HttpBearer):
                 f"longer a member of the project {key.project.name!r}: it no longer opens the "
                 "API. Ask an owner of the project to add them again, or use another key.",
             )
-        now = timezone.now()
-        if key.last_used_at is None or now - key.last_used_at > LAST_USED_PRECISION:
-            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         request.user = key.user
         request.project = key.project  # type: ignore[attr-defined]
         self.check(request, key)

@@ -1075,8 +1075,8 @@ def meter_section(ctx: Context) -> None:
         )
     ctx.emit(
         format_rows(
-            "The meter, one minute of every running machine per run, taking turns with a "
-            "set-based SQL UPDATE that computes the same charge:",
+            "The meter, two minutes of every running machine per run, taking turns with a "
+            "set-based SQL UPDATE that computes the same charge (rolled back each time):",
             rows,
         )
     )

@@ -260,7 +260,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The one beat scheduler's periodic tasks; each app adds its own entries here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 # Modules with tasks that autodiscovery (each app's tasks.py) does not find.
-CELERY_IMPORTS = ["clusters.notifications"]
+CELERY_IMPORTS = ["clusters.notifications", "clusters.stops"]
 # Cluster emails (ready, failed, degraded) from the event outbox, clusters/notifications.py.
 CELERY_BEAT_SCHEDULE["cluster-emails"] = {
     "task": "clusters.notifications.send_cluster_emails_task",
@@ -282,9 +282,10 @@ CELERY_BEAT_SCHEDULE["idempotency-keys"] = {
     "schedule": 3600.0,
 }
 RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
-# The meter charges usage, stops what the balance or a budget no longer covers (billing/tasks.py).
+# The meter charges usage and storage, then stops what the balance or a budget no longer covers
+# (clusters/stops.py: billing says which projects and environments are over).
 CELERY_BEAT_SCHEDULE["billing-meter"] = {
-    "task": "billing.tasks.run_meter",
+    "task": "clusters.stops.run_meter",
     "schedule": RUNCRATE_METER_SECONDS,
 }
 RUNCRATE_SIM_SPEED = env_float("RUNCRATE_SIM_SPEED", 1.0)

@@ -166,18 +166,9 @@ def agent_check_in(*, node: Node | int, token: str, gpus: Any, wireguard_key: An
     (the private key never leaves the node)."""
     cleaned = _clean_gpus(gpus)
     key = _clean_wireguard_key(wireguard_key)
-    now = timezone.now()
     with transaction.atomic():
         found = _locked_node(node, token)
-        fields = ["heartbeat_at"]
-        found.heartbeat_at = now
-        if found.agent_at is None:
-            found.agent_at = now
-            found.gpus = cleaned
-            fields += ["agent_at", "gpus"]
-        if key and key != found.wireguard_key:
-            found.wireguard_key = key
-            fields.append("wireguard_key")
+        fields = _check_in(found, gpus=cleaned, wireguard_key=key)
         found.save(update_fields=fields)
         if found.status == Node.Status.STARTING or len(fields) > 1:
             # A heartbeat of a node that has joined moves nothing: no advance for it.
@@ -190,18 +181,70 @@ def agent_report_network(
 ) -> Node:
     """The agent's test of the private network: peer name -> reached (step `network`), and
     what it measured to node-0 (the acceptance report)."""
+    measured = _clean_network_report(reachability, acceptance)
+    with transaction.atomic():
+        found = _locked_node(node, token)
+        fields = _network_report(found, reachability=reachability, measured=measured)
+        if fields:
+            found.save(update_fields=fields)
+            lifecycle.enqueue_advance(found.cluster_id)
+    return found
+
+
+# A driver that plays the agent (the simulated data center) reports through these, on a node
+# the write-back of its work has locked and read: the same checks and the same record as the
+# endpoints above, saved with the write-back and followed by its advance.
+
+
+def record_check_in(found: Node, *, token: str, gpus: Any, wireguard_key: Any = None) -> list[str]:
+    """`agent_check_in` on a locked `found`, unsaved; returns the fields it changed."""
+    cleaned = _clean_gpus(gpus)
+    key = _clean_wireguard_key(wireguard_key)
+    _require_token(found, token)
+    return _check_in(found, gpus=cleaned, wireguard_key=key)
+
+
+def record_network_report(
+    found: Node, *, token: str, reachability: Any, acceptance: Any = None
+) -> list[str]:
+    """`agent_report_network` on a locked `found`, unsaved; returns the fields it changed."""
+    measured = _clean_network_report(reachability, acceptance)
+    _require_token(found, token)
+    return _network_report(found, reachability=reachability, measured=measured)
+
+
+def _require_token(found: Node, token: str) -> None:
+    expected = found.agent_token_hash
+    if not token or not expected or not hmac.compare_digest(lifecycle.token_hash(token), expected):
+        raise AgentRefused("bad_token", NOT_THIS_NODE)
+
+
+def _check_in(found: Node, *, gpus: list[dict], wireguard_key: str | None) -> list[str]:
+    fields = ["heartbeat_at"]
+    now = timezone.now()
+    found.heartbeat_at = now
+    if found.agent_at is None:
+        found.agent_at = now
+        found.gpus = gpus
+        fields += ["agent_at", "gpus"]
+    if wireguard_key and wireguard_key != found.wireguard_key:
+        found.wireguard_key = wireguard_key
+        fields.append("wireguard_key")
+    return fields
+
+
+def _clean_network_report(reachability: Any, acceptance: Any) -> dict[str, Any]:
     if not isinstance(reachability, dict) or not all(
         isinstance(k, str) and isinstance(v, bool) for k, v in reachability.items()
     ):
         raise AgentRefused("invalid_report", "reachability must map peer names to true or false.")
-    measured = _clean_acceptance(acceptance)
-    now = timezone.now()
-    with transaction.atomic():
-        found = _locked_node(node, token)
-        if found.status == Node.Status.STARTING:
-            found.reachability = reachability
-            found.acceptance = measured
-            found.network_reported_at = now
-            found.save(update_fields=["reachability", "acceptance", "network_reported_at"])
-            lifecycle.enqueue_advance(found.cluster_id)
-    return found
+    return _clean_acceptance(acceptance)
+
+
+def _network_report(found: Node, *, reachability: dict, measured: dict) -> list[str]:
+    if found.status != Node.Status.STARTING:
+        return []
+    found.reachability = reachability
+    found.acceptance = measured
+    found.network_reported_at = timezone.now()
+    return ["reachability", "acceptance", "network_reported_at"]

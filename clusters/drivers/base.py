@@ -125,6 +125,10 @@ class Driver:
     """
 
     name = "base"
+    # Whether the lifecycle hands a cluster's nodes the same work in one task (its work is
+    # quick and needs no worker of its own per node: the simulated data center), instead of one
+    # task per node that a pool of workers runs side by side (a bootstrap over SSH).
+    batches_work = False
 
     def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
         """Begin booting the host for `node` and bootstrap it with `plan`
@@ -167,7 +171,13 @@ class Driver:
         machines' agents report on their own: never."""
         return False
 
-    def do_agent_work(self, node: Node, *, step: str, agent_token: str) -> None:
+    def do_agent_work(
+        self, node: Node, *, step: str, agent_token: str, peers: list[str]
+    ) -> list[str]:
+        """Play the agent of `node` (locked, read in the write-back's transaction) for `step`:
+        record what it reports through `clusters.agent.service`, as the agent's HTTP endpoints
+        do, without saving; return the fields it changed. `peers` are the names of the other
+        nodes its network test reaches for. Quick: it runs with the cluster locked."""
         raise NotImplementedError
 
     def last_heard(self, node: Node, *, now: datetime) -> datetime | None:

@@ -64,6 +64,7 @@ class SimulatedDriver(Driver):
     functions as the real agent's HTTP endpoints (`clusters.agent.service`)."""
 
     name = "simulated"
+    batches_work = True
 
     # --- the machine -----------------------------------------------------------------------
 
@@ -107,15 +108,15 @@ class SimulatedDriver(Driver):
             return self.agent_due(node, now=now)
         return self.network_due(node, now=now, last_agent_at=since)
 
-    def do_agent_work(self, node: Node, *, step: str, agent_token: str) -> None:
-        from clusters.agent.service import agent_check_in, agent_report_network
+    def do_agent_work(
+        self, node: Node, *, step: str, agent_token: str, peers: list[str]
+    ) -> list[str]:
+        from clusters.agent.service import record_check_in, record_network_report
 
         if step == "agent":
-            agent_check_in(node=node.pk, token=agent_token, gpus=self.agent_gpus(node))
-            return
-        peers = self._peer_names(node)
-        agent_report_network(
-            node=node.pk,
+            return record_check_in(node, token=agent_token, gpus=self.agent_gpus(node))
+        return record_network_report(
+            node,
             token=agent_token,
             reachability=self.reachability(node, peers=peers),
             acceptance=self.acceptance(node),
@@ -139,16 +140,6 @@ class SimulatedDriver(Driver):
     def last_heard(self, node: Node, *, now: datetime) -> datetime | None:
         # A simulated agent never falls silent: it is heard from whenever anyone asks.
         return now
-
-    @staticmethod
-    def _peer_names(node: Node) -> list[str]:
-        from clusters.models import Node as NodeModel
-
-        peers = NodeModel.objects.filter(
-            cluster_id=node.cluster_id,
-            status__in=[NodeModel.Status.STARTING, NodeModel.Status.JOINED],
-        ).exclude(pk=node.pk)
-        return [f"node-{i}" for i in peers.order_by("index").values_list("index", flat=True)]
 
     def agent_due(self, node: Node, *, now: datetime) -> bool:
         up_at = self._up_at(node)

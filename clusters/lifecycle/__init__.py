@@ -3,12 +3,13 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
 
 - `create_cluster` validates, then reserves every host in one transaction with row locks; made
   with an API key, it must fit the key's limits (`key_spend_per_hour` is what the hourly one
-  counts).
+  counts); given `Quoted` terms (staff, from a won quote), it lifts only the self-serve rules.
 - `advance` is level-triggered: it reads the cluster's rows and the clock, does what is due in
   one transaction with the cluster row locked, and returns what it did. Running it twice does
   nothing new. Slow work (starting a machine, an install, a check, wiping a host) is handed to a
-  per-node task under a lease and never runs inside the transaction; the task writes its result
-  back only while its lease token still matches (`do_node_work`).
+  per-node task under a lease (one task for a cluster's nodes where the driver batches) and
+  never runs inside the transaction; the task writes its results back only while their lease
+  tokens still match, and advances the cluster in the same transaction (`do_work`).
 - `terminate`, `retry_install`, `add_workers` change what the reconciler aims for.
 - `run_network_test` measures the private network of a ready cluster on request, in a task.
 
@@ -39,7 +40,7 @@ from clusters.lifecycle.network_test import (
     run_network_test,
 )
 from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance
-from clusters.lifecycle.reserve import create_cluster, key_spend_per_hour, reserve_hosts
+from clusters.lifecycle.reserve import Quoted, create_cluster, key_spend_per_hour, reserve_hosts
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
@@ -56,7 +57,7 @@ from clusters.lifecycle.rules import (
     token_hash,
 )
 from clusters.lifecycle.watch import clusters_needing_work, sweep_orphan_hosts, watch_heartbeats
-from clusters.lifecycle.work import do_node_work, install_plan, node_plan_for
+from clusters.lifecycle.work import do_node_work, do_work, install_plan, node_plan_for
 
 __all__ = [
     "CHECK_EVERY",
@@ -64,6 +65,7 @@ __all__ = [
     "LEASE_SECONDS",
     "NETWORK_TEST_SECONDS",
     "NODE_FIELDS",
+    "Quoted",
     "RELEASE_ATTEMPTS",
     "RETRY_AFTER",
     "START_ATTEMPTS",
@@ -80,6 +82,7 @@ __all__ = [
     "dispatching_to",
     "do_network_test",
     "do_node_work",
+    "do_work",
     "enqueue_advance",
     "hardware_problem",
     "install_plan",

@@ -21,7 +21,7 @@ from clusters.lifecycle.reserve import (
     require_key_limits,
     reserve_hosts,
 )
-from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money
+from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money, set_needs_work
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
 
@@ -124,6 +124,13 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
                 f"Workers can be added to a ready cluster; this one is "
                 f"{locked.status if locked else 'gone'}.",
             )
+        if locked.is_quoted:
+            raise ClusterRefused(
+                "invalid_state",
+                "A quoted cluster's size is part of the terms agreed with our team: request a "
+                "quote to change it.",
+                field="count",
+            )
         nodes = locked.nodes.all()
         live = nodes.filter(status__in=[NodeStatus.STARTING, NodeStatus.JOINED]).count()
         if live + count > MAX_NODES:
@@ -138,13 +145,15 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
         )
         require_balance(
             project=locked.project,
-            machine_type=locked.machine_type,
+            price_per_machine_hour=locked.price_per_machine_hour,
             machines=live + count,
             doing=f"a cluster of {live + count} machines",
         )
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)
         first = (nodes.aggregate(last=Max("index"))["last"] or 0) + 1
+        version = locked.bump_version()  # new_nodes stamps the added rows with it
         added = new_nodes(cluster=locked, hosts=hosts, first_index=first, is_worker=True, now=now)
+        set_needs_work(locked, True)  # its new workers are starting: the tick must see them
         Event.objects.create(
             cluster=locked,
             at=now,
@@ -153,7 +162,9 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
                 f"Adding {count} worker{'s' if count > 1 else ''}: "
                 f"{', '.join(n.name for n in added)}."
             ),
+            version=version,
         )
+        locked.save(update_fields=["version", "needs_work"])
         dispatch.current().advance(locked.pk)
     return locked
 
@@ -204,7 +215,10 @@ def _end_usage_at(*, node: Node, cluster: Cluster, at: datetime) -> Decimal:
     from billing import meter
 
     refunded = Decimal("0.00")
-    records = UsageRecord.objects.select_for_update().filter(node=node, ended_at__isnull=True)
+    meter.lock_marks([cluster.pk])  # no meter charges this cluster until the refund commits
+    records = meter.settled(
+        UsageRecord.objects.select_for_update().filter(node=node, ended_at__isnull=True)
+    )
     for record in records:
         end = max(at, record.started_at)
         if record.charged_until > end:

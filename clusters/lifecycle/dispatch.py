@@ -59,12 +59,17 @@ class Dispatcher:
 
         transaction.on_commit(enqueue)
 
-    def node_work(self, node_id: int, action: str, token: str) -> None:
+    def node_work(self, action: str, leases: list[tuple[int, str]]) -> None:
+        """Hand `action` to the nodes of one cluster, each under its lease (node, token): one
+        task for all of them."""
         from clusters import tasks
 
+        (node_id, token), *also = leases
+        what = f"{action} of node {node_id}" + (f" and {len(also)} more" if also else "")
         transaction.on_commit(
             lambda: publish(
-                f"{action} of node {node_id}", lambda: tasks.node_work.delay(node_id, action, token)
+                what,
+                lambda: tasks.node_work.delay(node_id, action, token, *([also] if also else [])),
             )
         )
 
@@ -84,16 +89,33 @@ class CollectingDispatcher(Dispatcher):
 
     def __init__(self) -> None:
         self.advances: list[int] = []
+        # One entry per node handed work; those handed out together run as one task.
         self.work: list[tuple[int, str, str]] = []
         self.network_tests: list[tuple[int, str]] = []
         self.ran = 0
+        self._batch_of: dict[str, int] = {}  # lease token -> the hand-off it came with
+        self._batches = 0
 
     def advance(self, cluster_id: int) -> None:
         if cluster_id not in self.advances:
             self.advances.append(cluster_id)
 
-    def node_work(self, node_id: int, action: str, token: str) -> None:
-        self.work.append((node_id, action, token))
+    def node_work(self, action: str, leases: list[tuple[int, str]]) -> None:
+        self._batches += 1
+        for node_id, token in leases:
+            self.work.append((node_id, action, token))
+            self._batch_of[token] = self._batches
+
+    def _next_work(self) -> tuple[str, list[tuple[int, str]]]:
+        """The first entry of `work`, with the entries still waiting that came with it."""
+        node_id, action, token = self.work.pop(0)
+        batch = self._batch_of.pop(token, None)
+        leases = [(node_id, token)]
+        for entry in [w for w in self.work if batch and self._batch_of.get(w[2]) == batch]:
+            self.work.remove(entry)
+            del self._batch_of[entry[2]]
+            leases.append((entry[0], entry[2]))
+        return action, leases
 
     def network_test(self, cluster_id: int, token: str) -> None:
         self.network_tests.append((cluster_id, token))
@@ -102,13 +124,13 @@ class CollectingDispatcher(Dispatcher):
         """Run everything handed off, and what that hands off, until nothing is left."""
         from clusters.lifecycle.network_test import do_network_test
         from clusters.lifecycle.reconcile import advance
-        from clusters.lifecycle.work import do_node_work
+        from clusters.lifecycle.work import do_work
 
         ran = 0
         while self.work or self.advances or self.network_tests:
             if self.work:
-                node_id, action, token = self.work.pop(0)
-                do_node_work(node_id=node_id, action=action, token=token)
+                action, leases = self._next_work()
+                do_work(action=action, leases=leases)
             elif self.network_tests:
                 cluster_id, token = self.network_tests.pop(0)
                 do_network_test(cluster_id=cluster_id, token=token)

@@ -59,13 +59,15 @@ def run_network_test(*, cluster: Cluster, user: User | None = None) -> Cluster:
             "results": {},
             "error": None,
         }
-        locked.save(update_fields=["network_test"])
+        version = locked.bump_version()
+        locked.save(update_fields=["network_test", "version"])
         who = f" by {user.email}" if user else ""
         Event.objects.create(
             cluster=locked,
             at=now,
             reason=Reason.NETWORK_TEST_STARTED,
             message=f"Network test requested{who}: measuring between {', '.join(machines)}.",
+            version=version,
         )
         dispatch.current().network_test(locked.pk, token)
     return locked
@@ -123,13 +125,15 @@ def _write_back(*, cluster_id: int, token: str, result: NetworkTestResult) -> bo
             "error": result.error or None,
         }
         locked.network_test = test
-        locked.save(update_fields=["network_test"])
+        version = locked.bump_version()
+        locked.save(update_fields=["network_test", "version"])
         Event.objects.create(
             cluster=locked,
             at=now,
             reason=Reason.NETWORK_TEST_DONE if result.ok else Reason.NETWORK_TEST_FAILED,
             message=_summary(test),
             output=result.output[-20_000:],
+            version=version,
         )
     return True
 

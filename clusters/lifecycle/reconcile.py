@@ -18,6 +18,7 @@ from clusters import volumes
 from clusters.drivers import get_driver
 from clusters.drivers.base import CheckState, MachineState
 from clusters.lifecycle import dispatch
+from clusters.lifecycle.rows import update_rows
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
@@ -32,8 +33,10 @@ from clusters.lifecycle.rules import (
     hardware_problem,
     lock_cluster,
     measured_note,
+    needs_work,
     node_give_up_at,
     reachability_matrix,
+    set_needs_work,
     step_deadline,
 )
 from clusters.models import Cluster, Event, Node, give_up_after
@@ -72,6 +75,7 @@ class _Pass:
     hosts: dict[str, set[int]] = field(default_factory=dict)
     usage: list[UsageRecord] = field(default_factory=list)
     handoffs: list[tuple[int, str, str]] = field(default_factory=list)
+    fields: set[str] = field(default_factory=set)
 
     @property
     def machine_type(self) -> MachineType:
@@ -99,8 +103,10 @@ class _Pass:
         )
         self.done.append(f"{node.name + ': ' if node else ''}{reason}")
 
-    def touch(self, node: Node) -> None:
+    def touch(self, node: Node, *fields: str) -> None:
+        """The node is written back; `fields` are those beyond NODE_FIELDS it changed."""
         self.dirty[node.pk] = node
+        self.fields.update(fields)
 
     def set_status(self, status: Cluster.Status) -> None:
         self.cluster.move_to(status)
@@ -126,22 +132,41 @@ class _Pass:
     def flush(self) -> None:
         if self.cluster_dirty and self.cluster.status in Cluster.TERMINAL:
             volumes.detach(cluster=self.cluster)  # failed, terminated or stopped: it has ended
+        if self.cluster_dirty or self.dirty or self.events:
+            # What the cluster page shows changed: its poll answers with these rows and events.
+            version = self.cluster.bump_version()
+            for row in [*self.dirty.values(), *self.events]:
+                row.version = version
+            self.cluster_dirty = True
         if self.dirty:
-            Node.objects.bulk_update(list(self.dirty.values()), NODE_FIELDS)
+            update_rows(
+                list(self.dirty.values()), NODE_FIELDS + sorted(self.fields - {*NODE_FIELDS})
+            )
         for state, host_ids in self.hosts.items():
             Host.objects.filter(pk__in=host_ids).update(state=state, state_changed_at=self.now)
         if self.usage:
             UsageRecord.objects.bulk_create(self.usage)
         if self.events:
             Event.objects.bulk_create(self.events)
-        if self.cluster_dirty or self.dirty or self.events:
-            # What the cluster page shows changed: its poll must answer with it.
-            self.cluster.version += 1
-            self.cluster_dirty = True
+        if set_needs_work(self.cluster, needs_work(self.cluster, self.nodes)):
+            self.cluster_dirty = True  # what the tick reads
         if self.cluster_dirty:
             self.cluster.save()
+        self.dispatch_handoffs()
+
+    def dispatch_handoffs(self) -> None:
+        """Work for a driver that batches (its work is quick: the simulated data center) goes
+        out as one task per kind of work for the whole cluster; any other driver's, one task
+        per node, so a pool of workers runs slow work (a bootstrap over SSH) side by side."""
+        nodes = {n.pk: n for n in self.nodes}
+        batches: dict[str, list[tuple[int, str]]] = {}
         for node_id, action, token in self.handoffs:
-            dispatch.current().node_work(node_id, action, token)
+            if get_driver(nodes[node_id].host).batches_work:
+                batches.setdefault(action, []).append((node_id, token))
+            else:
+                dispatch.current().node_work(action, [(node_id, token)])
+        for action, leases in batches.items():
+            dispatch.current().node_work(action, leases)
 
     # -- joining: running -> agent -> network ----------------------------------------------
 
@@ -446,7 +471,7 @@ class _Pass:
                     project_id=self.cluster.project_id,
                     cluster=self.cluster,
                     node=node,
-                    price_per_hour=self.machine_type.price_per_hour,
+                    price_per_hour=self.cluster.price_per_machine_hour,
                     started_at=self.now,
                     charged_until=self.now,
                 )
@@ -755,6 +780,7 @@ NODE_FIELDS = [
     "public_address",
     "public_port",
     "host_key",
+    "version",
 ]
 
 
@@ -765,24 +791,46 @@ def advance(*, cluster_id: int, now: datetime | None = None) -> list[str]:
         cluster = lock_cluster(cluster_id)
         if cluster is None:
             return []
-        nodes = list(cluster.nodes.select_related("host").order_by("index"))
-        for node in nodes:
-            node.cluster = cluster
-        work = _Pass(cluster=cluster, nodes=nodes, now=now)
-        if cluster.status == Status.PROVISIONING:
-            work.provision()
-        elif cluster.status == Status.INSTALLING:
-            work.installing()
-        elif cluster.status == Status.READY:
-            work.workers()
-        work.release()
-        if cluster.status == Status.TERMINATING:
-            work.finish_terminating()
-        work.flush()
-        if work.events:
-            # Something moved (a step passed, the cluster joined): what it unlocks is due now,
-            # not at the next tick. Each follow-up only runs on progress, so this settles.
-            dispatch.current().advance(cluster.pk)
+        return advance_locked(cluster, read_nodes(cluster), now=now)
+
+
+def read_nodes(cluster: Cluster) -> list[Node]:
+    """A locked cluster's nodes, as the reconciler reads them."""
+    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    for node in nodes:
+        node.cluster = cluster
+    return nodes
+
+
+def advance_locked(
+    cluster: Cluster,
+    nodes: list[Node],
+    *,
+    now: datetime,
+    landed: list[Node] = (),
+    fields: list[str] = (),
+) -> list[str]:
+    """`advance` on a cluster already locked, its nodes read: what a per-node task's write-back
+    calls with the nodes whose results `landed` (changed in memory, `fields` beyond
+    NODE_FIELDS), so they are written with the rest of the pass."""
+    work = _Pass(cluster=cluster, nodes=nodes, now=now)
+    for node in landed:
+        work.touch(node, *fields)
+    if cluster.status == Status.PROVISIONING:
+        work.provision()
+    elif cluster.status == Status.INSTALLING:
+        work.installing()
+    elif cluster.status == Status.READY:
+        work.workers()
+    work.release()
+    if cluster.status == Status.TERMINATING:
+        work.finish_terminating()
+    work.flush()
+    if work.events and cluster.needs_work:
+        # Something moved (a step passed, the cluster joined): what it unlocks is due now,
+        # not at the next tick. Each follow-up only runs on progress, so this settles; none
+        # when nothing is left to do (the tick would not pick the cluster either).
+        dispatch.current().advance(cluster.pk)
     return work.done
 
 

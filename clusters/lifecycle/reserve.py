@@ -3,6 +3,7 @@ with row locks (all or none)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -17,8 +18,16 @@ from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_deadline, token_hash
-from clusters.models import NAME_RE, Cluster, Event, Node, give_up_after
-from offers.models import MAX_NODES, MIN_NODES, Host, MachineType
+from clusters.models import (
+    NAME_RE,
+    QUOTED_MAX_NODES,
+    Cluster,
+    DueCluster,
+    Event,
+    Node,
+    give_up_after,
+)
+from offers.models import MAX_NODES, MIN_NODES, Host, MachineType, QuoteRequest
 from offers.offers import Availability, get_offer
 
 Status = Cluster.Status
@@ -89,6 +98,7 @@ def new_nodes(
             step=Step.RUNNING,
             step_started_at=now,
             reserved_at=now,
+            version=cluster.version,
         )
         node.step_deadline = step_deadline(
             start=now,
@@ -127,34 +137,19 @@ def _resolve_ssh_keys(*, project: Project, ssh_key_ids: list[int] | None) -> lis
     return found
 
 
-def create_cluster(
-    *,
-    project: Project,
-    user: User | None,
-    environment: Environment,
-    offer_slug: str,
-    nodes: int,
-    name: str,
-    software: str,
-    ssh_key_ids: list[int] | None = None,
-    volume_id: int | None = None,
-    api_key: ApiKey | None = None,
-) -> Cluster:
-    """Validate a request (SPEC §2, in this order), reserve every host, create the cluster,
-    attach the volume `volume_id` if one is asked for. Made with `api_key`, the cluster is
-    recorded as its own and must fit the key's limits (`require_key_limits`).
+@dataclass(frozen=True)
+class Quoted:
+    """Staff's terms for a quoted cluster (SPEC §7): the won quote request it comes from and
+    the price per machine-hour agreed with the requester. Given to `create_cluster`, it lifts
+    only the self-serve rules (listed offers, Ethernet only, at most MAX_NODES machines, the
+    cap of a location that only says whether it has machines); every other rule stands."""
 
-    Raises ClusterRefused before anything is reserved or written.
-    """
-    now = timezone.now()
-    if environment.project_id != project.pk:
-        raise ClusterRefused("unknown_environment", "No such environment in this project.")
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= MAX_NODES:
-        raise ClusterRefused(
-            "invalid_nodes",
-            f"A cluster has {MIN_NODES} to {MAX_NODES} machines; {nodes!r} is not in that range.",
-            field="nodes",
-        )
+    quote: QuoteRequest
+    price_per_machine_hour: Decimal
+
+
+def _self_serve_type(*, offer_slug: str, nodes: int) -> MachineType:
+    """The machine type of a listed offer that can start `nodes` machines now."""
     offer = get_offer(slug=offer_slug, nodes=nodes)
     if offer is None:
         raise ClusterRefused(
@@ -176,6 +171,77 @@ def create_cluster(
             "another offer.",
             field="nodes",
         )
+    return machine_type
+
+
+def _quoted_type(*, quoted: Quoted, project: Project, offer_slug: str) -> MachineType:
+    """Any machine type, listed or not (InfiniBand, RoCE), for a won quote of this project."""
+    quote = quoted.quote
+    if quote.project_id != project.pk:
+        raise ClusterRefused("unknown_quote", "That quote request is not this project's.")
+    if quote.status != QuoteRequest.Status.WON:
+        raise ClusterRefused(
+            "quote_not_won",
+            f"Quote request {quote.pk} is {quote.status}; a quoted cluster comes from a won one.",
+            field="quote",
+        )
+    price = quoted.price_per_machine_hour
+    if not isinstance(price, Decimal) or not price.is_finite() or price <= 0:
+        raise ClusterRefused(
+            "invalid_price",
+            "The agreed price per machine-hour is a positive amount in USD.",
+            field="agreed_price_per_machine_hour",
+        )
+    machine_type = (
+        MachineType.objects.select_related("location", "gpu").filter(slug=offer_slug).first()
+    )
+    if machine_type is None:
+        raise ClusterRefused(
+            "unknown_offer", f"There is no machine type {offer_slug!r}.", field="machine_type"
+        )
+    return machine_type
+
+
+def create_cluster(
+    *,
+    project: Project,
+    user: User | None,
+    environment: Environment,
+    offer_slug: str,
+    nodes: int,
+    name: str,
+    software: str,
+    ssh_key_ids: list[int] | None = None,
+    volume_id: int | None = None,
+    api_key: ApiKey | None = None,
+    quoted: Quoted | None = None,
+) -> Cluster:
+    """Validate a request (SPEC §2, in this order), reserve every host, create the cluster,
+    attach the volume `volume_id` if one is asked for. Made with `api_key`, the cluster is
+    recorded as its own and must fit the key's limits (`require_key_limits`).
+
+    With `quoted` (staff, from a won quote request: `Quoted`), `offer_slug` names any machine
+    type, listed or not, the size may reach QUOTED_MAX_NODES, and the cluster is billed at the
+    agreed price; the balance, budget, name, software and SSH key rules are the same.
+
+    Raises ClusterRefused before anything is reserved or written.
+    """
+    now = timezone.now()
+    if environment.project_id != project.pk:
+        raise ClusterRefused("unknown_environment", "No such environment in this project.")
+    max_nodes = MAX_NODES if quoted is None else QUOTED_MAX_NODES
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= max_nodes:
+        raise ClusterRefused(
+            "invalid_nodes",
+            f"A cluster has {MIN_NODES} to {max_nodes} machines; {nodes!r} is not in that range.",
+            field="nodes",
+        )
+    if quoted is None:
+        machine_type = _self_serve_type(offer_slug=offer_slug, nodes=nodes)
+        price_per_machine_hour = machine_type.price_per_hour
+    else:
+        machine_type = _quoted_type(quoted=quoted, project=project, offer_slug=offer_slug)
+        price_per_machine_hour = quoted.price_per_machine_hour
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ClusterRefused(
             "invalid_name",
@@ -210,7 +276,10 @@ def create_cluster(
     keys = _resolve_ssh_keys(project=project, ssh_key_ids=ssh_key_ids)
 
     require_balance(
-        project=project, machine_type=machine_type, machines=nodes, doing="creating this cluster"
+        project=project,
+        price_per_machine_hour=price_per_machine_hour,
+        machines=nodes,
+        doing="creating this cluster",
     )
     if environment.monthly_budget is not None:
         spent = budgets.month_to_date_spend(environment=environment, now=now)
@@ -241,7 +310,11 @@ def create_cluster(
                 authorized_keys="\n".join(k.public_key.strip() for k in keys) + "\n",
                 created_at=now,
                 give_up_at=now + give_up_after(machine_type.slow_boot),
+                quote=quoted.quote if quoted else None,
+                agreed_price_per_machine_hour=quoted.price_per_machine_hour if quoted else None,
+                needs_work=True,
             )
+            DueCluster.objects.create(cluster=cluster)  # with needs_work: the tick advances it
             cluster.ssh_keys.set(keys)
             if volume is not None:
                 volumes.attach(volume=volume, cluster=cluster, now=now)
@@ -251,13 +324,19 @@ def create_cluster(
                 if volume
                 else ""
             )
+            terms = (
+                f" Quoted: billed at the agreed {money(quoted.price_per_machine_hour)} per "
+                f"machine-hour (quote request {quoted.quote.pk})."
+                if quoted
+                else ""
+            )
             Event.objects.create(
                 cluster=cluster,
                 at=now,
                 reason=Reason.CREATED,
                 message=(
                     f"Created: {nodes} × {machine_type.gpus_per_machine} {machine_type.gpu.name} "
-                    f"in {machine_type.location.name}; {nodes} machines reserved.{attached}"
+                    f"in {machine_type.location.name}; {nodes} machines reserved.{attached}{terms}"
                 ),
             )
             dispatch.current().advance(cluster.pk)
@@ -277,10 +356,10 @@ def create_cluster(
 
 
 def require_balance(
-    *, project: Project, machine_type: MachineType, machines: int, doing: str
+    *, project: Project, price_per_machine_hour: Decimal, machines: int, doing: str
 ) -> None:
     """The balance must cover one hour of the whole cluster, and never less than the minimum."""
-    needed = max(settings.RUNCRATE_MIN_BALANCE, machine_type.price_per_hour * machines)
+    needed = max(settings.RUNCRATE_MIN_BALANCE, price_per_machine_hour * machines)
     balance = ledger.balance(project=project)
     if balance < needed:
         raise ClusterRefused(

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from clusters.models import Cluster, Node, give_up_after
+from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
 
 Status = Cluster.Status
@@ -97,6 +97,37 @@ def agent_token(node: Node) -> str:
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def needs_work(cluster: Cluster, nodes: list[Node]) -> bool:
+    """Whether the reconciler still has something to do for the cluster: it is still moving
+    (provisioning, installing, terminating), a worker is starting or installing, or a node that
+    ended still holds its host (to wipe). Kept in `Cluster.needs_work`, which the tick reads."""
+    if cluster.status in (Status.PROVISIONING, Status.INSTALLING, Status.TERMINATING):
+        return True
+    return any(
+        n.status == NodeStatus.STARTING
+        or (n.holds_host and n.status in Node.RELEASED)
+        or (
+            cluster.status == Status.READY
+            and n.status == NodeStatus.JOINED
+            and n.step == Node.Step.INSTALL
+        )
+        for n in nodes
+    )
+
+
+def set_needs_work(cluster: Cluster, due: bool) -> bool:
+    """Set the locked cluster's `needs_work` (saved with the cluster by the caller) and write
+    its DueCluster row to match, in the caller's transaction; returns whether it changed."""
+    if cluster.needs_work == due:
+        return False
+    cluster.needs_work = due
+    if due:
+        DueCluster.objects.bulk_create([DueCluster(cluster_id=cluster.pk)], ignore_conflicts=True)
+    else:
+        DueCluster.objects.filter(cluster_id=cluster.pk).delete()
+    return True
 
 
 def lock_cluster(cluster_id: int) -> Cluster | None:

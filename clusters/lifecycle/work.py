@@ -11,12 +11,14 @@ from datetime import datetime, timedelta
 
 from django import db
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from clusters import connect
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import DriverError
-from clusters.lifecycle import dispatch
+from clusters.lifecycle.reconcile import advance_locked, read_nodes
+from clusters.lifecycle.rows import update_rows
 from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster
 from clusters.models import Cluster, Node
 
@@ -31,13 +33,19 @@ NodeStatus = Node.Status
 def node_plan_for(node: Node) -> dict:
     """The plan a driver applies to `node` (`clusters.connect.node_plan`), from its cluster as
     it is now, starting nodes included."""
+    return node_plans(node.cluster_id)[node.index]
+
+
+def node_plans(cluster_id: int) -> dict[int, dict]:
+    """Every node's plan (by index), from one read of the cluster: a batch of starts gets its
+    plans from one call, not one per node."""
     cluster = (
         Cluster.objects.select_related("machine_type__location")
         .prefetch_related("nodes", "volumes")
-        .get(pk=node.cluster_id)
+        .get(pk=cluster_id)
     )
     shape = connect.shape_for(cluster, planning=True)
-    return connect.node_plan(shape, next(n for n in shape.nodes if n.index == node.index))
+    return {access.index: connect.node_plan(shape, access) for access in shape.nodes}
 
 
 def install_plan(
@@ -73,29 +81,26 @@ def install_plan(
     )
 
 
-def _run(node: Node, action: str, now: datetime) -> dict:
+def _run(node: Node, action: str, now: datetime, plans: _Plans) -> dict:
     """The slow part of one piece of work: the driver's call for it."""
     driver = get_driver(node.host)
     kind, _, key = action.partition(":")
     if kind == "start":
-        state = driver.start(node, agent_token=agent_token(node), plan=node_plan_for(node))
+        state = driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
         return {"ok": True, "state": state}
     if kind == "replan":
         # The same start, on a machine that runs: only the plan's changes land (idempotent);
         # what the driver first recorded about the machine stays.
-        driver.start(node, agent_token=agent_token(node), plan=node_plan_for(node))
+        driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
         return {"ok": True, "key": key}
     if kind in ("agent", "network"):
-        driver.do_agent_work(node, step=kind, agent_token=agent_token(node))
+        # The agent's report is recorded with the write-back, in its transaction.
         return {"ok": True}
-    cluster = node.cluster
     if kind == "install":
-        nodes = list(cluster.nodes.all())
-        result = driver.install(node, plan=install_plan(cluster, nodes, with_node_plans=True))
+        result = driver.install(node, plan=plans.install(with_node_plans=True))
         return {"ok": result.ok, "key": key, "output": result.output[-20_000:]}
     if kind == "check":
-        nodes = list(cluster.nodes.all())
-        result = driver.check(node, plan=install_plan(cluster, nodes), now=now)
+        result = driver.check(node, plan=plans.install(), now=now)
         return {
             "ok": True,
             "key": key,
@@ -112,27 +117,60 @@ def _run(node: Node, action: str, now: datetime) -> dict:
     raise ValueError(f"unknown node work {action!r}")
 
 
+class _Plans:
+    """The plans a batch of work needs, each made once for the whole batch (they read the
+    cluster as it is when the work runs)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._nodes: dict[int, dict] | None = None
+        self._install: dict[bool, InstallPlan] = {}
+
+    def node(self, node: Node) -> dict:
+        if self._nodes is None:
+            self._nodes = node_plans(self.cluster.pk)
+        return self._nodes[node.index]
+
+    def install(self, *, with_node_plans: bool = False) -> InstallPlan:
+        if with_node_plans not in self._install:
+            nodes = list(self.cluster.nodes.all())
+            self._install[with_node_plans] = install_plan(
+                self.cluster, nodes, with_node_plans=with_node_plans
+            )
+        return self._install[with_node_plans]
+
+
 @contextmanager
 def renewing_lease(node_id: int, token: str, seconds: float) -> Iterator[None]:
     """While the body runs, extend the node's lease every third of `seconds`, as long as
     `token` still holds it (a conditional update: a lease taken back stays taken back)."""
+    with renewing_leases([(node_id, token)], seconds):
+        yield
+
+
+@contextmanager
+def renewing_leases(leases: list[tuple[int, str]], seconds: float) -> Iterator[None]:
+    """`renewing_lease` for a batch of (node, token): one conditional update renews every lease
+    still held, until none is."""
     stop = threading.Event()
+    held_by = Q()
+    for node_id, token in leases:
+        held_by |= Q(pk=node_id, lease_token=token)
+    name = f"lease-{leases[0][0]}" + (f"+{len(leases) - 1}" if len(leases) > 1 else "")
 
     def renew() -> None:
         try:
             while not stop.wait(seconds / 3):
                 until = timezone.now() + timedelta(seconds=seconds)
-                held = Node.objects.filter(pk=node_id, lease_token=token).update(
-                    lease_expires_at=until
-                )
+                held = Node.objects.filter(held_by).update(lease_expires_at=until)
                 if not held:
                     return
         except Exception:  # a renewal that fails leaves the lease to expire; the work goes on
-            log.exception("node %s: the lease could not be renewed", node_id)
+            log.exception("%s: the lease could not be renewed", name)
         finally:
             db.connection.close()  # this thread's own connection
 
-    renewer = threading.Thread(target=renew, name=f"lease-{node_id}", daemon=True)
+    renewer = threading.Thread(target=renew, name=name, daemon=True)
     renewer.start()
     try:
         yield
@@ -144,20 +182,49 @@ def renewing_lease(node_id: int, token: str, seconds: float) -> Iterator[None]:
 def do_node_work(*, node_id: int, action: str, token: str) -> bool:
     """Do one handed-off piece of work if `token` still holds the node's lease, and write the
     result back only if it still does. Returns whether the result was written."""
-    node = (
-        Node.objects.select_related("cluster__machine_type__gpu", "host")
-        .filter(pk=node_id, lease_token=token)
-        .first()
-    )
+    return do_work(action=action, leases=[(node_id, token)]) == 1
+
+
+def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
+    """Do the same handed-off work on a batch of nodes of one cluster (a driver that batches
+    hands a cluster's nodes over together; others one node at a time), each only while its
+    token still holds its lease; write the results back together, in one transaction that
+    also advances the cluster. Returns how many results were written."""
+    tokens = dict(leases)
+    kind = action.partition(":")[0]
     now = timezone.now()
-    if node is None or node.lease_expires_at is None or node.lease_expires_at <= now:
-        return False
+    found = Node.objects.select_related(
+        "cluster__machine_type__gpu", "cluster__machine_type__location", "host"
+    ).filter(pk__in=list(tokens))
+    nodes = [
+        n
+        for n in found.order_by("index")
+        if n.lease_token == tokens[n.pk] and n.lease_expires_at and n.lease_expires_at > now
+    ]
+    if not nodes:
+        return 0
+    cluster = nodes[0].cluster
+    for node in nodes:
+        node.cluster = cluster  # one cluster object for the batch: its plans are made once
+    plans = _Plans(cluster)
+    results = {}
+    with renewing_leases([(n.pk, n.lease_token) for n in nodes], LEASE_SECONDS[kind]):
+        for node in nodes:
+            results[node.pk] = _result(node, action, now, plans)
+    return _write_back(
+        cluster_id=cluster.pk,
+        action=action,
+        tokens={n.pk: n.lease_token for n in nodes},
+        results=results,
+    )
+
+
+def _result(node: Node, action: str, now: datetime, plans: _Plans) -> dict:
     try:
-        with renewing_lease(node_id, token, LEASE_SECONDS[action.partition(":")[0]]):
-            result = _run(node, action, now)
+        return _run(node, action, now, plans)
     except DriverError as error:  # the driver says what went wrong: no traceback needed
-        log.warning("node %s: %s failed: %s", node_id, action, error.message)
-        result = {
+        log.warning("node %s: %s failed: %s", node.pk, action, error.message)
+        return {
             "ok": False,
             "key": action.partition(":")[2],
             "error": error.message[:500],
@@ -165,26 +232,69 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
             "output": error.output[-20_000:],
         }
     except Exception as error:  # the work failed; record it and let the reconciler decide
-        log.exception("node %s: %s failed", node_id, action)
-        result = {
+        log.exception("node %s: %s failed", node.pk, action)
+        return {
             "ok": False,
             "key": action.partition(":")[2],
             "error": f"{type(error).__name__}: {error}"[:500],
         }
-    return _write_back(
-        cluster_id=node.cluster_id, node_id=node_id, token=token, action=action, result=result
-    )
 
 
-def _write_back(*, cluster_id: int, node_id: int, token: str, action: str, result: dict) -> bool:
-    kind = action.split(":")[0]
+def _write_back(
+    *, cluster_id: int, action: str, tokens: dict[int, str], results: dict[int, dict]
+) -> int:
+    """Land each result whose token still holds its node, then advance the cluster on what
+    landed, in the same transaction: one lock, one read and one write of the nodes, instead of
+    a write-back and an advance each taking their own. Returns how many landed."""
     now = timezone.now()
-    with transaction.atomic():
-        if lock_cluster(cluster_id) is None:
-            return False
-        node = Node.objects.filter(pk=node_id, lease_token=token).first()
-        if node is None:
-            return False  # the lease was taken back (terminate, retry, expiry): drop the result
+    try:
+        with transaction.atomic():
+            return _land(cluster_id, action, tokens, results, now=now, then_advance=True)
+    except Exception:
+        # The pass failed (a bug, a worker stopped mid-pass): the results land alone, as
+        # their own write-back, so the work is not done again once its lease runs out; the
+        # next advance carries on from them.
+        with transaction.atomic():
+            _land(cluster_id, action, tokens, results, now=now, then_advance=False)
+        raise
+
+
+def _land(
+    cluster_id: int,
+    action: str,
+    tokens: dict[int, str],
+    results: dict[int, dict],
+    *,
+    now: datetime,
+    then_advance: bool,
+) -> int:
+    kind = action.split(":")[0]
+    cluster = lock_cluster(cluster_id)
+    if cluster is None:
+        return 0
+    nodes = read_nodes(cluster)
+    landed = [n for n in nodes if n.pk in tokens and n.lease_token == tokens[n.pk]]
+    if not landed:
+        return 0  # every lease was taken back (terminate, retry, expiry): drop the results
+    peers = [n.name for n in nodes if n.status in Node.LIVE]
+    changed = {"driver_state", "lease_token", "lease_expires_at"}
+    for node in landed:
+        result = dict(results[node.pk])
+        if kind in ("agent", "network") and result["ok"]:
+            # The driver plays the node's agent: its report is recorded now, under the lock,
+            # with the rest of the write-back.
+            try:
+                changed.update(
+                    get_driver(node.host).do_agent_work(
+                        node,
+                        step=kind,
+                        agent_token=agent_token(node),
+                        peers=[p for p in peers if p != node.name],
+                    )
+                )
+            except Exception as error:
+                log.exception("node %s: %s failed", node.pk, action)
+                result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
         previous = node.driver_state.get(kind) or {}
         state = result.pop("state", None) if kind == "start" else None
         if isinstance(state, dict):
@@ -194,6 +304,8 @@ def _write_back(*, cluster_id: int, node_id: int, token: str, action: str, resul
         node.driver_state[kind] = result
         node.lease_token = ""
         node.lease_expires_at = None
-        node.save(update_fields=["driver_state", "lease_token", "lease_expires_at"])
-        dispatch.current().advance(cluster_id)
-    return True
+    if then_advance:
+        advance_locked(cluster, nodes, now=now, landed=landed, fields=sorted(changed))
+    else:
+        update_rows(landed, sorted(changed))
+    return len(landed)

@@ -10,3 +10,41 @@ document.addEventListener("click", (event) => {
     setTimeout(() => { button.textContent = label; }, 1500);
   });
 });
+
+// Countdowns: an element with `data-deadline` (an ISO instant) shows the time left to it and
+// moves every second on its own, so no poll is needed to move a clock. The count is in the
+// server's clock: `data-server-now` says what time the server had when it rendered the page
+// (or the poll's answer), and the difference to this browser's clock is kept (a clock set
+// wrong must not show a deadline minutes off). The format is clusters/views.py's `_duration`.
+(() => {
+  let skew = 0; // the server's clock minus this browser's, in milliseconds
+  let stamp = null;
+
+  function duration(seconds) {
+    const hours = Math.floor(seconds / 3600);
+    const minutes = Math.floor((seconds % 3600) / 60);
+    const secs = seconds % 60;
+    if (hours) return `${hours}h ${minutes}m`;
+    if (minutes) return `${minutes}m ${String(secs).padStart(2, "0")}s`;
+    return `${secs}s`;
+  }
+
+  function tick() {
+    const rendered = document.querySelector("[data-server-now]");
+    if (rendered && rendered.dataset.serverNow !== stamp) {
+      stamp = rendered.dataset.serverNow;
+      skew = Date.parse(stamp) - Date.now();
+    }
+    const now = Date.now() + skew;
+    for (const element of document.querySelectorAll("[data-deadline]")) {
+      const left = Math.max(0, Math.floor((Date.parse(element.dataset.deadline) - now) / 1000));
+      const text = `${duration(left)} left`;
+      if (element.textContent !== text) element.textContent = text;
+    }
+  }
+
+  if (!document.querySelector("[data-deadline], [data-server-now]")) return;
+  tick();
+  setInterval(tick, 1000);
+  document.body.addEventListener("htmx:afterSettle", tick);
+})();

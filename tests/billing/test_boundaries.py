@@ -11,9 +11,9 @@ import time_machine
 from accounts.models import Environment
 from billing.meter import charge_accrued
 from billing.models import UsageRecord, balance_of
-from billing.stops import enforce_limits
 from clusters import lifecycle
 from clusters.models import Cluster
+from clusters.stops import enforce_limits
 from tests.billing.conftest import add_credit, bill_cluster
 
 NOW = datetime(2026, 3, 20, 12, 0, tzinfo=UTC)

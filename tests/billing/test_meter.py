@@ -28,7 +28,9 @@ def usage_total(**filters) -> Decimal:
     total = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE, **filters).aggregate(
         total=Sum("amount")
     )["total"]
-    return -(total or Decimal("0.00"))
+    # Every amount has two places; SQLite sums them as floats (32.3100000000001), so the sum is
+    # read back to the cent it exactly is in decimal.
+    return -(total or Decimal("0.00")).quantize(Decimal("0.01"))
 
 
 def test_it_charges_each_machine_per_second_at_its_hourly_price(db):

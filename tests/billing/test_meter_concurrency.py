@@ -1,4 +1,5 @@
-"""Two meters at once (two workers, real PostgreSQL transactions) charge every second once."""
+"""Two meters at once (two workers, real PostgreSQL transactions) charge every second once: each
+holds its clusters' marks (billing/meter.py)."""
 
 import contextlib
 import threading
@@ -50,27 +51,28 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     now = T0 + timedelta(seconds=100)
     inside = threading.Barrier(2, timeout=10)
     met = []
-    charge_records = meter._charge_records
+    charge_clusters = meter._charge_clusters
 
-    def charge_while_the_other_is_inside(records, until):
-        # Both meters hold their batch's row locks at this point: without the locks they
-        # would both have read, and would both charge, the same records.
-        met.append(len(records))
+    def charge_while_the_other_is_inside(cluster_ids, until, **options):
+        # Both meters hold their batch's marks at this point: without the locks they would
+        # both have read, and would both charge, the same clusters.
+        met.append(len(cluster_ids))
         with contextlib.suppress(threading.BrokenBarrierError):
             inside.wait()
-        return charge_records(records, until)
+        return charge_clusters(cluster_ids, until, **options)
 
-    monkeypatch.setattr(meter, "_charge_records", charge_while_the_other_is_inside)
+    monkeypatch.setattr(meter, "_charge_clusters", charge_while_the_other_is_inside)
 
     errors = _in_threads(
-        lambda: meter.charge_accrued(now=now, batch_size=6),
-        lambda: meter.charge_accrued(now=now, batch_size=6),
+        lambda: meter.charge_accrued(now=now, batch_size=2),
+        lambda: meter.charge_accrued(now=now, batch_size=2),
     )
 
     assert errors == []
-    # The two meters were inside at once, on different rows; the second cluster's machines
-    # are in both batches, so both also created (one) and added to its usage line.
-    assert met == [6, 6]
+    # The two meters were inside at once, on different clusters: one took the first batch
+    # (2 clusters), the other skipped it and took the third cluster; whichever then reached
+    # the other's clusters found them locked or charged already.
+    assert sorted(met[:2]) == [1, 2]
     assert _usage_total() == Decimal("12.00")  # 12 machines × 36 USD/h × 100 s, once
     assert set(UsageRecord.objects.values_list("charged_amount", flat=True)) == {Decimal("1.00")}
     assert LedgerEntry.objects.filter(kind="usage").count() == 3  # one per cluster and hour
@@ -83,13 +85,13 @@ def test_it_charges_once_when_the_meter_and_a_terminate_charge_the_same_cluster(
     cluster = bill_cluster(project, size=4, price="36.00", at=T0)
     end_cluster(cluster, at=T0 + timedelta(seconds=50))
     started = threading.Event()
-    charge_records = meter._charge_records
+    charge_clusters = meter._charge_clusters
 
-    def slow_charge(records, until):
+    def slow_charge(cluster_ids, until, **options):
         started.set()
-        return charge_records(records, until)
+        return charge_clusters(cluster_ids, until, **options)
 
-    monkeypatch.setattr(meter, "_charge_records", slow_charge)
+    monkeypatch.setattr(meter, "_charge_clusters", slow_charge)
 
     def charge_at_the_end():
         started.wait(timeout=10)

@@ -12,9 +12,9 @@ from accounts.models import Environment
 from billing import budgets
 from billing.meter import charge_accrued
 from billing.models import UsageRecord, balance_of
-from billing.stops import enforce_limits
 from clusters import lifecycle
 from clusters.models import Cluster, Event
+from clusters.stops import enforce_limits
 from tests.billing.conftest import add_credit, bill_cluster
 from tests.factories import ClusterFactory
 

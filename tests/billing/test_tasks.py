@@ -7,16 +7,19 @@ from django.conf import settings
 from django.utils import timezone
 
 from billing.models import balance_of
-from billing.tasks import run_meter
 from clusters import lifecycle
 from clusters.models import Cluster
+from clusters.stops import run_meter
 from tests.billing.conftest import add_credit, bill_cluster
 
 
 def test_it_is_scheduled_every_meter_interval():
     entry = settings.CELERY_BEAT_SCHEDULE["billing-meter"]
 
-    assert entry == {"task": "billing.tasks.run_meter", "schedule": settings.RUNCRATE_METER_SECONDS}
+    assert entry == {
+        "task": "clusters.stops.run_meter",
+        "schedule": settings.RUNCRATE_METER_SECONDS,
+    }
 
 
 def test_it_charges_and_stops_in_one_run(owner):

@@ -16,9 +16,9 @@ from django.db.models import Sum
 
 from billing import meter
 from billing.models import LedgerEntry, balance_of
-from billing.tasks import run_meter
-from clusters import lifecycle, volumes
+from clusters import lifecycle, volume_billing, volumes
 from clusters.models import Volume
+from clusters.stops import run_meter
 from tests.billing.conftest import add_credit
 from tests.conftest import postgres_only
 from tests.factories import LocationFactory, ProjectFactory
@@ -71,7 +71,7 @@ def test_it_charges_a_volume_from_its_creation_on_a_line_per_day(ohio):
     project = paying_project()
     volume = new_volume(project, ohio, at=T0)  # 09:00 on March 10
 
-    result = meter.charge_storage(now=T0 + timedelta(days=1, hours=3))  # 12:00 on March 11
+    result = volume_billing.charge_storage(now=T0 + timedelta(days=1, hours=3))  # 12:00 on March 11
 
     assert result.records == 1 and result.amount == Decimal("3.75")  # 27 h of 100 USD/720 h
     assert storage_lines(volume) == [
@@ -94,9 +94,9 @@ def test_it_charges_each_second_once_however_often_it_runs(ohio):
     moment = T0
     while moment < end:
         moment = min(end, moment + timedelta(minutes=7, seconds=3))
-        meter.charge_storage(now=moment, volume_ids=[often.pk])
-    meter.charge_storage(now=end, volume_ids=[once.pk])
-    meter.charge_storage(now=end)  # twice: nothing new
+        volume_billing.charge_storage(now=moment, volume_ids=[often.pk])
+    volume_billing.charge_storage(now=end, volume_ids=[once.pk])
+    volume_billing.charge_storage(now=end)  # twice: nothing new
 
     # 70 USD per 30 days, for 2 days and 13 minutes: 4.6877 USD.
     assert charged(often) == charged(once) == Decimal("4.69")
@@ -106,12 +106,12 @@ def test_it_charges_each_second_once_however_often_it_runs(ohio):
 def test_it_stops_charging_at_the_deletion(ohio):
     project = paying_project()
     volume = new_volume(project, ohio)
-    meter.charge_storage(now=T0 + timedelta(hours=5))
+    volume_billing.charge_storage(now=T0 + timedelta(hours=5))
     with time_machine.travel(T0 + timedelta(hours=10), tick=False):
         volumes.delete_volume(volume=volume)
 
-    meter.charge_storage(now=T0 + timedelta(days=3))
-    meter.charge_storage(now=T0 + timedelta(days=4))
+    volume_billing.charge_storage(now=T0 + timedelta(days=3))
+    volume_billing.charge_storage(now=T0 + timedelta(days=4))
 
     assert charged(volume) == Decimal("1.39")  # 10 hours of 100 USD per 720 hours
     volume.refresh_from_db()
@@ -153,7 +153,7 @@ def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
     add_credit(owner.project, "100.00", at=T0 - timedelta(days=1))
     volume = new_volume(owner.project, ohio, at=T0)
     new_volume(owner.project, ohio, at=T0, name="checkpoints")
-    meter.charge_storage(now=T0 + timedelta(days=1, hours=3))
+    volume_billing.charge_storage(now=T0 + timedelta(days=1, hours=3))
 
     with time_machine.travel(T0 + timedelta(days=1, hours=3, minutes=1), tick=False):
         page = owner.browser_client().get("/billing/?month=2026-03").content.decode()
@@ -184,7 +184,7 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     for n in range(6):
         new_volume(project, location, name=f"v-{n}")
     inside = threading.Barrier(2, timeout=5)
-    charge_volumes = meter._charge_volumes
+    charge_volumes = volume_billing._charge_volumes
 
     def charge_while_the_other_is_inside(batch, now):
         # Both meters hold their batch's row locks here: without them both would charge all.
@@ -192,12 +192,12 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
             inside.wait()
         return charge_volumes(batch, now)
 
-    monkeypatch.setattr(meter, "_charge_volumes", charge_while_the_other_is_inside)
+    monkeypatch.setattr(volume_billing, "_charge_volumes", charge_while_the_other_is_inside)
     errors = []
 
     def run():
         try:
-            meter.charge_storage(now=T0 + timedelta(hours=7), batch_size=3)
+            volume_billing.charge_storage(now=T0 + timedelta(hours=7), batch_size=3)
         except BaseException as error:  # noqa: BLE001 - reported to the test
             errors.append(error)
         finally:

@@ -6,6 +6,7 @@ boot in a fraction of a second (RUNCRATE_SIM_SPEED); the browser waits for the p
 what the database already says.
 """
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -15,7 +16,7 @@ from clusters import lifecycle
 from clusters.models import Cluster
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.conftest import log_in
-from tests.factories import LocationFactory
+from tests.factories import ClusterFactory, LocationFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -35,6 +36,16 @@ def worker(settings):
             return Cluster.objects.get(pk=cluster_id).status
 
         yield tick
+
+
+# Records each status the page's badge shows, in order, for as long as the page is not reloaded.
+WATCH_STATUSES = """() => {
+    const badge = () => document.querySelector("#cluster-status-badge").textContent;
+    window.statuses = [badge()];
+    new MutationObserver(() => {
+        if (badge() !== window.statuses.at(-1)) window.statuses.push(badge());
+    }).observe(document.querySelector("main"), {childList: true, subtree: true});
+}"""
 
 
 def run_until(page, worker, cluster_id: int, status: str) -> None:
@@ -67,19 +78,59 @@ def test_it_creates_a_cluster_watches_it_get_ready_and_terminates_it(page, owner
     expect(badge).to_have_text("provisioning")
     expect(page.locator("#cluster-status")).to_have_attribute("hx-trigger", "every 2s")
 
+    page.evaluate(WATCH_STATUSES)
+
     run_until(page, worker, cluster.pk, Cluster.Status.READY)
 
     expect(badge).to_have_text("ready", timeout=10_000)
     expect(page.locator(".stepper li.done")).to_have_count(5)
+    expect(page.locator("#node-0")).to_contain_text("joined")
     expect(page.locator("#node-1")).to_contain_text("joined")
+    # Every status, every event once and the newest on top, all by the poll: no reload.
+    assert page.evaluate("window.statuses") == ["provisioning", "ready"]
+    events = list(cluster.events.order_by("-at", "-pk").values_list("message", flat=True))
+    expect(page.locator("#event-rows tr")).to_have_count(len(events))
+    expect(page.locator("#event-rows tr").first).to_contain_text(events[0])
 
     page.get_by_role("link", name="Terminate…").click()
     expect(page.get_by_role("heading")).to_contain_text("Terminate demo?")
     page.get_by_role("button", name="Terminate demo").click()
     page.wait_for_url(f"**/clusters/{cluster.pk}/")
     expect(badge).to_have_text("terminating")
+    page.evaluate(WATCH_STATUSES)
 
     run_until(page, worker, cluster.pk, Cluster.Status.TERMINATED)
 
     expect(badge).to_have_text("terminated", timeout=10_000)
     expect(page.locator("#cluster-status")).not_to_have_attribute("hx-trigger", "every 2s")
+    assert page.evaluate("window.statuses") == ["terminating", "terminated"]
+    expect(page.locator("#node-1")).to_contain_text("ended")
+
+
+def test_the_deadlines_count_down_in_the_browser_without_a_poll(page, owner):
+    cluster = ClusterFactory(project=owner.project, name="slow", size=2, machines=True)
+    deadline = cluster.nodes.get(index=1).step_deadline
+    log_in(page, owner)
+    polls = []
+
+    def refuse(route) -> None:  # whatever the poll would bring, it brings nothing
+        polls.append(route.request.url)
+        route.abort()
+
+    page.route(f"**/clusters/{cluster.pk}/?*", refuse)
+    page.clock.install()
+    page.goto(f"/clusters/{cluster.pk}/")
+    countdown = page.locator("#node-1 [data-deadline]")
+    assert countdown.get_attribute("data-deadline") == deadline.isoformat(timespec="milliseconds")
+    before = seconds_left(countdown.inner_text())
+
+    page.clock.run_for(5_000)
+
+    after = seconds_left(countdown.inner_text())
+    assert 4 <= before - after <= 6, (before, after)
+    assert polls, "the page stopped polling"
+
+
+def seconds_left(text: str) -> int:
+    minutes, seconds = re.fullmatch(r"(\d+)m (\d\d)s left", text).groups()
+    return int(minutes) * 60 + int(seconds)

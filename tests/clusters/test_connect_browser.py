@@ -5,6 +5,7 @@ import io
 
 import paramiko
 import pytest
+from django.db.models import F
 from django.utils import timezone
 from playwright.sync_api import expect
 
@@ -80,10 +81,13 @@ def test_it_keeps_the_panel_through_the_pages_polls(page, owner, ready):
     panel.evaluate("element => { element.dataset.marked = 'yes'; }")
     page.evaluate("() => getSelection().selectAllChildren(document.getElementById('cmd-mpirun'))")
 
-    for _ in range(2):  # two polls of the status, each swapping the section around the panel
-        with page.expect_response(lambda r: f"/clusters/{ready.pk}/?connect=" in r.url) as poll:
+    def changed_poll(response) -> bool:
+        return f"/clusters/{ready.pk}/?version=" in response.url and response.status == 200
+
+    for _ in range(2):  # two polls of a changed cluster, each swapping the section around the panel
+        Cluster.objects.filter(pk=ready.pk).update(version=F("version") + 1)
+        with page.expect_response(changed_poll):
             pass
-        assert poll.value.status == 200
     page.wait_for_timeout(100)  # let htmx settle the swap
 
     expect(page.locator("section.connect")).to_have_attribute("data-marked", "yes")

@@ -7,13 +7,13 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.models import UsageRecord
-from clusters.models import Cluster, Node
+from clusters.models import Cluster, DueCluster, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
 
@@ -45,6 +45,20 @@ def assert_no_host_held_twice(machine_type) -> None:
     assert set(taken.values_list("pk", flat=True)) == set(held.values_list("host", flat=True))
 
 
+def assert_the_tick_sees_it(cluster) -> None:
+    """What the tick reads (the flag, and the DueCluster row with it) says what the rows say:
+    still moving, or a node that ended still holds its host, or a ready cluster's worker is
+    starting or installing."""
+    moving = Cluster.objects.filter(pk=cluster.pk).filter(
+        Q(status__in=["provisioning", "installing", "terminating"])
+        | Q(nodes__status="starting")
+        | Q(nodes__holds_host=True, nodes__status__in=["failed", "ended", "lost"])
+        | Q(status="ready", nodes__step="install", nodes__status="joined")
+    )
+    assert cluster.needs_work == moving.exists()
+    assert DueCluster.objects.filter(cluster=cluster).exists() == cluster.needs_work
+
+
 @pytest.mark.django_db
 @settings(
     max_examples=20,
@@ -65,6 +79,7 @@ def test_it_ends_all_joined_or_all_released(scenario):
             sim.tick()
             assert_no_host_held_twice(machine_type)
             cluster.refresh_from_db()
+            assert_the_tick_sees_it(cluster)
             settled = not cluster.nodes.filter(
                 holds_host=True, status__in=[Node.Status.FAILED, Node.Status.ENDED]
             ).exists()

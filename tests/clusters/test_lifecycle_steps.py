@@ -335,7 +335,9 @@ def test_it_degrades_a_cluster_whose_software_never_becomes_ready(project, clock
 
 
 def advance_queries(project, size: int, at_seconds: float, *, reports_first: bool) -> int:
-    """Queries of the one `advance` that moves every node of a `size`-node cluster at once."""
+    """Queries of the one `advance` that moves every node of a `size`-node cluster at once;
+    with `reports_first`, of the one write-back that lands every agent's network report and
+    advances the cluster on them (it joins)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -346,10 +348,16 @@ def advance_queries(project, size: int, at_seconds: float, *, reports_first: boo
         cluster = create(project, machine_type, nodes=size)
         sim.run_until(clock, at(at_seconds - 1))
         clock.move_to(at(at_seconds))
-        if reports_first:  # the agents' network reports come in; nobody has looked yet
+        if reports_first:  # the agents' network reports are handed out; nobody has run them
             lifecycle.advance(cluster_id=cluster.pk)
-            for work in sim.dispatcher.work:
-                lifecycle.do_node_work(node_id=work[0], action=work[1], token=work[2])
+            leases = [(node_id, token) for node_id, action, token in sim.dispatcher.work]
+            assert {action for _, action, _ in sim.dispatcher.work} == {"network"}
+            assert len(leases) == size
+            with CaptureQueriesContext(connection) as queries:
+                assert lifecycle.do_work(action="network", leases=leases) == size
+            cluster.refresh_from_db()
+            assert cluster.status == Cluster.Status.READY  # every node joined in this pass
+            return len(queries.captured_queries)
         with CaptureQueriesContext(connection) as queries:
             done = lifecycle.advance(cluster_id=cluster.pk)
     assert len(done) >= size  # every node moved in this one pass

@@ -219,7 +219,10 @@ def test_the_meter_s_baseline_computes_the_meter_s_charge(owner_project):
             name_prefix=f"p{index}",
         )
 
-    changed = set_based_charge(NOW)
+    assert set_based_charge(NOW) == 6  # rolled back: nothing written
+    assert not UsageRecord.objects.filter(charged_until=NOW).exists()
+
+    changed = set_based_charge(NOW, keep=True)
 
     records = list(UsageRecord.objects.all())
     assert changed == 6

@@ -115,7 +115,7 @@ def test_the_pages_work_in_a_browser_under_the_policy(page, owner, pages, tmp_pa
         page.wait_for_load_state("networkidle")
     # htmx (a script file of ours) still swaps: the provisioning cluster's status polls.
     page.goto(pages[2])
-    with page.expect_request(re.compile(r"/clusters/\d+/\?connect=")):
+    with page.expect_request(re.compile(r"/clusters/\d+/\?version=\d+&")):
         pass
     # The bars are drawn: the budget bar's rect is as wide as the share spent.
     page.goto("/billing/environments/")
