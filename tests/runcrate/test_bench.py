@@ -15,7 +15,7 @@ from django.test import Client
 
 from accounts.models import User
 from accounts.projects import create_project
-from billing import ledger
+from billing import balances, ledger
 from billing.benchmarks import add_history, build_billed_clusters, set_based_charge
 from billing.meter import billed_seconds, cost
 from billing.models import LedgerEntry, UsageRecord
@@ -247,6 +247,7 @@ def test_it_inserts_a_ledger_s_history_set_based(owner_project):
     assert lines.filter(period_start=NOW, cluster_id=cluster_ids[0]).exists()
     assert lines.filter(period_start=NOW - timedelta(hours=3), cluster_id=cluster_ids[0]).exists()
     assert ledger.balance(project=owner_project) == Decimal("90.00")
+    assert balances.check({owner_project.pk}) == []  # the running total agrees with the lines
 
 
 @pytest.mark.django_db
