@@ -101,6 +101,16 @@ def test_its_percentiles_are_those_of_the_samples():
     assert timing.p99_ms == pytest.approx(99.01)
 
 
+def test_the_same_allows_a_factor_or_half_a_millisecond():
+    def timing(ms: float) -> bench.Timing:
+        return bench.Timing(samples=[ms / 1000])
+
+    assert bench.same(timing(10), timing(14.9))
+    assert not bench.same(timing(10), timing(15.1))
+    assert bench.same(timing(0.15), timing(0.6))  # sub-millisecond: within 0.5 ms
+    assert not bench.same(timing(0.15), timing(0.7))
+
+
 def test_the_load_generator_sends_fixed_counts_from_processes_of_its_own():
     server = bench.HttpBench()
     try:
