@@ -1,28 +1,33 @@
-"""Provisioning benchmark for `manage.py bench`: many clusters on a fresh inventory with instant
-boot, carried to ready by the reconciler run in this process (no worker, no broker).
+"""Cluster benchmarks for `manage.py bench`, on its throwaway database (they write an
+inventory, projects and clusters, and commit them).
 
-A round is what one beat tick and the workers do between two ticks: advance every cluster the
-tick picks, and run everything that hands off (per-node work, the agents' reports, follow-up
-advances) until the queue is empty. Run it on a throwaway database: it writes an inventory,
-a project and its clusters.
+Provisioning: many clusters on a fresh inventory with instant boot, carried to ready by the
+reconciler run in this process (no worker, no broker). A round is what one beat tick and the
+workers do between two ticks: advance every cluster the tick picks, and run everything that
+hands off (per-node work, the agents' reports, follow-up advances) until the queue is empty.
+
+The tick: the beat's tick task body, run in this process (the bench swaps the broker for an
+in-memory one), over a growing number of ready clusters that have nothing to do.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from decimal import Decimal
 
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import override_settings
+from django.utils import timezone
 
 from accounts.models import SshKey, User
 from accounts.projects import create_project
 from billing import ledger
 from clusters import lifecycle
-from clusters.models import Cluster
+from clusters.models import Cluster, Node
 from offers.models import GpuModel, Host, Location, MachineType
 
 MAX_ROUNDS = 100
@@ -173,3 +178,108 @@ def provision_clusters(*, clusters: int = 100, nodes: int = 8) -> dict:
         "create_queries": creating.queries,
         "create_commits": creating.commits,
     }
+
+
+# --- the tick -----------------------------------------------------------------------------
+
+
+def build_ready_clusters(
+    *, count: int, nodes: int = 2, tag: str = "tick", start: int = 0
+) -> tuple[int, int]:
+    """`count` ready clusters of `nodes` joined machines each (numbered from `start`), by bulk
+    inserts, in a project of their own: what a fleet in service holds, with nothing to do."""
+    project = _tick_project(tag)
+    machine_type = MachineType.objects.filter(slug=f"bench-{tag}-h100x8").first() or _inventory(
+        hosts=0, tag=tag
+    )
+    environment = project.environments.get()
+    now = timezone.now() - timedelta(hours=1)
+    with transaction.atomic():
+        made = Cluster.objects.bulk_create(
+            (
+                Cluster(
+                    project=project,
+                    environment=environment,
+                    name=f"{tag}-{index:06d}",
+                    machine_type=machine_type,
+                    size=nodes,
+                    status=Cluster.Status.READY,
+                    authorized_keys="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchTick bench",
+                    created_at=now,
+                    joined_at=now,
+                    ready_at=now,
+                    give_up_at=now + timedelta(minutes=25),
+                )
+                for index in range(start, start + count)
+            ),
+            batch_size=5000,
+        )
+        Node.objects.bulk_create(
+            (
+                Node(
+                    cluster_id=cluster.pk,
+                    index=index,
+                    status=Node.Status.JOINED,
+                    step=Node.Step.DONE,
+                    reserved_at=now,
+                    heartbeat_at=now + timedelta(minutes=59),
+                )
+                for cluster in made
+                for index in range(nodes)
+            ),
+            batch_size=5000,
+        )
+    return count, count * nodes
+
+
+def _tick_project(tag: str):
+    user = User.objects.filter(email=f"bench-{tag}@runcrate.invalid").first()
+    if user is None:
+        user = User.objects.create(email=f"bench-{tag}@runcrate.invalid")
+        return create_project(owner=user, name=f"Bench {tag}")
+    return user.memberships.get().project
+
+
+def tick_benchmark(
+    *,
+    sizes: Sequence[int] = (2_000, 20_000),
+    runs: int = 30,
+    nodes: int = 2,
+    progress: Callable[[str], None] = lambda message: None,
+) -> list[dict]:
+    """The tick (`clusters.tasks.tick`, its task body in this process) at each number of ready
+    clusters: the time of its SELECTs and of the whole tick (runbench.Timing), its queries."""
+    from clusters.tasks import tick
+    from runcrate.bench import QueryTimer, Timing, settle
+
+    results = []
+    built = 0
+    for size in sizes:
+        progress(f"Building {size:,} ready clusters for the tick…")
+        started = time.perf_counter()
+        build_ready_clusters(count=size - built, nodes=nodes, start=built)
+        built = size
+        settle()
+        build_seconds = time.perf_counter() - started
+        reads, whole = Timing(), Timing()
+        queries = 0
+        tick()  # once untimed, like every figure
+        for _ in range(runs):
+            timer = QueryTimer()
+            with connection.execute_wrapper(timer):
+                started = time.perf_counter()
+                tick()
+                whole.samples.append(time.perf_counter() - started)
+            reads.samples.append(timer.reads_seconds())
+            queries = len(timer.queries)
+        results.append(
+            {
+                "clusters": Cluster.objects.filter(status=Cluster.Status.READY).count(),
+                "nodes": Node.objects.count(),
+                "reads": reads,
+                "tick": whole,
+                "queries": queries,
+                "build_seconds": build_seconds,
+            }
+        )
+    return results
