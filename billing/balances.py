@@ -16,7 +16,7 @@ from django.db.models import F, Sum
 
 from accounts.models import Project
 from billing.models import LedgerEntry, balance_of
-from billing.sql import update_from_values
+from runcrate.sql import update_from_values
 
 ZERO = Decimal("0.00")
 __all__ = ["balance_of", "balances", "check", "move", "repair"]

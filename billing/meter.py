@@ -35,7 +35,7 @@ from django.utils import timezone
 from accounts.models import Project
 from billing import balances
 from billing.models import LedgerEntry, MeterMark, UsageDay, UsageRecord
-from billing.sql import update_from_values  # and the `__among` lookup
+from runcrate.sql import update_from_values  # and the `__among` lookup
 
 HOUR = timedelta(hours=1)
 BATCH_SIZE = 5000  # clusters per transaction (40,000 machines of 8)
@@ -243,9 +243,11 @@ class _Statement:
         # SQLite keeps a datetime as text, 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC: whole seconds
         # from strftime, microseconds from the text, both native (Django's
         # django_timestamp_diff is a Python function, called once a row: most of a meter run).
+        # strftime gets the text without its fraction, which it would round to the millisecond
+        # (…:59.9996 would read as the next second).
         def micros(column: str) -> str:
             return (
-                f"(CAST(strftime('%%s', {column}) AS INTEGER) * 1000000 + CASE WHEN "
+                f"(CAST(strftime('%%s', substr({column}, 1, 19)) AS INTEGER) * 1000000 + CASE WHEN "
                 f"length({column}) > 19 THEN CAST(substr({column}, 21, 6) AS INTEGER) ELSE 0 END)"
             )
 

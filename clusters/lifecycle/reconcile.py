@@ -18,7 +18,6 @@ from clusters import volumes
 from clusters.drivers import get_driver
 from clusters.drivers.base import CheckState, MachineState
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.rows import update_rows
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
@@ -41,6 +40,7 @@ from clusters.lifecycle.rules import (
 )
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.models import Host, MachineType
+from runcrate.sql import update_rows
 
 log = logging.getLogger(__name__)
 

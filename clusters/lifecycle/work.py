@@ -18,9 +18,9 @@ from clusters import connect
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import DriverError
 from clusters.lifecycle.reconcile import advance_locked, read_nodes
-from clusters.lifecycle.rows import update_rows
 from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster
 from clusters.models import Cluster, Node
+from runcrate.sql import update_rows
 
 log = logging.getLogger(__name__)
 

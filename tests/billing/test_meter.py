@@ -47,6 +47,18 @@ def test_it_charges_each_machine_per_second_at_its_hourly_price(db):
         assert record.charged_amount == Decimal("1.00")
 
 
+@pytest.mark.parametrize("fraction", [0, 1, 999_499, 999_500, 999_600, 999_999])
+def test_it_charges_only_whole_seconds_whatever_the_fraction_of_the_last(db, fraction):
+    # 36.00 USD/h is a cent a second: a second too many shows. (SQLite's strftime rounds a
+    # fraction to the millisecond, so …:59.9996 once read as a whole second more.)
+    project = ProjectFactory()
+    bill_cluster(project, size=1, price="36.00", at=T0)
+
+    result = charge_accrued(now=T0 + timedelta(seconds=999, microseconds=fraction))
+
+    assert result.amount == Decimal("9.99")
+
+
 def test_it_changes_nothing_when_run_again_at_the_same_instant(db):
     project = ProjectFactory()
     bill_cluster(project, size=3, price="7.77", at=T0)

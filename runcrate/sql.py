@@ -1,23 +1,29 @@
-"""Set-based writes the ORM has no word for, on PostgreSQL and SQLite alike."""
+"""Set-based writes the ORM has no word for, on PostgreSQL and SQLite alike: the meter's and
+the reconciler's write-backs, and the `__among` lookup."""
+
+from collections.abc import Sequence
 
 from django.db import connection
 from django.db.models import Field, ForeignObject, Lookup, Model
 
 
 def update_from_values(
-    model: type[Model], assignments: dict[str, str], types: tuple[str, ...], rows: list[tuple]
-) -> None:
+    model: type[Model], assignments: dict[str, str], types: Sequence[str], rows: Sequence[tuple]
+) -> int:
     """`UPDATE … SET … FROM` a set of (pk, c1, c2, …): many rows with their own values in one
-    statement, in linear time (Django's bulk_update builds a CASE per row, which takes
-    seconds for a meter's thousands of rows). Expressions name the values `v.c1`, `v.c2`, ….
-    PostgreSQL gets one array per column (`unnest`), SQLite a VALUES list."""
+    statement, in linear time (Django's bulk_update builds a CASE per row and column, which
+    PostgreSQL plans in time that grows with rows × columns: seconds for a meter's thousands of
+    rows). Expressions name the values `v.c1`, `v.c2`, …; `types` are their database types.
+    PostgreSQL gets one array per column (`unnest`), SQLite a VALUES list. Returns the rows
+    updated."""
     if not rows:
-        return
+        return 0
+    meta = model._meta
     quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
+    table = quote(meta.db_table)
     names = ["pk"] + [f"c{index}" for index in range(1, len(types) + 1)]
     if connection.vendor == "postgresql":
-        arrays = ", ".join(f"%s::{kind}[]" for kind in ("bigint", *types))
+        arrays = ", ".join(f"%s::{kind}[]" for kind in (meta.pk.db_type(connection), *types))
         source = f"unnest({arrays}) AS v ({', '.join(names)})"
         params = [list(column) for column in zip(*rows, strict=True)]
     else:
@@ -28,9 +34,29 @@ def update_from_values(
     sets = ", ".join(f"{quote(column)} = {value}" for column, value in assignments.items())
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET {sets} FROM {source} WHERE {table}.{quote('id')} = v.pk",  # noqa: S608 - names are ours, values are parameters
+            f"UPDATE {table} SET {sets} FROM {source} WHERE {table}.{quote(meta.pk.column)} = v.pk",  # noqa: S608 - names are ours, values are parameters
             params,
         )
+        return cursor.rowcount
+
+
+def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
+    """Every row in `rows` (one model) gets its own in-memory values of `fields`, in one
+    statement (`update_from_values`). Returns the rows updated."""
+    if not rows:
+        return 0
+    model = type(rows[0])
+    columns = [model._meta.get_field(name) for name in fields]
+    values = [
+        (row.pk, *(c.get_db_prep_save(getattr(row, c.attname), connection) for c in columns))
+        for row in rows
+    ]
+    return update_from_values(
+        model,
+        {column.column: f"v.c{index}" for index, column in enumerate(columns, 1)},
+        [column.db_type(connection) for column in columns],
+        values,
+    )
 
 
 @ForeignObject.register_lookup
