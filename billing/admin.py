@@ -14,6 +14,7 @@ from django.urls import reverse
 from accounts.models import Project
 from billing import ledger
 from billing.models import LedgerEntry
+from runcrate.admin import ReadOnlyAdmin
 
 
 class CreditForm(forms.Form):
@@ -93,7 +94,7 @@ from billing.models import Payment  # noqa: E402
 
 
 @admin.register(Payment)
-class PaymentAdmin(admin.ModelAdmin):
+class PaymentAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     list_display = (
         "created_at",
         "project",
@@ -109,12 +110,3 @@ class PaymentAdmin(admin.ModelAdmin):
     list_select_related = ("project", "created_by")
     date_hierarchy = "created_at"
     readonly_fields = [field.name for field in Payment._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False

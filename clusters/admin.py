@@ -27,6 +27,7 @@ from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, Vol
 from offers.admin import QuoteRequestAdmin
 from offers.inventory import take_hosts_offline
 from offers.models import MIN_NODES, Host, MachineType, QuoteRequest
+from runcrate.admin import ReadOnlyAdmin
 
 MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
 
@@ -133,7 +134,7 @@ def initial_for(quote: QuoteRequest | None) -> dict:
 # ---- clusters --------------------------------------------------------------------------------
 
 
-class NodeInline(admin.TabularInline):
+class NodeInline(ReadOnlyAdmin, admin.TabularInline):
     """The cluster's nodes as the lifecycle left them: read-only, a step is never set by hand."""
 
     model = Node
@@ -157,15 +158,6 @@ class NodeInline(admin.TabularInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).select_related("host").order_by("index")
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
     @admin.display(description="host")
     def host_link(self, node: Node) -> str:
         if node.host is None:
@@ -174,7 +166,7 @@ class NodeInline(admin.TabularInline):
         return format_html('<a href="{}">{}</a> ({})', url, node.host.name, node.host.state)
 
 
-class EventInline(admin.TabularInline):
+class EventInline(ReadOnlyAdmin, admin.TabularInline):
     """The cluster's history, staff-only events (a failed wipe) included."""
 
     model = Event
@@ -185,15 +177,6 @@ class EventInline(admin.TabularInline):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).select_related("node").order_by("at", "pk")
-
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
 
 class QuotedFilter(admin.SimpleListFilter):
@@ -409,7 +392,7 @@ QuoteRequestAdmin.actions = (*QuoteRequestAdmin.actions, create_quoted_cluster)
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     list_display = ["__str__", "cluster", "project", "status", "step", "host", "host_state"]
     list_filter = [
         "status",
@@ -421,15 +404,6 @@ class NodeAdmin(admin.ModelAdmin):
     ordering = ["-cluster_id", "index"]  # the newest clusters first
     show_full_result_count = False
     actions = ["take_host_offline"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
     def has_offline_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("offers.change_host")
@@ -466,7 +440,7 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Volume)
-class VolumeAdmin(admin.ModelAdmin):
+class VolumeAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     """Volumes are created, attached and deleted by their users (clusters/volumes.py)."""
 
     list_display = [
@@ -483,12 +457,3 @@ class VolumeAdmin(admin.ModelAdmin):
     list_select_related = ["project", "location", "cluster"]
     search_fields = ["name", "project__name"]
     show_full_result_count = False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
