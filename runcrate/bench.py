@@ -1051,8 +1051,8 @@ def tick_section(ctx: Context) -> None:
             f"tick query time the same at {results[0]['clusters']:,} and "
             f"{results[-1]['clusters']:,} ready clusters ({SAME_TEXT})",
             same(results[0]["reads"], results[-1]["reads"]),
-            f"{ratio:.2f}× ({results[0]['reads'].median_ms:.2f} ms against "
-            f"{results[-1]['reads'].median_ms:.2f} ms)",
+            f"{ratio:.2f}× ({results[-1]['reads'].median_ms:.2f} ms against "
+            f"{results[0]['reads'].median_ms:.2f} ms)",
         )
     )
 
