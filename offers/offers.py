@@ -13,14 +13,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 from typing import TypeVar
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import IntegerField, Min, Q
+from django.db.models import IntegerField, Min, Q, TextChoices
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -45,6 +45,12 @@ SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
 CENT = Decimal("0.01")
 
 
+def to_cents(amount: Decimal) -> Decimal:
+    """An exact amount rounded half up to the cent, for pages that print it (a price per
+    GPU-hour is exact to five places: a machine price in cents over 1, 2, 4 or 8 GPUs)."""
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
 @dataclass(frozen=True)
 class OfferLocation:
     """The location of a listed offer, as the picker and the API show it."""
@@ -59,6 +65,7 @@ class OfferLocation:
 class OfferGpu:
     slug: str
     name: str
+    memory_gib: int
 
 
 @dataclass(frozen=True)
@@ -139,10 +146,44 @@ class Offer:
         return self.machine_type.price_per_hour * self.nodes
 
     @property
+    def gpus_total(self) -> int:
+        """Every GPU of the cluster: machines × GPUs per machine."""
+        return self.machine_type.gpus_per_machine * self.nodes
+
+    @property
+    def gpu_memory_total_gib(self) -> int:
+        return self.machine_type.gpu.memory_gib * self.gpus_total
+
+    @property
+    def price_per_gpu_hour(self) -> Decimal:
+        """One GPU for an hour, exact: the machine price over its GPUs (the same as the cluster
+        price over every GPU). Sorting compares this; pages print `price_per_gpu_hour_shown`."""
+        return self.machine_type.price_per_hour / self.machine_type.gpus_per_machine
+
+    @property
+    def price_per_gpu_hour_shown(self) -> Decimal:
+        return to_cents(self.price_per_gpu_hour)
+
+    @property
     def software(self) -> list[str]:
         return [
             s for s in SOFTWARE_ALL if s != "kubernetes" or self.machine_type.supports_kubernetes
         ]
+
+
+def same_shape_first(offers: list[Offer], *, like: MachineType | OfferMachineType) -> list[Offer]:
+    """`offers` with the machines shaped like `like` first (as many GPUs per machine, the same
+    kind), then those with as many GPUs of another kind, then the rest; each group keeps its
+    order. What a failed cluster's page offers instead."""
+
+    def differs(offer: Offer) -> tuple[bool, bool]:
+        other = offer.machine_type
+        return (
+            other.gpus_per_machine != like.gpus_per_machine,
+            other.machine_kind != like.machine_kind,
+        )
+
+    return sorted(offers, key=differs)
 
 
 def valid_size(nodes: int) -> bool:
@@ -184,6 +225,39 @@ def sort_key(offer: Offer) -> tuple:
     )
 
 
+def gpu_hour_sort_key(offer: Offer) -> tuple:
+    """Available offers first, then by exact price per GPU-hour, then as `sort_key`."""
+    return (not offer.is_available, offer.price_per_gpu_hour, *sort_key(offer)[1:])
+
+
+class SortBy(TextChoices):
+    """The orders of the offers (the picker's and the API's `sort`); `price` is the default."""
+
+    PRICE = "price", "Cluster price"
+    PRICE_PER_GPU_HOUR = "price_per_gpu_hour", "Price per GPU-hour"
+
+
+SORT_KEYS: dict[SortBy, Callable[[Offer], tuple]] = {
+    SortBy.PRICE: sort_key,
+    SortBy.PRICE_PER_GPU_HOUR: gpu_hour_sort_key,
+}
+GPUS_PER_MACHINE = (1, 2, 4, 8)
+
+
+def narrow_offers(
+    offers: list[Offer], *, sort: SortBy = SortBy.PRICE, gpus_per_machine: int | None = None
+) -> list[Offer]:
+    """`offers` (a cached list, in the default order) with only the machines of
+    `gpus_per_machine` GPUs when given, in the order `sort` names. In Python, on the cached
+    list: sorting and filtering cost no query and share the cache entry."""
+    kept = [
+        o
+        for o in offers
+        if gpus_per_machine is None or o.machine_type.gpus_per_machine == gpus_per_machine
+    ]
+    return kept if sort is SortBy.PRICE else sorted(kept, key=SORT_KEYS[sort])
+
+
 _ROW = (
     "pk",
     "slug",
@@ -198,6 +272,7 @@ _ROW = (
     "location__capacity_reporting",
     "gpu__slug",
     "gpu__name",
+    "gpu__memory_gib",
 )
 
 
@@ -216,7 +291,9 @@ def _listed(row: dict) -> OfferMachineType:
             country=row["location__country"],
             capacity_reporting=row["location__capacity_reporting"],
         ),
-        gpu=OfferGpu(slug=row["gpu__slug"], name=row["gpu__name"]),
+        gpu=OfferGpu(
+            slug=row["gpu__slug"], name=row["gpu__name"], memory_gib=row["gpu__memory_gib"]
+        ),
     )
 
 
@@ -263,6 +340,13 @@ class GpuCard:
     lowest_machine_price: Decimal | None
     gpu_counts: tuple[int, ...]
     community_only: bool
+    lowest_price_per_gpu_hour: Decimal | None = None
+
+    @property
+    def lowest_price_per_gpu_hour_shown(self) -> Decimal | None:
+        if self.lowest_price_per_gpu_hour is None:
+            return None
+        return to_cents(self.lowest_price_per_gpu_hour)
 
     @property
     def has_offers(self) -> bool:
@@ -323,6 +407,11 @@ def gpu_cards(*, include_community: bool) -> list[GpuCard]:
                 lowest_machine_price=min((price for _, _, price in shown), default=None),
                 gpu_counts=tuple(sorted({count for count, _, _ in shown})),
                 community_only=bool(options) and all(community for _, community, _ in options),
+                # Grouped by GPUs per machine, so each group's lowest machine price over its
+                # GPUs is that group's lowest per GPU-hour: exact, no query of its own.
+                lowest_price_per_gpu_hour=min(
+                    (price / count for count, _, price in shown), default=None
+                ),
             )
         )
     return cards

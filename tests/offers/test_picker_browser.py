@@ -61,7 +61,9 @@ def test_it_swaps_the_offers_in_place_as_choices_change(page, owner, inventory):
         ("h100-bool", "reserved_ahead"),
     ]
     assert page.locator("#offers .community-note").is_visible()
-    assert page.locator("#gpu-facts-h100-sxm").inner_text().startswith("from $1.20/h")
+    facts = page.locator("#gpu-facts-h100-sxm").inner_text()
+    assert facts.startswith("from $0.15 per GPU-hour")  # $1.20 over 8 GPUs
+    assert "from $1.20/h per machine" in facts
 
     assert page.evaluate("window.__marker") == 1  # the same document: no page load
     assert re.search(r"[?&]community=1(&|$)", page.url)
