@@ -12,6 +12,7 @@ from offers.offers import (
     CACHEABLE_SLUG,
     GPUS_PER_MACHINE,
     Offer,
+    OfferTrackRecord,
     SortBy,
     cached,
     cards_key,
@@ -97,6 +98,31 @@ def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
     return list_envelope(data, count=len(data), include_community=include_community)
 
 
+class TrackRecordOut(Schema):
+    clusters: int = Field(
+        description="Clusters of this machine type created in the last 30 days that became "
+        "ready or failed before ready (those terminated or stopped before either, and those "
+        "still starting, are not counted)."
+    )
+    started: int = Field(description="Of those, the ones that became ready.")
+    started_share: float = Field(description="started / clusters, 0 to 1, to four places.")
+    ready_median_seconds: int | None = Field(
+        description="The median time from create to ready, whole seconds; null if none started."
+    )
+    ready_p95_seconds: int | None = Field(
+        description="The 95th percentile (nearest rank) of the time to ready, whole seconds."
+    )
+    failures_by_step: dict[str, int] = Field(
+        description="Clusters that failed before ready, by the step they failed at (running, "
+        "agent, network, install)."
+    )
+    bandwidth_median_mbit: float | None = Field(
+        description="The median bandwidth between machines (each node to node-0) in the "
+        "clusters' acceptance reports, Mbit/s; null until there are any."
+    )
+    computed_at: str
+
+
 class OfferOut(Schema):
     id: str = Field(description="The machine type's slug; pass it as `offer` to create.")
     gpu: str
@@ -120,6 +146,10 @@ class OfferOut(Schema):
     max_nodes: int
     availability: str = Field(description="available, not_in_stock or reserved_ahead")
     software: list[str]
+    track_record: TrackRecordOut | None = Field(
+        description="How this machine type's clusters started over the last 30 days; null "
+        "below RUNCRATE_TRACK_RECORD_MIN_CLUSTERS clusters (5 by default)."
+    )
 
 
 class OfferListMeta(Schema):
@@ -156,6 +186,22 @@ def offer_json(offer: Offer) -> dict:
         "max_nodes": offer.max_nodes,
         "availability": offer.availability.value,
         "software": offer.software,
+        "track_record": track_record_json(offer.track_record),
+    }
+
+
+def track_record_json(record: OfferTrackRecord | None) -> dict | None:
+    if record is None:
+        return None
+    return {
+        "clusters": record.clusters,
+        "started": record.started,
+        "started_share": float(record.started_share),
+        "ready_median_seconds": record.ready_median_seconds,
+        "ready_p95_seconds": record.ready_p95_seconds,
+        "failures_by_step": record.failures_by_step,
+        "bandwidth_median_mbit": record.bandwidth_median_mbit,
+        "computed_at": utc_str(record.computed_at),
     }
 
 

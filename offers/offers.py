@@ -11,8 +11,8 @@ import math
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 from typing import TypeVar
@@ -101,10 +101,70 @@ class OfferMachineType:
 
 
 @dataclass(frozen=True)
+class OfferTrackRecord:
+    """A machine type's track record as the offers show it (docs/offers.md, "Track record"):
+    read from its `TrackRecord` row in the offers' own query, only from the minimum number of
+    clusters on."""
+
+    clusters: int
+    started: int
+    ready_median_seconds: int | None
+    ready_p95_seconds: int | None
+    failures_by_step: dict[str, int]
+    bandwidth_median_mbit: float | None
+    computed_at: datetime
+
+    @property
+    def started_share(self) -> Decimal:
+        """The share of the clusters that became ready, exact to four places (half up)."""
+        return (Decimal(self.started) / self.clusters).quantize(
+            Decimal("0.0001"), rounding=ROUND_HALF_UP
+        )
+
+    @property
+    def started_percent(self) -> int:
+        """The whole percent that started, rounded down: 199 of 200 reads 99%, never 100%."""
+        return self.started * 100 // self.clusters
+
+    @property
+    def ready_minutes(self) -> int | None:
+        """The median time to ready in whole minutes (half up), or None: nothing started."""
+        if self.ready_median_seconds is None:
+            return None
+        return (self.ready_median_seconds + 30) // 60
+
+    @property
+    def ready_p95_minutes(self) -> int | None:
+        if self.ready_p95_seconds is None:
+            return None
+        return (self.ready_p95_seconds + 30) // 60
+
+
+_TRACK_RECORD_FIELDS = (
+    "clusters",
+    "started",
+    "ready_median_seconds",
+    "ready_p95_seconds",
+    "failures_by_step",
+    "bandwidth_median_mbit",
+    "computed_at",
+)
+
+
+def _track_record(values: dict) -> OfferTrackRecord | None:
+    """The track record from a row's values, or None without a row or below the minimum."""
+    clusters = values["clusters"]
+    if clusters is None or clusters < settings.RUNCRATE_TRACK_RECORD_MIN_CLUSTERS:
+        return None
+    return OfferTrackRecord(**values)
+
+
+@dataclass(frozen=True)
 class Offer:
     machine_type: MachineType | OfferMachineType
     nodes: int
     free_hosts: int
+    track_record: OfferTrackRecord | None = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -273,6 +333,8 @@ _ROW = (
     "gpu__slug",
     "gpu__name",
     "gpu__memory_gib",
+    # The track record rides on the same query: a left join of its one row per machine type.
+    *(f"track_record__{name}" for name in _TRACK_RECORD_FIELDS),
 )
 
 
@@ -298,7 +360,8 @@ def _listed(row: dict) -> OfferMachineType:
 
 
 def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> list[Offer]:
-    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order, read fresh.
+    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order, read fresh,
+    each with its machine type's track record (or None) from the same query.
 
     `gpu` is a GPU model or its slug; with a slug nothing tells an unknown GPU from one with
     no offers (both give []), which spares the API a query on its hot path. The rows are read
@@ -312,7 +375,15 @@ def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> 
         machine_types = machine_types.filter(community=False)
     rows = machine_types.annotate(free_hosts=_free_hosts()).order_by().values(*_ROW, "free_hosts")
     offers = [
-        Offer(machine_type=_listed(row), nodes=nodes, free_hosts=row["free_hosts"]) for row in rows
+        Offer(
+            machine_type=_listed(row),
+            nodes=nodes,
+            free_hosts=row["free_hosts"],
+            track_record=_track_record(
+                {name: row[f"track_record__{name}"] for name in _TRACK_RECORD_FIELDS}
+            ),
+        )
+        for row in rows
     ]
     return sorted(offers, key=sort_key)
 

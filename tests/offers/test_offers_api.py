@@ -67,6 +67,7 @@ def test_it_describes_each_offer_exactly(owner, h100):
                 "max_nodes": 12,
                 "availability": "available",
                 "software": ["none", "slurm", "kubernetes", "ray"],
+                "track_record": None,
             }
         ],
         "meta": {
