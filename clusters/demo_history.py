@@ -55,7 +55,7 @@ def seed_demo_history(*, now: datetime | None = None, per_type: int = 8) -> int:
         for index in range(per_type):
             created = now - timedelta(days=rng.uniform(0.5, 28))
             nodes = rng.choice([2, 2, 4, 8])
-            failure = FAILURES[rng.randrange(len(FAILURES))] if rng.random() < 0.08 else None
+            failure = FAILURES[rng.randrange(len(FAILURES))] if rng.random() < 0.06 else None
             ready = created + timedelta(
                 seconds=machine_type.boot_seconds + rng.randint(90, 420) + 10 * nodes
             )
