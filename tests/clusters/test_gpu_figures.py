@@ -5,8 +5,10 @@ import re
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from clusters.models import Cluster, Event, Node
+from offers.models import MachineType, TrackRecord
 from tests.clusters.front import credit, machine_type_with_hosts
 from tests.factories import ClusterFactory, GpuModelFactory, LocationFactory
 
@@ -92,9 +94,19 @@ def test_it_offers_the_same_machine_shape_first_and_says_when_one_differs(owner)
         failure_message="node-0 did not come up.",
     )
 
+    TrackRecord.objects.create(
+        machine_type=MachineType.objects.get(slug="eight-bm"),
+        clusters=40,
+        started=39,
+        ready_median_seconds=660,
+        computed_at=timezone.now(),
+    )
+
     html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
 
     assert alternative_rows(html) == ["eight-bm", "eight-vm", "four-vm"]
+    assert "ready in about 11 min · 97% started" in row_of(html, "eight-bm")
+    assert "no track record yet" in row_of(html, "eight-vm")
     same = row_of(html, "eight-bm")
     assert "Same machines as this cluster" in same
     assert "24 GPUs in all · 1,920 GiB GPU memory" in same
