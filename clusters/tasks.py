@@ -7,7 +7,7 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 from celery import shared_task
 from django.core.cache import cache
 
-from clusters import idempotency, lifecycle
+from clusters import idempotency, lifecycle, track_record
 from runcrate.models import Beat
 
 
@@ -60,3 +60,9 @@ def network_test(cluster_id: int, token: str) -> bool:
     """Measure a cluster's private network; does nothing unless `token` is still its running
     test's, so a second delivery writes nothing."""
     return lifecycle.do_network_test(cluster_id=cluster_id, token=token)
+
+
+@shared_task(name="clusters.tasks.refresh_track_records", ignore_result=True)
+def refresh_track_records() -> int:
+    """Recompute every machine type's track record from the last 30 days of events."""
+    return track_record.refresh_track_records()

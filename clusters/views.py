@@ -20,6 +20,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -33,8 +34,8 @@ from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
 from clusters.models import Cluster, Event, Node, Volume
-from offers.models import MAX_NODES, MIN_NODES, Location
-from offers.offers import Offer, get_offer, list_offers
+from offers.models import MAX_NODES, MIN_NODES, Location, MachineType
+from offers.offers import Offer, get_offer, list_offers, same_shape_first
 from offers.quotes import quotes_for
 
 CLUSTERS_PER_PAGE = 50
@@ -527,12 +528,33 @@ def _detail_context(cluster: Cluster) -> dict:
             gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
         )
         context["offers_now"] = [
-            {"offer": offer, "create_url": _create_again_url(cluster, offer=offer.id)}
-            for offer in offers
-            if offer.is_available
+            {
+                "offer": offer,
+                "create_url": _create_again_url(cluster, offer=offer.id),
+                "other_shape": _other_shape(offer, machine_type),
+            }
+            for offer in same_shape_first([o for o in offers if o.is_available], like=machine_type)
         ]
     context["poll_url"] = _poll_url(cluster, nodes, context["connect_version"], now)
     return context
+
+
+def _other_shape(offer: Offer, machine_type: MachineType) -> str:
+    """How an alternative's machines differ from the failed cluster's, as the page says it
+    (GPUs per machine, then kind), or "" for the same shape."""
+    other = offer.machine_type
+    changes = []
+    if other.gpus_per_machine != machine_type.gpus_per_machine:
+        changes.append(
+            f"{other.gpus_per_machine} GPU{pluralize(other.gpus_per_machine)} per machine, "
+            f"not {machine_type.gpus_per_machine}"
+        )
+    if other.machine_kind != machine_type.machine_kind:
+        changes.append(
+            f"{other.get_machine_kind_display().lower()}, not "
+            f"{machine_type.get_machine_kind_display().lower()}"
+        )
+    return "; ".join(changes)
 
 
 def _with_every_row(context: dict) -> dict:

@@ -21,8 +21,9 @@ from offers.inventory import (
     take_hosts_offline,
     why_fixed_while_serving,
 )
-from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest
+from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest, TrackRecord
 from offers.offers import inventory_changed
+from runcrate.admin import ReadOnlyAdmin
 
 
 def _sentence(problem: str) -> str:
@@ -331,3 +332,23 @@ class QuoteRequestAdmin(admin.ModelAdmin):
     @admin.action(description="Mark lost")
     def mark_lost(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._set_status(request, queryset, QuoteRequest.Status.LOST)
+
+
+@admin.register(TrackRecord)
+class TrackRecordAdmin(ReadOnlyAdmin, admin.ModelAdmin):
+    """What the offers show of each machine type's last 30 days, as the beat last computed it
+    (clusters/track_record.py); staff read it, `manage.py refresh_track_records` redoes it."""
+
+    list_display = [
+        "machine_type",
+        "clusters",
+        "started",
+        "withdrawn",
+        "ready_median_seconds",
+        "ready_p95_seconds",
+        "failures_by_step",
+        "bandwidth_median_mbit",
+        "computed_at",
+    ]
+    list_select_related = ["machine_type"]
+    search_fields = ["machine_type__slug"]

@@ -8,7 +8,18 @@ from ninja import Field, Router, Schema, Status
 
 from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
-from offers.offers import CACHEABLE_SLUG, Offer, cached, cards_key, gpu_cards, list_offers
+from offers.offers import (
+    CACHEABLE_SLUG,
+    GPUS_PER_MACHINE,
+    Offer,
+    OfferTrackRecord,
+    SortBy,
+    cached,
+    cards_key,
+    gpu_cards,
+    list_offers,
+    narrow_offers,
+)
 from offers.quotes import (
     NAME_MAX_LENGTH,
     NOTES_MAX_LENGTH,
@@ -19,7 +30,16 @@ from offers.quotes import (
     quotes_for,
     request_quote,
 )
-from runcrate.api import ApiError, ErrorOut, Scope, list_envelope, money_str, needs, utc_str
+from runcrate.api import (
+    ApiError,
+    ErrorOut,
+    Scope,
+    exact_money_str,
+    list_envelope,
+    money_str,
+    needs,
+    utc_str,
+)
 
 router = Router(tags=["offers"])
 
@@ -35,6 +55,10 @@ class GpuOut(Schema):
         description="The lowest self-serve price of one machine, USD per hour; null when none."
     )
     gpu_counts: list[int] = Field(description="GPUs per machine on offer, ascending.")
+    lowest_price_per_gpu_hour: str | None = Field(
+        description="The lowest self-serve price of one GPU, USD per GPU-hour (a machine's "
+        "price over its GPUs), exact: at least 2 decimals, up to 5; null when none."
+    )
 
 
 class GpuListMeta(Schema):
@@ -67,10 +91,36 @@ def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
             "memory_gib": card.gpu.memory_gib,
             "lowest_machine_price_per_hour": money_str(card.lowest_machine_price),
             "gpu_counts": list(card.gpu_counts),
+            "lowest_price_per_gpu_hour": exact_money_str(card.lowest_price_per_gpu_hour),
         }
         for card in cards
     ]
     return list_envelope(data, count=len(data), include_community=include_community)
+
+
+class TrackRecordOut(Schema):
+    clusters: int = Field(
+        description="Clusters of this machine type created in the last 30 days that became "
+        "ready or failed before ready (those terminated or stopped before either, and those "
+        "still starting, are not counted)."
+    )
+    started: int = Field(description="Of those, the ones that became ready.")
+    started_share: float = Field(description="started / clusters, 0 to 1, to four places.")
+    ready_median_seconds: int | None = Field(
+        description="The median time from create to ready, whole seconds; null if none started."
+    )
+    ready_p95_seconds: int | None = Field(
+        description="The 95th percentile (nearest rank) of the time to ready, whole seconds."
+    )
+    failures_by_step: dict[str, int] = Field(
+        description="Clusters that failed before ready, by the step they failed at (running, "
+        "agent, network, install)."
+    )
+    bandwidth_median_mbit: float | None = Field(
+        description="The median bandwidth between machines (each node to node-0) in the "
+        "clusters' acceptance reports, Mbit/s; null until there are any."
+    )
+    computed_at: str
 
 
 class OfferOut(Schema):
@@ -83,6 +133,12 @@ class OfferOut(Schema):
     community: bool
     machine_price_per_hour: str
     price_per_hour: str = Field(description="The whole cluster: machine price × nodes.")
+    gpus_total: int = Field(description="Every GPU of the cluster: nodes × gpus_per_machine.")
+    gpu_memory_total_gib: int = Field(description="GPU memory in all: gpus_total × the GPU's GiB.")
+    price_per_gpu_hour: str = Field(
+        description="One GPU for an hour: machine_price_per_hour / gpus_per_machine, USD, exact "
+        "(at least 2 decimals, up to 5, e.g. 0.31125); pages show it rounded half up to the cent."
+    )
     nodes_available: int | None = Field(
         description="Free machines where the location counts them; null where it only says "
         "whether it has some."
@@ -90,6 +146,10 @@ class OfferOut(Schema):
     max_nodes: int
     availability: str = Field(description="available, not_in_stock or reserved_ahead")
     software: list[str]
+    track_record: TrackRecordOut | None = Field(
+        description="How this machine type's clusters started over the last 30 days; null "
+        "below RUNCRATE_TRACK_RECORD_MIN_CLUSTERS clusters (5 by default)."
+    )
 
 
 class OfferListMeta(Schema):
@@ -97,6 +157,8 @@ class OfferListMeta(Schema):
     gpu: str
     nodes: int
     include_community: bool
+    sort: str
+    gpus_per_machine: int | None
 
 
 class OfferList(Schema):
@@ -117,10 +179,29 @@ def offer_json(offer: Offer) -> dict:
         "community": machine_type.community,
         "machine_price_per_hour": money_str(offer.machine_price_per_hour),
         "price_per_hour": money_str(offer.price_per_hour),
+        "gpus_total": offer.gpus_total,
+        "gpu_memory_total_gib": offer.gpu_memory_total_gib,
+        "price_per_gpu_hour": exact_money_str(offer.price_per_gpu_hour),
         "nodes_available": offer.nodes_available,
         "max_nodes": offer.max_nodes,
         "availability": offer.availability.value,
         "software": offer.software,
+        "track_record": track_record_json(offer.track_record),
+    }
+
+
+def track_record_json(record: OfferTrackRecord | None) -> dict | None:
+    if record is None:
+        return None
+    return {
+        "clusters": record.clusters,
+        "started": record.started,
+        "started_share": float(record.started_share),
+        "ready_median_seconds": record.ready_median_seconds,
+        "ready_p95_seconds": record.ready_p95_seconds,
+        "failures_by_step": record.failures_by_step,
+        "bandwidth_median_mbit": record.bandwidth_median_mbit,
+        "computed_at": utc_str(record.computed_at),
     }
 
 
@@ -141,13 +222,47 @@ def _parse_nodes(raw: str | None) -> int:
     return nodes
 
 
-def _offers_body(*, gpu: str, nodes: int, include_community: bool) -> bytes | None:
-    """The answer's body, or None for an unknown GPU."""
-    found = list_offers(gpu=gpu, nodes=nodes, include_community=include_community)
-    if not found and not GpuModel.objects.filter(slug=gpu).exists():
+def _parse_sort(raw: str | None) -> SortBy:
+    if raw is None or not raw.strip():
+        return SortBy.PRICE
+    if raw.strip() not in SortBy.values:
+        raise ApiError(
+            422,
+            "invalid_sort",
+            f"sort must be {' or '.join(SortBy.values)}; got '{raw[:40]}'.",
+        )
+    return SortBy(raw.strip())
+
+
+def _parse_gpus_per_machine(raw: str | None) -> int | None:
+    if raw is None or not raw.strip():
         return None
+    if raw.strip() not in {str(n) for n in GPUS_PER_MACHINE}:
+        raise ApiError(
+            422,
+            "invalid_gpus_per_machine",
+            f"gpus_per_machine must be 1, 2, 4 or 8; got '{raw[:40]}'.",
+        )
+    return int(raw)
+
+
+def _offers_body(
+    *, gpu: str, nodes: int, include_community: bool, sort: SortBy, gpus_per_machine: int | None
+) -> bytes | None:
+    """The answer's body, or None for an unknown GPU."""
+    every = list_offers(gpu=gpu, nodes=nodes, include_community=include_community)
+    if not every and not GpuModel.objects.filter(slug=gpu).exists():
+        return None
+    found = narrow_offers(every, sort=sort, gpus_per_machine=gpus_per_machine)
     data = [offer_json(offer) for offer in found]
-    meta = {"count": len(data), "gpu": gpu, "nodes": nodes, "include_community": include_community}
+    meta = {
+        "count": len(data),
+        "gpu": gpu,
+        "nodes": nodes,
+        "include_community": include_community,
+        "sort": sort.value,
+        "gpus_per_machine": gpus_per_machine,
+    }
     return json.dumps(list_envelope(data, **meta)).encode()
 
 
@@ -162,19 +277,32 @@ def offers(
     gpu: str,
     nodes: str | None = None,
     include_community: bool = False,
+    sort: str | None = None,
+    gpus_per_machine: str | None = None,
 ) -> HttpResponse:
     """The offers that can start `nodes` machines of `gpu` now, available first, then by
-    cluster price, then location. `nodes` is 2 to 64. The answer may be one tick (about 2 s)
-    old; creating a cluster checks the offer again."""
+    cluster price (`sort=price`, the default) or by price per GPU-hour
+    (`sort=price_per_gpu_hour`), then location; `gpus_per_machine` (1, 2, 4 or 8) keeps only
+    those machines. `nodes` is 2 to 64. The answer may be one tick (about 2 s) old; creating a
+    cluster checks the offer again."""
     size = _parse_nodes(nodes)
+    order = _parse_sort(sort)
+    gpus = _parse_gpus_per_machine(gpus_per_machine)
 
     def compute() -> bytes | None:
-        return _offers_body(gpu=gpu, nodes=size, include_community=include_community)
+        return _offers_body(
+            gpu=gpu,
+            nodes=size,
+            include_community=include_community,
+            sort=order,
+            gpus_per_machine=gpus,
+        )
 
     # The hot path of the API: the body is built to OfferList's shape (a test holds it to the
-    # schema), kept for a tick per GPU, size and community choice, and sent as it was kept.
+    # schema), kept for a tick per GPU, size, community choice, order and filter, and sent as
+    # it was kept.
     if CACHEABLE_SLUG.fullmatch(gpu):
-        body = cached(f"api:{gpu}:{size}:{int(include_community)}", compute)
+        body = cached(f"api:{gpu}:{size}:{int(include_community)}:{order}:{gpus or 0}", compute)
     else:
         body = compute()
     if body is None:

@@ -5,6 +5,7 @@ from django.http import QueryDict
 from django.utils import timezone
 
 from offers.models import MAX_NODES, MIN_NODES, GpuModel, Location, MachineType
+from offers.offers import GPUS_PER_MACHINE, SortBy
 from offers.quotes import (
     NAME_MAX_LENGTH,
     NOTES_MAX_LENGTH,
@@ -47,7 +48,9 @@ class FlagInput(forms.CheckboxInput):
 
 
 class PickerForm(forms.Form):
-    """The picker's GET query: `?gpu=&nodes=&community=1`. Every field may be left out."""
+    """The picker's GET query: `?gpu=&nodes=&community=1&sort=&gpus=`. Every field may be left
+    out; a bad `sort` or `gpus` is named beside its control and the offers show unsorted or
+    unfiltered (`sort_by`, `gpus_per_machine`)."""
 
     gpu = forms.CharField(required=False)  # any text: an unknown one is named, not rejected
     nodes = forms.IntegerField(
@@ -63,9 +66,40 @@ class PickerForm(forms.Form):
         },
     )
     community = forms.BooleanField(required=False, widget=FlagInput)
+    sort = forms.CharField(required=False)
+    gpus = forms.CharField(required=False)
 
     def clean_nodes(self) -> int:
         return self.cleaned_data["nodes"] or DEFAULT_NODES
+
+    def clean_sort(self) -> SortBy:
+        raw = self.cleaned_data["sort"].strip()
+        if not raw:
+            return SortBy.PRICE
+        if raw not in SortBy.values:
+            raise forms.ValidationError(
+                f"There is no sort '{raw[:40]}': sort by cluster price (price) or by price per "
+                "GPU-hour (price_per_gpu_hour). Showing the offers by cluster price."
+            )
+        return SortBy(raw)
+
+    def clean_gpus(self) -> int | None:
+        raw = self.cleaned_data["gpus"].strip()
+        if not raw:
+            return None
+        if raw not in {str(n) for n in GPUS_PER_MACHINE}:
+            raise forms.ValidationError(
+                f"Machines have 1, 2, 4 or 8 GPUs, not '{raw[:40]}'. Showing every machine."
+            )
+        return int(raw)
+
+    @property
+    def sort_by(self) -> SortBy:
+        return self.cleaned_data.get("sort") or SortBy.PRICE
+
+    @property
+    def gpus_per_machine(self) -> int | None:
+        return self.cleaned_data.get("gpus")
 
 
 def _gpu_choices() -> list[tuple[str, str]]:

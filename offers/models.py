@@ -208,3 +208,40 @@ class QuoteRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.nodes} × {self.gpu} ({self.get_status_display()})"
+
+
+# How far back a track record looks, in days (docs/offers.md, "Track record").
+TRACK_RECORD_DAYS = 30
+
+
+class TrackRecord(models.Model):
+    """How a machine type's clusters started over the last `TRACK_RECORD_DAYS` days, from the
+    clusters' own events. Written by `clusters.track_record.refresh_track_records` (offers sits
+    below clusters and never reads them); read with the offers in the same query, and shown
+    only from `RUNCRATE_TRACK_RECORD_MIN_CLUSTERS` clusters on."""
+
+    machine_type = models.OneToOneField(
+        MachineType, primary_key=True, on_delete=models.CASCADE, related_name="track_record"
+    )
+    clusters = models.PositiveIntegerField(
+        help_text="Clusters created in the window that became ready or failed before ready."
+    )
+    started = models.PositiveIntegerField(help_text="Of those, the ones that became ready.")
+    withdrawn = models.PositiveIntegerField(
+        default=0,
+        help_text="Terminated or stopped before ready without a failure: not counted.",
+    )
+    ready_median_seconds = models.PositiveIntegerField(null=True, blank=True)
+    ready_p95_seconds = models.PositiveIntegerField(null=True, blank=True)
+    failures_by_step = models.JSONField(
+        default=dict, blank=True, help_text="Step -> clusters that failed at it before ready."
+    )
+    bandwidth_median_mbit = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The median bandwidth to node-0 in the acceptance reports; null without any.",
+    )
+    computed_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"track record of {self.machine_type_id}"

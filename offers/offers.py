@@ -11,16 +11,16 @@ import math
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
-from decimal import Decimal
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 from typing import TypeVar
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import IntegerField, Min, Q
+from django.db.models import IntegerField, Min, Q, TextChoices
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -45,6 +45,12 @@ SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
 CENT = Decimal("0.01")
 
 
+def to_cents(amount: Decimal) -> Decimal:
+    """An exact amount rounded half up to the cent, for pages that print it (a price per
+    GPU-hour is exact to five places: a machine price in cents over 1, 2, 4 or 8 GPUs)."""
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
 @dataclass(frozen=True)
 class OfferLocation:
     """The location of a listed offer, as the picker and the API show it."""
@@ -59,6 +65,7 @@ class OfferLocation:
 class OfferGpu:
     slug: str
     name: str
+    memory_gib: int
 
 
 @dataclass(frozen=True)
@@ -94,10 +101,70 @@ class OfferMachineType:
 
 
 @dataclass(frozen=True)
+class OfferTrackRecord:
+    """A machine type's track record as the offers show it (docs/offers.md, "Track record"):
+    read from its `TrackRecord` row in the offers' own query, only from the minimum number of
+    clusters on."""
+
+    clusters: int
+    started: int
+    ready_median_seconds: int | None
+    ready_p95_seconds: int | None
+    failures_by_step: dict[str, int]
+    bandwidth_median_mbit: float | None
+    computed_at: datetime
+
+    @property
+    def started_share(self) -> Decimal:
+        """The share of the clusters that became ready, exact to four places (half up)."""
+        return (Decimal(self.started) / self.clusters).quantize(
+            Decimal("0.0001"), rounding=ROUND_HALF_UP
+        )
+
+    @property
+    def started_percent(self) -> int:
+        """The whole percent that started, rounded down: 199 of 200 reads 99%, never 100%."""
+        return self.started * 100 // self.clusters
+
+    @property
+    def ready_minutes(self) -> int | None:
+        """The median time to ready in whole minutes (half up), or None: nothing started."""
+        if self.ready_median_seconds is None:
+            return None
+        return (self.ready_median_seconds + 30) // 60
+
+    @property
+    def ready_p95_minutes(self) -> int | None:
+        if self.ready_p95_seconds is None:
+            return None
+        return (self.ready_p95_seconds + 30) // 60
+
+
+_TRACK_RECORD_FIELDS = (
+    "clusters",
+    "started",
+    "ready_median_seconds",
+    "ready_p95_seconds",
+    "failures_by_step",
+    "bandwidth_median_mbit",
+    "computed_at",
+)
+
+
+def _track_record(values: dict) -> OfferTrackRecord | None:
+    """The track record from a row's values, or None without a row or below the minimum."""
+    clusters = values["clusters"]
+    if clusters is None or clusters < settings.RUNCRATE_TRACK_RECORD_MIN_CLUSTERS:
+        return None
+    return OfferTrackRecord(**values)
+
+
+@dataclass(frozen=True)
 class Offer:
     machine_type: MachineType | OfferMachineType
     nodes: int
     free_hosts: int
+    track_record: OfferTrackRecord | None = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -139,10 +206,44 @@ class Offer:
         return self.machine_type.price_per_hour * self.nodes
 
     @property
+    def gpus_total(self) -> int:
+        """Every GPU of the cluster: machines × GPUs per machine."""
+        return self.machine_type.gpus_per_machine * self.nodes
+
+    @property
+    def gpu_memory_total_gib(self) -> int:
+        return self.machine_type.gpu.memory_gib * self.gpus_total
+
+    @property
+    def price_per_gpu_hour(self) -> Decimal:
+        """One GPU for an hour, exact: the machine price over its GPUs (the same as the cluster
+        price over every GPU). Sorting compares this; pages print `price_per_gpu_hour_shown`."""
+        return self.machine_type.price_per_hour / self.machine_type.gpus_per_machine
+
+    @property
+    def price_per_gpu_hour_shown(self) -> Decimal:
+        return to_cents(self.price_per_gpu_hour)
+
+    @property
     def software(self) -> list[str]:
         return [
             s for s in SOFTWARE_ALL if s != "kubernetes" or self.machine_type.supports_kubernetes
         ]
+
+
+def same_shape_first(offers: list[Offer], *, like: MachineType | OfferMachineType) -> list[Offer]:
+    """`offers` with the machines shaped like `like` first (as many GPUs per machine, the same
+    kind), then those with as many GPUs of another kind, then the rest; each group keeps its
+    order. What a failed cluster's page offers instead."""
+
+    def differs(offer: Offer) -> tuple[bool, bool]:
+        other = offer.machine_type
+        return (
+            other.gpus_per_machine != like.gpus_per_machine,
+            other.machine_kind != like.machine_kind,
+        )
+
+    return sorted(offers, key=differs)
 
 
 def valid_size(nodes: int) -> bool:
@@ -184,6 +285,39 @@ def sort_key(offer: Offer) -> tuple:
     )
 
 
+def gpu_hour_sort_key(offer: Offer) -> tuple:
+    """Available offers first, then by exact price per GPU-hour, then as `sort_key`."""
+    return (not offer.is_available, offer.price_per_gpu_hour, *sort_key(offer)[1:])
+
+
+class SortBy(TextChoices):
+    """The orders of the offers (the picker's and the API's `sort`); `price` is the default."""
+
+    PRICE = "price", "Cluster price"
+    PRICE_PER_GPU_HOUR = "price_per_gpu_hour", "Price per GPU-hour"
+
+
+SORT_KEYS: dict[SortBy, Callable[[Offer], tuple]] = {
+    SortBy.PRICE: sort_key,
+    SortBy.PRICE_PER_GPU_HOUR: gpu_hour_sort_key,
+}
+GPUS_PER_MACHINE = (1, 2, 4, 8)
+
+
+def narrow_offers(
+    offers: list[Offer], *, sort: SortBy = SortBy.PRICE, gpus_per_machine: int | None = None
+) -> list[Offer]:
+    """`offers` (a cached list, in the default order) with only the machines of
+    `gpus_per_machine` GPUs when given, in the order `sort` names. In Python, on the cached
+    list: sorting and filtering cost no query and share the cache entry."""
+    kept = [
+        o
+        for o in offers
+        if gpus_per_machine is None or o.machine_type.gpus_per_machine == gpus_per_machine
+    ]
+    return kept if sort is SortBy.PRICE else sorted(kept, key=SORT_KEYS[sort])
+
+
 _ROW = (
     "pk",
     "slug",
@@ -198,6 +332,9 @@ _ROW = (
     "location__capacity_reporting",
     "gpu__slug",
     "gpu__name",
+    "gpu__memory_gib",
+    # The track record rides on the same query: a left join of its one row per machine type.
+    *(f"track_record__{name}" for name in _TRACK_RECORD_FIELDS),
 )
 
 
@@ -216,12 +353,15 @@ def _listed(row: dict) -> OfferMachineType:
             country=row["location__country"],
             capacity_reporting=row["location__capacity_reporting"],
         ),
-        gpu=OfferGpu(slug=row["gpu__slug"], name=row["gpu__name"]),
+        gpu=OfferGpu(
+            slug=row["gpu__slug"], name=row["gpu__name"], memory_gib=row["gpu__memory_gib"]
+        ),
     )
 
 
 def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> list[Offer]:
-    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order, read fresh.
+    """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order, read fresh,
+    each with its machine type's track record (or None) from the same query.
 
     `gpu` is a GPU model or its slug; with a slug nothing tells an unknown GPU from one with
     no offers (both give []), which spares the API a query on its hot path. The rows are read
@@ -235,7 +375,15 @@ def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> 
         machine_types = machine_types.filter(community=False)
     rows = machine_types.annotate(free_hosts=_free_hosts()).order_by().values(*_ROW, "free_hosts")
     offers = [
-        Offer(machine_type=_listed(row), nodes=nodes, free_hosts=row["free_hosts"]) for row in rows
+        Offer(
+            machine_type=_listed(row),
+            nodes=nodes,
+            free_hosts=row["free_hosts"],
+            track_record=_track_record(
+                {name: row[f"track_record__{name}"] for name in _TRACK_RECORD_FIELDS}
+            ),
+        )
+        for row in rows
     ]
     return sorted(offers, key=sort_key)
 
@@ -263,6 +411,13 @@ class GpuCard:
     lowest_machine_price: Decimal | None
     gpu_counts: tuple[int, ...]
     community_only: bool
+    lowest_price_per_gpu_hour: Decimal | None = None
+
+    @property
+    def lowest_price_per_gpu_hour_shown(self) -> Decimal | None:
+        if self.lowest_price_per_gpu_hour is None:
+            return None
+        return to_cents(self.lowest_price_per_gpu_hour)
 
     @property
     def has_offers(self) -> bool:
@@ -323,6 +478,11 @@ def gpu_cards(*, include_community: bool) -> list[GpuCard]:
                 lowest_machine_price=min((price for _, _, price in shown), default=None),
                 gpu_counts=tuple(sorted({count for count, _, _ in shown})),
                 community_only=bool(options) and all(community for _, community, _ in options),
+                # Grouped by GPUs per machine, so each group's lowest machine price over its
+                # GPUs is that group's lowest per GPU-hour: exact, no query of its own.
+                lowest_price_per_gpu_hour=min(
+                    (price / count for count, _, price in shown), default=None
+                ),
             )
         )
     return cards

@@ -4,7 +4,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from offers.forms import SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
-from offers.offers import GpuCard, cached, cached_offers, cards_key, gpu_cards
+from offers.offers import (
+    GPUS_PER_MACHINE,
+    GpuCard,
+    SortBy,
+    cached,
+    cached_offers,
+    cards_key,
+    gpu_cards,
+    narrow_offers,
+)
 from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
 
 
@@ -37,9 +46,12 @@ def picker(request: HttpRequest) -> HttpResponse:
     )
     cards = [card for card in every_card if card.listed]
     card, gpu_error = _choose_card(cards, form.cleaned_data.get("gpu") or "")
-    offers = []
+    offers = every_offer = []
     if card is not None and nodes is not None:
-        offers = cached_offers(gpu=card.gpu, nodes=nodes, include_community=community)
+        every_offer = cached_offers(gpu=card.gpu, nodes=nodes, include_community=community)
+        offers = narrow_offers(
+            every_offer, sort=form.sort_by, gpus_per_machine=form.gpus_per_machine
+        )
     available = [o for o in offers if o.is_available]
     context = {
         "form": form,
@@ -52,6 +64,13 @@ def picker(request: HttpRequest) -> HttpResponse:
         "community": community,
         "quick_picks": SIZE_QUICK_PICKS,
         "offers": offers,
+        "every_offer": every_offer,
+        "sort": form.sort_by,
+        "sorts": SortBy.choices,
+        "sort_error": form.errors.get("sort", [""])[0],
+        "gpus": form.gpus_per_machine,
+        "gpu_choices": GPUS_PER_MACHINE,
+        "gpus_error": form.errors.get("gpus", [""])[0],
         "available": available,
         "unavailable": [o for o in offers if not o.is_available],
         "shows_community": any(o.machine_type.community for o in offers),

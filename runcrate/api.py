@@ -69,6 +69,16 @@ def money_str(value: Decimal | None) -> str | None:
     return None if value is None else f"{value:.2f}"
 
 
+def exact_money_str(value: Decimal | None) -> str | None:
+    """A rate derived from prices (USD per GPU-hour) as the API shows it: exact, with at least
+    2 places and no more than it needs ("2.50", "0.31125"), so a client compares what the
+    picker sorts by, not a rounding of it."""
+    if value is None:
+        return None
+    cents = value.quantize(Decimal("0.01"))
+    return f"{cents:.2f}" if cents == value else format(value.normalize(), "f")
+
+
 def utc_str(moment: datetime | None) -> str | None:
     """A time as the API shows it: ISO 8601 in UTC, with Z."""
     return None if moment is None else moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -309,6 +309,13 @@ CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {
     "task": "clusters.tasks.watch_heartbeats",
     "schedule": 30.0,
 }
+# The track record per machine type (docs/offers.md, "Track record"): shown from this many
+# clusters in the last 30 days on, refreshed from the clusters' events by the beat.
+RUNCRATE_TRACK_RECORD_MIN_CLUSTERS = env_int("RUNCRATE_TRACK_RECORD_MIN_CLUSTERS", 5, minimum=1)
+CELERY_BEAT_SCHEDULE["track-records"] = {
+    "task": "clusters.tasks.refresh_track_records",
+    "schedule": 300.0,
+}
 # Acceptance: a node whose measured bandwidth to node-0 is below this fails the cluster.
 RUNCRATE_ACCEPTANCE_MIN_MBIT = env_float("RUNCRATE_ACCEPTANCE_MIN_MBIT", 50.0)
 RUNCRATE_SALES_EMAIL = env_str("RUNCRATE_SALES_EMAIL", "sales@runcrate.localhost")

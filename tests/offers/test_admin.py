@@ -315,3 +315,31 @@ def test_load_inventory_and_the_admin_refuse_with_one_rule(db):
     assert why_fixed_while_serving(machine_type).startswith(f"cannot change while {host.name}")
     Host.objects.filter(pk=host.pk).update(state=Host.State.OFFLINE)
     assert why_fixed_while_serving(machine_type) == ""
+
+
+def test_it_lists_the_track_records_read_only(staff_client):
+    from datetime import UTC, datetime
+
+    from offers.models import TrackRecord
+
+    machine_type = MachineTypeFactory(slug="use2-h100x8-bm")
+    record = TrackRecord.objects.create(
+        machine_type=machine_type,
+        clusters=12,
+        started=11,
+        ready_median_seconds=640,
+        failures_by_step={"agent": 1},
+        computed_at=datetime(2026, 6, 30, tzinfo=UTC),
+    )
+
+    listing = staff_client.get(reverse("admin:offers_trackrecord_changelist"))
+    change = staff_client.get(reverse("admin:offers_trackrecord_change", args=[record.pk]))
+    delete = staff_client.post(
+        reverse("admin:offers_trackrecord_delete", args=[record.pk]), {"post": "yes"}
+    )
+
+    assert listing.status_code == 200
+    assert "use2-h100x8-bm" in listing.content.decode()
+    assert "Save" not in change.content.decode()
+    assert delete.status_code == 403
+    assert TrackRecord.objects.filter(pk=record.pk).exists()

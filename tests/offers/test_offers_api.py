@@ -60,13 +60,24 @@ def test_it_describes_each_offer_exactly(owner, h100):
                 "community": False,
                 "machine_price_per_hour": "23.92",
                 "price_per_hour": "95.68",
+                "gpus_total": 32,
+                "gpu_memory_total_gib": 2560,
+                "price_per_gpu_hour": "2.99",
                 "nodes_available": 12,
                 "max_nodes": 12,
                 "availability": "available",
                 "software": ["none", "slurm", "kubernetes", "ray"],
+                "track_record": None,
             }
         ],
-        "meta": {"count": 1, "gpu": "h100-sxm", "nodes": 4, "include_community": False},
+        "meta": {
+            "count": 1,
+            "gpu": "h100-sxm",
+            "nodes": 4,
+            "include_community": False,
+            "sort": "price",
+            "gpus_per_machine": None,
+        },
     }
 
 
@@ -266,6 +277,7 @@ def test_it_lists_gpus_with_lowest_machine_price_and_gpu_counts(owner, h100):
                 "memory_gib": 80,
                 "lowest_machine_price_per_hour": None,
                 "gpu_counts": [],
+                "lowest_price_per_gpu_hour": None,
             },
             {
                 "slug": "h100-sxm",
@@ -273,12 +285,15 @@ def test_it_lists_gpus_with_lowest_machine_price_and_gpu_counts(owner, h100):
                 "memory_gib": 80,
                 "lowest_machine_price_per_hour": "2.39",
                 "gpu_counts": [1, 8],
+                "lowest_price_per_gpu_hour": "2.39",
             },
         ],
         "meta": {"count": 2, "include_community": False},
     }
     assert community[1]["lowest_machine_price_per_hour"] == "0.99"
     assert community[1]["gpu_counts"] == [1, 4, 8]
+    # 0.99 over 4 GPUs, exact (the InfiniBand type's 1.00 over 2 is not self-serve)
+    assert community[1]["lowest_price_per_gpu_hour"] == "0.2475"
 
 
 # --- a constant number of queries ------------------------------------------------------------

@@ -203,7 +203,7 @@ def test_it_shows_each_rows_location_interconnect_kind_and_gpus(owner, h100):
     row = text(offer_row(get(owner, "gpu=h100-sxm&nodes=2"), "x"))
 
     assert "Site us-east-2 us-east-2 · US" in row
-    assert "8 GPUs per machine Bare metal" in row
+    assert "8 GPUs per machine 16 GPUs in all · 1,280 GiB GPU memory Bare metal" in row
     assert "Ethernet" in row
     assert "None Slurm Kubernetes Ray" in row
 
@@ -222,10 +222,15 @@ def test_it_shows_gpu_cards_with_memory_lowest_price_and_gpu_counts(owner, h100)
     datacenter = text(get(owner))
     with_community = text(get(owner, "community=1"))
 
+    # The lowest per GPU-hour and the lowest per machine may come from different machines.
     assert (
-        "H100 SXM 80GB 80 GiB memory from $2.39/h per machine 1, 8 GPUs per machine" in datacenter
+        "H100 SXM 80GB 80 GiB memory from $2.39 per GPU-hour from $2.39/h per machine "
+        "1, 8 GPUs per machine" in datacenter
     )
-    assert "from $1.10/h per machine 1, 4, 8 GPUs per machine" in with_community
+    assert (
+        "from $0.28 per GPU-hour from $1.10/h per machine 1, 4, 8 GPUs per machine"
+        in with_community
+    )
     assert "Unsold GPU" not in datacenter
 
 

@@ -61,7 +61,9 @@ def test_it_swaps_the_offers_in_place_as_choices_change(page, owner, inventory):
         ("h100-bool", "reserved_ahead"),
     ]
     assert page.locator("#offers .community-note").is_visible()
-    assert page.locator("#gpu-facts-h100-sxm").inner_text().startswith("from $1.20/h")
+    facts = page.locator("#gpu-facts-h100-sxm").inner_text()
+    assert facts.startswith("from $0.15 per GPU-hour")  # $1.20 over 8 GPUs
+    assert "from $1.20/h per machine" in facts
 
     assert page.evaluate("window.__marker") == 1  # the same document: no page load
     assert re.search(r"[?&]community=1(&|$)", page.url)
@@ -87,3 +89,25 @@ def test_it_shows_a_typed_size_that_is_too_big_beside_the_control(page, owner, i
     page.wait_for_selector("#offers table")
     assert page.inner_text("#nodes-error") == ""
     assert page.locator("label.size-pick:has(input:checked)").inner_text() == "8"
+
+
+def test_it_sorts_by_price_per_gpu_hour_and_narrows_by_gpus_in_place(page, owner, inventory):
+    # One GPU for $0.35: the cheapest cluster, the dearest GPU-hour (the others have 8 GPUs).
+    offer_type(gpu=GpuModelFactory(slug="h100-sxm"), slug="h100-x1", location="eu-central-1",
+               price="0.35", free=9, gpus_per_machine=1)  # fmt: skip
+    log_in(page, owner)
+    page.goto("/offers/?gpu=h100-sxm&nodes=2")
+    page.evaluate("window.__marker = 1")
+    assert [slug for slug, _ in rows(page)] == ["h100-x1", "h100-bool", "h100-vm"]
+
+    page.select_option("#id_sort", "price_per_gpu_hour")
+    page.wait_for_url(re.compile(r"sort=price_per_gpu_hour"))
+    page.wait_for_selector("#offers .offers-head >> text=by price per gpu-hour")
+    # $0.28625, $0.31125, $0.35 per GPU-hour
+    assert [slug for slug, _ in rows(page)] == ["h100-bool", "h100-vm", "h100-x1"]
+
+    page.locator("label.gpus-pick", has_text="1").click()
+    page.wait_for_url(re.compile(r"gpus=1"))
+    page.wait_for_selector("#offers .offers-head >> text=1 GPU per machine")
+    assert rows(page) == [("h100-x1", "available")]
+    assert page.evaluate("window.__marker") == 1  # the same document: no page load

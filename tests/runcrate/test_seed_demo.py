@@ -87,3 +87,22 @@ def test_it_makes_no_demo_account_with_debug_off(db, settings, client):
     assert "DEBUG is off: seed_demo made no demo account" in output
     assert "demo-gpus-2026" not in output
     assert not client.login(username="demo@runcrate.localhost", password="demo-gpus-2026")
+
+
+def test_it_gives_every_demo_offer_a_track_record_from_clusters_no_user_sees(db, settings):
+    from clusters.models import Cluster
+    from offers.models import TrackRecord
+    from offers.offers import list_offers
+
+    seed()
+
+    self_serve = MachineType.objects.filter(interconnect="ethernet")
+    assert TrackRecord.objects.count() == self_serve.count()
+    assert all(r.clusters == 8 and r.ready_median_seconds for r in TrackRecord.objects.all())
+    offers = list_offers(gpu="h100-sxm", nodes=2, include_community=True)
+    assert offers and all(o.track_record is not None for o in offers)
+    demo = Membership.objects.get(user__email="demo@runcrate.localhost").project
+    assert not Cluster.objects.filter(project=demo).exists()
+    history = Project.objects.get(name="Demo history")
+    assert not history.memberships.exists()
+    assert not Cluster.objects.filter(project=history, status__in=Cluster.LIVE).exists()

@@ -5,6 +5,7 @@ from django.db import transaction
 from accounts.models import User
 from accounts.projects import create_project
 from billing import ledger
+from clusters.demo_history import seed_demo_history
 from offers.inventory import DEMO_INVENTORY, load_inventory_file
 from offers.models import GpuModel
 
@@ -37,6 +38,11 @@ class Command(BaseCommand):
             user = User.objects.create_user(DEMO_EMAIL, DEMO_PASSWORD, name="Demo user")
             project = create_project(owner=user, name=DEMO_PROJECT)
             ledger.credit(project=project, amount=DEMO_CREDIT, note="Demo credit")
+            history = seed_demo_history()
         self.stdout.write(str(report))
+        self.stdout.write(
+            f"A made-up month of {history} ended clusters (project 'Demo history', no members) "
+            "gives the offers their track record."
+        )
         self.stdout.write(f"Demo login: {DEMO_EMAIL} / {DEMO_PASSWORD}")
         self.stdout.write("A staff account for /admin/: manage.py createsuperuser")

@@ -1,0 +1,109 @@
+"""A made-up month of ended clusters for the demo (`manage.py seed_demo`), so that `make run`
+shows a track record on its offers at once (docs/offers.md, "Track record").
+
+They live in a project of their own with no members ("Demo history"): no user sees them, no
+host is held, nothing is billed. Every cluster has the events the lifecycle writes for it
+(created, then ready or a failure at its step, then terminated), so the track records are
+computed from them the way the beat computes them from real ones.
+"""
+
+import random
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from accounts.models import Environment, Project
+from accounts.projects import DEFAULT_ENVIRONMENT
+from clusters.models import Cluster, Event, Node, give_up_after
+from clusters.track_record import refresh_track_records
+from offers.models import MachineType
+
+HISTORY_PROJECT = "Demo history"
+Reason = Event.Reason
+FAILURES = [
+    (Node.Step.RUNNING, Reason.BOOT_TIMEOUT, "node-1 did not come up."),
+    (Node.Step.AGENT, Reason.AGENT_TIMEOUT, "node-1's agent did not check in."),
+    (Node.Step.NETWORK, Reason.NETWORK_UNREACHABLE, "node-1 could not reach node-0."),
+]
+
+
+def _acceptance(rng: random.Random, nodes: int, at: datetime) -> dict:
+    rows = [{"name": "node-0", "bandwidth_mbit": None, "latency_ms": None}]
+    rows += [
+        {
+            "name": f"node-{i}",
+            "bandwidth_mbit": float(rng.randint(1100, 1900)),
+            "latency_ms": round(rng.uniform(0.2, 0.9), 2),
+        }
+        for i in range(1, nodes)
+    ]
+    return {"measured_at": at.isoformat(), "nodes": rows}
+
+
+def seed_demo_history(*, now: datetime | None = None, per_type: int = 8) -> int:
+    """`per_type` ended clusters for every self-serve machine type over the last 28 days, then
+    the track records; returns how many clusters it made."""
+    now = now or timezone.now()
+    rng = random.Random(13)  # the same history on every laptop
+    project = Project.objects.create(name=HISTORY_PROJECT)
+    environment = Environment.objects.create(project=project, name=DEFAULT_ENVIRONMENT)
+    machine_types = MachineType.objects.filter(
+        interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
+    ).order_by("slug")
+    clusters, outcomes = [], []
+    for machine_type in machine_types:
+        for index in range(per_type):
+            created = now - timedelta(days=rng.uniform(0.5, 28))
+            nodes = rng.choice([2, 2, 4, 8])
+            failure = FAILURES[rng.randrange(len(FAILURES))] if rng.random() < 0.06 else None
+            ready = created + timedelta(
+                seconds=machine_type.boot_seconds + rng.randint(90, 420) + 10 * nodes
+            )
+            ended = (ready if failure else ready + timedelta(hours=rng.uniform(1, 30))).replace(
+                microsecond=0
+            )
+            clusters.append(
+                Cluster(
+                    project=project,
+                    environment=environment,
+                    name=f"history-{machine_type.pk}-{index}",
+                    machine_type=machine_type,
+                    size=nodes,
+                    status=Cluster.Status.FAILED if failure else Cluster.Status.TERMINATED,
+                    authorized_keys="",
+                    created_at=created,
+                    joined_at=None if failure else ready - timedelta(seconds=30),
+                    ready_at=None if failure else ready,
+                    ended_at=ended,
+                    give_up_at=created + give_up_after(machine_type.slow_boot),
+                    failure_reason=failure[1] if failure else "",
+                    failure_node="node-1" if failure else "",
+                    failure_step=failure[0] if failure else "",
+                    failure_message=failure[2] if failure else "",
+                    acceptance={} if failure else _acceptance(rng, nodes, ready),
+                )
+            )
+            outcomes.append((created, ready, ended, failure))
+    Cluster.objects.bulk_create(clusters)
+    events = []
+    for cluster, (created, ready, ended, failure) in zip(clusters, outcomes, strict=True):
+        events.append(Event(cluster=cluster, at=created, reason=Reason.CREATED, message="Created."))
+        if failure:
+            step, reason, message = failure
+            events.append(
+                Event(cluster=cluster, at=ready, step=step, reason=reason, message=message)
+            )
+            continue
+        events.append(Event(cluster=cluster, at=ready, reason=Reason.READY, message="Ready."))
+        events.append(
+            Event(
+                cluster=cluster,
+                at=ended,
+                reason=Reason.TERMINATE_REQUESTED,
+                message="Terminate requested.",
+            )
+        )
+        events.append(Event(cluster=cluster, at=ended, reason=Reason.TERMINATED, message="Ended."))
+    Event.objects.bulk_create(events)
+    refresh_track_records(now=now)
+    return len(clusters)
