@@ -16,9 +16,8 @@ from django.utils import timezone
 
 from accounts.models import Environment, Project
 from billing.models import UsageDay
-from billing.templatetags.money import usd
 from runcrate.errors import Refused
-from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount, usd
 
 MAX_BUDGET = Decimal("10000000.00")
 MAX_ENVIRONMENTS = 50

@@ -34,6 +34,7 @@ from django.utils import timezone
 from billing.meter import HOUR, billed_seconds, burn_rates, cost_between, marks, settle
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from runcrate.errors import Refused
+from runcrate.money import usd_rate
 
 ZERO = Decimal("0.00")
 # Lines that are not usage: listed one by one on the Billing page.
@@ -637,5 +638,5 @@ def _storage_csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
             "",
             f"{row['total']:.2f}",
             f"Volume storage — {row['volume__name']} ({row['volume__size_gb']} GB at "
-            f"${row['volume__price_per_gb_month'].normalize():f} per GB-month)",
+            f"{usd_rate(row['volume__price_per_gb_month'])} per GB-month)",
         ]

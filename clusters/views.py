@@ -36,6 +36,7 @@ from clusters.models import Cluster, Event, Node, Volume
 from offers.models import MAX_NODES, MIN_NODES, Location
 from offers.offers import Offer, get_offer, list_offers
 from offers.quotes import quotes_for
+from runcrate.money import usd
 
 CLUSTERS_PER_PAGE = 50
 # htmx stops polling when a poll is answered with this status.
@@ -118,13 +119,8 @@ def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
     return f"{reverse('clusters:new')}?{urlencode(query)}"
 
 
-def _usd(amount: Decimal) -> str:
-    """An amount as the pages print it after a `$`: `1,530.88`."""
-    return f"{amount:,.2f}"
-
-
-def _price(machine_price: Decimal, machines: int) -> str:
-    return _usd(machine_price * machines)
+def _price(machine_price: Decimal, machines: int) -> Decimal:
+    return machine_price * machines
 
 
 # --- the list ---------------------------------------------------------------------------------
@@ -134,7 +130,7 @@ def _price(machine_price: Decimal, machines: int) -> str:
 class ClusterRow:
     cluster: Cluster
     machines: int
-    price_per_hour: str
+    price_per_hour: Decimal
     badge: str
     age: str
 
@@ -196,11 +192,11 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
     needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price)
     return {
         "nodes": nodes,
-        "cluster_price": _usd(cluster_price) if valid else None,
-        "machine_price": _usd(machine_price),
-        "balance": _usd(balance),
-        "needed": _usd(needed),
-        "min_balance": _usd(settings.RUNCRATE_MIN_BALANCE),
+        "cluster_price": cluster_price if valid else None,
+        "machine_price": machine_price,
+        "balance": balance,
+        "needed": needed,
+        "min_balance": settings.RUNCRATE_MIN_BALANCE,
         "short": valid and balance < needed,
     }
 
@@ -826,7 +822,7 @@ def storage(request: HttpRequest) -> HttpResponse:
                 messages.success(
                     request,
                     f"Volume {volume.name} created: {volume.size_gb:,} GB in "
-                    f"{volume.location.code}, ${_usd(volume.price_per_month)} per month.",
+                    f"{volume.location.code}, {usd(volume.price_per_month)} per month.",
                 )
                 return redirect("storage:list")
     else:
@@ -837,12 +833,12 @@ def storage(request: HttpRequest) -> HttpResponse:
         "rows": [
             {
                 "volume": volume,
-                "rate": volumes.rate(volume.price_per_gb_month),
-                "per_month": _usd(volume.price_per_month),
+                "rate": volume.price_per_gb_month,
+                "per_month": volume.price_per_month,
             }
             for volume in live
         ],
-        "monthly_total": _usd(sum((v.price_per_month for v in live), Decimal("0"))),
+        "monthly_total": sum((v.price_per_month for v in live), Decimal("0")),
     }
     return render(request, "clusters/storage.html", context, status=400 if form.errors else 200)
 
