@@ -31,7 +31,18 @@ from django.db.models import (
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.meter import HOUR, billed_seconds, burn_rates, cost_between, marks, settle
+from accounts.models import Membership, Project
+from billing.access import BILLING_ROLES
+from billing.meter import (
+    HOUR,
+    billed_seconds,
+    burn_rate_columns,
+    burn_rate_of,
+    burn_rates,
+    cost_between,
+    marks,
+    settle,
+)
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from runcrate.errors import Refused
 from runcrate.money import usd_rate
@@ -127,26 +138,68 @@ def hours(seconds: int) -> Decimal:
 # ---- the top of the page -------------------------------------------------------------------
 
 
+# The top bar warns when the balance covers less than this of what runs (docs/billing.md).
+SHORT_RUNWAY_HOURS = Decimal("24")
+
+
 @dataclass(frozen=True)
 class Summary:
     balance: Decimal
     burn_rate: Decimal
     hours_remaining: Decimal | None  # None while nothing runs
 
+    @classmethod
+    def of(cls, *, balance: Decimal, burn_rate: Decimal) -> "Summary":
+        remaining = None
+        if burn_rate > 0:
+            remaining = max(ZERO, (balance / burn_rate).quantize(CENT, ROUND_HALF_UP))
+        return cls(balance=balance, burn_rate=burn_rate, hours_remaining=remaining)
+
+    @property
+    def seconds_remaining(self) -> Decimal | None:
+        """What the balance covers of what runs, unrounded (hours_remaining is to the cent)."""
+        if self.burn_rate <= 0:
+            return None
+        return max(ZERO, self.balance * 3600 / self.burn_rate)
+
     @property
     def low(self) -> bool:
-        return self.hours_remaining is not None and self.hours_remaining < 1
+        """The balance covers less than an hour of what runs (the Billing page's warning)."""
+        return self.burn_rate > 0 and self.balance < self.burn_rate
+
+    @property
+    def runs_short(self) -> bool:
+        """The balance covers less than a day of what runs and is stored now (the banner)."""
+        return self.burn_rate > 0 and self.balance < self.burn_rate * SHORT_RUNWAY_HOURS
 
 
 def summary(*, project_id: int) -> Summary:
     """Current balance, burn rate (USD/h of running machines and stored volumes) and hours
-    left: three queries, none of which reads the ledger."""
+    left: two queries, neither of which reads the ledger."""
     balance = balance_of(project_id)  # the running total: one row (billing/balances.py)
-    burn = burn_rates({project_id})[project_id]
-    remaining = None
-    if burn > 0:
-        remaining = max(ZERO, (balance / burn).quantize(CENT, ROUND_HALF_UP))
-    return Summary(balance=balance, burn_rate=burn, hours_remaining=remaining)
+    return Summary.of(balance=balance, burn_rate=burn_rates({project_id})[project_id])
+
+
+def summary_for_member(*, project: Model, user: Model) -> Summary | None:
+    """The summary of a project row in hand (its `balance` is the running total) for `user`,
+    or None when the user may not see billing (a developer: billing/access.py). One query:
+    the burn rate and the user's role together; what the top bar of every page costs."""
+    row = (
+        Project.objects.filter(pk=project.pk)
+        .annotate(
+            **burn_rate_columns(),
+            sees_billing=Exists(
+                Membership.objects.filter(
+                    project_id=OuterRef("pk"), user_id=user.pk, role__in=BILLING_ROLES
+                )
+            ),
+        )
+        .values_list("machines", "stored", "sees_billing")
+        .first()
+    )
+    if row is None or not row[2]:
+        return None
+    return Summary.of(balance=project.balance, burn_rate=burn_rate_of(row[0], row[1]))
 
 
 # ---- the month's statement -------------------------------------------------------------------

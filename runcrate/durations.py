@@ -1,0 +1,30 @@
+"""Spans of time as a person reads them beside an amount: an uptime, what a balance covers, an
+estimate. `45 s`, `12 min`, `5 h 20 min`, `3 days 4 h` (docs/clusters.md, docs/billing.md)."""
+
+from decimal import Decimal
+
+MINUTE = 60
+HOUR = 3600
+DAY = 86_400
+
+
+def span(seconds: float | int | Decimal | None) -> str:
+    """Whole units, rounded down, the two largest that matter: under a minute in seconds, under
+    an hour in minutes, under two days in hours and minutes, then days and hours."""
+    if seconds is None:
+        return "—"
+    total = max(0, int(seconds))
+    if total < MINUTE:
+        return f"{total} s"
+    if total < HOUR:
+        return f"{total // MINUTE} min"
+    if total < 2 * DAY:
+        hours, minutes = divmod(total // MINUTE, 60)
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(total // HOUR, 24)
+    return f"{days} days {hours} h" if hours else f"{days} days"
+
+
+def hours_span(hours: float | int | Decimal | None) -> str:
+    """`span` of a number of hours (a balance ÷ a burn rate)."""
+    return "—" if hours is None else span(Decimal(hours) * HOUR)
