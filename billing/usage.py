@@ -39,7 +39,9 @@ from billing.meter import (
     burn_rate_columns,
     burn_rate_of,
     burn_rates,
+    cents,
     cost_between,
+    cost_in_cents,
     marks,
     settle,
 )
@@ -200,6 +202,64 @@ def summary_for_member(*, project: Model, user: Model) -> Summary | None:
     if row is None or not row[2]:
         return None
     return Summary.of(balance=project.balance, burn_rate=burn_rate_of(row[0], row[1]))
+
+
+# ---- a cluster's cost so far and uptime (docs/billing.md "Cost so far and uptime") ------------
+
+
+@dataclass(frozen=True)
+class ClusterCost:
+    """What a cluster's machines cost from the moment billing started to now (or to their end),
+    by the meter's rule, and the time it has been billed."""
+
+    cost: Decimal
+    billed_from: datetime | None  # None: never billed
+    billed_until: datetime | None  # the last machine's end; None while one is billed
+    uptime_seconds: int
+
+    @property
+    def billed(self) -> bool:
+        return self.billed_from is not None
+
+    @property
+    def running(self) -> bool:
+        return self.billed and self.billed_until is None
+
+
+NOT_BILLED = ClusterCost(cost=ZERO, billed_from=None, billed_until=None, uptime_seconds=0)
+
+
+def cluster_costs(cluster_ids: Iterable[int], *, now: datetime) -> dict[int, ClusterCost]:
+    """Each cluster's cost so far and uptime, one query for any number of clusters (a row per
+    machine). Each machine costs `cost(price, whole seconds from its start to its end or now)`,
+    rounded on its own as the meter rounds it, so once the meter has run the cost equals the
+    cluster's usage lines in the ledger to the cent. Uptime: from the first machine's start to
+    the last one's end, or to now while one is billed. A cluster never billed is NOT_BILLED."""
+    ids = list(cluster_ids)
+    if not ids:
+        return {}
+    spans: dict[int, list[tuple[Decimal, datetime, datetime | None]]] = defaultdict(list)
+    records = UsageRecord.objects.filter(cluster_id__in=ids).values_list(
+        "cluster_id", "price_per_hour", "started_at", "ended_at"
+    )
+    for cluster_id, price, started_at, ended_at in records.order_by():
+        spans[cluster_id].append((price, started_at, ended_at))
+    costs = {}
+    for cluster_id, machines in spans.items():
+        cents_total = sum(
+            cost_in_cents(price, billed_seconds(start, end or now))
+            for price, start, end in machines
+        )
+        first = min(start for _, start, _ in machines)
+        running = any(end is None for _, _, end in machines)
+        last = None if running else max(end for _, _, end in machines)
+        costs[cluster_id] = ClusterCost(
+            cost=cents(cents_total),
+            billed_from=first,
+            billed_until=last,
+            uptime_seconds=billed_seconds(first, last or now),
+        )
+    return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
 
 
 # ---- the month's statement -------------------------------------------------------------------

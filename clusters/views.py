@@ -29,6 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
+from billing.usage import ClusterCost, cluster_costs
 from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
@@ -133,9 +134,12 @@ class ClusterRow:
     price_per_hour: Decimal
     badge: str
     age: str
+    cost: ClusterCost  # cost so far and uptime
 
 
 def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
+    clusters = list(clusters)
+    costs = cluster_costs([cluster.pk for cluster in clusters], now=now)  # one query
     rows = []
     for cluster in clusters:
         machines = cluster.machines_up if cluster.is_live and cluster.machines_up else cluster.size
@@ -146,6 +150,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
                 price_per_hour=_price(cluster.price_per_machine_hour, machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=_age(cluster.created_at, now),
+                cost=costs[cluster.pk],
             )
         )
     return rows
@@ -493,6 +498,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines or cluster.size,
         "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
+        "cost": cluster_costs([cluster.pk], now=now)[cluster.pk],
         "steps": _stepper(cluster, nodes),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,
