@@ -29,11 +29,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
+from billing.context_processors import request_summary
 from billing.usage import ClusterCost, cluster_costs
-from clusters import connect, lifecycle, volumes
+from clusters import connect, estimates, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
-from clusters.models import Cluster, Event, Node, Volume
+from clusters.models import Cluster, Event, Node, Volume, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, Location
 from offers.offers import Offer, get_offer, list_offers
 from offers.quotes import quotes_for
@@ -189,13 +190,28 @@ def _requested_nodes(raw: str | None) -> int:
         return MIN_NODES
 
 
+def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
+    """The seconds `balance` pays for at `per_hour`."""
+    return balance * 3600 / per_hour if per_hour > 0 and balance > 0 else None
+
+
 def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
+    """The price card: the cluster's price, the balance, and how long the balance runs it
+    (docs/clusters.md, "Creating"): alone, and beside what already runs (for those who see
+    billing: the burn rate is theirs to see)."""
     machine_price = offer.machine_price_per_hour
     valid = MIN_NODES <= nodes <= MAX_NODES
     cluster_price = machine_price * nodes
     balance = ledger.balance(project=request.project)
     needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price)
+    running = request_summary(request)
+    burn = running.burn_rate if running else Decimal(0)
     return {
+        "covers_seconds": _covers(balance, cluster_price) if valid else None,
+        "burn_rate": burn,
+        "covers_with_running_seconds": _covers(balance, cluster_price + burn)
+        if valid and burn > 0
+        else None,
         "nodes": nodes,
         "cluster_price": cluster_price if valid else None,
         "machine_price": machine_price,
@@ -251,12 +267,18 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
                 initial[key] = data[key]
         form = ClusterForm(initial=initial, project=project, offer=offer)
 
+    boot = offer.machine_type.boot_seconds
     context = {
         "offer": offer,
         "form": form,
         "has_keys": bool(form.fields["ssh_keys"].queryset),
         "summary": _summary(request, offer, nodes),
         "min_nodes": MIN_NODES,
+        "ready_estimate": {
+            "bare": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.NONE),
+            "software": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.SLURM),
+            "give_up_after": give_up_after(offer.machine_type.slow_boot),
+        },
     }
     return render(request, "clusters/new.html", context, status=400 if form.errors else 200)
 
@@ -499,6 +521,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "machines": machines or cluster.size,
         "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
         "cost": cluster_costs([cluster.pk], now=now)[cluster.pk],
+        "ready_by": _ready_by(cluster, nodes, now),
         "steps": _stepper(cluster, nodes),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,
@@ -535,6 +558,15 @@ def _detail_context(cluster: Cluster) -> dict:
         ]
     context["poll_url"] = _poll_url(cluster, nodes, context["connect_version"], now)
     return context
+
+
+def _ready_by(cluster: Cluster, nodes: list[Node], now: datetime) -> dict | None:
+    """The estimated time to ready while the cluster starts, for the page's countdown."""
+    at = estimates.ready_by(cluster, nodes)
+    if at is None:
+        return None
+    left = int((at - now).total_seconds())
+    return {"at": _instant(at), "left": _duration(left), "overdue": left <= 0}
 
 
 def _with_every_row(context: dict) -> dict:

@@ -7,4 +7,5 @@ from runcrate import durations
 register = template.Library()
 
 register.filter("span", durations.span)
+register.filter("about", durations.about)
 register.filter("hours_span", durations.hours_span)
