@@ -96,8 +96,8 @@ def test_it_warns_when_the_balance_covers_less_than_a_day(owner):
     assert short == (
         '<div class="balance-banner" role="status"> <p><strong>Your balance of $482.39 covers '
         "about 23 h 59 min of what runs</strong> ($20.10/h for running clusters and stored "
-        "volumes). Clusters are stopped when it runs out. "
-        '<a class="btn btn-small" href="/billing/#topup-title">Add credit</a></p> </div>'
+        "volumes). Clusters are stopped when it runs out.</p> "
+        '<a class="btn btn-small" href="/billing/#topup-title">Add credit</a> </div>'
     )
     assert banner(enough) == ""
     assert 'class="topbar-balance"' in topbar(enough)
