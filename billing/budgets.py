@@ -98,7 +98,7 @@ def parse_budget(raw: object) -> Decimal | None:
         if error.reason == TOO_SMALL:
             message = "The budget must be zero or more USD."
         elif error.reason == TOO_LARGE:
-            message = f"The budget can be at most {MAX_BUDGET:,} USD."
+            message = f"The budget can be at most {usd(MAX_BUDGET)}."
         elif error.reason == TOO_PRECISE:
             message = "The budget takes at most 2 decimal places."
         else:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
-from runcrate.money import usd_compact
+from runcrate.money import usd, usd_compact
 
 WIDTH = 1080
 HEIGHT = 180
@@ -34,7 +34,7 @@ class Bar:
 
     @property
     def title(self) -> str:
-        return f"{self.day:%b} {self.day.day}: {self.amount:,.2f} USD"
+        return f"{self.day:%b} {self.day.day}: {usd(self.amount)}"
 
 
 @dataclass(frozen=True)
