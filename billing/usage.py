@@ -47,7 +47,7 @@ from billing.meter import (
 )
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from runcrate.errors import Refused
-from runcrate.money import usd_rate
+from runcrate.money import plain, usd_rate
 
 ZERO = Decimal("0.00")
 # Lines that are not usage: listed one by one on the Billing page.
@@ -691,7 +691,7 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
             "",
             "",
             "",
-            f"{entry.amount:.2f}",
+            plain(entry.amount),
             entry.note,
         ]
     yield from _storage_csv_rows(project_id=project_id, month=month)
@@ -707,8 +707,8 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
                 _iso(row.started_at),
                 _iso(row.ended_at),
                 f"{row.hours:.2f}",
-                f"{row.rate:.2f}",
-                f"{-row.cost:.2f}",
+                plain(row.rate),
+                plain(-row.cost),
                 "running" if row.ended_at is None else "",
             ]
 
@@ -749,7 +749,7 @@ def _storage_csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
             _iso(end),
             "",
             "",
-            f"{row['total']:.2f}",
+            plain(row["total"]),
             f"Volume storage — {row['volume__name']} ({row['volume__size_gb']} GB at "
             f"{usd_rate(row['volume__price_per_gb_month'])} per GB-month)",
         ]
