@@ -41,8 +41,3 @@ def about(seconds: Seconds) -> str:
         return "—"
     total = _seconds(seconds)
     return span(total if total < MINUTE else (total + MINUTE // 2) // MINUTE * MINUTE)
-
-
-def hours_span(hours: float | int | Decimal | None) -> str:
-    """`span` of a number of hours (a balance ÷ a burn rate)."""
-    return "—" if hours is None else span(Decimal(hours) * HOUR)

@@ -8,4 +8,3 @@ register = template.Library()
 
 register.filter("span", durations.span)
 register.filter("about", durations.about)
-register.filter("hours_span", durations.hours_span)

@@ -36,8 +36,3 @@ def test_an_estimate_rounds_to_the_nearest_minute():
     assert durations.about(timedelta(seconds=281)) == "5 min"
     assert durations.about(45) == "45 s"
     assert durations.about(3570) == "1 h"
-
-
-def test_it_writes_hours_as_a_span():
-    assert durations.hours_span(Decimal("23.99")) == "23 h 59 min"
-    assert durations.hours_span(None) == "—"
