@@ -10,6 +10,7 @@ from accounts.forms import AdminLoginForm
 from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
 from accounts.projects import create_project
 from accounts.signup import normalize_email, project_name_for
+from runcrate.admin import money_column
 
 # The admin's login page counts failures like the dashboard's (accounts/throttle.py).
 admin.site.login_form = AdminLoginForm
@@ -98,7 +99,7 @@ class ProjectMembershipInline(MembershipInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "members", "created_at")
+    list_display = ("name", "members", money_column("balance", "balance"), "created_at")
     search_fields = ("name", "memberships__user__email")
     inlines = (ProjectMembershipInline, EnvironmentInline)
 

@@ -14,7 +14,8 @@ from django.urls import reverse
 from accounts.models import Project
 from billing import ledger
 from billing.models import LedgerEntry
-from runcrate.admin import ReadOnlyAdmin
+from runcrate.admin import ReadOnlyAdmin, money_column
+from runcrate.money import signed_usd, usd
 
 
 class CreditForm(forms.Form):
@@ -33,7 +34,15 @@ class CreditForm(forms.Form):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "project", "kind", "amount", "note", "cluster", "created_by")
+    list_display = (
+        "created_at",
+        "project",
+        "kind",
+        money_column("amount", "amount", format=signed_usd),
+        "note",
+        "cluster",
+        "created_by",
+    )
     list_filter = ("kind",)
     search_fields = ("project__name", "note", "created_by__email")
     list_select_related = ("project", "cluster", "created_by")
@@ -62,8 +71,8 @@ class LedgerEntryAdmin(admin.ModelAdmin):
                 self.message_user(
                     request,
                     f"{'Credited' if entry.amount > 0 else 'Debited'} "
-                    f"${abs(entry.amount):,.2f} — {project.name}'s balance is now "
-                    f"${ledger.balance(project=project):,.2f}.",
+                    f"{usd(abs(entry.amount))} — {project.name}'s balance is now "
+                    f"{usd(ledger.balance(project=project))}.",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(reverse("admin:billing_ledgerentry_changelist"))
@@ -98,9 +107,9 @@ class PaymentAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     list_display = (
         "created_at",
         "project",
-        "amount",
+        money_column("amount", "amount"),
         "status",
-        "amount_paid",
+        money_column("amount_paid", "paid"),
         "credited_at",
         "stripe_session_id",
         "created_by",

@@ -16,9 +16,8 @@ from django.utils import timezone
 
 from accounts.models import Environment, Project
 from billing.models import UsageDay
-from billing.templatetags.money import usd
 from runcrate.errors import Refused
-from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount, usd
 
 MAX_BUDGET = Decimal("10000000.00")
 MAX_ENVIRONMENTS = 50
@@ -99,7 +98,7 @@ def parse_budget(raw: object) -> Decimal | None:
         if error.reason == TOO_SMALL:
             message = "The budget must be zero or more USD."
         elif error.reason == TOO_LARGE:
-            message = f"The budget can be at most {MAX_BUDGET:,} USD."
+            message = f"The budget can be at most {usd(MAX_BUDGET)}."
         elif error.reason == TOO_PRECISE:
             message = "The budget takes at most 2 decimal places."
         else:

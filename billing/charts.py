@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
+from runcrate.money import usd, usd_compact
+
 WIDTH = 1080
 HEIGHT = 180
 LEFT = 56  # room for the amounts on the y axis
@@ -32,7 +34,7 @@ class Bar:
 
     @property
     def title(self) -> str:
-        return f"{self.day:%b} {self.day.day}: {self.amount:,.2f} USD"
+        return f"{self.day:%b} {self.day.day}: {usd(self.amount)}"
 
 
 @dataclass(frozen=True)
@@ -68,14 +70,6 @@ def nice_ceiling(value: Decimal) -> Decimal:
     return 10 * magnitude
 
 
-def _money_label(value: Decimal) -> str:
-    if value >= 1000:
-        return f"${value / 1000:,.1f}k".replace(".0k", "k")
-    if value == value.to_integral_value():
-        return f"${value:,.0f}"
-    return f"${value:,.2f}"
-
-
 def spend_chart(days: list[tuple[date, Decimal]]) -> Chart:
     top = nice_ceiling(max((amount for _, amount in days), default=Decimal("0")))
     plot_height = HEIGHT - TOP - BOTTOM
@@ -100,7 +94,7 @@ def spend_chart(days: list[tuple[date, Decimal]]) -> Chart:
             )
         )
     ticks = [
-        Tick(y=round(baseline - plot_height * share, 2), label=_money_label(top * Decimal(share)))
+        Tick(y=round(baseline - plot_height * share, 2), label=usd_compact(top * Decimal(share)))
         for share in (0, 0.5, 1)
     ]
     return Chart(

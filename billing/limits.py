@@ -47,7 +47,7 @@ class BalanceStanding:
 
 
 def balance_standing(project_ids: set[int]) -> BalanceStanding:
-    """Three queries: the balances (running totals), the burn rates (machines, volumes)."""
+    """Two queries: the balances (running totals) and the burn rates."""
     balance = balances.balances(project_ids)
     return BalanceStanding(
         balance=balance,

@@ -29,7 +29,20 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
 from django.db import connection, transaction
-from django.db.models import Case, F, Min, Model, Q, QuerySet, Sum, Value, When
+from django.db.models import (
+    Case,
+    DecimalField,
+    F,
+    Min,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from accounts.models import Project
@@ -604,27 +617,49 @@ def storage_per_day(per_month: Decimal) -> Decimal:
     return day.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
 
 
+def burn_rate_columns() -> dict[str, Subquery]:
+    """What a project runs and stores per hour, as two columns to annotate projects with:
+    `machines` (USD/h of every machine billed now) and `stored` (GB-month price × GB of every
+    kept volume, which `burn_rate_of` turns into USD/h)."""
+    money = DecimalField(max_digits=24, decimal_places=4)
+    machines = (
+        UsageRecord.objects.filter(project_id=OuterRef("pk"), ended_at__isnull=True)
+        .order_by()
+        .values("project_id")
+        .annotate(total=Sum("price_per_hour"))
+        .values("total")
+    )
+    # The volumes through the projects' relation: billing does not import clusters.
+    volume = Project._meta.get_field("volumes").related_model
+    stored = (
+        volume.objects.filter(project_id=OuterRef("pk"), deleted_at__isnull=True)
+        .order_by()
+        .values("project_id")
+        .annotate(total=Sum(F("price_per_gb_month") * F("size_gb"), output_field=money))
+        .values("total")
+    )
+    return {
+        "machines": Subquery(machines, output_field=money),
+        "stored": Subquery(stored, output_field=money),
+    }
+
+
+def burn_rate_of(machines: Decimal | None, stored: Decimal | None) -> Decimal:
+    """USD per hour from the two `burn_rate_columns` of a project."""
+    return Decimal("0.00") + (machines or 0) + storage_per_hour(stored or Decimal(0), 1)
+
+
 def burn_rates(project_ids: set[int]) -> dict[int, Decimal]:
     """USD per hour of what each project runs and stores: the price of every machine billed now
-    and the storage of every volume it keeps (SPEC §4's burn rate). Two queries."""
+    and the storage of every volume it keeps (SPEC §4's burn rate). One query."""
+    rows = (
+        Project.objects.filter(pk__in=project_ids)
+        .annotate(**burn_rate_columns())
+        .values_list("pk", "machines", "stored")
+    )
     rates = {project_id: Decimal("0.00") for project_id in project_ids}
-    machines = (
-        UsageRecord.objects.filter(project_id__in=project_ids, ended_at__isnull=True)
-        .values("project_id")
-        .annotate(rate=Sum("price_per_hour"))
-    )
-    for row in machines:
-        rates[row["project_id"]] += row["rate"]
-    # The volumes through the projects' relation: billing does not import clusters.
-    volumes = (
-        Project.objects.filter(
-            pk__in=project_ids, volumes__isnull=False, volumes__deleted_at__isnull=True
-        )
-        .order_by()
-        .values_list("pk", "volumes__price_per_gb_month", "volumes__size_gb")
-    )
-    for project_id, price, size in volumes:
-        rates[project_id] += storage_per_hour(price, size)
+    for project_id, machines, stored in rows:
+        rates[project_id] = burn_rate_of(machines, stored)
     return rates
 
 

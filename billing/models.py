@@ -5,6 +5,8 @@ from django.db import models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from runcrate.money import signed_usd, usd
+
 
 class LedgerEntry(models.Model):
     """One line of a project's append-only ledger. The balance is the sum of the lines, kept as
@@ -79,7 +81,7 @@ class LedgerEntry(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.get_kind_display()} {self.amount} USD"
+        return f"{self.get_kind_display()} {signed_usd(self.amount)}"
 
     def save(self, *args, **kwargs) -> None:
         """A new line moves its project's running balance by its amount, in one transaction
@@ -188,7 +190,7 @@ class Payment(models.Model):
         ordering = ["-created_at", "-pk"]
 
     def __str__(self) -> str:
-        return f"{self.amount} USD ({self.get_status_display()})"
+        return f"{usd(self.amount)} ({self.get_status_display()})"
 
 
 class Notice(models.Model):

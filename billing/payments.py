@@ -26,7 +26,7 @@ from django.utils import timezone
 from accounts.models import Project, User
 from billing.models import LedgerEntry, Payment
 from runcrate.errors import Refused
-from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
+from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount, usd
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +70,12 @@ def parse_amount(raw: object) -> Decimal:
             ) from None
         if error.reason == TOO_SMALL:
             raise PaymentRefused(
-                "amount_too_small", f"The minimum top-up is {MIN_TOPUP} USD."
+                "amount_too_small", f"The minimum top-up is {usd(MIN_TOPUP)}."
             ) from None
         if error.reason == TOO_LARGE:
             raise PaymentRefused(
                 "amount_too_large",
-                f"A card top-up is at most {MAX_TOPUP:,} USD; ask us for an invoice above that.",
+                f"A card top-up is at most {usd(MAX_TOPUP)}; ask us for an invoice above that.",
             ) from None
         raise PaymentRefused(
             "invalid_amount", f"Enter an amount in USD, like 50.00, not {str(raw)!r}."

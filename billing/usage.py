@@ -31,9 +31,23 @@ from django.db.models import (
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.meter import HOUR, billed_seconds, burn_rates, cost_between, marks, settle
+from accounts.models import Membership, Project
+from billing.access import BILLING_ROLES
+from billing.meter import (
+    HOUR,
+    billed_seconds,
+    burn_rate_columns,
+    burn_rate_of,
+    burn_rates,
+    cents,
+    cost_between,
+    cost_in_cents,
+    marks,
+    settle,
+)
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
 from runcrate.errors import Refused
+from runcrate.money import plain, usd_rate
 
 ZERO = Decimal("0.00")
 # Lines that are not usage: listed one by one on the Billing page.
@@ -126,26 +140,126 @@ def hours(seconds: int) -> Decimal:
 # ---- the top of the page -------------------------------------------------------------------
 
 
+# The top bar warns when the balance covers less than this of what runs (docs/billing.md).
+SHORT_RUNWAY_HOURS = Decimal("24")
+
+
 @dataclass(frozen=True)
 class Summary:
     balance: Decimal
     burn_rate: Decimal
     hours_remaining: Decimal | None  # None while nothing runs
 
+    @classmethod
+    def of(cls, *, balance: Decimal, burn_rate: Decimal) -> "Summary":
+        remaining = None
+        if burn_rate > 0:
+            remaining = max(ZERO, (balance / burn_rate).quantize(CENT, ROUND_HALF_UP))
+        return cls(balance=balance, burn_rate=burn_rate, hours_remaining=remaining)
+
+    @property
+    def seconds_remaining(self) -> Decimal | None:
+        """What the balance covers of what runs, unrounded (hours_remaining is to the cent)."""
+        if self.burn_rate <= 0:
+            return None
+        return max(ZERO, self.balance * 3600 / self.burn_rate)
+
     @property
     def low(self) -> bool:
-        return self.hours_remaining is not None and self.hours_remaining < 1
+        """The balance covers less than an hour of what runs (the Billing page's warning)."""
+        return self.burn_rate > 0 and self.balance < self.burn_rate
+
+    @property
+    def runs_short(self) -> bool:
+        """The balance covers less than a day of what runs and is stored now (the banner)."""
+        return self.burn_rate > 0 and self.balance < self.burn_rate * SHORT_RUNWAY_HOURS
 
 
 def summary(*, project_id: int) -> Summary:
     """Current balance, burn rate (USD/h of running machines and stored volumes) and hours
-    left: three queries, none of which reads the ledger."""
+    left: two queries, neither of which reads the ledger."""
     balance = balance_of(project_id)  # the running total: one row (billing/balances.py)
-    burn = burn_rates({project_id})[project_id]
-    remaining = None
-    if burn > 0:
-        remaining = max(ZERO, (balance / burn).quantize(CENT, ROUND_HALF_UP))
-    return Summary(balance=balance, burn_rate=burn, hours_remaining=remaining)
+    return Summary.of(balance=balance, burn_rate=burn_rates({project_id})[project_id])
+
+
+def summary_for_member(*, project: Model, user: Model) -> Summary | None:
+    """The summary of a project row in hand (its `balance` is the running total) for `user`,
+    or None when the user may not see billing (a developer: billing/access.py). One query:
+    the burn rate and the user's role together; what the top bar of every page costs."""
+    row = (
+        Project.objects.filter(pk=project.pk)
+        .annotate(
+            **burn_rate_columns(),
+            sees_billing=Exists(
+                Membership.objects.filter(
+                    project_id=OuterRef("pk"), user_id=user.pk, role__in=BILLING_ROLES
+                )
+            ),
+        )
+        .values_list("machines", "stored", "sees_billing")
+        .first()
+    )
+    if row is None or not row[2]:
+        return None
+    return Summary.of(balance=project.balance, burn_rate=burn_rate_of(row[0], row[1]))
+
+
+# ---- a cluster's cost so far and uptime (docs/billing.md "Cost so far and uptime") ------------
+
+
+@dataclass(frozen=True)
+class ClusterCost:
+    """What a cluster's machines cost from the moment billing started to now (or to their end),
+    by the meter's rule, and the time it has been billed."""
+
+    cost: Decimal
+    billed_from: datetime | None  # None: never billed
+    billed_until: datetime | None  # the last machine's end; None while one is billed
+    uptime_seconds: int
+
+    @property
+    def billed(self) -> bool:
+        return self.billed_from is not None
+
+    @property
+    def running(self) -> bool:
+        return self.billed and self.billed_until is None
+
+
+NOT_BILLED = ClusterCost(cost=ZERO, billed_from=None, billed_until=None, uptime_seconds=0)
+
+
+def cluster_costs(cluster_ids: Iterable[int], *, now: datetime) -> dict[int, ClusterCost]:
+    """Each cluster's cost so far and uptime, one query for any number of clusters (a row per
+    machine). Each machine costs `cost(price, whole seconds from its start to its end or now)`,
+    rounded on its own as the meter rounds it, so once the meter has run the cost equals the
+    cluster's usage lines in the ledger to the cent. Uptime: from the first machine's start to
+    the last one's end, or to now while one is billed. A cluster never billed is NOT_BILLED."""
+    ids = list(cluster_ids)
+    if not ids:
+        return {}
+    spans: dict[int, list[tuple[Decimal, datetime, datetime | None]]] = defaultdict(list)
+    records = UsageRecord.objects.filter(cluster_id__in=ids).values_list(
+        "cluster_id", "price_per_hour", "started_at", "ended_at"
+    )
+    for cluster_id, price, started_at, ended_at in records.order_by():
+        spans[cluster_id].append((price, started_at, ended_at))
+    costs = {}
+    for cluster_id, machines in spans.items():
+        cents_total = sum(
+            cost_in_cents(price, billed_seconds(start, end or now))
+            for price, start, end in machines
+        )
+        first = min(start for _, start, _ in machines)
+        running = any(end is None for _, _, end in machines)
+        last = None if running else max(end for _, _, end in machines)
+        costs[cluster_id] = ClusterCost(
+            cost=cents(cents_total),
+            billed_from=first,
+            billed_until=last,
+            uptime_seconds=billed_seconds(first, last or now),
+        )
+    return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
 
 
 # ---- the month's statement -------------------------------------------------------------------
@@ -577,7 +691,7 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
             "",
             "",
             "",
-            f"{entry.amount:.2f}",
+            plain(entry.amount),
             entry.note,
         ]
     yield from _storage_csv_rows(project_id=project_id, month=month)
@@ -593,8 +707,8 @@ def csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
                 _iso(row.started_at),
                 _iso(row.ended_at),
                 f"{row.hours:.2f}",
-                f"{row.rate:.2f}",
-                f"{-row.cost:.2f}",
+                plain(row.rate),
+                plain(-row.cost),
                 "running" if row.ended_at is None else "",
             ]
 
@@ -635,7 +749,7 @@ def _storage_csv_rows(*, project_id: int, month: Month) -> Iterator[list[str]]:
             _iso(end),
             "",
             "",
-            f"{row['total']:.2f}",
+            plain(row["total"]),
             f"Volume storage — {row['volume__name']} ({row['volume__size_gb']} GB at "
-            f"${row['volume__price_per_gb_month'].normalize():f} per GB-month)",
+            f"{usd_rate(row['volume__price_per_gb_month'])} per GB-month)",
         ]

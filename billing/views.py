@@ -26,6 +26,7 @@ from billing.access import can_manage_billing
 from billing.charts import spend_chart
 from billing.forms import BudgetForm, EnvironmentForm, TopUpForm
 from billing.models import Payment
+from runcrate.money import usd
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ def set_budget(request: HttpRequest, name: str) -> HttpResponse:
         stopping = stops.clusters if stops else []
         messages.success(
             request,
-            f"{environment.name}: monthly budget set to {environment.monthly_budget:,.2f} USD."
+            f"{environment.name}: monthly budget set to {usd(environment.monthly_budget)}."
             + (
                 f" It is reached: {len(stopping)} cluster{'s' if len(stopping) != 1 else ''} "
                 f"({', '.join(c.name for c in stopping)}) stop within a minute."

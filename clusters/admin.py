@@ -27,7 +27,8 @@ from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, Vol
 from offers.admin import QuoteRequestAdmin
 from offers.inventory import take_hosts_offline
 from offers.models import MIN_NODES, Host, MachineType, QuoteRequest
-from runcrate.admin import ReadOnlyAdmin
+from runcrate.admin import ReadOnlyAdmin, money_column
+from runcrate.money import usd, usd_per_hour, usd_rate
 
 MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
 
@@ -49,7 +50,7 @@ class _MachineTypeChoice(forms.ModelChoiceField):
         return (
             f"{machine_type.slug}: {machine_type.gpus_per_machine}× {machine_type.gpu.name}, "
             f"{machine_type.get_interconnect_display()}{listed}, list "
-            f"${machine_type.price_per_hour}/h"
+            f"{usd_per_hour(machine_type.price_per_hour)}"
         )
 
 
@@ -280,9 +281,9 @@ class ClusterAdmin(admin.ModelAdmin):
     def machines(self, cluster: Cluster) -> str:
         return f"{cluster.machines_up} of {cluster.size}" if cluster.is_live else str(cluster.size)
 
-    @admin.display(description="$ per machine-hour")
+    @admin.display(description="per machine-hour")
     def price_per_machine_hour(self, cluster: Cluster) -> str:
-        return f"{cluster.price_per_machine_hour:,.2f}"
+        return usd(cluster.price_per_machine_hour)
 
     @admin.display(description="quoted", boolean=True, ordering="quote")
     def quoted(self, cluster: Cluster) -> bool:
@@ -359,7 +360,7 @@ class ClusterAdmin(admin.ModelAdmin):
             request,
             f"Created {cluster.name} for {quote.project.name}: {cluster.size} × "
             f"{cluster.machine_type.slug} reserved, billed at the agreed "
-            f"${cluster.agreed_price_per_machine_hour:,.2f} per machine-hour once they join.",
+            f"{usd(cluster.agreed_price_per_machine_hour)} per machine-hour once they join.",
             messages.SUCCESS,
         )
         return cluster
@@ -448,7 +449,7 @@ class VolumeAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         "project",
         "location",
         "size_gb",
-        "price_per_gb_month",
+        money_column("price_per_gb_month", "per GB-month", format=usd_rate),
         "cluster",
         "created_at",
         "deleted_at",

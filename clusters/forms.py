@@ -10,6 +10,7 @@ from clusters.errors import ClusterRefused
 from clusters.models import Cluster
 from offers.models import MAX_NODES, MIN_NODES
 from offers.offers import Offer
+from runcrate.money import usd_rate
 
 # ClusterRefused.field names the lifecycle's argument; the form's fields are named for people.
 REFUSAL_FIELDS = {
@@ -153,7 +154,7 @@ class VolumeForm(forms.Form):
             (
                 location.code,
                 f"{location.code} · {location.name} · "
-                f"${volumes.rate(location.volume_price_per_gb_month)} per GB-month",
+                f"{usd_rate(location.volume_price_per_gb_month)} per GB-month",
             )
             for location in locations
         ]

@@ -22,6 +22,7 @@ from accounts.models import Membership, User
 from clusters import connect
 from clusters.models import Cluster, Event, Node
 from runcrate.emails import send_templated
+from runcrate.money import usd
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def email_context(event: Event) -> dict:
             f"{cluster.size} × {machine_type.gpus_per_machine}× {machine_type.gpu.name} "
             f"in {machine_type.location.name}"
         ),
-        "price_per_hour": f"{cluster.price_per_machine_hour * cluster.size:.2f}",
+        "price_per_hour": usd(cluster.price_per_machine_hour * cluster.size),
         "node_name": event.node.name if event.node else cluster.failure_node,
         "step_name": STEP_NAMES.get(event.step, event.step),
         "cluster_url": detail,

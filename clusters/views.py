@@ -30,13 +30,16 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
-from clusters import connect, lifecycle, volumes
+from billing.context_processors import request_summary
+from billing.usage import ClusterCost, cluster_costs
+from clusters import connect, estimates, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
-from clusters.models import Cluster, Event, Node, Volume
+from clusters.models import Cluster, Event, Node, Volume, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, Location, MachineType
 from offers.offers import Offer, get_offer, list_offers, same_shape_first
 from offers.quotes import quotes_for
+from runcrate.money import usd
 
 CLUSTERS_PER_PAGE = 50
 # htmx stops polling when a poll is answered with this status.
@@ -119,13 +122,8 @@ def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
     return f"{reverse('clusters:new')}?{urlencode(query)}"
 
 
-def _usd(amount: Decimal) -> str:
-    """An amount as the pages print it after a `$`: `1,530.88`."""
-    return f"{amount:,.2f}"
-
-
-def _price(machine_price: Decimal, machines: int) -> str:
-    return _usd(machine_price * machines)
+def _price(machine_price: Decimal, machines: int) -> Decimal:
+    return machine_price * machines
 
 
 # --- the list ---------------------------------------------------------------------------------
@@ -135,12 +133,15 @@ def _price(machine_price: Decimal, machines: int) -> str:
 class ClusterRow:
     cluster: Cluster
     machines: int
-    price_per_hour: str
+    price_per_hour: Decimal
     badge: str
     age: str
+    cost: ClusterCost  # cost so far and uptime
 
 
 def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
+    clusters = list(clusters)
+    costs = cluster_costs([cluster.pk for cluster in clusters], now=now)  # one query
     rows = []
     for cluster in clusters:
         machines = cluster.machines_up if cluster.is_live and cluster.machines_up else cluster.size
@@ -151,6 +152,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
                 price_per_hour=_price(cluster.price_per_machine_hour, machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=_age(cluster.created_at, now),
+                cost=costs[cluster.pk],
             )
         )
     return rows
@@ -189,19 +191,34 @@ def _requested_nodes(raw: str | None) -> int:
         return MIN_NODES
 
 
+def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
+    """The seconds `balance` pays for at `per_hour`."""
+    return balance * 3600 / per_hour if per_hour > 0 and balance > 0 else None
+
+
 def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
+    """The price card: the cluster's price, the balance, and how long the balance runs it
+    (docs/clusters.md, "Creating"): alone, and beside what already runs (for those who see
+    billing: the burn rate is theirs to see)."""
     machine_price = offer.machine_price_per_hour
     valid = MIN_NODES <= nodes <= MAX_NODES
     cluster_price = machine_price * nodes
     balance = ledger.balance(project=request.project)
     needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price)
+    running = request_summary(request)
+    burn = running.burn_rate if running else Decimal(0)
     return {
+        "covers_seconds": _covers(balance, cluster_price) if valid else None,
+        "burn_rate": burn,
+        "covers_with_running_seconds": _covers(balance, cluster_price + burn)
+        if valid and burn > 0
+        else None,
         "nodes": nodes,
-        "cluster_price": _usd(cluster_price) if valid else None,
-        "machine_price": _usd(machine_price),
-        "balance": _usd(balance),
-        "needed": _usd(needed),
-        "min_balance": _usd(settings.RUNCRATE_MIN_BALANCE),
+        "cluster_price": cluster_price if valid else None,
+        "machine_price": machine_price,
+        "balance": balance,
+        "needed": needed,
+        "min_balance": settings.RUNCRATE_MIN_BALANCE,
         "short": valid and balance < needed,
     }
 
@@ -251,12 +268,18 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
                 initial[key] = data[key]
         form = ClusterForm(initial=initial, project=project, offer=offer)
 
+    boot = offer.machine_type.boot_seconds
     context = {
         "offer": offer,
         "form": form,
         "has_keys": bool(form.fields["ssh_keys"].queryset),
         "summary": _summary(request, offer, nodes),
         "min_nodes": MIN_NODES,
+        "ready_estimate": {
+            "bare": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.NONE),
+            "software": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.SLURM),
+            "give_up_after": give_up_after(offer.machine_type.slow_boot),
+        },
     }
     return render(request, "clusters/new.html", context, status=400 if form.errors else 200)
 
@@ -498,6 +521,8 @@ def _detail_context(cluster: Cluster) -> dict:
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines or cluster.size,
         "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
+        "cost": cluster_costs([cluster.pk], now=now)[cluster.pk],
+        "ready_by": _ready_by(cluster, nodes, now),
         "steps": _stepper(cluster, nodes),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,
@@ -555,6 +580,15 @@ def _other_shape(offer: Offer, machine_type: MachineType) -> str:
             f"{machine_type.get_machine_kind_display().lower()}"
         )
     return "; ".join(changes)
+
+
+def _ready_by(cluster: Cluster, nodes: list[Node], now: datetime) -> dict | None:
+    """The estimated time to ready while the cluster starts, for the page's countdown."""
+    at = estimates.ready_by(cluster, nodes)
+    if at is None:
+        return None
+    left = int((at - now).total_seconds())
+    return {"at": _instant(at), "left": _duration(left), "overdue": left <= 0}
 
 
 def _with_every_row(context: dict) -> dict:
@@ -848,7 +882,7 @@ def storage(request: HttpRequest) -> HttpResponse:
                 messages.success(
                     request,
                     f"Volume {volume.name} created: {volume.size_gb:,} GB in "
-                    f"{volume.location.code}, ${_usd(volume.price_per_month)} per month.",
+                    f"{volume.location.code}, {usd(volume.price_per_month)} per month.",
                 )
                 return redirect("storage:list")
     else:
@@ -859,12 +893,12 @@ def storage(request: HttpRequest) -> HttpResponse:
         "rows": [
             {
                 "volume": volume,
-                "rate": volumes.rate(volume.price_per_gb_month),
-                "per_month": _usd(volume.price_per_month),
+                "rate": volume.price_per_gb_month,
+                "per_month": volume.price_per_month,
             }
             for volume in live
         ],
-        "monthly_total": _usd(sum((v.price_per_month for v in live), Decimal("0"))),
+        "monthly_total": sum((v.price_per_month for v in live), Decimal("0")),
     }
     return render(request, "clusters/storage.html", context, status=400 if form.errors else 200)
 

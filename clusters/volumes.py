@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from accounts.models import Project
 from billing import ledger, meter
-from billing.templatetags.money import usd
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, Cluster, Volume
 from offers.models import Location, MachineType
+from runcrate.money import usd
 
 CENT = Decimal("0.01")
 

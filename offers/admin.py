@@ -23,7 +23,8 @@ from offers.inventory import (
 )
 from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest, TrackRecord
 from offers.offers import inventory_changed
-from runcrate.admin import ReadOnlyAdmin
+from runcrate.admin import ReadOnlyAdmin, money_column
+from runcrate.money import usd_rate
 
 
 def _sentence(problem: str) -> str:
@@ -87,7 +88,7 @@ class LocationAdmin(ChangesOffers):
         "country",
         "capacity_reporting",
         "ssh_gateway",
-        "volume_price_per_gb_month",
+        money_column("volume_price_per_gb_month", "per GB-month", format=usd_rate),
         "host_count",
     ]
     list_filter = ["capacity_reporting", "country"]
@@ -140,7 +141,7 @@ class MachineTypeAdmin(ChangesOffers):
         "machine_kind",
         "interconnect",
         "community",
-        "price_per_hour",
+        money_column("price_per_hour", "per machine-hour"),
         "boot_seconds",
         "free_hosts",
         "host_count",

@@ -34,6 +34,7 @@ from ninja.security import HttpBearer
 
 from accounts.keys import find_api_key
 from accounts.models import ApiKey
+from runcrate import money
 from runcrate.errors import Refused
 from runcrate.text import check_json, too_deep
 
@@ -65,8 +66,8 @@ class KeyNotAllowed(Refused):
 
 
 def money_str(value: Decimal | None) -> str | None:
-    """Money as the API shows it: a decimal string with 2 places."""
-    return None if value is None else f"{value:.2f}"
+    """Money as the API shows it: a decimal string with 2 places (runcrate/money.py `plain`)."""
+    return money.plain(value)
 
 
 def exact_money_str(value: Decimal | None) -> str | None:
@@ -143,7 +144,7 @@ def describe_key(key: ApiKey) -> str:
     if key.max_machines_per_cluster is not None:
         terms.append(f"at most {key.max_machines_per_cluster} machines per cluster")
     if key.max_usd_per_hour is not None:
-        terms.append(f"at most ${money_str(key.max_usd_per_hour)} per hour")
+        terms.append(f"at most {money.usd(key.max_usd_per_hour)} per hour")
     return f"The API key '{key.name}' ({key.prefix}…) has " + "; ".join(terms)
 
 

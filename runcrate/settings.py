@@ -107,6 +107,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "runcrate.context_processors.navigation",
+                "billing.context_processors.balance",
             ],
         },
     },

@@ -21,9 +21,10 @@ from clusters.lifecycle.reserve import (
     require_key_limits,
     reserve_hosts,
 )
-from clusters.lifecycle.rules import TERMINABLE, lock_cluster, money, set_needs_work
+from clusters.lifecycle.rules import TERMINABLE, lock_cluster, set_needs_work
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
+from runcrate.money import usd
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         locked.failure_step = node.step
         locked.failure_message = f"{node.name} was lost: {why}."
         work.cluster_dirty = True
-        refund = f" ({money(refunded)} charged past it was refunded)" if refunded else ""
+        refund = f" ({usd(refunded)} charged past it was refunded)" if refunded else ""
         work.event(
             Reason.MACHINE_LOST,
             f"{node.name} was lost: {why}. Its billing ended at its last heartbeat, "

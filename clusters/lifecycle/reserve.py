@@ -17,7 +17,7 @@ from billing import budgets, ledger
 from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.rules import agent_token, money, node_give_up_at, step_deadline, token_hash
+from clusters.lifecycle.rules import agent_token, node_give_up_at, step_deadline, token_hash
 from clusters.models import (
     NAME_RE,
     QUOTED_MAX_NODES,
@@ -29,6 +29,7 @@ from clusters.models import (
 )
 from offers.models import MAX_NODES, MIN_NODES, Host, MachineType, QuoteRequest
 from offers.offers import Availability, get_offer
+from runcrate.money import usd
 
 Status = Cluster.Status
 Step = Node.Step
@@ -286,8 +287,8 @@ def create_cluster(
         if spent >= environment.monthly_budget:
             raise ClusterRefused(
                 "budget_reached",
-                f"The {environment.name} environment has spent {money(spent)} this month, its "
-                f"whole monthly budget of {money(environment.monthly_budget)}; raise the budget "
+                f"The {environment.name} environment has spent {usd(spent)} this month, its "
+                f"whole monthly budget of {usd(environment.monthly_budget)}; raise the budget "
                 "to create clusters here.",
             )
 
@@ -325,7 +326,7 @@ def create_cluster(
                 else ""
             )
             terms = (
-                f" Quoted: billed at the agreed {money(quoted.price_per_machine_hour)} per "
+                f" Quoted: billed at the agreed {usd(quoted.price_per_machine_hour)} per "
                 f"machine-hour (quote request {quoted.quote.pk})."
                 if quoted
                 else ""
@@ -364,9 +365,9 @@ def require_balance(
     if balance < needed:
         raise ClusterRefused(
             "insufficient_balance",
-            f"Your balance is {money(balance)}; {doing} needs at least {money(needed)} "
+            f"Your balance is {usd(balance)}; {doing} needs at least {usd(needed)} "
             f"(one hour of the whole cluster; never less than "
-            f"{money(settings.RUNCRATE_MIN_BALANCE)}).",
+            f"{usd(settings.RUNCRATE_MIN_BALANCE)}).",
         )
 
 
@@ -415,9 +416,9 @@ def require_key_limits(
     if running + added > api_key.max_usd_per_hour:
         raise ClusterRefused(
             "key_limit_exceeded",
-            f"{named} may run at most {money(api_key.max_usd_per_hour)} per hour of clusters "
-            f"(max_usd_per_hour): the live clusters it created cost {money(running)} per hour "
-            f"and this adds {money(added)}, {money(running + added)} in all. Nothing was "
+            f"{named} may run at most {usd(api_key.max_usd_per_hour)} per hour of clusters "
+            f"(max_usd_per_hour): the live clusters it created cost {usd(running)} per hour "
+            f"and this adds {usd(added)}, {usd(running + added)} in all. Nothing was "
             "reserved.",
             field="nodes",
         )

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import re
 from datetime import datetime, timedelta
-from decimal import Decimal
 
 from django.conf import settings
 
@@ -55,10 +54,6 @@ TERMINABLE = {Status.PROVISIONING, Status.INSTALLING, Status.READY, Status.DEGRA
 
 
 # --- small rules -------------------------------------------------------------------------------
-
-
-def money(amount: Decimal) -> str:
-    return f"${amount:,.2f}"
 
 
 def duration(seconds: float) -> str:

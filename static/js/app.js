@@ -38,7 +38,12 @@ document.addEventListener("click", (event) => {
     const now = Date.now() + skew;
     for (const element of document.querySelectorAll("[data-deadline]")) {
       const left = Math.max(0, Math.floor((Date.parse(element.dataset.deadline) - now) / 1000));
-      const text = `${duration(left)} left`;
+      // An estimate words it otherwise: `data-prefix` and `data-suffix` (instead of " left"):
+      // "in about 4m 10s"; and `data-overdue` shows once its time is up.
+      const prefix = element.dataset.prefix ?? "";
+      const suffix = element.dataset.suffix ?? " left";
+      const overdue = left === 0 && element.dataset.overdue;
+      const text = overdue || `${prefix}${duration(left)}${suffix}`;
       if (element.textContent !== text) element.textContent = text;
     }
   }

@@ -121,7 +121,7 @@ def test_it_draws_spend_per_day_as_an_svg_chart(owner):
     assert len(chart.bars) == 31
     body = response.content.decode()
     assert '<svg class="spend-chart"' in body
-    assert "<title>Mar 4: 4.00 USD</title>" in body
+    assert "<title>Mar 4: $4.00</title>" in body
 
 
 def test_it_opens_a_cluster_line_to_its_machines_with_htmx_and_without(owner):

@@ -95,7 +95,7 @@ def test_it_sets_the_budget_once_confirmed_on_the_page_and_the_meter_stops_them(
     assert staging.monthly_budget == Decimal("40.00")
     flash = [str(m) for m in response.wsgi_request._messages]
     assert flash == [
-        "staging: monthly budget set to 40.00 USD. It is reached: 2 clusters (idle, trainer) "
+        "staging: monthly budget set to $40.00. It is reached: 2 clusters (idle, trainer) "
         "stop within a minute."
     ]
     assert len(enforce_limits(now=NOW).stopped_for_budget) == 2

@@ -68,7 +68,7 @@ def test_it_credits_a_project_from_the_command_line(project):
         "Welcome credit",
     )
     assert output.strip() == (
-        "Credited 250.00 USD to Ada's project (ada@example.com). Balance: 250.00 USD."
+        "Credited $250.00 to Ada's project (ada@example.com). Balance: $250.00."
     )
 
 
@@ -76,7 +76,7 @@ def test_it_debits_with_a_negative_amount(project):
     credit("ada@example.com", "100")
     output = credit("ada@example.com", "-30.25")
     assert ledger.balance(project=project) == Decimal("69.75")
-    assert "Debited 30.25 USD from Ada's project" in output
+    assert "Debited $30.25 from Ada's project" in output
     assert LedgerEntry.objects.get(amount=Decimal("-30.25")).note == "Debit by staff"
 
 

@@ -92,7 +92,7 @@ def test_it_refuses_less_than_10_usd_and_asks_stripe_nothing(owner, stripe_serve
     response = add_credit(owner.browser_client(), "9.99")
 
     assert response.status_code == 422
-    assert "The minimum top-up is 10.00 USD." in response.content.decode()
+    assert "The minimum top-up is $10.00." in response.content.decode()
     assert Payment.objects.count() == 0
     assert stripe_server.requests == []
 

@@ -171,7 +171,7 @@ def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
     datasets = next(row for row in storage if "datasets" in row["note"])
     assert datasets["amount_usd"] == "-3.75"
     assert datasets["location"] == "us-east-2"
-    assert datasets["note"] == "Volume storage — datasets (1000 GB at $0.1 per GB-month)"
+    assert datasets["note"] == "Volume storage — datasets (1000 GB at $0.10 per GB-month)"
     assert {entry["volume_id"] for entry in api["data"]} == {volume.pk, volume.pk + 1}
     assert {entry["type"] for entry in api["data"]} == {"storage"}
 

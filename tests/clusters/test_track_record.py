@@ -237,10 +237,11 @@ def test_the_picker_runs_the_same_queries_with_track_records_for_many_types(
         )
     client = owner.browser_client()
 
-    # session, user, GPU cards, offers with their track records, the project in the layout
-    with django_assert_num_queries(5):
+    # session, user, GPU cards, offers with their track records, the project in the layout,
+    # the top bar's balance
+    with django_assert_num_queries(6):
         response = client.get("/offers/?gpu=h100-sxm&nodes=2")
-    with django_assert_num_queries(3):  # within the tick: from the cache
+    with django_assert_num_queries(4):  # within the tick: from the cache
         again = client.get("/offers/?gpu=h100-sxm&nodes=2&sort=price_per_gpu_hour")
 
     assert text(response.content.decode()).count("ready in about 10 min · 95% started") == 12

@@ -184,8 +184,9 @@ def test_it_sorts_and_narrows_the_cached_list_without_a_query(
     client = owner.browser_client()
     client.get(f"{PICKER}?gpu=h100-sxm&nodes=2")  # the GPU cards and the offers, cached
 
-    # session, user, project: the cards and the offers come from the one cached entry
-    with django_assert_num_queries(3):
+    # session, user, project and the top bar's balance: the cards and the offers come from the
+    # one cached entry
+    with django_assert_num_queries(4):
         response = client.get(f"{PICKER}?gpu=h100-sxm&nodes=2&sort=price_per_gpu_hour&gpus=8")
 
     assert [slug for slug, _ in offer_rows(response.content.decode())] == ["eight-cheap", "eight"]

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import balances
+from runcrate.money import usd
 
 
 class Command(BaseCommand):
@@ -18,8 +19,8 @@ class Command(BaseCommand):
         differences = balances.check()
         for difference in differences:
             self.stdout.write(
-                f"project {difference.project_id}: balance {difference.stored:.2f} USD, "
-                f"ledger {difference.ledger:.2f} USD"
+                f"project {difference.project_id}: balance {usd(difference.stored)}, "
+                f"ledger {usd(difference.ledger)}"
             )
         if not differences:
             self.stdout.write("Every balance is the sum of its ledger.")

@@ -3,6 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from accounts.models import User
 from accounts.projects import project_for
 from billing import ledger
+from runcrate.money import usd
 
 
 class Command(BaseCommand):
@@ -30,6 +31,6 @@ class Command(BaseCommand):
         entry = ledger.credit(project=project, amount=value, note=note)
         verb = "Credited" if value > 0 else "Debited"
         self.stdout.write(
-            f"{verb} {abs(entry.amount):.2f} USD {'to' if value > 0 else 'from'} "
-            f"{project.name} ({user.email}). Balance: {ledger.balance(project=project):.2f} USD."
+            f"{verb} {usd(abs(entry.amount))} {'to' if value > 0 else 'from'} "
+            f"{project.name} ({user.email}). Balance: {usd(ledger.balance(project=project))}."
         )
