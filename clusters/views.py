@@ -72,6 +72,10 @@ FAILED_AT = {
     Node.Step.NETWORK: "network test",
     Node.Step.INSTALL: "install",
 }
+# Failures that leave a cluster degraded with its software not running.
+INSTALL_FAILURES = {Event.Reason.INSTALL_FAILED, Event.Reason.INSTALL_TIMEOUT}
+# The tail of a failure's output the page's banner shows; the event keeps it whole.
+FAILURE_OUTPUT_LINES = 40
 STEP_NAMES = {
     Node.Step.RUNNING: "Machines running",
     Node.Step.AGENT: "Agents",
@@ -239,9 +243,8 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
             except ClusterRefused as refusal:
                 form.add_refusal(refusal)
             else:
-                messages.success(
-                    request, f"{cluster.name} is starting: {cluster.size} machines reserved."
-                )
+                # No flash: the cluster page says it is starting while it provisions, and stops
+                # saying so once it is past that (docs/clusters.md).
                 return redirect("clusters:detail", pk=cluster.pk)
     else:
         initial = {"offer": offer.id, "nodes": nodes}
@@ -360,12 +363,28 @@ def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
     return result
 
 
+def _steps_done(node: Node, with_install: bool) -> int:
+    """How many of its steps a node has really passed: running, agent, network, and the software
+    only once its check passed on the node (step `done`); an install that ran but was never
+    checked ready, or that failed, is not done."""
+    done = sum(1 for field in ("running_at", "agent_at", "network_at") if getattr(node, field))
+    if with_install and node.installed_at and node.step == Node.Step.DONE:
+        done += 1
+    return done
+
+
+def _install_failed(cluster: Cluster) -> bool:
+    """Whether the cluster is degraded because its software did not install (not a lost machine)."""
+    return cluster.status == Cluster.Status.DEGRADED and cluster.failure_reason in INSTALL_FAILURES
+
+
 def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRow]:
     with_install = cluster.software != Cluster.Software.NONE
-    fields = ["running_at", "agent_at", "network_at"] + (["installed_at"] if with_install else [])
+    total = 4 if with_install else 3
+    install_failed = _install_failed(cluster)
     rows = []
     for node in nodes:
-        done = sum(1 for field in fields if getattr(node, field))
+        done = _steps_done(node, with_install)
         left = node.seconds_left(now) if cluster.is_live else None
         doing = NODE_STEP_PHRASES.get(node.step, node.step)
         if node.status == Node.Status.FAILED:
@@ -375,7 +394,12 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
             tone = "bad"
             heard = node.heartbeat_at or node.ended_at
             doing = f"Lost: silent since {heard:%H:%M:%S} UTC" if heard else "Lost"
-        elif done == len(fields):
+        elif install_failed and node.step == Node.Step.INSTALL:
+            # The install stopped: the node that failed says so, the others did not finish.
+            failed_here = node.name == cluster.failure_node
+            tone = "bad" if failed_here else ""
+            doing = "Install failed" if failed_here else "Install stopped"
+        elif done == total:
             tone = "ok"
         else:
             tone = ""
@@ -384,14 +408,43 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
                 node=node,
                 doing=doing if node.status != Node.Status.ENDED else "Released",
                 steps_done=done,
-                steps_total=len(fields),
-                percent=round(100 * done / len(fields)),
+                steps_total=total,
+                percent=round(100 * done / total),
                 tone=tone,
                 time_left=f"{_duration(left)} left" if left is not None else "",
                 deadline=_instant(node.step_deadline) if left is not None else "",
             )
         )
     return rows
+
+
+def _failure_event(cluster: Cluster) -> Event | None:
+    """The event that explains a failed or degraded cluster (its reason, its node, its output),
+    read from the page's prefetched events where there are, else in one query."""
+    if cluster.status not in (Cluster.Status.FAILED, Cluster.Status.DEGRADED):
+        return None
+    if not cluster.failure_reason:
+        return None
+    if "events" in getattr(cluster, "_prefetched_objects_cache", {}):
+        events = [e for e in cluster.events.all() if e.reason == cluster.failure_reason]
+        return events[0] if events else None  # newest first
+    return _page_events().filter(cluster=cluster, reason=cluster.failure_reason).first()
+
+
+def _failure_context(cluster: Cluster) -> dict:
+    """What the failed or degraded banner shows beside the cluster's failure fields: the
+    failing event's output (its last lines; the Events table has it whole)."""
+    event = _failure_event(cluster)
+    if event is None or not event.output:
+        return {"failure_event": event, "failure_output": ""}
+    lines = event.output.rstrip().splitlines()
+    tail = "\n".join(lines[-FAILURE_OUTPUT_LINES:])
+    return {
+        "failure_event": event,
+        "failure_output": tail,
+        "failure_output_shown": min(len(lines), FAILURE_OUTPUT_LINES),
+        "failure_output_cut": max(0, len(lines) - FAILURE_OUTPUT_LINES),
+    }
 
 
 def _ssh_to_head(cluster: Cluster) -> str:
@@ -507,6 +560,8 @@ def _detail_context(cluster: Cluster) -> dict:
         "connect_version": "",
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
+    context.update(_failure_context(cluster))
+    context["install_failed"] = _install_failed(cluster)
     context["acceptance"] = _acceptance(cluster)
     context["network_test"] = lifecycle.network_test_report(cluster, now)
     context["network_expected"] = connect.expected_bandwidth()
