@@ -33,7 +33,7 @@ from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
 from clusters.models import Cluster, Event, Node, Volume
-from offers.models import MAX_NODES, MIN_NODES, Location
+from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, Location
 from offers.offers import Offer, get_offer, list_offers
 from offers.quotes import quotes_for
 
@@ -206,6 +206,7 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
         "needed": _usd(needed),
         "min_balance": _usd(settings.RUNCRATE_MIN_BALANCE),
         "short": valid and balance < needed,
+        "too_few": TOO_FEW_NODES if nodes < MIN_NODES else "",
     }
 
 
