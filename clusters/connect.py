@@ -418,7 +418,6 @@ def kube_ca(shape: ClusterShape) -> KubeCa:
 def kubeconfig(shape: ClusterShape) -> str:
     """The admin's kubeconfig: node-0's API, verified against the cluster's own CA."""
     ca = base64.b64encode(kube_ca(shape).certificate.encode()).decode()
-    # JSON is valid YAML, and json.dumps quotes every value safely.
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -434,7 +433,29 @@ def kubeconfig(shape: ClusterShape) -> str:
         ],
         "current-context": shape.name,
     }
-    return json.dumps(config, indent=2) + "\n"
+    return _yaml(config)
+
+
+def _yaml(value, indent: int = 0) -> str:
+    """Block-style YAML, as kubectl writes a kubeconfig, of dicts, lists and strings. Every
+    string is double-quoted the way JSON quotes it, which YAML reads the same, so no value
+    (a name, a token, an address) can change the document's structure."""
+    pad = " " * indent
+    lines = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                lines.append(f"{pad}{key}:\n{_yaml(item, indent + 2)}")
+            else:
+                lines.append(f"{pad}{key}: {json.dumps(item)}\n")
+    elif isinstance(value, list):
+        for item in value:
+            body = _yaml(item, indent + 2) if isinstance(item, (dict, list)) else None
+            if body is None:
+                lines.append(f"{pad}- {json.dumps(item)}\n")
+            else:
+                lines.append(f"{pad}- {body[indent + 2 :]}")
+    return "".join(lines)
 
 
 def kubernetes_gpu_pod(shape: ClusterShape) -> str:
