@@ -8,7 +8,7 @@ from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import volumes
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster
-from offers.models import MAX_NODES, MIN_NODES
+from offers.models import MAX_NODES, MIN_NODES, Location
 from offers.offers import Offer
 
 # ClusterRefused.field names the lifecycle's argument; the form's fields are named for people.
@@ -125,6 +125,25 @@ class ClusterForm(forms.Form):
         self.add_error(REFUSAL_FIELDS.get(refusal.field or ""), refusal.message)
 
 
+class ReasonedSelect(forms.Select):
+    """A select whose options in `reasons` (value -> why) are disabled and say why: a choice
+    that cannot work is shown, never offered (SPEC §1)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reasons: dict[str, str] = {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        why = self.reasons.get(str(value))
+        if why:
+            label = f"{label} — {why}"
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        if why:
+            option["attrs"]["disabled"] = True
+            option["selected"] = False
+        return option
+
+
 class VolumeForm(forms.Form):
     """The Storage page's create form. Like ClusterForm it checks only what a browser can send
     wrong; `clusters.volumes.create_volume` owns the rules and its refusals go beside their field.
@@ -139,7 +158,8 @@ class VolumeForm(forms.Form):
         ),
     )
     location = forms.ChoiceField(
-        help_text="A volume is attached only to clusters in its own location."
+        help_text="A volume is attached only to clusters in its own location.",
+        widget=ReasonedSelect,
     )
     size_gb = forms.IntegerField(
         label="Size (GB)",
@@ -147,7 +167,9 @@ class VolumeForm(forms.Form):
         widget=forms.NumberInput(attrs={"min": 1, "max": 100_000, "step": 1, "placeholder": "500"}),
     )
 
-    def __init__(self, *args, locations, **kwargs) -> None:
+    def __init__(self, *args, locations: list[tuple[Location, str]], **kwargs) -> None:
+        """`locations`: every location with why no volume can be created there, or ""
+        (`clusters.volumes.volume_locations`); those that cannot are disabled, with the reason."""
         super().__init__(*args, **kwargs)
         self.fields["location"].choices = [
             (
@@ -155,8 +177,14 @@ class VolumeForm(forms.Form):
                 f"{location.code} · {location.name} · "
                 f"${volumes.rate(location.volume_price_per_gb_month)} per GB-month",
             )
-            for location in locations
+            for location, _ in locations
         ]
+        reasons = {location.code: why for location, why in locations if why}
+        self.fields["location"].widget.reasons = reasons
+        self.unavailable_locations = reasons
+        usable = [location.code for location, why in locations if not why]
+        if not self.is_bound and usable:
+            self.initial.setdefault("location", usable[0])
 
     def add_refusal(self, refusal: ClusterRefused) -> None:
         field = refusal.field if refusal.field in self.fields else None

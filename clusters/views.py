@@ -33,7 +33,7 @@ from clusters import connect, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
 from clusters.models import Cluster, Event, Node, Volume
-from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, Location
+from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES
 from offers.offers import Offer, get_offer, list_offers
 from offers.quotes import quotes_for
 
@@ -864,7 +864,7 @@ def _get_volume_for_user(request: HttpRequest, pk: int) -> Volume:
 def storage(request: HttpRequest) -> HttpResponse:
     """The project's volumes, and the form that creates one."""
     project = require_project(request)
-    locations = list(Location.objects.order_by("code"))
+    locations = volumes.volume_locations()
     if request.method == "POST":
         form = VolumeForm(request.POST, locations=locations)
         if form.is_valid():
