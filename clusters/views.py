@@ -29,7 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
-from clusters import connect, lifecycle, volumes
+from clusters import connect, getting_started, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm
 from clusters.models import Cluster, Event, Node, Volume
@@ -177,6 +177,9 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
             response.status_code = STOP_POLLING
     else:
         context["quotes"] = list(quotes_for(request.project))
+        context["getting_started"] = getting_started.steps(
+            project=request.project, user=request.user, has_clusters=page.paginator.count > 0
+        )
         response = render(request, "clusters/list.html", context)
     patch_vary_headers(response, ("HX-Request",))
     return response
