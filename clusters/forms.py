@@ -1,13 +1,17 @@
 """The create form. It checks only what a browser can send wrong (a number that is no number);
 every rule of SPEC §2 is the lifecycle's, and its refusals are shown beside their field."""
 
+import re
+import secrets
+import string
+
 from django import forms
 
 from accounts.models import Environment, Project, SshKey
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import volumes
 from clusters.errors import ClusterRefused
-from clusters.models import Cluster
+from clusters.models import NAME_RE, Cluster
 from offers.models import MAX_NODES, MIN_NODES, Location
 from offers.offers import Offer
 
@@ -28,6 +32,30 @@ SOFTWARE_HELP = {
     Cluster.Software.KUBERNETES: "Every node joins one Kubernetes cluster with its GPUs.",
     Cluster.Software.RAY: "A Ray cluster with its head on node-0.",
 }
+
+
+SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+SUFFIX_LENGTH = 4
+
+
+def name_suffix() -> str:
+    return "".join(secrets.choice(SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH))
+
+
+def suggest_name(*, project: Project, offer: Offer, nodes: int) -> str:
+    """A name for the create form to start from (docs/clusters.md, "Names"): the GPU, the size
+    and a short random suffix, `h100-sxm-4x-k3f9`, that none of the project's clusters has
+    (ended ones included, so a name in the bills stays one cluster's). One query."""
+    gpu = re.sub(r"[^a-z0-9-]+", "-", offer.machine_type.gpu.slug.lower()).strip("-")[:40]
+    stem = f"{gpu or 'gpu'}-{nodes}x" if nodes > 0 else gpu or "cluster"
+    candidates = [f"{stem}-{name_suffix()}" for _ in range(5)]
+    taken = set(
+        Cluster.objects.filter(project=project, name__in=candidates).values_list("name", flat=True)
+    )
+    for name in candidates:
+        if name not in taken and NAME_RE.fullmatch(name):
+            return name
+    return ""  # five collisions in 36^4: leave the field to the user rather than loop
 
 
 class ClusterForm(forms.Form):

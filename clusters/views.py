@@ -31,7 +31,7 @@ from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
 from clusters import connect, getting_started, lifecycle, volumes
 from clusters.errors import ClusterRefused
-from clusters.forms import ClusterForm, VolumeForm
+from clusters.forms import ClusterForm, VolumeForm, suggest_name
 from clusters.models import Cluster, Event, Node, Volume
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES
 from offers.offers import Offer, get_offer, list_offers
@@ -228,6 +228,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
         return render(request, "clusters/new.html#summary", context)
 
     project = request.project
+    suggested = ""
     if request.method == "POST":
         form = ClusterForm(request.POST, project=project, offer=offer)
         if form.is_valid():
@@ -255,6 +256,8 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
         for key in ("name", "software", "environment", "volume"):
             if data.get(key):
                 initial[key] = data[key]
+        if "name" not in initial:
+            initial["name"] = suggested = suggest_name(project=project, offer=offer, nodes=nodes)
         form = ClusterForm(initial=initial, project=project, offer=offer)
 
     context = {
@@ -263,6 +266,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
         "has_keys": bool(form.fields["ssh_keys"].queryset),
         "summary": _summary(request, offer, nodes),
         "min_nodes": MIN_NODES,
+        "name_suggested": bool(suggested),
     }
     return render(request, "clusters/new.html", context, status=400 if form.errors else 200)
 
