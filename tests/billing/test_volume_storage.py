@@ -182,6 +182,7 @@ def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
 @pytest.mark.django_db(transaction=True)
 def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     location = LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
+    MachineTypeFactory(location=location)  # an offer there can attach a volume
     project = paying_project()
     for n in range(6):
         new_volume(project, location, name=f"v-{n}")
