@@ -4,7 +4,6 @@ slow work to per-node tasks (`work`)."""
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,6 +37,7 @@ from clusters.lifecycle.rules import (
     reachability_matrix,
     set_needs_work,
     step_deadline,
+    with_node_names,
 )
 from clusters.models import Cluster, Event, Node, give_up_after
 from clusters.software.checks import installer_verdict
@@ -90,14 +90,8 @@ class _Pass:
     # -- recording ------------------------------------------------------------------------
 
     def for_user(self, text: str) -> str:
-        """`text` as the cluster's owner reads it (events, the page, emails): the machines are
-        named by their node (node-0, node-1 …), never by the inventory's host names, which are
-        the operator's and stay in the logs and in admin."""
-        for node in self.nodes:
-            if node.host_id is not None and node.host.name:
-                pattern = rf"(?<![A-Za-z0-9_.-]){re.escape(node.host.name)}(?![A-Za-z0-9_-])"
-                text = re.sub(pattern, node.name, text)
-        return text
+        """`text` with the cluster's machines named node-i, never by host name."""
+        return with_node_names(text, self.nodes)
 
     def event(
         self, reason: str, message: str, *, node: Node | None = None, step: str = "", output=""

@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 
 from clusters import lifecycle
+from clusters.lifecycle.rules import with_node_names
 from clusters.models import Cluster, Event, Node
 from clusters.software.checks import installer_verdict
 from clusters.views import _node_rows
@@ -224,3 +225,33 @@ def test_a_stranger_sees_no_failure(degraded, stranger):
     _, cluster = degraded
     assert stranger.browser_client().get(f"/clusters/{cluster.pk}/").status_code == 404
     assert Event.objects.filter(cluster=cluster, reason="install_failed").exists()
+
+
+def test_names_become_node_names_whole_words_only(db):
+    cluster = ClusterFactory(machines=True, size=2)
+    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    Host.objects.filter(pk=nodes[0].host_id).update(name="gpu-1")
+    Host.objects.filter(pk=nodes[1].host_id).update(name="gpu-12")
+    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    text = "gpu-1 and gpu-12 failed; gpu-123 and rack.gpu-1 are other machines"
+    assert with_node_names(text, nodes) == (
+        "node-0 and node-1 failed; gpu-123 and rack.gpu-1 are other machines"
+    )
+
+
+def test_a_failed_network_test_names_the_node_not_the_host(db, monkeypatch):
+    from clusters.drivers.base import DriverError
+    from clusters.drivers.simulated import SimulatedDriver
+    from clusters.lifecycle.network_test import _measure
+
+    cluster = ClusterFactory(machines=True, size=2, status=Cluster.Status.READY)
+    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    Host.objects.filter(pk=nodes[1].host_id).update(name="fra1-rack7-gpu-0042")
+    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+
+    def broken(self, cluster, *, nodes, plan):
+        raise DriverError("could not reach fra1-rack7-gpu-0042 from the head")
+
+    monkeypatch.setattr(SimulatedDriver, "network_test", broken)
+    result = _measure(cluster, nodes)
+    assert result.error == "could not reach node-1 from the head"
