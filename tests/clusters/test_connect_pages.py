@@ -415,3 +415,13 @@ def test_it_puts_the_connect_panel_in_the_ready_email(owner, settings):
     assert "Every node mounts /shared" in body
     html = mail.outbox[0].alternatives[0][0]
     assert "mpirun --allow-run-as-root -np 24 --hostfile /shared/hostfile" in html
+
+
+def test_the_ray_panel_copies_the_head_address_and_tunnels_the_dashboard(owner):
+    cluster = running_cluster(owner, software="ray")
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    assert '<code id="ray-head">node-0:6379</code>' in html
+    assert 'data-copy="ray-head"' in html
+    tunnel = re.search(r'<pre id="ray-tunnel">([^<]+)</pre>', html).group(1)
+    assert tunnel == "ssh -N -L 8265:127.0.0.1:8265 root@203.0.113.10"
+    assert 'data-copy="ray-tunnel"' in html and "http://127.0.0.1:8265" in html
