@@ -429,25 +429,35 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
 def _failure_event(cluster: Cluster) -> Event | None:
     """The event that explains a failed or degraded cluster (its reason, its node, its output),
     read from the page's prefetched events where there are, else in one query."""
-    if cluster.status not in (Cluster.Status.FAILED, Cluster.Status.DEGRADED):
-        return None
-    if not cluster.failure_reason:
+    if cluster.status == Cluster.Status.FAILED:
+        reasons = {cluster.failure_reason} if cluster.failure_reason else Event.FAILURES
+    elif cluster.status == Cluster.Status.DEGRADED:
+        # A cluster degraded before the lifecycle kept its failure fields has only its event.
+        reasons = {cluster.failure_reason} if cluster.failure_reason else Event.DEGRADING
+    else:
         return None
     if "events" in getattr(cluster, "_prefetched_objects_cache", {}):
-        events = [e for e in cluster.events.all() if e.reason == cluster.failure_reason]
+        events = [e for e in cluster.events.all() if e.reason in reasons]
         return events[0] if events else None  # newest first
-    return _page_events().filter(cluster=cluster, reason=cluster.failure_reason).first()
+    return _page_events().filter(cluster=cluster, reason__in=reasons).first()
 
 
 def _failure_context(cluster: Cluster) -> dict:
     """What the failed or degraded banner shows beside the cluster's failure fields: the
     failing event's output (its last lines; the Events table has it whole)."""
     event = _failure_event(cluster)
+    # The cluster's own fields, or its event's where an older cluster has none.
+    why = {
+        "node": cluster.failure_node or (event.node.name if event and event.node else ""),
+        "reason": cluster.failure_reason or (event.reason if event else ""),
+        "message": cluster.failure_message or (event.message if event else ""),
+    }
     if event is None or not event.output:
-        return {"failure_event": event, "failure_output": ""}
+        return {"failure_event": event, "failure_output": "", "failure": why}
     lines = event.output.rstrip().splitlines()
     tail = "\n".join(lines[-FAILURE_OUTPUT_LINES:])
     return {
+        "failure": why,
         "failure_event": event,
         "failure_output": tail,
         "failure_output_shown": min(len(lines), FAILURE_OUTPUT_LINES),

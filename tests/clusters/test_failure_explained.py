@@ -255,3 +255,27 @@ def test_a_failed_network_test_names_the_node_not_the_host(db, monkeypatch):
     monkeypatch.setattr(SimulatedDriver, "network_test", broken)
     result = _measure(cluster, nodes)
     assert result.error == "could not reach node-1 from the head"
+
+
+def test_a_cluster_degraded_without_failure_fields_is_explained_by_its_event(owner):
+    cluster = ClusterFactory(
+        project=owner.project,
+        software=Cluster.Software.RAY,
+        status=Cluster.Status.DEGRADED,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+    node = cluster.nodes.get(index=1)
+    Event.objects.create(
+        cluster=cluster,
+        node=node,
+        step="install",
+        reason="install_failed",
+        message="Installing Ray failed on node-1.",
+        output="[node-1] error: ray service exited with status 1\n",
+    )
+    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode())
+    assert "Ray did not install on node-1." in page
+    assert "install_failed : Installing Ray failed on node-1." in page
+    assert "Installer output" not in page  # no failure_step: "Output"
+    assert "Output from node-1 [node-1] error: ray service exited" in page
