@@ -26,6 +26,12 @@ def balance(*, project: Project) -> Decimal:
     return balance_of(project.pk)
 
 
+def has_credit(*, project: Project) -> bool:
+    """Whether credit was ever added to the project (a top-up, or a staff credit), in one query."""
+    credits = (LedgerEntry.Kind.TOPUP, LedgerEntry.Kind.ADJUSTMENT)
+    return LedgerEntry.objects.filter(project=project, kind__in=credits, amount__gt=0).exists()
+
+
 def parse_amount(raw: str | Decimal | int) -> Decimal:
     """A USD amount with at most 2 decimals, not zero; raises InvalidAmount otherwise."""
     try:

@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Model
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -47,11 +47,19 @@ def billing_view(view):
     return wrapper
 
 
-def _month(request: HttpRequest) -> usage.Month:
+def _month(request: HttpRequest) -> tuple[usage.Month, str]:
+    """The month asked for (`?month=YYYY-MM`, default the current one), and "" ; or, for a
+    month that is not one, the current month and a sentence saying so: a bad link shows the
+    page with a message, never a 404 (docs/billing.md)."""
+    raw = request.GET.get("month")
     try:
-        return usage.Month.parse(request.GET.get("month"))
+        return usage.Month.parse(raw), ""
     except usage.MonthInvalid:
-        raise Http404("No such month.") from None
+        current = usage.Month.of(timezone.now())
+        return current, (
+            f"There is no month {raw.strip()[:20]!r}: a month is written YYYY-MM, like "
+            f"{current.param}. Showing {current.label}."
+        )
 
 
 def _page_number(request: HttpRequest) -> int:
@@ -82,12 +90,14 @@ def _month_context(request: HttpRequest, month: usage.Month) -> dict:
 @require_GET
 @never_cache  # the balance, and a fresh Idempotency-Key in the Add credit form
 def index(request: HttpRequest) -> HttpResponse:
-    month = _month(request)
+    month, notice = _month(request)
     context = _month_context(request, month)
+    context["month_notice"] = notice
+    status = 400 if notice else 200
     if request.htmx and request.htmx.target == "billing-month":
-        return render(request, "billing/index.html#month", context)
+        return render(request, "billing/index.html#month", context, status=status)
     context.update(_top_context(request))
-    return render(request, "billing/index.html", context)
+    return render(request, "billing/index.html", context, status=status)
 
 
 def _top_context(request: HttpRequest, form: TopUpForm | None = None) -> dict:
@@ -112,7 +122,7 @@ def _billed_cluster(request: HttpRequest, cluster_id: int) -> Model:
 def cluster_usage(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """A cluster line opened: one row per machine for the month (htmx), or a page of its own."""
     cluster = _billed_cluster(request, cluster_id)
-    month = _month(request)
+    month, notice = _month(request)
     collapsed = request.GET.get("collapsed") == "1"
     rows = [] if collapsed else usage.machine_rows(cluster=cluster, month=month)
     context = {
@@ -122,16 +132,21 @@ def cluster_usage(request: HttpRequest, cluster_id: int) -> HttpResponse:
         "rows": rows,
         "total": sum((row.cost for row in rows), Decimal("0.00")),
         "total_hours": usage.hours(sum(row.seconds for row in rows)),
+        "month_notice": notice,
     }
+    status = 400 if notice else 200
     if request.htmx:
-        return render(request, "billing/cluster_usage.html#machines", context)
-    return render(request, "billing/cluster_usage.html", context)
+        return render(request, "billing/cluster_usage.html#machines", context, status=status)
+    return render(request, "billing/cluster_usage.html", context, status=status)
 
 
 @billing_view
 @require_GET
 def export_csv(request: HttpRequest) -> HttpResponse:
-    month = _month(request)
+    month, notice = _month(request)
+    if notice:  # a file of the wrong month would mislead: back to the page, which says why
+        messages.error(request, notice.replace(f" Showing {month.label}.", ""))
+        return redirect("billing:index")
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="runcrate-billing-{month.param}.csv"'
     writer = csv.writer(response)

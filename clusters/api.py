@@ -690,7 +690,8 @@ def list_volumes(
     response={201: VolumeEnvelope, 401: ErrorOut, 403: ErrorOut, 409: ErrorOut, 422: ErrorOut},
     summary="Create a volume",
     description="Billed per GB-month from now, attached or not. Refusals: 422 `invalid_name`, "
-    "409 `name_taken`, 422 `unknown_location`, 422 `invalid_size`.",
+    "409 `name_taken`, 422 `unknown_location`, 422 `location_cannot_attach` (no offer there can "
+    "attach a volume), 422 `invalid_size`.",
 )
 def create_volume(request: HttpRequest, payload: VolumeIn) -> Status:
     volume = volumes.create_volume(

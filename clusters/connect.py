@@ -25,6 +25,7 @@ SSH_USER = "root"
 MASTER_PORT = 29500
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
+SOFTWARE_NAMES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "ray": "Ray"}
 KUBE_API_PORT = 6443
 # Behind a gateway the API is reached through an SSH tunnel to node-0, on a local port of its
 # own per cluster (below the ephemeral ports of Linux, macOS and Windows), so two clusters'
@@ -74,6 +75,10 @@ class ClusterShape:
     gateway: str | None  # "host:port" of the location's SSH gateway, or None
     volume: str | None = None  # the attached volume's name, or None
     gateway_host_key: str | None = None  # the gateway's pinned host key, where known
+    # Whether the software runs: running, installing, or failed (its install did not pass on
+    # every node: the cluster is degraded), with the node it failed on.
+    software_state: str = "running"
+    software_failed_on: str | None = None
 
     @property
     def size(self) -> int:
@@ -122,6 +127,7 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
     nodes = [n for n in cluster.nodes.all() if n.status in wanted]
     gateway = machine_type.location.ssh_gateway or None
     volume = next(iter(cluster.volumes.all()), None)
+    state, failed_on = _software_state(cluster)
     return ClusterShape(
         cluster_id=cluster.pk,
         name=cluster.name,
@@ -141,6 +147,40 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
         gateway=gateway,
         volume=volume.name if volume else None,
         gateway_host_key=machine_type.location.ssh_gateway_host_key or None,
+        software_state=state,
+        software_failed_on=failed_on,
+    )
+
+
+# The failures after which the software is not running (the cluster is degraded).
+_INSTALL_FAILURES = {"install_failed", "install_timeout"}
+
+
+def _software_state(cluster) -> tuple[str, str | None]:
+    """running | installing | failed, and the node a failed install names."""
+    if cluster.status == "installing":
+        return "installing", None
+    if cluster.status == "degraded" and cluster.failure_reason in _INSTALL_FAILURES:
+        return "failed", cluster.failure_node or None
+    return "running", None
+
+
+def software_status(shape: ClusterShape) -> str | None:
+    """A sentence when the cluster's software is not running (None when it runs, or there is
+    none): the connect panel and the API say it above the software's commands."""
+    if shape.software == "none" or shape.software_state == "running":
+        return None
+    software = SOFTWARE_NAMES.get(shape.software, shape.software)
+    if shape.software_state == "installing":
+        return (
+            f"{software} is still installing: its commands below work once the cluster is "
+            "ready. SSH and the private network work now."
+        )
+    where = f" on {shape.software_failed_on}" if shape.software_failed_on else ""
+    return (
+        f"{software} is not running: its install failed{where}, so its commands below do not "
+        "work yet. SSH, the hostfile and the private network work; retry the install, or "
+        "terminate the cluster."
     )
 
 
@@ -378,7 +418,6 @@ def kube_ca(shape: ClusterShape) -> KubeCa:
 def kubeconfig(shape: ClusterShape) -> str:
     """The admin's kubeconfig: node-0's API, verified against the cluster's own CA."""
     ca = base64.b64encode(kube_ca(shape).certificate.encode()).decode()
-    # JSON is valid YAML, and json.dumps quotes every value safely.
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -394,7 +433,29 @@ def kubeconfig(shape: ClusterShape) -> str:
         ],
         "current-context": shape.name,
     }
-    return json.dumps(config, indent=2) + "\n"
+    return _yaml(config)
+
+
+def _yaml(value, indent: int = 0) -> str:
+    """Block-style YAML, as kubectl writes a kubeconfig, of dicts, lists and strings. Every
+    string is double-quoted the way JSON quotes it, which YAML reads the same, so no value
+    (a name, a token, an address) can change the document's structure."""
+    pad = " " * indent
+    lines = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                lines.append(f"{pad}{key}:\n{_yaml(item, indent + 2)}")
+            else:
+                lines.append(f"{pad}{key}: {json.dumps(item)}\n")
+    elif isinstance(value, list):
+        for item in value:
+            body = _yaml(item, indent + 2) if isinstance(item, (dict, list)) else None
+            if body is None:
+                lines.append(f"{pad}- {json.dumps(item)}\n")
+            else:
+                lines.append(f"{pad}- {body[indent + 2 :]}")
+    return "".join(lines)
 
 
 def kubernetes_gpu_pod(shape: ClusterShape) -> str:
@@ -415,12 +476,24 @@ def kubernetes_gpu_pod(shape: ClusterShape) -> str:
     )
 
 
-def ray_info(shape: ClusterShape) -> dict[str, str]:
+def ray_dashboard_tunnel(shape: ClusterShape) -> str | None:
+    """The SSH tunnel that brings node-0's Ray dashboard (and job API) to this computer's
+    127.0.0.1:8265: the dashboard listens on the private network only. None while node-0 has
+    neither an address nor a gateway."""
+    if not shape.reachable(shape.head):
+        return None
+    forward = f"-N -L {RAY_DASHBOARD_PORT}:127.0.0.1:{RAY_DASHBOARD_PORT}"
+    return ssh_command(shape, shape.head, options=forward)
+
+
+def ray_info(shape: ClusterShape) -> dict[str, str | None]:
     head = shape.head.name
     return {
         "head_address": f"{head}:6379",
         "client_address": f"ray://{head}:{RAY_CLIENT_PORT}",
         "dashboard": f"http://{head}:{RAY_DASHBOARD_PORT}",
+        "dashboard_tunnel": ray_dashboard_tunnel(shape),
+        "dashboard_local": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
         "job_submit": (
             f"ray job submit --address http://{head}:{RAY_DASHBOARD_PORT} "
             "--working-dir . -- python script.py"
@@ -509,6 +582,14 @@ def _shared_methods(shape: ClusterShape) -> str:
 
 def software_details(shape: ClusterShape) -> dict | None:
     """The examples for the cluster's software, or None for `none`."""
+    details = _software_commands(shape)
+    if details is not None:
+        details["state"] = shape.software_state
+        details["status"] = software_status(shape)
+    return details
+
+
+def _software_commands(shape: ClusterShape) -> dict | None:
     if shape.software == "slurm":
         return {"name": "slurm", **slurm_examples(shape)}
     if shape.software == "kubernetes":

@@ -1,14 +1,18 @@
 """The create form. It checks only what a browser can send wrong (a number that is no number);
 every rule of SPEC §2 is the lifecycle's, and its refusals are shown beside their field."""
 
+import re
+import secrets
+import string
+
 from django import forms
 
 from accounts.models import Environment, Project, SshKey
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import volumes
 from clusters.errors import ClusterRefused
-from clusters.models import Cluster
-from offers.models import MAX_NODES, MIN_NODES
+from clusters.models import NAME_RE, Cluster
+from offers.models import MAX_NODES, MIN_NODES, Location
 from offers.offers import Offer
 from runcrate.money import usd_rate
 
@@ -29,6 +33,30 @@ SOFTWARE_HELP = {
     Cluster.Software.KUBERNETES: "Every node joins one Kubernetes cluster with its GPUs.",
     Cluster.Software.RAY: "A Ray cluster with its head on node-0.",
 }
+
+
+SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+SUFFIX_LENGTH = 4
+
+
+def name_suffix() -> str:
+    return "".join(secrets.choice(SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH))
+
+
+def suggest_name(*, project: Project, offer: Offer, nodes: int) -> str:
+    """A name for the create form to start from (docs/clusters.md, "Names"): the GPU, the size
+    and a short random suffix, `h100-sxm-4x-k3f9`, that none of the project's clusters has
+    (ended ones included, so a name in the bills stays one cluster's). One query."""
+    gpu = re.sub(r"[^a-z0-9-]+", "-", offer.machine_type.gpu.slug.lower()).strip("-")[:40]
+    stem = f"{gpu or 'gpu'}-{nodes}x" if nodes > 0 else gpu or "cluster"
+    candidates = [f"{stem}-{name_suffix()}" for _ in range(5)]
+    taken = set(
+        Cluster.objects.filter(project=project, name__in=candidates).values_list("name", flat=True)
+    )
+    for name in candidates:
+        if name not in taken and NAME_RE.fullmatch(name):
+            return name
+    return ""  # five collisions in 36^4: leave the field to the user rather than loop
 
 
 class ClusterForm(forms.Form):
@@ -126,6 +154,25 @@ class ClusterForm(forms.Form):
         self.add_error(REFUSAL_FIELDS.get(refusal.field or ""), refusal.message)
 
 
+class ReasonedSelect(forms.Select):
+    """A select whose options in `reasons` (value -> why) are disabled and say why: a choice
+    that cannot work is shown, never offered (SPEC §1)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reasons: dict[str, str] = {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        why = self.reasons.get(str(value))
+        if why:
+            label = f"{label} — {why}"
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        if why:
+            option["attrs"]["disabled"] = True
+            option["selected"] = False
+        return option
+
+
 class VolumeForm(forms.Form):
     """The Storage page's create form. Like ClusterForm it checks only what a browser can send
     wrong; `clusters.volumes.create_volume` owns the rules and its refusals go beside their field.
@@ -140,7 +187,8 @@ class VolumeForm(forms.Form):
         ),
     )
     location = forms.ChoiceField(
-        help_text="A volume is attached only to clusters in its own location."
+        help_text="A volume is attached only to clusters in its own location.",
+        widget=ReasonedSelect,
     )
     size_gb = forms.IntegerField(
         label="Size (GB)",
@@ -148,7 +196,9 @@ class VolumeForm(forms.Form):
         widget=forms.NumberInput(attrs={"min": 1, "max": 100_000, "step": 1, "placeholder": "500"}),
     )
 
-    def __init__(self, *args, locations, **kwargs) -> None:
+    def __init__(self, *args, locations: list[tuple[Location, str]], **kwargs) -> None:
+        """`locations`: every location with why no volume can be created there, or ""
+        (`clusters.volumes.volume_locations`); those that cannot are disabled, with the reason."""
         super().__init__(*args, **kwargs)
         self.fields["location"].choices = [
             (
@@ -156,8 +206,14 @@ class VolumeForm(forms.Form):
                 f"{location.code} · {location.name} · "
                 f"{usd_rate(location.volume_price_per_gb_month)} per GB-month",
             )
-            for location in locations
+            for location, _ in locations
         ]
+        reasons = {location.code: why for location, why in locations if why}
+        self.fields["location"].widget.reasons = reasons
+        self.unavailable_locations = reasons
+        usable = [location.code for location, why in locations if not why]
+        if not self.is_bound and usable:
+            self.initial.setdefault("location", usable[0])
 
     def add_refusal(self, refusal: ClusterRefused) -> None:
         field = refusal.field if refusal.field in self.fields else None

@@ -32,11 +32,11 @@ from accounts.projects import get_for_project, in_project, require_project
 from billing import ledger
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, cluster_costs
-from clusters import connect, estimates, lifecycle, volumes
+from clusters import connect, estimates, getting_started, lifecycle, volumes
 from clusters.errors import ClusterRefused
-from clusters.forms import ClusterForm, VolumeForm
+from clusters.forms import ClusterForm, VolumeForm, suggest_name
 from clusters.models import Cluster, Event, Node, Volume, give_up_after
-from offers.models import MAX_NODES, MIN_NODES, Location, MachineType
+from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, MachineType
 from offers.offers import Offer, get_offer, list_offers, same_shape_first
 from offers.quotes import quotes_for
 from runcrate.money import usd
@@ -76,6 +76,10 @@ FAILED_AT = {
     Node.Step.NETWORK: "network test",
     Node.Step.INSTALL: "install",
 }
+# Failures that leave a cluster degraded with its software not running.
+INSTALL_FAILURES = {Event.Reason.INSTALL_FAILED, Event.Reason.INSTALL_TIMEOUT}
+# The tail of a failure's output the page's banner shows; the event keeps it whole.
+FAILURE_OUTPUT_LINES = 40
 STEP_NAMES = {
     Node.Step.RUNNING: "Machines running",
     Node.Step.AGENT: "Agents",
@@ -176,6 +180,9 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
             response.status_code = STOP_POLLING
     else:
         context["quotes"] = list(quotes_for(request.project))
+        context["getting_started"] = getting_started.steps(
+            project=request.project, user=request.user, has_clusters=page.paginator.count > 0
+        )
         response = render(request, "clusters/list.html", context)
     patch_vary_headers(response, ("HX-Request",))
     return response
@@ -220,6 +227,7 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
         "needed": needed,
         "min_balance": settings.RUNCRATE_MIN_BALANCE,
         "short": valid and balance < needed,
+        "too_few": TOO_FEW_NODES if nodes < MIN_NODES else "",
     }
 
 
@@ -238,6 +246,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
         return render(request, "clusters/new.html#summary", context)
 
     project = request.project
+    suggested = ""
     if request.method == "POST":
         form = ClusterForm(request.POST, project=project, offer=offer)
         if form.is_valid():
@@ -257,15 +266,16 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
             except ClusterRefused as refusal:
                 form.add_refusal(refusal)
             else:
-                messages.success(
-                    request, f"{cluster.name} is starting: {cluster.size} machines reserved."
-                )
+                # No flash: the cluster page says it is starting while it provisions, and stops
+                # saying so once it is past that (docs/clusters.md).
                 return redirect("clusters:detail", pk=cluster.pk)
     else:
         initial = {"offer": offer.id, "nodes": nodes}
         for key in ("name", "software", "environment", "volume"):
             if data.get(key):
                 initial[key] = data[key]
+        if "name" not in initial:
+            initial["name"] = suggested = suggest_name(project=project, offer=offer, nodes=nodes)
         form = ClusterForm(initial=initial, project=project, offer=offer)
 
     boot = offer.machine_type.boot_seconds
@@ -280,6 +290,7 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
             "software": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.SLURM),
             "give_up_after": give_up_after(offer.machine_type.slow_boot),
         },
+        "name_suggested": bool(suggested),
     }
     return render(request, "clusters/new.html", context, status=400 if form.errors else 200)
 
@@ -384,12 +395,28 @@ def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
     return result
 
 
+def _steps_done(node: Node, with_install: bool) -> int:
+    """How many of its steps a node has really passed: running, agent, network, and the software
+    only once its check passed on the node (step `done`); an install that ran but was never
+    checked ready, or that failed, is not done."""
+    done = sum(1 for field in ("running_at", "agent_at", "network_at") if getattr(node, field))
+    if with_install and node.installed_at and node.step == Node.Step.DONE:
+        done += 1
+    return done
+
+
+def _install_failed(cluster: Cluster) -> bool:
+    """Whether the cluster is degraded because its software did not install (not a lost machine)."""
+    return cluster.status == Cluster.Status.DEGRADED and cluster.failure_reason in INSTALL_FAILURES
+
+
 def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRow]:
     with_install = cluster.software != Cluster.Software.NONE
-    fields = ["running_at", "agent_at", "network_at"] + (["installed_at"] if with_install else [])
+    total = 4 if with_install else 3
+    install_failed = _install_failed(cluster)
     rows = []
     for node in nodes:
-        done = sum(1 for field in fields if getattr(node, field))
+        done = _steps_done(node, with_install)
         left = node.seconds_left(now) if cluster.is_live else None
         doing = NODE_STEP_PHRASES.get(node.step, node.step)
         if node.status == Node.Status.FAILED:
@@ -399,7 +426,12 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
             tone = "bad"
             heard = node.heartbeat_at or node.ended_at
             doing = f"Lost: silent since {heard:%H:%M:%S} UTC" if heard else "Lost"
-        elif done == len(fields):
+        elif install_failed and node.step == Node.Step.INSTALL:
+            # The install stopped: the node that failed says so, the others did not finish.
+            failed_here = node.name == cluster.failure_node
+            tone = "bad" if failed_here else ""
+            doing = "Install failed" if failed_here else "Install stopped"
+        elif done == total:
             tone = "ok"
         else:
             tone = ""
@@ -408,14 +440,53 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
                 node=node,
                 doing=doing if node.status != Node.Status.ENDED else "Released",
                 steps_done=done,
-                steps_total=len(fields),
-                percent=round(100 * done / len(fields)),
+                steps_total=total,
+                percent=round(100 * done / total),
                 tone=tone,
                 time_left=f"{_duration(left)} left" if left is not None else "",
                 deadline=_instant(node.step_deadline) if left is not None else "",
             )
         )
     return rows
+
+
+def _failure_event(cluster: Cluster) -> Event | None:
+    """The event that explains a failed or degraded cluster (its reason, its node, its output),
+    read from the page's prefetched events where there are, else in one query."""
+    if cluster.status == Cluster.Status.FAILED:
+        reasons = {cluster.failure_reason} if cluster.failure_reason else Event.FAILURES
+    elif cluster.status == Cluster.Status.DEGRADED:
+        # A cluster degraded before the lifecycle kept its failure fields has only its event.
+        reasons = {cluster.failure_reason} if cluster.failure_reason else Event.DEGRADING
+    else:
+        return None
+    if "events" in getattr(cluster, "_prefetched_objects_cache", {}):
+        events = [e for e in cluster.events.all() if e.reason in reasons]
+        return events[0] if events else None  # newest first
+    return _page_events().filter(cluster=cluster, reason__in=reasons).first()
+
+
+def _failure_context(cluster: Cluster) -> dict:
+    """What the failed or degraded banner shows beside the cluster's failure fields: the
+    failing event's output (its last lines; the Events table has it whole)."""
+    event = _failure_event(cluster)
+    # The cluster's own fields, or its event's where an older cluster has none.
+    why = {
+        "node": cluster.failure_node or (event.node.name if event and event.node else ""),
+        "reason": cluster.failure_reason or (event.reason if event else ""),
+        "message": cluster.failure_message or (event.message if event else ""),
+    }
+    if event is None or not event.output:
+        return {"failure_event": event, "failure_output": "", "failure": why}
+    lines = event.output.rstrip().splitlines()
+    tail = "\n".join(lines[-FAILURE_OUTPUT_LINES:])
+    return {
+        "failure": why,
+        "failure_event": event,
+        "failure_output": tail,
+        "failure_output_shown": min(len(lines), FAILURE_OUTPUT_LINES),
+        "failure_output_cut": max(0, len(lines) - FAILURE_OUTPUT_LINES),
+    }
 
 
 def _ssh_to_head(cluster: Cluster) -> str:
@@ -533,6 +604,8 @@ def _detail_context(cluster: Cluster) -> dict:
         "connect_version": "",
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
+    context.update(_failure_context(cluster))
+    context["install_failed"] = _install_failed(cluster)
     context["acceptance"] = _acceptance(cluster)
     context["network_test"] = lifecycle.network_test_report(cluster, now)
     context["network_expected"] = connect.expected_bandwidth()
@@ -864,7 +937,7 @@ def _get_volume_for_user(request: HttpRequest, pk: int) -> Volume:
 def storage(request: HttpRequest) -> HttpResponse:
     """The project's volumes, and the form that creates one."""
     project = require_project(request)
-    locations = list(Location.objects.order_by("code"))
+    locations = volumes.volume_locations()
     if request.method == "POST":
         form = VolumeForm(request.POST, locations=locations)
         if form.is_valid():

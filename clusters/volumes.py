@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from accounts.models import Project
@@ -38,6 +38,7 @@ class VolumeRefused(ClusterRefused):
         "unknown_location": 422,
         "invalid_size": 422,
         "volume_in_use": 409,
+        "location_cannot_attach": 422,
     }
 
 
@@ -55,6 +56,48 @@ def live_volumes(project: Project) -> QuerySet[Volume]:
         .select_related("location", "cluster")
         .order_by("name", "pk")
     )
+
+
+def _attaching_types():
+    """Machine types a volume can be attached to when a cluster is created on them: sold
+    self-serve (Ethernet) and not community hosts (SPEC §1: no volume on community hosts)."""
+    return MachineType.objects.filter(
+        community=False, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
+    )
+
+
+def why_no_volumes(location: Location) -> str:
+    """Why a volume in `location` could never be attached, or "" when some offer there can take
+    one. Reads `location.can_attach` and `location.sells` where `volume_locations` set them."""
+    can_attach = getattr(location, "can_attach", None)
+    sells = getattr(location, "sells", None)
+    if can_attach is None:
+        can_attach = _attaching_types().filter(location=location).exists()
+    if can_attach:
+        return ""
+    if sells is None:
+        sells = MachineType.objects.filter(
+            location=location, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
+        ).exists()
+    if sells:
+        return (
+            f"No offer in {location.code} can attach a volume: its machines are community hosts, "
+            "which never get one."
+        )
+    return f"No machines are offered in {location.code}, so a volume there could not be attached."
+
+
+def volume_locations() -> list[tuple[Location, str]]:
+    """Every location with why a volume cannot be created there ("" where it can), by code, in
+    one query: the Storage page shows the ones that cannot as disabled choices."""
+    self_serve = MachineType.objects.filter(
+        location=OuterRef("pk"), interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
+    )
+    locations = Location.objects.annotate(
+        can_attach=Exists(_attaching_types().filter(location=OuterRef("pk"))),
+        sells=Exists(self_serve),
+    ).order_by("code")
+    return [(location, why_no_volumes(location)) for location in locations]
 
 
 def _size(raw: object) -> int:
@@ -92,6 +135,13 @@ def create_volume(
         raise VolumeRefused(
             "unknown_location",
             f"There is no location {location!r}; pick one of the locations listed.",
+            field="location",
+        )
+    no_volumes = why_no_volumes(place)
+    if no_volumes:
+        raise VolumeRefused(
+            "location_cannot_attach",
+            f"{no_volumes} Pick a location where you can create a cluster to attach it to.",
             field="location",
         )
     size = _size(size_gb)

@@ -7,7 +7,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
 
 from accounts.projects import get_for_project
-from offers.models import MAX_NODES, MIN_NODES, GpuModel, QuoteRequest
+from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, QuoteRequest
 from offers.offers import (
     CACHEABLE_SLUG,
     GPUS_PER_MACHINE,
@@ -213,6 +213,8 @@ def _parse_nodes(raw: str | None) -> int:
         nodes = int(raw)
     except ValueError:
         raise ApiError(422, "invalid_nodes", f"{message}; got '{raw}'.") from None
+    if nodes < MIN_NODES:
+        raise ApiError(422, "invalid_nodes", f"{message}; got {nodes}. {TOO_FEW_NODES}")
     if not MIN_NODES <= nodes <= MAX_NODES:
         raise ApiError(
             422,

@@ -4,7 +4,7 @@ from django import forms
 from django.http import QueryDict
 from django.utils import timezone
 
-from offers.models import MAX_NODES, MIN_NODES, GpuModel, Location, MachineType
+from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, Location, MachineType
 from offers.offers import GPUS_PER_MACHINE, SortBy
 from offers.quotes import (
     NAME_MAX_LENGTH,
@@ -61,7 +61,7 @@ class PickerForm(forms.Form):
         error_messages={
             "invalid": f"Enter the number of machines, a whole number from {MIN_NODES} to "
             f"{MAX_NODES}.",
-            "min_value": SIZE_MESSAGE,
+            "min_value": TOO_FEW_NODES,
             "max_value": SIZE_MESSAGE,
         },
     )

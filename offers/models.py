@@ -7,6 +7,12 @@ from django.utils import timezone
 
 MIN_NODES = 2
 MAX_NODES = 64
+# What a size below MIN_NODES is told, everywhere (picker, create form, API): not "request a
+# quote", which is for bigger clusters (docs/clusters.md, "Sizes").
+TOO_FEW_NODES = (
+    f"A cluster has at least {MIN_NODES} machines; for one machine's worth of GPUs, pick "
+    f"{MIN_NODES} machines with half as many GPUs each (machines have 1, 2, 4 or 8 GPUs)."
+)
 # A location that only says whether it has machines never starts more than this on a guess.
 BOOLEAN_MAX_NODES = 8
 

@@ -4,6 +4,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from offers.forms import SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
+from offers.models import TOO_FEW_NODES
 from offers.offers import (
     GPUS_PER_MACHINE,
     GpuCard,
@@ -31,6 +32,12 @@ def _choose_card(cards: list[GpuCard], slug: str) -> tuple[GpuCard | None, str]:
         return None, f"Unknown GPU '{slug}': pick one of the GPUs below."
     first = next((c for c in cards if c.has_offers), None) or next(iter(cards), None)
     return first, ""
+
+
+def _too_few(form: PickerForm) -> str:
+    """The message for a size below the minimum (not "request a quote"), or ""."""
+    errors = form.errors.as_data().get("nodes", [])
+    return TOO_FEW_NODES if any(e.code == "min_value" for e in errors) else ""
 
 
 @login_required
@@ -61,6 +68,7 @@ def picker(request: HttpRequest) -> HttpResponse:
         "nodes": nodes,
         "shown_nodes": nodes if nodes is not None else form["nodes"].value(),
         "nodes_error": form.errors.get("nodes", [""])[0],
+        "too_few_nodes": _too_few(form),
         "community": community,
         "quick_picks": SIZE_QUICK_PICKS,
         "offers": offers,

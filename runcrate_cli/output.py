@@ -139,7 +139,8 @@ def clusters(console: Console, rows: list[dict]) -> None:
 
 def failure_sentence(cluster: dict) -> str | None:
     """The failure as one line: which node, at which step, and the API's message. A degraded
-    cluster has no `failure` (it still runs): its newest event naming a node says why."""
+    cluster's `failure` says why; from a server that sends none for it, its newest event naming
+    a node does."""
     failure = cluster.get("failure")
     if not failure and cluster.get("status") == "degraded":
         failure = next(

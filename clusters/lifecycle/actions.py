@@ -94,6 +94,9 @@ def retry_install(*, cluster: Cluster) -> Cluster:
         work = _Pass(cluster=locked, nodes=nodes, now=now)
         work.set_status(Status.INSTALLING)
         locked.install_attempts += 1
+        # The last failure no longer explains the cluster: a new one is written if this fails.
+        locked.failure_reason = locked.failure_node = locked.failure_step = ""
+        locked.failure_message = ""
         for node in nodes:
             if node.status == NodeStatus.JOINED:
                 work.begin_install(node)

@@ -18,7 +18,7 @@ from clusters.drivers import get_driver
 from clusters.drivers.base import DriverError, NetworkTestResult
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.rules import lock_cluster
+from clusters.lifecycle.rules import lock_cluster, with_node_names
 from clusters.lifecycle.work import install_plan
 from clusters.models import Cluster, Event, Node
 
@@ -102,7 +102,9 @@ def _measure(cluster: Cluster, nodes: list[Node]) -> NetworkTestResult:
         return driver.network_test(cluster, nodes=nodes, plan=install_plan(cluster, nodes))
     except DriverError as error:  # the driver says what went wrong: no traceback needed
         log.warning("cluster %s: the network test failed: %s", cluster.pk, error.message)
-        return NetworkTestResult(ok=False, error=error.message[:1000], output=error.output)
+        return NetworkTestResult(
+            ok=False, error=with_node_names(error.message, nodes)[:1000], output=error.output
+        )
     except Exception as error:  # a broken test must not read as running for 15 minutes
         log.exception("cluster %s: the network test broke", cluster.pk)
         return NetworkTestResult(ok=False, error=f"The test broke: {type(error).__name__}.")

@@ -37,8 +37,10 @@ from clusters.lifecycle.rules import (
     reachability_matrix,
     set_needs_work,
     step_deadline,
+    with_node_names,
 )
 from clusters.models import Cluster, Event, Node, give_up_after
+from clusters.software.checks import installer_verdict
 from offers.models import Host, MachineType
 from runcrate.sql import update_rows
 
@@ -87,6 +89,10 @@ class _Pass:
 
     # -- recording ------------------------------------------------------------------------
 
+    def for_user(self, text: str) -> str:
+        """`text` with the cluster's machines named node-i, never by host name."""
+        return with_node_names(text, self.nodes)
+
     def event(
         self, reason: str, message: str, *, node: Node | None = None, step: str = "", output=""
     ) -> None:
@@ -97,7 +103,7 @@ class _Pass:
                 at=self.now,
                 reason=reason,
                 step=step,
-                message=message,
+                message=self.for_user(message),
                 output=output,
             )
         )
@@ -429,7 +435,7 @@ class _Pass:
         cluster.failure_reason = failure.reason
         cluster.failure_node = failure.node.name
         cluster.failure_step = failure.step
-        cluster.failure_message = failure.message
+        cluster.failure_message = self.for_user(failure.message)
         cluster.ended_at = self.now
         for node in self.nodes:
             if node.status in (NodeStatus.STARTING, NodeStatus.JOINED):
@@ -544,13 +550,16 @@ class _Pass:
             if record.get("key") != key:
                 self.hand_off(node, f"install:{key}")
             elif not record.get("ok"):
+                output = record.get("output") or ""
+                said = record.get("error") or installer_verdict(output)
                 failures.append(
                     Failure(
                         Reason.INSTALL_FAILED,
                         node,
                         Step.INSTALL,
-                        f"Installing {self.cluster.get_software_display()} failed on {node.name}.",
-                        output=record.get("output") or record.get("error", ""),
+                        f"Installing {self.cluster.get_software_display()} failed on {node.name}"
+                        + (f": {said}." if said else "."),
+                        output=output or record.get("error", ""),
                     )
                 )
             else:
@@ -609,6 +618,11 @@ class _Pass:
         if failures:
             failure = failures[0]
             self.set_status(Status.DEGRADED)
+            # What the page's banner says: which node, at which step, and what the installer said.
+            self.cluster.failure_reason = failure.reason
+            self.cluster.failure_node = failure.node.name
+            self.cluster.failure_step = Step.INSTALL
+            self.cluster.failure_message = self.for_user(failure.message)
             for node in targets:
                 if node.step == Step.INSTALL:
                     node.step_deadline = None
@@ -715,16 +729,16 @@ class _Pass:
                 # staff know why it offers another key (re-imaged, or not the machine at all).
                 self.take_offline(
                     node,
-                    f"{node.host.name} offered a host key that is not the pinned one; it was "
-                    "never touched and is offline until staff check it and update its host_key.",
+                    f"The machine for {node.name} offered a host key that is not the pinned one; "
+                    "it was never touched and is offline until staff check it.",
                     start.get("error", ""),
                 )
             elif stop.get("attempts", 0) >= RELEASE_ATTEMPTS:
                 self.take_offline(
                     node,
-                    f"{node.host.name} could not be wiped after {RELEASE_ATTEMPTS} attempts "
-                    f"({stop.get('error', 'no reason given')}); it is offline until staff look "
-                    "at it.",
+                    f"The machine that served {node.name} could not be wiped after "
+                    f"{RELEASE_ATTEMPTS} attempts ({stop.get('error', 'no reason given')}); it is "
+                    "offline until staff look at it.",
                     stop.get("error", ""),
                 )
             elif not self._backing_off(stop):

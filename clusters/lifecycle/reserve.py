@@ -27,7 +27,14 @@ from clusters.models import (
     Node,
     give_up_after,
 )
-from offers.models import MAX_NODES, MIN_NODES, Host, MachineType, QuoteRequest
+from offers.models import (
+    MAX_NODES,
+    MIN_NODES,
+    TOO_FEW_NODES,
+    Host,
+    MachineType,
+    QuoteRequest,
+)
 from offers.offers import Availability, get_offer
 from runcrate.money import usd
 
@@ -231,6 +238,8 @@ def create_cluster(
     if environment.project_id != project.pk:
         raise ClusterRefused("unknown_environment", "No such environment in this project.")
     max_nodes = MAX_NODES if quoted is None else QUOTED_MAX_NODES
+    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes < MIN_NODES:
+        raise ClusterRefused("invalid_nodes", TOO_FEW_NODES, field="nodes")
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= max_nodes:
         raise ClusterRefused(
             "invalid_nodes",

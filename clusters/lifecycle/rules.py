@@ -256,3 +256,14 @@ def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datet
             for n in sorted(nodes, key=lambda n: n.index)
         ],
     }
+
+
+def with_node_names(text: str, nodes) -> str:
+    """`text` as the cluster's owner reads it (events, the page, emails): the machines named by
+    their node (node-0, node-1 …), never by the inventory's host names, which are the
+    operator's and stay in the logs and in admin. `nodes` have their host loaded."""
+    for node in nodes:
+        if node.host_id is not None and node.host.name:
+            pattern = rf"(?<![A-Za-z0-9_.-]){re.escape(node.host.name)}(?![A-Za-z0-9_-])"
+            text = re.sub(pattern, node.name, text)
+    return text

@@ -177,3 +177,30 @@ CHECKS = {"slurm": check_slurm, "kubernetes": check_kubernetes, "ray": check_ray
 
 def run_check(software: str, output: str, expected: list[ExpectedNode]) -> CheckResult:
     return CHECKS[software](output, expected)
+
+
+# An installer's lines as they reach us: `[node-1] error: …` from the simulated one, `runcrate:
+# failed: …` from the shell installers (clusters/software/host/installer.sh), plain text else.
+_NODE_PREFIX = re.compile(r"^\[[^\]]{1,40}\]\s*")
+_VERDICT_PREFIXES = ("runcrate: failed:", "runcrate: error:", "runcrate:", "error:", "fatal:")
+VERDICT_MAX_CHARS = 300
+
+
+def installer_verdict(output: str) -> str:
+    """What an installer said when it failed, in one line for a person: its last line that
+    says `failed`/`error`, else its last non-empty line, without the node or script prefix;
+    "" for no output. The whole output stays in the failure's event."""
+    lines = [_NODE_PREFIX.sub("", line.strip()) for line in output.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    telling = [line for line in lines if re.search(r"\b(failed|error|fatal)\b", line, re.I)]
+    line = (telling or lines)[-1]
+    for prefix in _VERDICT_PREFIXES:
+        if line.lower().startswith(prefix):
+            line = line[len(prefix) :].strip()
+            break
+    line = line.rstrip(".")
+    if len(line) > VERDICT_MAX_CHARS:
+        line = line[: VERDICT_MAX_CHARS - 1].rstrip() + "…"
+    return line

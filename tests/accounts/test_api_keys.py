@@ -172,3 +172,11 @@ def test_it_refuses_a_narrowed_key_without_scopes_or_with_a_bad_limit(owner):
     assert "The most USD per hour is more than 0" in bad_limit.content.decode()
     assert not KEY.search(no_scope.content.decode() + bad_limit.content.decode())
     assert not ApiKey.objects.filter(name="agent").exists()
+
+
+def test_the_account_page_links_the_api_docs_that_are_served(owner):
+    client = owner.browser_client()
+    html = client.get("/accounts/").content.decode()
+    assert '<a href="/api/v1/docs">API docs</a>' in html
+    assert '<a href="/api/v1/openapi.json">OpenAPI schema</a>' in html
+    assert client.get("/api/v1/docs").status_code == 200

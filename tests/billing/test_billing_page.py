@@ -5,6 +5,7 @@ import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import pytest
 import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -13,6 +14,7 @@ from billing.benchmarks import build_billed_clusters
 from billing.meter import charge_accrued
 from billing.models import LedgerEntry
 from tests.billing.conftest import add_credit, bill_cluster, end_cluster
+from tests.factories import ClusterFactory
 
 NOW = datetime(2026, 3, 20, 12, 30, tzinfo=UTC)
 
@@ -94,8 +96,32 @@ def test_it_shows_only_the_chosen_month(owner):
     assert [line.kind for line in march] == ["topup"]
 
 
-def test_it_answers_404_for_a_month_that_is_not_one(owner):
-    assert owner.browser_client().get("/billing/?month=2026-13").status_code == 404
+@pytest.mark.parametrize("month", ["2026-13", "march", "2026-3", "<b>x</b>", "1999-12"])
+def test_it_shows_the_current_month_with_a_message_for_a_month_that_is_not_one(owner, month):
+    with time_machine.travel(NOW, tick=False):
+        response = owner.browser_client().get("/billing/", {"month": month})
+
+    assert response.status_code == 400
+    assert response.context["month"].param == "2026-03"
+    html = response.content.decode()
+    assert "a month is written YYYY-MM, like 2026-03. Showing March 2026." in html
+    assert "<b>x</b>" not in html
+    assert 'id="billing-month"' in html and "Add credit" in html  # the whole page
+
+
+def test_a_cluster_usage_page_with_a_bad_month_shows_it_with_a_message(owner):
+    cluster = ClusterFactory(project=owner.project)
+    with time_machine.travel(NOW, tick=False):
+        response = owner.browser_client().get(f"/billing/clusters/{cluster.pk}/?month=13")
+    assert response.status_code == 400
+    assert "There is no month &#x27;13&#x27;" in response.content.decode()
+
+
+def test_the_csv_of_a_bad_month_sends_back_to_the_page_with_why(owner):
+    client = owner.browser_client()
+    response = client.get("/billing/export.csv?month=2026-13", follow=True)
+    assert response.redirect_chain == [("/billing/", 302)]
+    assert "There is no month &#x27;2026-13&#x27;" in response.content.decode()
 
 
 def test_it_swaps_only_the_month_for_htmx(owner):

@@ -21,14 +21,16 @@ from clusters.models import Volume
 from clusters.stops import run_meter
 from tests.billing.conftest import add_credit
 from tests.conftest import postgres_only
-from tests.factories import LocationFactory, ProjectFactory
+from tests.factories import LocationFactory, MachineTypeFactory, ProjectFactory
 
 T0 = datetime(2026, 3, 10, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def ohio(db):
-    return LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
+    location = LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
+    MachineTypeFactory(location=location)  # an offer there can attach a volume
+    return location
 
 
 def paying_project():
@@ -180,6 +182,7 @@ def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
 @pytest.mark.django_db(transaction=True)
 def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     location = LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
+    MachineTypeFactory(location=location)  # an offer there can attach a volume
     project = paying_project()
     for n in range(6):
         new_volume(project, location, name=f"v-{n}")

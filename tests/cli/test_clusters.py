@@ -159,8 +159,10 @@ def test_a_degraded_cluster_exits_3_and_its_install_can_be_retried(env, tmp_path
     assert waited.code == 3, waited.stderr
     cluster = Cluster.objects.get(project=account.project)
     assert cluster.status == Cluster.Status.DEGRADED
-    event = cluster.events.exclude(node=None).latest("at", "pk")
-    assert f"is degraded: {event.reason} on node-1 at step install: {event.message}" in (
+    assert cluster.failure_message == (
+        "Installing Slurm failed on node-1: slurm service exited with status 1."
+    )
+    assert f"is degraded: install_failed on node-1 at step install: {cluster.failure_message}" in (
         waited.stderr
     )
     assert f"runcrate clusters retry-install {cluster.pk}" in waited.stderr

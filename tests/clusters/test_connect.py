@@ -304,10 +304,37 @@ def test_it_points_ray_at_the_head():
         "head_address": "node-0:6379",
         "client_address": "ray://node-0:10001",
         "dashboard": "http://node-0:8265",
+        "dashboard_tunnel": "ssh -N -L 8265:127.0.0.1:8265 root@203.0.113.10",
+        "dashboard_local": "http://127.0.0.1:8265",
         "job_submit": (
             "ray job submit --address http://node-0:8265 --working-dir . -- python script.py"
         ),
     }
+
+
+def test_it_tunnels_the_ray_dashboard_through_the_gateway_and_never_without_a_route():
+    behind = ray_info(shape(nodes=2, gpus=1, gateway=GATEWAY, addresses=False))
+    assert behind["dashboard_tunnel"] == (
+        f"ssh -J c42@{GATEWAY} -N -L 8265:127.0.0.1:8265 root@node-0"
+    )
+    assert ray_info(shape(nodes=2, gpus=1, addresses=False))["dashboard_tunnel"] is None
+
+
+def test_it_says_when_the_software_is_not_running():
+    failed = ClusterShape(
+        **{
+            **shape(nodes=2, gpus=1, software="slurm").__dict__,
+            "software_state": "failed",
+            "software_failed_on": "node-1",
+        }
+    )
+    software = details(failed)["software"]
+    assert software["state"] == "failed"
+    assert software["status"].startswith("Slurm is not running: its install failed on node-1")
+    installing = ClusterShape(**{**failed.__dict__, "software_state": "installing"})
+    assert details(installing)["software"]["status"].startswith("Slurm is still installing")
+    running = details(shape(nodes=2, gpus=1, software="ray"))["software"]
+    assert running["state"] == "running" and running["status"] is None
 
 
 def test_it_asks_kubernetes_for_every_gpu_of_a_machine():

@@ -3,12 +3,12 @@ and the ready email: what a user needs to get on a cluster and run, for the clus
 
 import html as html_module
 import io
-import json
 import re
 from urllib.parse import parse_qs
 
 import paramiko
 import pytest
+import yaml
 from django.core import mail
 from django.utils import timezone
 
@@ -280,7 +280,10 @@ def test_it_downloads_the_kubeconfig_of_a_kubernetes_cluster_only(owner):
     response = client.get(f"/clusters/{kubernetes.pk}/kubeconfig")
 
     assert response["Content-Disposition"] == 'attachment; filename="k-kubeconfig.yaml"'
-    config = json.loads(response.content)
+    assert response["Content-Type"] == "application/yaml; charset=utf-8"
+    # YAML as kubectl writes it, block style: not JSON (which YAML would read too).
+    assert response.content.decode().startswith('apiVersion: "v1"\nkind: "Config"\nclusters:\n')
+    config = yaml.safe_load(response.content)
     assert config["clusters"][0]["cluster"]["server"] == "https://203.0.113.10:6443"
     assert client.get(f"/clusters/{slurm.pk}/kubeconfig").status_code == 404
 
@@ -358,7 +361,7 @@ def test_it_gives_everything_in_the_connect_api(owner):
     }
     assert data["storage"]["shared"] == "/shared"
     assert data["software"]["name"] == "kubernetes"
-    assert json.loads(data["software"]["kubeconfig"])["current-context"] == "train"
+    assert yaml.safe_load(data["software"]["kubeconfig"])["current-context"] == "train"
 
 
 def test_it_answers_404_to_a_stranger_asking_for_connect_details(owner, stranger):
@@ -412,3 +415,13 @@ def test_it_puts_the_connect_panel_in_the_ready_email(owner, settings):
     assert "Every node mounts /shared" in body
     html = mail.outbox[0].alternatives[0][0]
     assert "mpirun --allow-run-as-root -np 24 --hostfile /shared/hostfile" in html
+
+
+def test_the_ray_panel_copies_the_head_address_and_tunnels_the_dashboard(owner):
+    cluster = running_cluster(owner, software="ray")
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    assert '<code id="ray-head">node-0:6379</code>' in html
+    assert 'data-copy="ray-head"' in html
+    tunnel = re.search(r'<pre id="ray-tunnel">([^<]+)</pre>', html).group(1)
+    assert tunnel == "ssh -N -L 8265:127.0.0.1:8265 root@203.0.113.10"
+    assert 'data-copy="ray-tunnel"' in html and "http://127.0.0.1:8265" in html

@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -73,7 +74,7 @@ def serving_certificate(ca_key_pem: str, ca: x509.Certificate, ip: str) -> x509.
 def test_it_points_the_kubeconfig_at_the_head_and_trusts_the_clusters_own_ca(settings):
     settings.SECRET_KEY = "k" * 50
     text = kubeconfig(shape())
-    config = json.loads(text)
+    config = yaml.safe_load(text)
     token = config["users"][0]["user"]["token"]
     data = config["clusters"][0]["cluster"]["certificate-authority-data"]
     assert config == {
@@ -106,7 +107,7 @@ def test_it_points_the_kubeconfig_at_the_head_and_trusts_the_clusters_own_ca(set
     ca.verify_directly_issued_by(ca)  # self-signed
 
     settings.SECRET_KEY = "z" * 50
-    other = json.loads(kubeconfig(shape()))
+    other = yaml.safe_load(kubeconfig(shape()))
     assert other["users"][0]["user"]["token"] != token
     assert other["clusters"][0]["cluster"]["certificate-authority-data"] != data
 
@@ -128,7 +129,7 @@ def test_it_makes_the_same_ca_every_time_and_another_for_another_cluster(setting
 def test_a_serving_certificate_signed_with_the_cas_key_verifies_and_another_does_not(settings):
     settings.SECRET_KEY = "k" * 50
     ca = kube_ca(shape())
-    trusted = certificate_of(json.loads(kubeconfig(shape())))
+    trusted = certificate_of(yaml.safe_load(kubeconfig(shape())))
     verifier = (
         PolicyBuilder()
         .store(Store([trusted]))
@@ -147,7 +148,7 @@ def test_behind_a_gateway_named_or_by_ip_the_api_is_reached_through_a_tunnel(gat
     behind = shape(gateway=gateway)
     assert kube_api_server(behind) == "https://127.0.0.1:20042"
     assert kube_tunnel(behind) == (f"ssh -J c42@{gateway} -N -L 20042:127.0.0.1:6443 root@node-0")
-    config = json.loads(kubeconfig(behind))
+    config = yaml.safe_load(kubeconfig(behind))
     assert config["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:20042"
     assert "c42." not in json.dumps(config)
     panel = details(behind)["software"]
@@ -167,3 +168,12 @@ def test_each_cluster_has_its_own_tunnel_port_and_a_direct_head_needs_none():
         **{**direct.__dict__, "nodes": (NodeAccess(index=0, address="2001:db8::1"),)}
     )
     assert kube_api_server(ipv6) == "https://[2001:db8::1]:6443"
+
+
+def test_it_writes_block_yaml_whose_values_cannot_change_its_structure():
+    from clusters.connect import _yaml
+
+    tricky = {"a": "x: y\n- z", "list": [{"name": "#not a comment", "b": {"c": "'\""}}, "plain"]}
+    text = _yaml(tricky)
+    assert yaml.safe_load(text) == tricky
+    assert text.splitlines()[2] == '  - name: "#not a comment"'

@@ -473,7 +473,7 @@ def test_it_creates_a_cluster_and_opens_its_page(owner, offer):
     ("fields", "field", "message"),
     [
         ({"name": "Not_A_Label"}, "name", "A cluster name is a DNS label"),
-        ({"nodes": "1"}, "nodes", "2 to 64 machines"),
+        ({"nodes": "1"}, "nodes", "A cluster has at least 2 machines; for one machine"),
         ({"nodes": "5"}, "nodes", "only 4 are free"),
         ({"nodes": "many"}, "nodes", "whole number"),
         ({"ssh_keys": []}, "ssh_keys", "Add an SSH public key first"),

@@ -16,7 +16,7 @@ from clusters.models import Cluster, Node, Volume
 from offers.models import Host, MachineType
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.clusters.lifecycle_kit import T0, Sim, node
-from tests.factories import ClusterFactory, LocationFactory
+from tests.factories import ClusterFactory, LocationFactory, MachineTypeFactory
 
 API = "/api/v1/volumes"
 
@@ -40,17 +40,28 @@ def _balances_that_cover_storage(request):
             credit(request.getfixturevalue(person).project, "100.00")
 
 
+def sold_in(location):
+    """A location where an offer can attach a volume (a datacenter machine type is sold there),
+    which creating a volume needs."""
+    MachineTypeFactory(location=location, community=False)
+    return location
+
+
 @pytest.fixture
 def ohio(db):
-    return LocationFactory(
-        code="us-east-2", name="Columbus, Ohio", volume_price_per_gb_month=Decimal("0.08")
+    return sold_in(
+        LocationFactory(
+            code="us-east-2", name="Columbus, Ohio", volume_price_per_gb_month=Decimal("0.08")
+        )
     )
 
 
 @pytest.fixture
 def tokyo(db):
-    return LocationFactory(
-        code="ap-northeast-1", name="Tokyo, Japan", volume_price_per_gb_month=Decimal("0.12")
+    return sold_in(
+        LocationFactory(
+            code="ap-northeast-1", name="Tokyo, Japan", volume_price_per_gb_month=Decimal("0.12")
+        )
     )
 
 
@@ -570,3 +581,62 @@ def test_it_detaches_the_volume_when_the_cluster_ends(owner, ohio, end):
     assert owner.api().get(f"/api/v1/clusters/{cluster.pk}").json()["data"]["volume"] is None
     assert Node.objects.filter(cluster=cluster, holds_host=True).count() == 0
     assert owner.api().delete(f"{API}/{datasets.pk}").status_code == 204
+
+
+# --- where a volume can be created: only where an offer can attach it -------------------------
+
+
+@pytest.fixture
+def community_only(db):
+    location = LocationFactory(code="eu-community-1", name="Community, EU")
+    MachineTypeFactory(location=location, community=True)
+    return location
+
+
+@pytest.fixture
+def unsold(db):
+    location = LocationFactory(code="ap-south-9", name="Nowhere yet")
+    MachineTypeFactory(location=location, interconnect=MachineType.Interconnect.INFINIBAND)
+    return location
+
+
+def test_it_shows_locations_no_offer_can_attach_as_disabled_with_why(
+    owner, ohio, community_only, unsold, django_assert_num_queries
+):
+    with django_assert_num_queries(1):
+        reasons = dict((loc.code, why) for loc, why in volumes.volume_locations())
+    assert reasons == {
+        "ap-south-9": "No machines are offered in ap-south-9, so a volume there could not be "
+        "attached.",
+        "eu-community-1": "No offer in eu-community-1 can attach a volume: its machines are "
+        "community hosts, which never get one.",
+        "us-east-2": "",
+    }
+    html = owner.browser_client().get("/storage/").content.decode()
+    options = dict(re.findall(r'<option value="([^"]+)"([^>]*)>', html))
+    assert "disabled" in options["eu-community-1"] and "disabled" in options["ap-south-9"]
+    assert "disabled" not in options["us-east-2"] and "selected" in options["us-east-2"]
+    assert "its machines are community hosts, which never get one" in text_of(
+        owner.browser_client().get("/storage/")
+    )
+
+
+@pytest.mark.parametrize("where", ["community_only", "unsold"])
+def test_it_refuses_a_volume_where_no_offer_can_attach_it(owner, request, where):
+    location = request.getfixturevalue(where)
+    before = snapshot()
+
+    page = owner.browser_client().post(
+        "/storage/", {"name": "datasets", "location": location.code, "size_gb": "100"}
+    )
+    api = owner.api().post(
+        API,
+        {"name": "datasets", "location": location.code, "size_gb": 100},
+        content_type="application/json",
+    )
+
+    assert page.status_code == 400
+    assert "Pick a location where you can create a cluster to attach it to." in text_of(page)
+    assert error_of(api) == (422, "location_cannot_attach")
+    assert location.code in api.json()["error"]["message"]
+    assert snapshot() == before
