@@ -17,7 +17,20 @@ $(BIN)/.installed: pyproject.toml
 	@$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
-install: $(BIN)/.installed
+# axe-core, for the browser tests' accessibility sweep (docs/accessibility.md): from the npm
+# registry into .venv/axe, pinned here; never committed, never served from a CDN.
+AXE_VERSION := 4.10.3
+AXE_DIR := $(VENV)/axe
+AXE_STAMP := $(AXE_DIR)/.installed-$(AXE_VERSION)
+
+$(AXE_STAMP):
+	@command -v npm >/dev/null || { echo "npm is needed for axe-core (the accessibility sweep): install Node.js 20"; exit 1; }
+	@echo "Installing axe-core $(AXE_VERSION) into $(AXE_DIR)..."
+	@rm -rf $(AXE_DIR) && mkdir -p $(AXE_DIR)
+	@npm install --prefix $(AXE_DIR) --no-audit --no-fund --silent axe-core@$(AXE_VERSION)
+	@touch $@
+
+install: $(BIN)/.installed $(AXE_STAMP)
 
 run: install
 	@echo "Preparing the database..."
