@@ -61,6 +61,9 @@ class Page:
     nav: bool = True
     # A selector to wait for before checking, for a page that draws itself after it loads.
     ready: str | None = None
+    # Selectors of what must stay in view on every row (a price, an action): each match must lie
+    # inside the window's width and not be hidden in a box scrolled sideways.
+    in_view: tuple[str, ...] = ()
     # axe rules not checked on this page, each for a reason given where the page is listed.
     axe_skip: tuple[str, ...] = ()
 
@@ -170,16 +173,26 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("cluster failed", f"/clusters/{failed.pk}/", "owner"),
         Page("cluster terminated", f"/clusters/{terminated.pk}/", "owner"),
         Page("terminate, confirm", f"/clusters/{ready.pk}/terminate/", "owner"),
-        Page("offers picker", "/offers/", "owner"),
+        Page("offers picker", "/offers/", "owner", in_view=(".offer .price-main", ".offer .btn")),
         Page("create form", f"/clusters/new/?offer={offer.slug}&nodes=2", "owner"),
         Page("quote request", "/offers/quote/", "owner"),
         Page("quotes", "/offers/quotes/", "owner"),
-        Page("billing", "/billing/", "owner"),
-        Page("cluster usage", f"/billing/clusters/{ready.pk}/", "owner"),
-        Page("environments and budgets", "/billing/environments/", "owner"),
+        Page("billing", "/billing/", "owner", in_view=(".statement td.num:last-child",)),
+        Page(
+            "cluster usage",
+            f"/billing/clusters/{ready.pk}/",
+            "owner",
+            in_view=(".machines td.num:last-child",),
+        ),
+        Page(
+            "environments and budgets",
+            "/billing/environments/",
+            "owner",
+            in_view=(".spend-line .num", ".budget-form button"),
+        ),
         Page("payment", f"/billing/payments/{payment.pk}/", "owner"),
         Page("storage", "/storage/", "owner"),
-        Page("account", "/accounts/", "owner"),
+        Page("account", "/accounts/", "owner", in_view=("#api-keys .btn", "#ssh-keys td .btn")),
         Page("password change", "/accounts/password/", "owner"),
         # Swagger UI draws this page: each operation's summary is a button holding other
         # controls (nested-interactive) and its tags skip a heading level (heading-order),
@@ -229,6 +242,20 @@ OVERFLOW = """() => {
     return {scrollWidth: root.scrollWidth, clientWidth: width, culprits};
 }"""
 
+# The elements of `selector` that are not in view once the window is scrolled to each of them.
+OUT_OF_VIEW = """(selector) => {
+    const elements = [...document.querySelectorAll(selector)];
+    if (!elements.length) return ["none on the page"];
+    return elements.filter((element) => {
+        let box = element.getBoundingClientRect();
+        window.scrollTo(0, window.scrollY + box.top - window.innerHeight / 2);
+        box = element.getBoundingClientRect();
+        const hit = document.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2);
+        return !(box.left >= 0 && box.right <= document.documentElement.clientWidth
+            && element.contains(hit));
+    }).map((element) => element.textContent.trim().slice(0, 40));
+}"""
+
 AXE_RUN = """async ([impacts, rules]) => {
     const results = await axe.run(document, {resultTypes: ["violations"]});
     return results.violations
@@ -257,7 +284,7 @@ NAV_ITEMS = """() => [...document.querySelectorAll(
 })"""
 
 
-def nav_problems(page) -> list[str]:
+def nav_problems(page, shot: Path | None) -> list[str]:
     """The top bar's items that are neither shown nor shown once the menu is opened."""
 
     def unseen() -> list[str]:
@@ -274,6 +301,8 @@ def nav_problems(page) -> list[str]:
         return [f"navigation not visible and no menu to open: {', '.join(missing)}"]
     toggle.click()
     missing = unseen()
+    if shot is not None:
+        page.screenshot(path=str(shot))
     toggle.click()
     return [f"not reachable through the menu: {', '.join(missing)}"] if missing else []
 
@@ -287,8 +316,8 @@ def check(page, target: Page, mode: str, shots: Path | None) -> list[str]:
     if response is None or response.status != expected_status:
         status = response.status if response else "none"
         problems.append(f"answered {status}, not {expected_status}")
+    slug = "".join(c if c.isalnum() else "-" for c in target.name)
     if shots is not None:
-        slug = "".join(c if c.isalnum() else "-" for c in target.name)
         page.screenshot(path=str(shots / f"{mode}--{slug}.png"), full_page=True)
     overflow = page.evaluate(OVERFLOW)
     if overflow["scrollWidth"] > overflow["clientWidth"]:
@@ -296,8 +325,13 @@ def check(page, target: Page, mode: str, shots: Path | None) -> list[str]:
             f"scrolls sideways ({overflow['scrollWidth']} px wide in {overflow['clientWidth']}): "
             + "; ".join(overflow["culprits"])
         )
+    for selector in target.in_view:
+        if hidden := page.evaluate(OUT_OF_VIEW, selector):
+            problems.append(f"{selector} not in view: {hidden}")
+    page.evaluate("window.scrollTo(0, 0)")
     if target.who != "anonymous" and (target.nav or page.locator("header .nav").count()):
-        problems.extend(nav_problems(page))
+        menu_shot = shots / f"{mode}--{slug}--menu.png" if shots is not None else None
+        problems.extend(nav_problems(page, menu_shot))
     for violation in page.evaluate(AXE_RUN, [FAILING_IMPACTS, FAILING_RULES]):
         if violation["id"] in target.axe_skip:
             continue
