@@ -166,7 +166,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("billing, nothing yet", "/billing/", "newcomer"),
         Page("storage, nothing yet", "/storage/", "newcomer"),
         Page("account, no keys", "/accounts/", "newcomer"),
-        Page("clusters", "/clusters/", "owner"),
+        Page("clusters", "/clusters/", "owner", in_view=(".cluster-table td.num",)),
         Page("cluster provisioning", f"/clusters/{provisioning.pk}/", "owner"),
         Page("cluster ready", f"/clusters/{ready.pk}/", "owner"),
         Page("cluster degraded", f"/clusters/{degraded.pk}/", "owner"),
@@ -371,3 +371,17 @@ def test_it_fits_every_page_on_the_screen_with_its_navigation_and_no_serious_axe
             problems.extend(check(page, target, mode, shots))
         context.close()
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
+
+
+def test_it_opens_the_phone_menu_without_javascript(browser, live_server, owner):
+    context = browser.new_context(
+        base_url=live_server.url, java_script_enabled=False, **MODES["390-light"]
+    )
+    context.add_cookies([session_cookie(owner, live_server.url)])
+    page = context.new_page()
+    page.goto("/billing/")
+    links = page.locator("header .nav-menu nav a")
+    assert links.count() == page.locator("header .nav-wide a").count() > 0
+    assert not any(links.nth(i).is_visible() for i in range(links.count()))
+    assert nav_problems(page, None) == []
+    context.close()
