@@ -170,7 +170,12 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("cluster provisioning", f"/clusters/{provisioning.pk}/", "owner"),
         Page("cluster ready", f"/clusters/{ready.pk}/", "owner"),
         Page("cluster degraded", f"/clusters/{degraded.pk}/", "owner"),
-        Page("cluster failed", f"/clusters/{failed.pk}/", "owner"),
+        Page(
+            "cluster failed",
+            f"/clusters/{failed.pk}/",
+            "owner",
+            in_view=(".offers-now .price-main", ".offers-now .btn"),
+        ),
         Page("cluster terminated", f"/clusters/{terminated.pk}/", "owner"),
         Page("terminate, confirm", f"/clusters/{ready.pk}/terminate/", "owner"),
         Page("offers picker", "/offers/", "owner", in_view=(".offer .price-main", ".offer .btn")),
