@@ -21,6 +21,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.contrib.auth.tokens import default_token_generator
+from django.contrib.messages import constants
+from django.contrib.messages.storage.base import Message
+from django.contrib.messages.storage.cookie import CookieStorage
+from django.http import HttpRequest
 from django.test import Client
 from django.utils import timezone
 from django.utils.encoding import force_bytes
@@ -64,6 +68,8 @@ class Page:
     # Selectors of what must stay in view on every row (a price, an action): each match must lie
     # inside the window's width and not be hidden in a box scrolled sideways.
     in_view: tuple[str, ...] = ()
+    # Whether to show a flash message of every level (success, info, warning, error) on it.
+    flashes: bool = False
     # axe rules not checked on this page, each for a reason given where the page is listed.
     axe_skip: tuple[str, ...] = ()
 
@@ -167,6 +173,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("storage, nothing yet", "/storage/", "newcomer"),
         Page("account, no keys", "/accounts/", "newcomer"),
         Page("clusters", "/clusters/", "owner", in_view=(".cluster-table td.num",)),
+        Page("clusters, with messages", "/clusters/", "owner", flashes=True),
         Page("cluster provisioning", f"/clusters/{provisioning.pk}/", "owner"),
         Page("cluster ready", f"/clusters/{ready.pk}/", "owner"),
         Page("cluster degraded", f"/clusters/{degraded.pk}/", "owner"),
@@ -312,7 +319,18 @@ def nav_problems(page, shot: Path | None) -> list[str]:
     return [f"not reachable through the menu: {', '.join(missing)}"] if missing else []
 
 
-def check(page, target: Page, mode: str, shots: Path | None) -> list[str]:
+def flash_cookie(url: str) -> dict:
+    """Django's messages cookie holding one message of each level, as a redirect would leave."""
+    storage = CookieStorage(HttpRequest())
+    levels = [constants.SUCCESS, constants.INFO, constants.WARNING, constants.ERROR]
+    messages = [Message(level, f"A {constants.DEFAULT_TAGS[level]} message.") for level in levels]
+    value = storage._encode(messages)
+    return {"name": storage.cookie_name, "value": value, "url": url}
+
+
+def check(page, target: Page, mode: str, shots: Path | None, base_url: str) -> list[str]:
+    if target.flashes:
+        page.context.add_cookies([flash_cookie(base_url)])
     response = page.goto(target.path, wait_until="load")
     if target.ready:
         page.wait_for_selector(target.ready)
@@ -373,7 +391,7 @@ def test_it_fits_every_page_on_the_screen_with_its_navigation_and_no_serious_axe
             context.add_cookies([session_cookie(people[who], live_server.url)])
         page = context.new_page()
         for target in (p for p in pages if p.who == who):
-            problems.extend(check(page, target, mode, shots))
+            problems.extend(check(page, target, mode, shots, live_server.url))
         context.close()
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
 
