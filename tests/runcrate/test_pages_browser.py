@@ -68,6 +68,9 @@ class Page:
     # Selectors of what must stay in view on every row (a price, an action): each match must lie
     # inside the window's width and not be hidden in a box scrolled sideways.
     in_view: tuple[str, ...] = ()
+    # A button to click once the page is loaded (a form sent empty, to check its errors); the
+    # page it leads to is checked.
+    then: str | None = None
     # Whether to show a flash message of every level (success, info, warning, error) on it.
     flashes: bool = False
     # axe rules not checked on this page, each for a reason given where the page is listed.
@@ -162,6 +165,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
     people = {"owner": owner, "newcomer": newcomer}
     pages = [
         Page("sign-up", "/accounts/signup/", "anonymous"),
+        Page("sign-up, sent empty", "/accounts/signup/", "anonymous", then="button[type=submit]"),
         Page("log in", "/accounts/login/", "anonymous"),
         Page("password reset", "/accounts/password-reset/", "anonymous"),
         Page("password reset sent", "/accounts/password-reset/sent/", "anonymous"),
@@ -187,7 +191,19 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("terminate, confirm", f"/clusters/{ready.pk}/terminate/", "owner"),
         Page("offers picker", "/offers/", "owner", in_view=(".offer .price-main", ".offer .btn")),
         Page("create form", f"/clusters/new/?offer={offer.slug}&nodes=2", "owner"),
+        Page(
+            "create form, sent empty",
+            f"/clusters/new/?offer={offer.slug}&nodes=1",
+            "owner",
+            then="button:text('Create cluster')",
+        ),
         Page("quote request", "/offers/quote/", "owner"),
+        Page(
+            "quote request, sent empty",
+            "/offers/quote/",
+            "owner",
+            then="form.quote-form [type=submit]",
+        ),
         Page("quotes", "/offers/quotes/", "owner"),
         Page("billing", "/billing/", "owner", in_view=(".statement td.num:last-child",)),
         Page(
@@ -332,6 +348,9 @@ def check(page, target: Page, mode: str, shots: Path | None, base_url: str) -> l
     if target.flashes:
         page.context.add_cookies([flash_cookie(base_url)])
     response = page.goto(target.path, wait_until="load")
+    if target.then:
+        with page.expect_navigation():
+            page.click(target.then)
     if target.ready:
         page.wait_for_selector(target.ready)
     problems: list[str] = []
