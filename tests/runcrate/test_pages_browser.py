@@ -1,10 +1,11 @@
 """Every page in Chromium, at 1280 px and 390 px, light and dark (docs/accessibility.md).
 
-On each page state of `PAGES` the sweep checks that the document does not scroll sideways,
-that every link of the main navigation is visible or reachable through the phone's menu, and
-that axe-core finds no serious or critical violation. axe-core comes from the npm registry
-through `make install` (pinned in the Makefile, installed into .venv/axe, never committed) and
-is added to each page by the test, so nothing loads from a CDN; without it the sweep fails.
+On each page state that `world()` lists, the sweep checks that the document does not scroll
+sideways, that every link of the main navigation is visible or reachable through the phone's
+menu, and that axe-core finds no serious or critical violation. axe-core comes from the npm
+registry through `make test` or `make axe` (pinned in the Makefile, installed into .venv/axe,
+never committed) and is added to each page by the test, so nothing loads from a CDN; without
+it the sweep fails.
 
 To add a page state: build its data in `world()` and add a `Page` to the list it returns.
 `RUNCRATE_SWEEP_SHOTS=<folder>` saves a screenshot of every page in every mode there;
@@ -81,8 +82,8 @@ class Page:
 def axe_source() -> str:
     if not AXE_JS.exists():
         pytest.fail(
-            f"axe-core is not installed at {AXE_JS}: run `make install`, which installs the "
-            "version pinned in the Makefile from the npm registry"
+            f"axe-core is not installed at {AXE_JS}: run `make axe` (`make test` does), which "
+            "installs the version pinned in the Makefile from the npm registry"
         )
     return AXE_JS.read_text()
 
