@@ -53,6 +53,9 @@ MODES = {
     "1280-dark": {"viewport": {"width": 1280, "height": 900}, "color_scheme": "dark"},
     "390-light": {"viewport": {"width": 390, "height": 844}, "color_scheme": "light"},
     "390-dark": {"viewport": {"width": 390, "height": 844}, "color_scheme": "dark"},
+    # Tablets: where the bar switches to the menu and the tables to cards, both sides of it.
+    "768-light": {"viewport": {"width": 768, "height": 1024}, "color_scheme": "light"},
+    "1024-dark": {"viewport": {"width": 1024, "height": 768}, "color_scheme": "dark"},
 }
 
 
