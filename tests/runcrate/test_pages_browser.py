@@ -431,3 +431,20 @@ def test_it_opens_the_phone_menu_without_javascript(browser, live_server, owner)
     assert not any(links.nth(i).is_visible() for i in range(links.count()))
     assert nav_problems(page, None) == []
     context.close()
+
+
+def test_it_closes_the_phone_menu_on_escape_and_on_a_click_outside(browser, live_server, owner):
+    context = browser.new_context(base_url=live_server.url, **MODES["390-light"])
+    context.add_cookies([session_cookie(owner, live_server.url)])
+    page = context.new_page()
+    page.goto("/clusters/")
+    menu, toggle = page.locator("header .nav-menu"), page.locator("header .nav-menu > summary")
+    toggle.click()
+    assert page.get_by_role("link", name="Storage").is_visible()
+    page.keyboard.press("Escape")
+    assert menu.get_attribute("open") is None
+    assert page.evaluate("document.activeElement.tagName") == "SUMMARY"
+    toggle.click()
+    page.mouse.click(200, 700)
+    assert menu.get_attribute("open") is None
+    context.close()
