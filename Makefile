@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 export PORT
 
-.PHONY: install run serve serve-check test bench lint clean lab lab-down
+.PHONY: install axe run serve serve-check test bench lint clean lab lab-down
 
 $(BIN)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
@@ -17,7 +17,23 @@ $(BIN)/.installed: pyproject.toml
 	@$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
+# axe-core, for the browser tests' accessibility sweep (docs/accessibility.md): from the npm
+# registry into .venv/axe, pinned here; never committed, never served from a CDN. Only
+# `make test` needs it (and Node.js 20 with npm), so `make run` still needs only Python.
+AXE_VERSION := 4.10.3
+AXE_DIR := $(VENV)/axe
+AXE_STAMP := $(AXE_DIR)/.installed-$(AXE_VERSION)
+
+$(AXE_STAMP):
+	@command -v npm >/dev/null || { echo "npm is needed for axe-core (the accessibility sweep): install Node.js 20"; exit 1; }
+	@echo "Installing axe-core $(AXE_VERSION) into $(AXE_DIR)..."
+	@rm -rf $(AXE_DIR) && mkdir -p $(AXE_DIR)
+	@npm install --prefix $(AXE_DIR) --no-audit --no-fund --silent axe-core@$(AXE_VERSION)
+	@touch $@
+
 install: $(BIN)/.installed
+
+axe: $(AXE_STAMP)
 
 run: install
 	@echo "Preparing the database..."
@@ -39,7 +55,7 @@ serve-check:
 	@test -n "$$DATABASE_URL" || { echo "make serve needs DATABASE_URL, e.g. postgres://user:password@127.0.0.1:5432/runcrate"; exit 2; }
 	@test -n "$$REDIS_URL" || echo "make serve: no REDIS_URL, so the broker is files in $(or $(RUNCRATE_VAR_DIR),var)/broker: every process must run on this machine"
 
-test: install
+test: install axe
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install

@@ -53,3 +53,19 @@ document.addEventListener("click", (event) => {
   setInterval(tick, 1000);
   document.body.addEventListener("htmx:afterSettle", tick);
 })();
+
+// The phone's menu (a <details> in the top bar) opens and closes without this; with it, Escape
+// and a click outside the menu close it too, as a menu is expected to.
+(() => {
+  const menu = document.querySelector(".nav-menu");
+  if (!menu) return;
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && menu.open) {
+      menu.open = false;
+      menu.querySelector("summary").focus();
+    }
+  });
+  document.addEventListener("click", (event) => {
+    if (menu.open && !menu.contains(event.target)) menu.open = false;
+  });
+})();
