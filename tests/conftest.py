@@ -10,7 +10,7 @@ from django.test import Client
 
 from accounts.models import Membership, Project, User
 from accounts.projects import create_project
-from tests.factories import UserFactory, issue_key
+from tests.factories import GpuModelFactory, UserFactory, issue_key
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM calls made by the
 # test itself are still synchronous and safe.
@@ -62,6 +62,12 @@ postgres_only = pytest.mark.skipif(
     not settings.IS_POSTGRES,
     reason="needs PostgreSQL row locks (SELECT … FOR UPDATE SKIP LOCKED); set DATABASE_URL",
 )
+
+
+@pytest.fixture
+def h100(db):
+    """The GPU most offer tests list."""
+    return GpuModelFactory(slug="h100-sxm", name="H100 SXM 80GB", memory_gib=80)
 
 
 @pytest.fixture(autouse=True)

@@ -18,11 +18,6 @@ URL = "/api/v1/clusters"
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
 def _work_in_memory():
     # Nothing is handed to Celery: what the lifecycle hands off stays in memory, unrun.
     with lifecycle.dispatching_to(lifecycle.CollectingDispatcher()) as dispatcher:

@@ -4,18 +4,12 @@ shape first, and a plain word when an alternative's machines differ (issue 13, i
 import re
 from decimal import Decimal
 
-import pytest
 from django.utils import timezone
 
 from clusters.models import Cluster, Event, Node
 from offers.models import MachineType, TrackRecord
 from tests.clusters.front import credit, machine_type_with_hosts
 from tests.factories import ClusterFactory, GpuModelFactory, LocationFactory
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def text_of(html: str) -> str:

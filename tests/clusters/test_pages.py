@@ -25,11 +25,6 @@ HTMX = {"HX-Request": "true"}
 POLL = 'hx-trigger="every 2s"'
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def text_of(response) -> str:
     """The page as a person reads it: tags dropped, whitespace collapsed."""
     return " ".join(re.sub(r"<[^>]+>", " ", response.content.decode()).split())

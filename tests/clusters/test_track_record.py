@@ -13,21 +13,11 @@ from clusters import tasks
 from clusters.models import Cluster, Event
 from clusters.track_record import percentile_95, refresh_track_records
 from offers.models import TrackRecord
-from tests.factories import ClusterFactory, EventFactory, GpuModelFactory
+from tests.factories import ClusterFactory, EventFactory
 from tests.offers.catalog import offer_row, offer_type, text
 
 NOW = datetime(2026, 6, 30, 12, 0, tzinfo=UTC)
 R = Event.Reason
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def h100(db):
-    return GpuModelFactory(slug="h100-sxm", name="H100 SXM 80GB", memory_gib=80)
 
 
 def cluster(machine_type, *, days_ago: float = 1, events=(), acceptance=None, **fields):

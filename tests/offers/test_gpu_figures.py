@@ -6,20 +6,10 @@ from decimal import Decimal
 import pytest
 
 from offers.offers import SortBy, narrow_offers
-from tests.factories import GpuModelFactory, MachineTypeFactory
+from tests.factories import MachineTypeFactory
 from tests.offers.catalog import offer_row, offer_rows, offer_type, text
 
 PICKER = "/offers/"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def h100(db):
-    return GpuModelFactory(slug="h100-sxm", name="H100 SXM 80GB", memory_gib=80)
 
 
 @pytest.fixture

@@ -13,16 +13,6 @@ from tests.offers.catalog import add_hosts, offer_type
 BOOLEAN = Location.CapacityReporting.BOOLEAN
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def h100(db):
-    return GpuModelFactory(slug="h100-sxm", name="H100 SXM 80GB", memory_gib=80)
-
-
 def offers(person, query: str) -> list[dict]:
     response = person.api().get(f"/api/v1/offers?{query}")
     assert response.status_code == 200, response.content

@@ -24,11 +24,6 @@ PICKER = "/offers/"
 ME = "/api/v1/me"
 
 
-@pytest.fixture
-def h100(db):
-    return GpuModelFactory(slug="h100-sxm", name="H100 SXM 80GB", memory_gib=80)
-
-
 def free_count(person, query: str = "gpu=h100-sxm&nodes=2") -> list[int | None]:
     response = person.api().get(f"/api/v1/offers?{query}")
     assert response.status_code == 200, response.content

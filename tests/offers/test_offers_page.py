@@ -10,16 +10,6 @@ BOOLEAN = Location.CapacityReporting.BOOLEAN
 PICKER = "/offers/"
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def h100(db):
-    return GpuModelFactory(slug="h100-sxm", name="H100 SXM 80GB", memory_gib=80)
-
-
 def get(person, query: str = "", **headers) -> str:
     response = person.browser_client().get(f"{PICKER}?{query}", headers=headers)
     assert response.status_code == 200

@@ -17,11 +17,6 @@ TODAY = date(2026, 3, 10)
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
 def _today():
     with time_machine.travel(datetime(2026, 3, 10, 12, 0, tzinfo=UTC), tick=False):
         yield
