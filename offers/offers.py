@@ -20,7 +20,7 @@ from typing import TypeVar
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import IntegerField, Min, Q, TextChoices
+from django.db.models import F, IntegerField, Min, Q, TextChoices
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -390,12 +390,25 @@ def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> 
 
 def get_offer(*, slug: str, nodes: int) -> Offer | None:
     """One offer by its id (the machine type's slug), or None for an unknown or quoted one."""
-    machine_type = _with_free_hosts(
-        MachineType.objects.filter(slug=slug, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS)
-    ).first()
+    machine_type = (
+        _with_free_hosts(
+            MachineType.objects.filter(
+                slug=slug, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
+            )
+        )
+        # its track record in the same query, as the picker showed it
+        .annotate(**{f"record_{name}": F(f"track_record__{name}") for name in _TRACK_RECORD_FIELDS})
+        .first()
+    )
     if machine_type is None:
         return None
-    return Offer(machine_type=machine_type, nodes=nodes, free_hosts=machine_type.free_hosts)
+    record = {name: getattr(machine_type, f"record_{name}") for name in _TRACK_RECORD_FIELDS}
+    return Offer(
+        machine_type=machine_type,
+        nodes=nodes,
+        free_hosts=machine_type.free_hosts,
+        track_record=_track_record(record),
+    )
 
 
 @dataclass(frozen=True)

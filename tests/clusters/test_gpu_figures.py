@@ -110,3 +110,35 @@ def test_it_offers_the_same_machine_shape_first_and_says_when_one_differs(owner)
     assert "Different machines: 4 GPUs per machine, not 8; virtual machine, not bare metal" in four
     assert "12 GPUs in all · 960 GiB GPU memory" in four
     assert "$2.25 per GPU-hour" in four
+
+
+def test_the_create_form_shows_the_offers_track_record_beside_its_estimate(
+    owner, settings, django_assert_num_queries
+):
+    settings.RUNCRATE_TRACK_RECORD_MIN_CLUSTERS = 5
+    credit(owner.project)
+    machine_type = machine_type_with_hosts(free=4, slug="h100x8")
+    client = owner.browser_client()
+    record = TrackRecord.objects.create(
+        machine_type=machine_type,
+        clusters=4,
+        started=3,
+        ready_median_seconds=610,
+        ready_p95_seconds=1290,
+        failures_by_step={"boot": 1},
+        computed_at=timezone.now(),
+    )
+
+    below = text_of(client.get("/clusters/new/?offer=h100x8&nodes=2").content.decode())
+    assert "In the last 30 days here" not in below  # 4 clusters: under the minimum
+
+    record.clusters, record.started = 40, 38
+    record.save()
+    with django_assert_num_queries(11) as counted:
+        page = text_of(client.get("/clusters/new/?offer=h100x8&nodes=2").content.decode())
+    offer_queries = [q["sql"] for q in counted.captured_queries if "offers_trackrecord" in q["sql"]]
+    assert len(offer_queries) == 1 and "offers_machinetype" in offer_queries[0]  # one join
+    assert (
+        "In the last 30 days here, 38 of 40 clusters started (95%), half of them ready within "
+        "10 min and 95% within 22 min." in page
+    )
