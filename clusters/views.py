@@ -205,16 +205,18 @@ def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
 
 def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
     """The price card: the cluster's price, the balance, and how long the balance runs it
-    (docs/clusters.md, "Creating"): alone, and beside what already runs (for those who see
-    billing: the burn rate is theirs to see)."""
+    (docs/clusters.md, "Creating"): alone, and beside what already runs. Only those who see
+    billing read the balance and the burn rate (SPEC §5); a developer reads only whether the
+    balance covers the cluster."""
     machine_price = offer.machine_price_per_hour
     valid = MIN_NODES <= nodes <= MAX_NODES
     cluster_price = machine_price * nodes
     balance = ledger.balance(project=request.project)
     needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price)
-    running = request_summary(request)
+    running = request_summary(request)  # None for a developer, who does not see billing
     burn = running.burn_rate if running else Decimal(0)
     return {
+        "sees_billing": running is not None,
         "covers_seconds": _covers(balance, cluster_price) if valid else None,
         "burn_rate": burn,
         "covers_with_running_seconds": _covers(balance, cluster_price + burn)

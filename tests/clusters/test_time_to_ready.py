@@ -147,7 +147,9 @@ def test_the_create_form_says_how_long_the_balance_runs_the_cluster(owner, teamm
         "Balance $1,234.50: it runs this cluster for about 2 days 13 h , or 41 h 9 min beside "
         "what already runs ($10.00/h)." in beside
     )
-    assert "Balance $1,234.50: it runs this cluster for about 2 days 13 h ." in developer
+    # A developer does not see billing (SPEC §5): only that the balance covers the cluster.
+    assert "The project's balance covers this cluster's first hour." in developer
+    assert "1,234.50" not in developer and "$10.00/h)" not in developer
     # $30.00/h for three machines, $40.00/h beside what runs.
     assert "for about 41 h 9 min , or 30 h 51 min beside" in squash(summary.content.decode())
 
@@ -165,3 +167,16 @@ def test_the_create_form_says_plainly_when_the_balance_cannot_start_it(owner, am
         "the whole cluster, and never less than $10.00)." in page
     )
     assert "runs this cluster for" not in page
+
+
+def test_a_developer_is_told_the_balance_is_short_without_its_amount(owner, teammate):
+    machine_type = machine_type_with_hosts(free=4, price_per_hour=Decimal("10.00"))
+    credit(owner.project, "5.00")
+
+    page = new_form(teammate, machine_type, nodes=2)
+
+    assert (
+        "The project's balance does not cover this cluster: creating it needs at least $20.00 "
+        "there. Ask an owner or manager of the project to add credit." in page
+    )
+    assert "$5.00" not in page and "Your balance" not in page
