@@ -17,18 +17,19 @@ $(BIN)/.installed: pyproject.toml
 	@$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
-# axe-core, for the browser tests' accessibility sweep (docs/accessibility.md): from the npm
-# registry into .venv/axe, pinned here; never committed, never served from a CDN. Only
-# `make test` needs it (and Node.js 20 with npm), so `make run` still needs only Python.
+# axe-core, for the browser tests' accessibility sweep (docs/accessibility.md): its tarball from
+# the npm registry, checked against the sha512 pinned here, unpacked into .venv/axe by Python
+# (bin/fetch_axe.py: no Node.js needed); never committed, never served from a CDN. Only
+# `make test` needs it, so `make run` installs nothing more.
 AXE_VERSION := 4.10.3
+AXE_INTEGRITY := sha512-Xm7bpRXnDSX2YE2YFfBk2FnF0ep6tmG7xPh8iHee8MIcrgq762Nkce856dYtJYLkuIoYZvGfTs/PbZhideTcEg==
 AXE_DIR := $(VENV)/axe
 AXE_STAMP := $(AXE_DIR)/.installed-$(AXE_VERSION)
 
-$(AXE_STAMP):
-	@command -v npm >/dev/null || { echo "npm is needed for axe-core (the accessibility sweep): install Node.js 20"; exit 1; }
-	@echo "Installing axe-core $(AXE_VERSION) into $(AXE_DIR)..."
-	@rm -rf $(AXE_DIR) && mkdir -p $(AXE_DIR)
-	@npm install --prefix $(AXE_DIR) --no-audit --no-fund --silent axe-core@$(AXE_VERSION)
+$(AXE_STAMP): $(BIN)/.installed
+	@echo "Fetching axe-core $(AXE_VERSION) into $(AXE_DIR)..."
+	@rm -rf $(AXE_DIR)
+	@$(BIN)/python bin/fetch_axe.py --version $(AXE_VERSION) --integrity $(AXE_INTEGRITY) --into $(AXE_DIR)
 	@touch $@
 
 install: $(BIN)/.installed

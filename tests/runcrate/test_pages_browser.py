@@ -3,9 +3,9 @@
 On each page state that `world()` lists, the sweep checks that the document does not scroll
 sideways, that every link of the main navigation is visible or reachable through the phone's
 menu, and that axe-core finds no serious or critical violation. axe-core comes from the npm
-registry through `make test` or `make axe` (pinned in the Makefile, installed into .venv/axe,
-never committed) and is added to each page by the test, so nothing loads from a CDN; without
-it the sweep fails.
+registry through `make test` or `make axe` (pinned in the Makefile, fetched into .venv/axe
+by bin/fetch_axe.py, never committed) and is added to each page by the test, so nothing loads
+from a CDN; without it the sweep fails.
 
 To add a page state: build its data in `world()` and add a `Page` to the list it returns.
 `RUNCRATE_SWEEP_SHOTS=<folder>` saves a screenshot of every page in every mode there;
@@ -42,7 +42,7 @@ from tests.factories import ClusterFactory, EventFactory, LocationFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-AXE_JS = Path(settings.BASE_DIR) / ".venv" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+AXE_JS = Path(settings.BASE_DIR) / ".venv" / "axe" / "axe.min.js"
 # axe-core's own impacts; "moderate" and "minor" ones do not fail the sweep, except the rules
 # named here (issue 13 found them, and they are cheap to keep fixed).
 FAILING_IMPACTS = ("serious", "critical")
