@@ -79,6 +79,9 @@ class ClusterShape:
     # every node: the cluster is degraded), with the node it failed on.
     software_state: str = "running"
     software_failed_on: str | None = None
+    # how the machines are joined: Ethernet for self-serve, InfiniBand or RoCE where quoted
+    interconnect: str = "ethernet"
+    interconnect_label: str = "Ethernet"
 
     @property
     def size(self) -> int:
@@ -149,6 +152,8 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
         gateway_host_key=machine_type.location.ssh_gateway_host_key or None,
         software_state=state,
         software_failed_on=failed_on,
+        interconnect=machine_type.interconnect,
+        interconnect_label=machine_type.get_interconnect_display(),
     )
 
 
@@ -294,7 +299,14 @@ def launch_commands(shape: ClusterShape) -> dict[str, str]:
     }
 
 
-def expected_bandwidth() -> str:
+def expected_bandwidth(interconnect: str = "ethernet", label: str = "Ethernet") -> str:
+    """What the network between the machines gives, as the page and the connect API say it."""
+    if interconnect != "ethernet":
+        return (
+            f"The machines are joined over {label}, as agreed in the quote: NCCL carries the "
+            "traffic between GPUs over it. The encrypted private network (10.77.0.0/24) "
+            "carries SSH, the hostfile and the software."
+        )
     return (
         f"On the Ethernet private network expect about {ETHERNET_GBITS} between machines: "
         "all_reduce_perf reports a bus bandwidth of roughly 0.1-0.25 GB/s across nodes, while "
@@ -633,7 +645,7 @@ def details(shape: ClusterShape) -> dict:
         "known_hosts": known_hosts(shape),
         "hostfile": {"path": shape.hostfile_path, "content": hostfile(shape)},
         "commands": launch_commands(shape) if shape.nodes else {},
-        "bandwidth": expected_bandwidth(),
+        "bandwidth": expected_bandwidth(shape.interconnect, shape.interconnect_label),
         "environment": [
             {"node": node.name, "variables": node_environment(shape, node)} for node in shape.nodes
         ],

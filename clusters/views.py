@@ -610,7 +610,10 @@ def _detail_context(cluster: Cluster) -> dict:
     context["install_failed"] = _install_failed(cluster)
     context["acceptance"] = _acceptance(cluster)
     context["network_test"] = lifecycle.network_test_report(cluster, now)
-    context["network_expected"] = connect.expected_bandwidth()
+    context["network_expected"] = connect.expected_bandwidth(
+        machine_type.interconnect, machine_type.get_interconnect_display()
+    )
+    context["ethernet"] = machine_type.interconnect == machine_type.Interconnect.ETHERNET
     context["can_test_network"] = cluster.status in Cluster.NETWORK_TESTABLE
     context["network_test_refusal"] = cluster.network_test_refusal(nodes, now)
     if cluster.status in Cluster.BILLED:

@@ -19,6 +19,7 @@ from clusters.errors import ClusterRefused
 from clusters.models import QUOTED_MAX_NODES, Cluster, Event, Node
 from offers.models import MAX_NODES, Host, MachineType, QuoteRequest
 from tests.clusters.lifecycle_kit import Sim, at, create, environment_of, inventory, new_project
+from tests.factories import issue_key
 
 BOOT = 180
 JOINED = BOOT * 1.5  # a simulated cluster joins 1.5 boot times after creation
@@ -311,9 +312,29 @@ def test_the_user_sees_it_beside_self_serve_clusters_with_its_badge_and_terms(
     assert 'id="add-workers"' not in detail
 
 
-def test_the_api_gives_the_agreed_price_and_says_quoted(requester, infiniband, sim):
-    from tests.factories import issue_key
+def test_a_ready_infiniband_cluster_describes_its_own_network_not_ethernet(
+    requester, infiniband, sim, clock
+):
+    user, project = requester
+    cluster = quoted_cluster(project, infiniband, won_quote(project, infiniband), nodes=2)
+    sim.run_until(clock, at(JOINED))
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.READY
+    client = client_of(user)
 
+    detail = client.get(reverse("clusters:detail", args=[cluster.pk])).content.decode()
+    api = Client(headers={"authorization": f"Bearer {issue_key(user=user, project=project)}"})
+    connect = api.get(f"/api/v1/clusters/{cluster.pk}/connect")
+
+    assert "for SSH and the software; GPUs talk over InfiniBand" in detail
+    assert "The machines are joined over InfiniBand, as agreed in the quote" in detail
+    assert "What InfiniBand is expected to give" in detail
+    assert "Ethernet" not in detail and "Request a quote</a> for InfiniBand" not in detail
+    assert connect.status_code == 200, connect.content
+    assert "joined over InfiniBand" in connect.json()["data"]["bandwidth"]
+
+
+def test_the_api_gives_the_agreed_price_and_says_quoted(requester, infiniband, sim):
     user, project = requester
     quoted = quoted_cluster(project, infiniband, won_quote(project, infiniband))
     api = Client(headers={"authorization": f"Bearer {issue_key(user=user, project=project)}"})
