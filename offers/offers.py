@@ -45,12 +45,6 @@ SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
 CENT = Decimal("0.01")
 
 
-def to_cents(amount: Decimal) -> Decimal:
-    """An exact amount rounded half up to the cent, for pages that print it (a price per
-    GPU-hour is exact to five places: a machine price in cents over 1, 2, 4 or 8 GPUs)."""
-    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
-
-
 @dataclass(frozen=True)
 class OfferLocation:
     """The location of a listed offer, as the picker and the API show it."""
@@ -217,12 +211,9 @@ class Offer:
     @property
     def price_per_gpu_hour(self) -> Decimal:
         """One GPU for an hour, exact: the machine price over its GPUs (the same as the cluster
-        price over every GPU). Sorting compares this; pages print `price_per_gpu_hour_shown`."""
+        price over every GPU). Sorting compares this; pages print it with `|usd`, which rounds
+        half up to the cent."""
         return self.machine_type.price_per_hour / self.machine_type.gpus_per_machine
-
-    @property
-    def price_per_gpu_hour_shown(self) -> Decimal:
-        return to_cents(self.price_per_gpu_hour)
 
     @property
     def software(self) -> list[str]:
@@ -425,12 +416,6 @@ class GpuCard:
     gpu_counts: tuple[int, ...]
     community_only: bool
     lowest_price_per_gpu_hour: Decimal | None = None
-
-    @property
-    def lowest_price_per_gpu_hour_shown(self) -> Decimal | None:
-        if self.lowest_price_per_gpu_hour is None:
-            return None
-        return to_cents(self.lowest_price_per_gpu_hour)
 
     @property
     def has_offers(self) -> bool:
