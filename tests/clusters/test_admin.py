@@ -8,7 +8,7 @@ from accounts.models import User
 from billing.models import UsageRecord
 from clusters.models import Cluster, Event, Node, Volume
 from offers.models import Host
-from tests.clusters.lifecycle_kit import Sim, at, create, inventory, new_project
+from tests.clusters.lifecycle_kit import at, create, inventory, new_project
 from tests.factories import (
     ClusterFactory,
     EventFactory,
@@ -25,12 +25,6 @@ JOINED = BOOT * 1.5
 def staff_client(client, db):
     client.force_login(User.objects.create_superuser("staff@example.com", password=None))
     return client
-
-
-@pytest.fixture
-def sim():
-    with Sim() as running:
-        yield running
 
 
 def _fill(count: int) -> None:

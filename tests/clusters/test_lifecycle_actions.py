@@ -14,28 +14,15 @@ from clusters.models import Cluster, IllegalTransition, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import (
     T0,
-    Sim,
     assert_failed_cleanly,
     create,
     free_hosts,
     inventory,
-    new_project,
     node,
 )
 
 BOOT = 180
 UP = timedelta(seconds=BOOT * 1.5)  # a simulated cluster joins 1.5 boot times after creation
-
-
-@pytest.fixture
-def person(db):
-    return new_project()
-
-
-@pytest.fixture
-def sim():
-    with Sim() as running:
-        yield running
 
 
 def ready_cluster(project, sim, clock, *, hosts=4, nodes=2, software="none", faults=None):

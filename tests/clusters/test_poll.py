@@ -18,7 +18,7 @@ from accounts.models import User
 from clusters import lifecycle
 from clusters.lifecycle.network_test import do_network_test
 from clusters.models import Cluster, Event, Node
-from tests.clusters.lifecycle_kit import Sim, create, inventory, new_project
+from tests.clusters.lifecycle_kit import create, inventory
 from tests.factories import ClusterFactory, EventFactory, NodeFactory
 
 HTMX = {"HX-Request": "true"}
@@ -263,17 +263,6 @@ def test_it_answers_a_changed_poll_in_the_same_queries_for_2_and_64_nodes(
 
 
 # --- every writer of what the page shows moves the version -----------------------------------
-
-
-@pytest.fixture
-def person(db):
-    return new_project()
-
-
-@pytest.fixture
-def sim():
-    with Sim() as running:
-        yield running
 
 
 def client_of(user: User) -> Client:

@@ -18,7 +18,7 @@ from clusters import lifecycle
 from clusters.errors import ClusterRefused
 from clusters.models import QUOTED_MAX_NODES, Cluster, Event, Node
 from offers.models import MAX_NODES, Host, MachineType, QuoteRequest
-from tests.clusters.lifecycle_kit import Sim, at, create, environment_of, inventory, new_project
+from tests.clusters.lifecycle_kit import at, create, environment_of, inventory, new_project
 from tests.factories import issue_key
 
 BOOT = 180
@@ -26,12 +26,6 @@ JOINED = BOOT * 1.5  # a simulated cluster joins 1.5 boot times after creation
 AGREED = Decimal("12.50")
 LIST_PRICE = Decimal("20.00")
 SIZE = MAX_NODES + 6  # past the self-serve limit
-
-
-@pytest.fixture
-def sim():
-    with Sim() as running:
-        yield running
 
 
 @pytest.fixture

@@ -26,11 +26,6 @@ from tests.conftest import postgres_only
 from tests.factories import ClusterFactory
 
 
-@pytest.fixture
-def person(db):
-    return new_project()
-
-
 @pytest.fixture(autouse=True)
 def _no_workers():
     # Creating enqueues `advance`; these tests look at what creation itself wrote.
