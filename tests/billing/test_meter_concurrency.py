@@ -50,6 +50,7 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
         bill_cluster(project, size=4, price="36.00", at=T0)  # 12 machines
     now = T0 + timedelta(seconds=100)
     inside = threading.Barrier(2, timeout=10)
+    first_inside = threading.Event()
     met = []
     charge_clusters = meter._charge_clusters
 
@@ -57,16 +58,20 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
         # Both meters hold their batch's marks at this point: without the locks they would
         # both have read, and would both charge, the same clusters.
         met.append(len(cluster_ids))
+        first_inside.set()
         with contextlib.suppress(threading.BrokenBarrierError):
             inside.wait()
         return charge_clusters(cluster_ids, until, **options)
 
     monkeypatch.setattr(meter, "_charge_clusters", charge_while_the_other_is_inside)
 
-    errors = _in_threads(
-        lambda: meter.charge_accrued(now=now, batch_size=2),
-        lambda: meter.charge_accrued(now=now, batch_size=2),
-    )
+    def second_meter() -> None:
+        # It starts once the first holds its whole first batch: started together, the two
+        # could each lock one mark of that batch (SKIP LOCKED), and the split would say nothing.
+        assert first_inside.wait(timeout=10), "the first meter never charged"
+        meter.charge_accrued(now=now, batch_size=2)
+
+    errors = _in_threads(lambda: meter.charge_accrued(now=now, batch_size=2), second_meter)
 
     assert errors == []
     # The two meters were inside at once, on different clusters: one took the first batch
