@@ -60,9 +60,11 @@ BASE_PACKAGES = (
 )
 # Left out of the image on purpose: the product's bootstrap installs them from the mirror
 # (sshfs for /shared where the kernel has no NFS); Slurm and munge for clusters with software
-# `slurm` (clusters/software/host/install-slurm.sh), python3-venv for Ray's virtualenv. The
+# `slurm` (clusters/software/host/install-slurm.sh), python3-venv for Ray's virtualenv,
+# nftables for each node's firewall (bootstrap.sh). The
 # mirror's stamp names these lists: changing one rebuilds the mirror once in the cache.
 MIRROR_PACKAGES = (
+    "nftables",
     "wireguard-go",
     "wireguard-tools",
     "iperf3",
