@@ -25,11 +25,12 @@ SSH_USER = "root"
 MASTER_PORT = 29500
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
+RAY_TOKEN_COMMAND = "ray get-auth-token"  # on node-0: the cluster's token (Ray's token auth)
 SOFTWARE_NAMES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "ray": "Ray"}
 KUBE_API_PORT = 6443
-# Behind a gateway the API is reached through an SSH tunnel to node-0, on a local port of its
-# own per cluster (below the ephemeral ports of Linux, macOS and Windows), so two clusters'
-# tunnels can be open at once.
+# node-0's firewall lets only sshd in on its public address (docs/security.md), so the API is
+# reached through an SSH tunnel to node-0, on a local port of its own per cluster (below the
+# ephemeral ports of Linux, macOS and Windows), so two clusters' tunnels can be open at once.
 KUBE_TUNNEL_PORTS = range(20000, 30000)
 # The cluster CA's validity: fixed, so the certificate is the same every time it is made.
 KUBE_CA_VALID = (datetime(2025, 1, 1, tzinfo=UTC), datetime(2045, 1, 1, tzinfo=UTC))
@@ -334,16 +335,14 @@ def slurm_examples(shape: ClusterShape) -> dict[str, str]:
 
 
 def kube_api_server(shape: ClusterShape) -> str:
-    """node-0's API server: at its own address, or behind a gateway at the local end of the
-    tunnel (`kube_tunnel`), whether the gateway is a name or an IP address: the gateway is an
-    SSH server, which forwards nothing else. Raises NoRoute while the head has neither."""
-    head = shape.head
-    if shape.gateway:
-        return f"https://127.0.0.1:{kube_tunnel_port(shape)}"
-    if head.address:
-        host = f"[{head.address}]" if ":" in head.address else head.address
-        return f"https://{host}:{KUBE_API_PORT}"
-    raise NoRoute(f"{head.name} has no public address yet and its location has no SSH gateway.")
+    """node-0's API server as the kubeconfig names it: the local end of the SSH tunnel
+    (`kube_tunnel`), whether node-0 is reached at its own address or through a gateway: its
+    firewall lets nothing but sshd in from outside. Raises NoRoute while the head has neither."""
+    if not shape.reachable(shape.head):
+        raise NoRoute(
+            f"{shape.head.name} has no public address yet and its location has no SSH gateway."
+        )
+    return f"https://127.0.0.1:{kube_tunnel_port(shape)}"
 
 
 def kube_tunnel_port(shape: ClusterShape) -> int:
@@ -351,11 +350,12 @@ def kube_tunnel_port(shape: ClusterShape) -> int:
 
 
 def kube_tunnel(shape: ClusterShape) -> str | None:
-    """The SSH tunnel to node-0's API that a kubeconfig behind a gateway needs open; None where
-    node-0 is reached directly. k3s's serving certificate names 127.0.0.1."""
-    if not shape.gateway:
+    """The SSH tunnel to node-0's API (which listens on its private address only) that the
+    kubeconfig needs open; None while node-0 has neither an address nor a gateway. k3s's
+    serving certificate names 127.0.0.1."""
+    if not shape.reachable(shape.head):
         return None
-    forward = f"-N -L {kube_tunnel_port(shape)}:127.0.0.1:{KUBE_API_PORT}"
+    forward = f"-N -L {kube_tunnel_port(shape)}:{shape.head.private_ip}:{KUBE_API_PORT}"
     return ssh_command(shape, shape.head, options=forward)
 
 
@@ -489,26 +489,48 @@ def kubernetes_gpu_pod(shape: ClusterShape) -> str:
 
 
 def ray_dashboard_tunnel(shape: ClusterShape) -> str | None:
-    """The SSH tunnel that brings node-0's Ray dashboard (and job API) to this computer's
-    127.0.0.1:8265: the dashboard listens on the private network only. None while node-0 has
+    """The SSH tunnel that brings node-0's Ray dashboard (and job API), which listens on
+    node-0's private address only, to this computer's 127.0.0.1:8265. None while node-0 has
     neither an address nor a gateway."""
     if not shape.reachable(shape.head):
         return None
-    forward = f"-N -L {RAY_DASHBOARD_PORT}:127.0.0.1:{RAY_DASHBOARD_PORT}"
+    forward = f"-N -L {RAY_DASHBOARD_PORT}:{shape.head.private_ip}:{RAY_DASHBOARD_PORT}"
     return ssh_command(shape, shape.head, options=forward)
+
+
+def ray_token_env(shape: ClusterShape) -> str | None:
+    """The shell line that gives this computer's `ray` commands the cluster's token (Ray's
+    token authentication), read from node-0; None while node-0 has no route."""
+    if not shape.reachable(shape.head):
+        return None
+    return (
+        "export RAY_AUTH_MODE=token "
+        f"RAY_AUTH_TOKEN=$({ssh_command(shape, shape.head)} {RAY_TOKEN_COMMAND})"
+    )
 
 
 def ray_info(shape: ClusterShape) -> dict[str, str | None]:
     head = shape.head.name
+    local = f"http://127.0.0.1:{RAY_DASHBOARD_PORT}"
     return {
         "head_address": f"{head}:6379",
         "client_address": f"ray://{head}:{RAY_CLIENT_PORT}",
         "dashboard": f"http://{head}:{RAY_DASHBOARD_PORT}",
         "dashboard_tunnel": ray_dashboard_tunnel(shape),
-        "dashboard_local": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
+        "dashboard_local": local,
         "job_submit": (
             f"ray job submit --address http://{head}:{RAY_DASHBOARD_PORT} "
             "--working-dir . -- python script.py"
+        ),
+        "auth": (
+            "Ray asks for the cluster's token (token authentication): the nodes' own ray "
+            f"commands have it; `{RAY_TOKEN_COMMAND}` on node-0 prints it, for the dashboard's "
+            "sign-in and for ray on your computer."
+        ),
+        "token_command": RAY_TOKEN_COMMAND,
+        "token_env": ray_token_env(shape),
+        "job_submit_local": (
+            f"ray job submit --address {local} --working-dir . -- python script.py"
         ),
     }
 

@@ -514,7 +514,7 @@ def kubeconfig(
         return
     sys.stdout.write(software["kubeconfig"])
     if software.get("tunnel"):
-        out.note(f"Behind the gateway: open the tunnel first: {software['tunnel']}")
+        out.note(f"Open the tunnel to node-0's API first: {software['tunnel']}")
 
 
 # --- volumes ----------------------------------------------------------------------------------

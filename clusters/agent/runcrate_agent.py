@@ -7,8 +7,10 @@ For as long as it runs, it:
    token as `Authorization: Bearer`), reporting its GPUs (nvidia-smi's CSV), its WireGuard public
    key and its hostname. The check-in is also the heartbeat: every `heartbeat_seconds` once the
    node has joined, every 5 s while it is starting.
-2. After every answer, makes the WireGuard interface's peers the answer's list (`wg set`). Where
-   `wg` or the interface is missing (tests, simulations) it says so once and goes on.
+2. After every answer, makes the WireGuard interface's peers the answer's list (`wg set`), and
+   the firewall's set of addresses WireGuard's port accepts (`wg_peers` in the nftables table
+   `inet runcrate` the bootstrap made) their endpoints. Where `wg`, `nft`, the interface or the
+   table is missing (tests, simulations) it says so once and goes on.
 3. While the node is `starting` in step `network` and every peer has checked in (`peers_ready`),
    tests the private network: it TCP-connects to each peer's probe port, retrying unreachable
    peers for ~20 s; measures latency and bandwidth to the head (iperf3 where the head runs it,
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ipaddress
 import json
 import logging
 import os
@@ -258,6 +261,62 @@ def set_wireguard_peers(
     for key in removed:
         run_command(["wg", "set", interface, "peer", key, "remove"])
     return removed, failed
+
+
+# The node's firewall (bootstrap.sh): WireGuard's port accepts only the addresses in these sets.
+FIREWALL_TABLE = "inet runcrate"
+FIREWALL_SETS = {4: "wg_peers", 6: "wg_peers6"}
+
+
+def endpoint_address(endpoint: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address of a WireGuard endpoint ("203.0.113.7:51820", "[2001:db8::1]:51820"); None
+    for a name or anything else that is not an address."""
+    host = endpoint.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def firewall_peers_script(peers: list[dict[str, Any]]) -> str:
+    """The nft commands that make the firewall's peer sets exactly the peers' endpoint addresses,
+    in one transaction (`nft -f -`): no moment with the set empty."""
+    found: dict[int, set[str]] = {4: set(), 6: set()}
+    for peer in peers:
+        address = endpoint_address(str(peer.get("endpoint") or ""))
+        if address is not None:
+            found[address.version].add(str(address))
+    lines = []
+    for version, name in FIREWALL_SETS.items():
+        lines.append(f"flush set {FIREWALL_TABLE} {name}")
+        if found[version]:
+            elements = ", ".join(sorted(found[version]))
+            lines.append(f"add element {FIREWALL_TABLE} {name} {{ {elements} }}")
+    return "\n".join(lines) + "\n"
+
+
+def set_firewall_peers(peers: list[dict[str, Any]]) -> str | None:
+    """Make the firewall's WireGuard peer sets the peers' endpoints; None when done, else why not
+    (no nft, or no runcrate table: a host without the bootstrap's firewall)."""
+    if shutil.which("nft") is None:
+        return "no nft"
+    if run_command(["nft", "list", "set", *FIREWALL_TABLE.split(), FIREWALL_SETS[4]]) is None:
+        return f"no firewall table {FIREWALL_TABLE}"
+    command = ["nft", "-f", "-"]
+    try:
+        subprocess.run(  # noqa: S603 (our own command line, no shell)
+            command,
+            input=firewall_peers_script(peers),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except subprocess.CalledProcessError as error:
+        return f"nft refused the peers: {error.stderr.strip()}"
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"nft failed: {error}"
+    return None
 
 
 # --- testing the private network -------------------------------------------------------------
@@ -603,6 +662,13 @@ class Agent:
             self._note("wireguard", f"no wg or no WireGuard interface {interface}; no peers set")
             return
         removed, failed = set_wireguard_peers(interface, peers, present)
+        # WireGuard's port accepts exactly these peers' addresses, kept with the peers.
+        endpoints = sorted({str(p["endpoint"]) for p in peers if p.get("endpoint")})
+        why_not = set_firewall_peers(peers)
+        if why_not is None:
+            self._note("firewall", f"firewall: WireGuard accepts {', '.join(endpoints) or 'none'}")
+        else:
+            self._note("firewall", f"firewall: peers not set ({why_not})")
         names = ", ".join(sorted(str(p.get("name")) for p in peers if p.get("public_key")))
         message = f"WireGuard {interface} peers: {names or 'none'}"
         if removed:

@@ -304,10 +304,23 @@ def test_it_points_ray_at_the_head():
         "head_address": "node-0:6379",
         "client_address": "ray://node-0:10001",
         "dashboard": "http://node-0:8265",
-        "dashboard_tunnel": "ssh -N -L 8265:127.0.0.1:8265 root@203.0.113.10",
+        # The dashboard listens on node-0's private address, where the tunnel leads.
+        "dashboard_tunnel": "ssh -N -L 8265:10.77.0.1:8265 root@203.0.113.10",
         "dashboard_local": "http://127.0.0.1:8265",
         "job_submit": (
             "ray job submit --address http://node-0:8265 --working-dir . -- python script.py"
+        ),
+        "auth": (
+            "Ray asks for the cluster's token (token authentication): the nodes' own ray "
+            "commands have it; `ray get-auth-token` on node-0 prints it, for the dashboard's "
+            "sign-in and for ray on your computer."
+        ),
+        "token_command": "ray get-auth-token",
+        "token_env": (
+            "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(ssh root@203.0.113.10 ray get-auth-token)"
+        ),
+        "job_submit_local": (
+            "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python script.py"
         ),
     }
 
@@ -315,9 +328,14 @@ def test_it_points_ray_at_the_head():
 def test_it_tunnels_the_ray_dashboard_through_the_gateway_and_never_without_a_route():
     behind = ray_info(shape(nodes=2, gpus=1, gateway=GATEWAY, addresses=False))
     assert behind["dashboard_tunnel"] == (
-        f"ssh -J c42@{GATEWAY} -N -L 8265:127.0.0.1:8265 root@node-0"
+        f"ssh -J c42@{GATEWAY} -N -L 8265:10.77.0.1:8265 root@node-0"
     )
-    assert ray_info(shape(nodes=2, gpus=1, addresses=False))["dashboard_tunnel"] is None
+    assert behind["token_env"] == (
+        f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(ssh -J c42@{GATEWAY} root@node-0 "
+        "ray get-auth-token)"
+    )
+    nowhere = ray_info(shape(nodes=2, gpus=1, addresses=False))
+    assert (nowhere["dashboard_tunnel"], nowhere["token_env"]) == (None, None)
 
 
 def test_it_says_when_the_software_is_not_running():

@@ -157,7 +157,10 @@ def test_it_shows_the_examples_of_the_clusters_software(owner):
     assert "sbatch --partition=gpu --nodes=2 --ntasks-per-node=8" in slurm_page
     assert "squeue --long" in slurm_page
     assert f'href="/clusters/{kubernetes.pk}/kubeconfig"' in kube_html
-    assert "https://203.0.113.10:6443" in kube_html
+    # The API is reached through a tunnel to node-0's private address (its firewall).
+    port = 20000 + kubernetes.pk % 10000
+    assert f"https://127.0.0.1:{port}" in kube_html
+    assert f"ssh -N -L {port}:10.77.0.1:6443 root@203.0.113.10" in kube_html
     assert "nvidia.com/gpu: &quot;8&quot;" in kube_html
     assert "node-0:6379" in ray_page
     assert "ray job submit --address http://node-0:8265" in ray_page
@@ -284,7 +287,8 @@ def test_it_downloads_the_kubeconfig_of_a_kubernetes_cluster_only(owner):
     # YAML as kubectl writes it, block style: not JSON (which YAML would read too).
     assert response.content.decode().startswith('apiVersion: "v1"\nkind: "Config"\nclusters:\n')
     config = yaml.safe_load(response.content)
-    assert config["clusters"][0]["cluster"]["server"] == "https://203.0.113.10:6443"
+    port = 20000 + kubernetes.pk % 10000  # the local end of the tunnel to node-0's API
+    assert config["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{port}"
     assert client.get(f"/clusters/{slurm.pk}/kubeconfig").status_code == 404
 
 
@@ -423,5 +427,12 @@ def test_the_ray_panel_copies_the_head_address_and_tunnels_the_dashboard(owner):
     assert '<code id="ray-head">node-0:6379</code>' in html
     assert 'data-copy="ray-head"' in html
     tunnel = re.search(r'<pre id="ray-tunnel">([^<]+)</pre>', html).group(1)
-    assert tunnel == "ssh -N -L 8265:127.0.0.1:8265 root@203.0.113.10"
+    assert tunnel == "ssh -N -L 8265:10.77.0.1:8265 root@203.0.113.10"
     assert 'data-copy="ray-tunnel"' in html and "http://127.0.0.1:8265" in html
+    # The token: where it comes from, and ray on the user's computer through the tunnel.
+    assert "`ray get-auth-token` on node-0 prints it" in html
+    local = re.search(r'<pre id="ray-local">([^<]+)</pre>', html).group(1)
+    assert local == (
+        "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(ssh root@203.0.113.10 ray get-auth-token)\n"
+        "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python script.py"
+    )

@@ -18,6 +18,7 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 from clusters.connect import (
     ClusterShape,
     NodeAccess,
+    NoRoute,
     details,
     kube_api_server,
     kube_ca,
@@ -84,7 +85,8 @@ def test_it_points_the_kubeconfig_at_the_head_and_trusts_the_clusters_own_ca(set
             {
                 "name": "train",
                 "cluster": {
-                    "server": "https://203.0.113.10:6443",
+                    # The local end of the tunnel: node-0's firewall lets only SSH in.
+                    "server": "https://127.0.0.1:20042",
                     "certificate-authority-data": data,
                 },
             }
@@ -147,7 +149,7 @@ def test_a_serving_certificate_signed_with_the_cas_key_verifies_and_another_does
 def test_behind_a_gateway_named_or_by_ip_the_api_is_reached_through_a_tunnel(gateway):
     behind = shape(gateway=gateway)
     assert kube_api_server(behind) == "https://127.0.0.1:20042"
-    assert kube_tunnel(behind) == (f"ssh -J c42@{gateway} -N -L 20042:127.0.0.1:6443 root@node-0")
+    assert kube_tunnel(behind) == (f"ssh -J c42@{gateway} -N -L 20042:10.77.0.1:6443 root@node-0")
     config = yaml.safe_load(kubeconfig(behind))
     assert config["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:20042"
     assert "c42." not in json.dumps(config)
@@ -158,16 +160,23 @@ def test_behind_a_gateway_named_or_by_ip_the_api_is_reached_through_a_tunnel(gat
     )
 
 
-def test_each_cluster_has_its_own_tunnel_port_and_a_direct_head_needs_none():
+def test_each_cluster_has_its_own_tunnel_port_and_a_direct_head_is_tunnelled_too():
     assert kube_api_server(shape(gateway="203.0.113.5:22", cluster_id=7)).endswith(":20007")
     assert kube_api_server(shape(gateway="203.0.113.5:22", cluster_id=10_007)).endswith(":20007")
+    # node-0's API listens on its private address only, so a head with an address of its own
+    # is reached through a tunnel to it as well.
     direct = shape()
-    assert kube_tunnel(direct) is None
-    assert details(direct)["software"]["tunnel"] is None
+    assert kube_api_server(direct) == "https://127.0.0.1:20042"
+    assert kube_tunnel(direct) == "ssh -N -L 20042:10.77.0.1:6443 root@203.0.113.10"
+    assert details(direct)["software"]["tunnel"] == kube_tunnel(direct)
     ipv6 = ClusterShape(
         **{**direct.__dict__, "nodes": (NodeAccess(index=0, address="2001:db8::1"),)}
     )
-    assert kube_api_server(ipv6) == "https://[2001:db8::1]:6443"
+    assert kube_tunnel(ipv6) == "ssh -N -L 20042:10.77.0.1:6443 root@2001:db8::1"
+    nowhere = ClusterShape(**{**direct.__dict__, "nodes": (NodeAccess(index=0, address=None),)})
+    with pytest.raises(NoRoute):
+        kube_api_server(nowhere)
+    assert kube_tunnel(nowhere) is None
 
 
 def test_it_writes_block_yaml_whose_values_cannot_change_its_structure():

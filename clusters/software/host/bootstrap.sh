@@ -8,8 +8,11 @@
 # "runcrate: ok" or "runcrate: refused: WHY" (exit 3, nothing changed) or "runcrate: failed: WHY".
 #
 # Supported: Debian 12, Ubuntu 22.04 and 24.04. It installs only what is missing (python3,
-# iproute2, wireguard-tools, wireguard-go where the kernel has no WireGuard, iperf3 if it can),
-# from the location's APT_MIRROR only; a host imaged with everything needs no package source.
+# iproute2, wireguard-tools, wireguard-go where the kernel has no WireGuard, nftables, iperf3 if
+# it can), from the location's APT_MIRROR only; a host imaged with everything needs no package
+# source. The node's firewall (nftables table `inet runcrate`) keeps the private network private:
+# 10.77.0.0/24 only over rc0, and inbound on the public interface only sshd and WireGuard from
+# the cluster's own peers (docs/security.md, "Each node's firewall").
 set -eu
 umask 022
 INCOMING="${INCOMING:-/var/lib/runcrate/incoming}"
@@ -54,6 +57,7 @@ command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
 command -v wg >/dev/null 2>&1 || missing="$missing wireguard-tools"
 if kernel_wireguard; then WG_MODE=kernel; else WG_MODE=wireguard-go; fi
 [ "$WG_MODE" = kernel ] || command -v wireguard-go >/dev/null 2>&1 || missing="$missing wireguard-go"
+command -v nft >/dev/null 2>&1 || missing="$missing nftables"
 optional=""
 command -v iperf3 >/dev/null 2>&1 || optional="iperf3"
 # /shared (SHARED_ROLE export on node-0, mount on the others, empty on containers): NFS where
@@ -185,6 +189,75 @@ if [ "$SHARED_ROLE" = export ]; then
 fi
 mkdir -p "$(dirname "$HOSTFILE_PATH")"
 install_file "$INCOMING/hostfile" "$HOSTFILE_PATH" 644 hostfile
+
+# --- the firewall: the private network only over rc0, the public side closed but for sshd ------
+# One table of our own (inet runcrate), replaced whole and atomically (nft -f) only when what it
+# should be differs: 10.77.0.0/24 only over rc0 (and k3s's pod network on top of it), and on
+# every other interface inbound only established traffic, sshd, ICMP, and WireGuard from the
+# cluster's own peers (the set wg_peers, filled here from the plan and kept equal to the peers'
+# endpoints by the agent). Outbound stays open. An operator opens more with rules in
+# /etc/runcrate-firewall.d/*.nft, included in the input chain (docs/security.md).
+FIREWALL_DROPINS=/etc/runcrate-firewall.d
+ssh_ports=$(sshd -T 2>/dev/null | awk '$1 == "port" {print $2}' | sort -nu | tr '\n' ' ')
+ssh_ports=$(echo "${ssh_ports:-22}" | sed 's/ *$//; s/ /, /g')
+peers4=""; peers6=""
+for peer in ${WG_PEERS:-}; do
+  case "$peer" in
+    *:*) peers6="${peers6:+$peers6, }$peer" ;;
+    *[!0-9.]*) ;;  # a name, not an address: the agent adds what it resolves to
+    *) peers4="${peers4:+$peers4, }$peer" ;;
+  esac
+done
+elements4=""; elements6=""
+[ -z "$peers4" ] || elements4=" elements = { $peers4 };"
+[ -z "$peers6" ] || elements6=" elements = { $peers6 };"
+dropins=$(cat "$FIREWALL_DROPINS"/*.nft 2>/dev/null | sha256sum | cut -d' ' -f1)
+{
+  echo "# Written by runcrate (bootstrap.sh): $NODE_NAME's firewall (docs/security.md)."
+  echo "# Drop-ins from $FIREWALL_DROPINS: $dropins"
+  echo 'define private = { "lo", "rc0", "cni0", "flannel.1" }'
+  echo 'define cluster = 10.77.0.0/24'
+  echo 'table inet runcrate'
+  echo 'delete table inet runcrate'
+  echo 'table inet runcrate {'
+  echo "  set wg_peers { type ipv4_addr;$elements4 }"
+  echo "  set wg_peers6 { type ipv6_addr;$elements6 }"
+  echo '  chain input {'
+  echo '    type filter hook input priority filter; policy drop;'
+  echo '    iifname "lo" accept'
+  echo '    iifname != $private ip saddr $cluster drop'
+  echo '    iifname != $private ip daddr $cluster drop'
+  echo '    iifname $private accept'
+  echo '    ct state established,related accept'
+  echo '    ct state invalid drop'
+  echo "    tcp dport { $ssh_ports } accept"
+  echo "    udp dport $WG_PORT ip saddr @wg_peers accept"
+  echo "    udp dport $WG_PORT ip6 saddr @wg_peers6 accept"
+  echo '    icmp type { echo-request, destination-unreachable, time-exceeded, parameter-problem } limit rate 20/second accept'
+  echo '    icmpv6 type { echo-request, destination-unreachable, packet-too-big, time-exceeded, parameter-problem, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } accept'
+  echo "    include \"$FIREWALL_DROPINS/*.nft\""
+  echo '  }'
+  echo '  chain forward {'
+  echo '    type filter hook forward priority filter; policy accept;'
+  echo '    iifname != $private ip saddr $cluster drop'
+  echo '    iifname != $private ip daddr $cluster drop'
+  echo '    oifname != $private ip saddr $cluster drop'
+  echo '    oifname != $private ip daddr $cluster drop'
+  echo '  }'
+  echo '  chain output {'
+  echo '    type filter hook output priority filter; policy accept;'
+  echo '    oifname != $private ip saddr $cluster drop'
+  echo '    oifname != $private ip daddr $cluster drop'
+  echo '  }'
+  echo '}'
+} > "$INCOMING/firewall.nft"
+if ! cmp -s "$INCOMING/firewall.nft" "$CONF/firewall.nft" 2>/dev/null \
+  || ! nft list table inet runcrate >/dev/null 2>&1; then
+  why=$(nft -f "$INCOMING/firewall.nft" 2>&1) \
+    || fail "nft could not load the firewall (is a rule in $FIREWALL_DROPINS wrong?): $(echo "$why" | head -n 3)"
+  install_file "$INCOMING/firewall.nft" "$CONF/firewall.nft" 600 firewall-file >/dev/null
+  say "changed firewall"
+fi
 
 # --- the private network: WireGuard, the key made here and never sent anywhere -----------------
 mkdir -p "$CONF/wireguard"; chmod 700 "$CONF/wireguard"

@@ -160,13 +160,19 @@ config_tmp="$CONF/config.yaml.runcrate.$$"
     echo "node-name: \"$NODE_NAME\""
     echo "node-ip: \"$PRIVATE_IP\""
     echo "flannel-iface: rc0"
+    # The kubelet listens on the private address only (the firewall drops the rest anyway).
+    echo "kubelet-arg:"
+    echo "  - \"address=$PRIVATE_IP\""
     echo "token: \"$TOKEN\""
     [ -z "$runtime" ] || echo "$runtime"
     if [ "$MODE" = server ]; then
       echo "advertise-address: \"$PRIVATE_IP\""
+      # The API on the private address only: users reach it through an SSH tunnel to node-0
+      # (clusters.connect.kube_tunnel), whose local end, 127.0.0.1, is always in k3s's
+      # certificate.
+      echo "bind-address: \"$PRIVATE_IP\""
       echo "write-kubeconfig-mode: \"0600\""
-      # The names users and nodes reach the API by (127.0.0.1, through an SSH tunnel, is
-      # always in k3s's certificate).
+      # The names nodes reach the API by.
       echo "tls-san:"
       echo "  - \"$HEAD_NAME\""
       echo "  - \"$HEAD_IP\""

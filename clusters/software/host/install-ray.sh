@@ -8,8 +8,12 @@
 # APT_MIRROR if the host lacks it) with the pinned Ray from the location's PIP_INDEX_URL; links
 # `ray` into /usr/local/bin; starts the head on node-0 bound to its private address (GCS 6379,
 # dashboard 8265, client 10001) or, on the others, waits for the head and joins it. Every node
-# tells Ray its GPUs (--num-gpus). Like the bootstrap it prints "runcrate: changed WHAT" per
-# change and ends with "runcrate: ok", or "runcrate: failed: WHY" (exit 4).
+# tells Ray its GPUs (--num-gpus). Ray runs with its token authentication (RAY_AUTH_MODE=token):
+# the cluster's token (RAY_AUTH_TOKEN in software.env, derived per cluster, the same on every
+# node) in root's ~/.ray/auth_token, where Ray and `ray get-auth-token` read it, and
+# RAY_AUTH_MODE=token in /etc/environment (a block of its own), so the `ray` commands of every
+# login send it. Like the bootstrap it prints "runcrate: changed WHAT" per change and ends with
+# "runcrate: ok", or "runcrate: failed: WHY" (exit 4).
 INSTALLER=Ray
 # shellcheck source-path=SCRIPTDIR source=installer.sh
 . "$(dirname "$0")/installer.sh"
@@ -51,6 +55,31 @@ if [ "$(readlink /usr/local/bin/ray 2>/dev/null)" != "$VENV/bin/ray" ]; then
   say "changed ray-command"
 fi
 
+# --- token authentication: the cluster's token for root, the mode for every login -------------
+[ -n "${RAY_AUTH_TOKEN:-}" ] || fail "software.env gives no RAY_AUTH_TOKEN"
+export RAY_AUTH_MODE=token
+ROOT_HOME=$(getent passwd root | cut -d: -f6)
+TOKEN_FILE="${ROOT_HOME:-/root}/.ray/auth_token"
+if [ "$(cat "$TOKEN_FILE" 2>/dev/null)" != "$RAY_AUTH_TOKEN" ]; then
+  mkdir -p "$(dirname "$TOKEN_FILE")"
+  chmod 700 "$(dirname "$TOKEN_FILE")"
+  (umask 077; printf '%s' "$RAY_AUTH_TOKEN" > "$TOKEN_FILE.runcrate.$$")
+  mv -f "$TOKEN_FILE.runcrate.$$" "$TOKEN_FILE"
+  say "changed ray-token"
+fi
+ENV_BEGIN="# BEGIN runcrate ray"
+ENV_END="# END runcrate ray"
+if ! grep -qx "$ENV_BEGIN" /etc/environment 2>/dev/null \
+  || ! grep -qx "RAY_AUTH_MODE=token" /etc/environment; then
+  env_tmp="/etc/environment.runcrate.$$"
+  awk -v b="$ENV_BEGIN" -v e="$ENV_END" '$0==b{on=1;next} $0==e{on=0;next} !on' \
+    /etc/environment 2>/dev/null > "$env_tmp" || true
+  printf '%s\nRAY_AUTH_MODE=token\n%s\n' "$ENV_BEGIN" "$ENV_END" >> "$env_tmp"
+  cat "$env_tmp" > /etc/environment
+  rm -f "$env_tmp"
+  say "changed ray-environment"
+fi
+
 # --- the head on node-0, every other node joined to it -----------------------------------------
 if [ "$ROLE" = head ]; then
   set -- --head --node-ip-address="$PRIVATE_IP" --port=6379 --dashboard-host="$PRIVATE_IP" \
@@ -60,7 +89,8 @@ else
   set -- --address="$HEAD_IP:6379" --node-ip-address="$PRIVATE_IP" --num-gpus="$GPUS_PER_NODE" \
     --disable-usage-stats
 fi
-wanted="$VERSION $*"
+# The token's hash: a new token restarts Ray.
+wanted="$VERSION auth=$(printf '%s' "$RAY_AUTH_TOKEN" | sha256sum | cut -c1-16) $*"
 running() { pgrep -f "$VENV/.*/[r]aylet" >/dev/null 2>&1; }
 if running && [ "$(cat "$STATE" 2>/dev/null)" != "$wanted" ]; then
   ray stop --force >/dev/null 2>&1 || true

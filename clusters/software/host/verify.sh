@@ -16,7 +16,19 @@ done
 pgrep -f '/opt/runcrate/[r]ay/|[r]aylet|[g]cs_server' >/dev/null 2>&1 && left "Ray is still running"
 [ -e /tmp/ray ] && left "/tmp/ray"
 [ -L /usr/local/bin/ray ] && left "/usr/local/bin/ray"
+[ -e "$(getent passwd root | cut -d: -f6)/.ray/auth_token" ] && left "Ray's token in ~/.ray"
 grep -qs " /shared " /proc/mounts && left "/shared is still mounted"
+# /shared's session: sshfs and its `ssh … -s sftp` on a worker, sftp-server on node-0, and any
+# SSH connection over the private network.
+pgrep -f '[s]shfs .*:/shared' >/dev/null 2>&1 && left "sshfs is still running"
+pgrep -f '^ssh .*10[.]77[.]0[.][0-9]*.* -s sftp' >/dev/null 2>&1 && left "sshfs's ssh is still running"
+pgrep -x sftp-server >/dev/null 2>&1 && left "an sftp-server session is still open"
+if command -v ss >/dev/null 2>&1 && ss -Htn state established 2>/dev/null \
+  | awk '$3 ~ /^10[.]77[.]0[.][0-9]+:/ || $4 ~ /^10[.]77[.]0[.][0-9]+:/ {found=1} END {exit !found}'; then
+  left "a connection over the private network"
+fi
+command -v nft >/dev/null 2>&1 && nft list table inet runcrate >/dev/null 2>&1 \
+  && left "the firewall table inet runcrate"
 pgrep -f '/usr/local/bin/[k]3s (server|agent)|[k]3s/data/[^/]*/bin/containerd' >/dev/null 2>&1 \
   && left "k3s is still running"
 for path in /usr/local/bin/k3s /var/lib/rancher/k3s /etc/rancher/k3s /var/lib/kubelet /run/k3s; do

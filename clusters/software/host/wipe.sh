@@ -77,6 +77,19 @@ pkill -9 -f "$ray_procs" 2>/dev/null || true
 i=0
 while pgrep -f "$ray_procs" >/dev/null 2>&1 && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 rm -rf /tmp/ray
+# Ray's token (install-ray.sh) and the mode in /etc/environment, a block of its own.
+RAY_HOME=$(getent passwd root | cut -d: -f6)
+if [ -e "${RAY_HOME:-/root}/.ray/auth_token" ]; then
+  rm -f "${RAY_HOME:-/root}/.ray/auth_token"
+  rmdir "${RAY_HOME:-/root}/.ray" 2>/dev/null || true
+  say "removed Ray's token"
+fi
+if grep -qx "# BEGIN runcrate ray" /etc/environment 2>/dev/null; then
+  awk '$0=="# BEGIN runcrate ray"{on=1;next} $0=="# END runcrate ray"{on=0;next} !on' \
+    /etc/environment > /etc/environment.runcrate.$$
+  cat /etc/environment.runcrate.$$ > /etc/environment; rm -f /etc/environment.runcrate.$$
+  say "removed Ray's block from /etc/environment"
+fi
 [ "$(readlink /usr/local/bin/ray 2>/dev/null)" = /opt/runcrate/ray/bin/ray ] && rm -f /usr/local/bin/ray
 
 # Kubernetes (install-kubernetes.sh): k3s and every container it ran, their mounts, network
@@ -158,10 +171,18 @@ if grep -qs " /shared " /proc/mounts; then
   fusermount3 -uz /shared 2>/dev/null || fusermount -uz /shared 2>/dev/null || umount -l /shared 2>/dev/null || true
   say "unmounted /shared"
 fi
+# sshfs, and the `ssh … -s sftp` it started, which outlives it.
 pkill -f "[s]shfs .*:/shared /shared" 2>/dev/null || true
+pkill -f "^ssh .*10[.]77[.]0[.][0-9]*.* -s sftp" 2>/dev/null || true
 if [ -f /etc/exports ] && grep -qx "$BEGIN" /etc/exports; then
   unblock /etc/exports
   exportfs -ra >/dev/null 2>&1 || true
+fi
+
+# The firewall (bootstrap.sh): the table is the cluster's, the operator's drop-ins
+# (/etc/runcrate-firewall.d) stay.
+if command -v nft >/dev/null 2>&1 && nft list table inet runcrate >/dev/null 2>&1; then
+  nft delete table inet runcrate && say "removed the firewall"
 fi
 
 # The private network.
@@ -180,6 +201,41 @@ if [ -n "$LOGIN_HOME" ]; then
   rm -f "$LOGIN_HOME/.ssh/runcrate_cluster" "$LOGIN_HOME/.ssh/runcrate_cluster.pub"
 fi
 unblock /etc/ssh/ssh_known_hosts
+
+# SSH sessions over the private network (the cluster's key: sshfs's sftp session on node-0,
+# mpirun's and users' node-to-node logins), now that no key of the cluster opens a new one:
+# every ssh or sshd process holding a connection to or from 10.77.0.0/24, never this wipe's
+# own session (it comes over the public address) nor the listening sshd.
+ancestors() {  # this shell and every process above it
+  pid=$$
+  while [ -n "$pid" ] && [ "$pid" -gt 1 ]; do
+    echo "$pid"
+    pid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+  done
+}
+private_ssh_pids() {
+  command -v ss >/dev/null 2>&1 || return 0
+  mine=" $(ancestors | tr '\n' ' ') "
+  for pid in $(ss -Htnp 2>/dev/null \
+    | awk '$4 ~ /^10[.]77[.]0[.][0-9]+:/ || $5 ~ /^10[.]77[.]0[.][0-9]+:/' \
+    | grep -o '"sshd\{0,1\}",pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    case "$mine" in *" $pid "*) ;; *) echo "$pid" ;; esac
+  done
+}
+sessions=$(private_ssh_pids)
+if [ -n "$sessions" ]; then
+  for pid in $sessions; do pkill -P "$pid" 2>/dev/null || true; done
+  # shellcheck disable=SC2086  # a list of pids
+  kill $sessions 2>/dev/null || true
+  i=0
+  while [ -n "$(private_ssh_pids)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+  left=$(private_ssh_pids)
+  # shellcheck disable=SC2086
+  [ -z "$left" ] || kill -9 $left 2>/dev/null || true
+  say "ended the SSH sessions over the private network"
+fi
+# An sftp-server left without its session (its sshd gone) goes too.
+pkill -x sftp-server -P 1 2>/dev/null || true
 unblock /etc/hosts
 unblock /etc/environment
 if grep -qs " /shared " /proc/mounts; then
