@@ -475,6 +475,7 @@ def software_env(node: Node, plan: InstallPlan) -> str:
             _env_line("APT_MIRROR", location.apt_mirror),
             _env_line("PIP_INDEX_URL", location.pip_index_url),
             _env_line("RAY_REQUIREMENT", RAY_REQUIREMENT),
+            _env_line("RAY_AUTH_TOKEN", cluster_secret(node, "runcrate-ray-token").hex()),
             _env_line("CLUSTER_SECRET_B64", base64.b64encode(secret * 32).decode()),
             _env_line("K3S_URL", settings.RUNCRATE_K3S_URL),
             kubernetes_env(node) if plan.software == "kubernetes" else "",
@@ -539,6 +540,8 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
             _env_line("NODE_NAME", plan["hostname"]),
             _env_line("PRIVATE_IP", plan["private_ip"]),
             _env_line("WG_PORT", str(WIREGUARD_PORT)),
+            # The peers' public addresses, the only ones WireGuard's port accepts (the firewall).
+            _env_line("WG_PEERS", " ".join(p.host.address for p in peers if p.host and p != node)),
             _env_line("LOGIN_USER", "root"),
             _env_line("HOSTFILE_PATH", plan["hostfile"]["path"]),
             _env_line("SHARED_DIR", SHARED_DIR),
