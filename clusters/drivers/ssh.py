@@ -589,7 +589,11 @@ def cluster_keys(node: Node) -> tuple[str, str]:
 
 def gateway_sync(node: Node, *, leaving: bool = False) -> None:
     """Keep the cluster's jump user `c<id>` on the location's gateway: the users' keys, each
-    allowed to forward only to this cluster's hosts. Removed with the last host."""
+    allowed to forward only to this cluster's hosts. Removed, with its home, with the last host.
+
+    Each node's start registers its host (`add`) and its release takes it away (`leave`) under
+    one lock on the gateway (`gateway.sh`), which also drops every host the dashboard no longer
+    sees live: concurrent starts and stops of one cluster's nodes never race each other."""
     from clusters.models import Node as NodeModel
 
     location = node.cluster.machine_type.location
@@ -607,20 +611,20 @@ def gateway_sync(node: Node, *, leaving: bool = False) -> None:
     )
     if leaving:
         holding = holding.exclude(pk=node.pk)
-    targets = sorted({f"{n.host.address}:{n.host.port}" for n in holding if n.host})
+    live = sorted({_gateway_target(n.host) for n in holding if n.host})
     user = f"c{node.cluster_id}"
-    if targets:
-        options = "restrict,port-forwarding," + ",".join(f'permitopen="{t}"' for t in targets)
-        keys = "".join(
-            f"{options} {line.strip()}\n"
-            for line in node.cluster.authorized_keys.splitlines()
-            if line.strip()
-        )
-        command = f"sh -s add {user}"
-    else:
-        keys = ""
-        command = f"sh -s remove {user}"
     script = (SCRIPTS / "gateway.sh").read_text()
+    if node.host is None or (leaving and not live):
+        command, stdin = f"sh -s remove {user}", script
+    else:
+        words = [user, _gateway_target(node.host), *live]
+        command = f"sh -s {'leave' if leaving else 'add'} {shlex.join(words)}"
+        keys = "".join(
+            f"{line.strip()}\n"
+            for line in node.cluster.authorized_keys.splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        )
+        stdin = script + "\n" + _heredoc(keys)
     with connect(
         address=address,
         port=int(port or 22),
@@ -629,14 +633,20 @@ def gateway_sync(node: Node, *, leaving: bool = False) -> None:
         name=f"the {location.code} gateway",
     ) as session:
         # The keys travel as a here-document after the script, never on a command line.
-        status, output = session.run(
-            command, stdin=script + "\n" + _heredoc(keys) if targets else script
-        )
-    if status != 0:
+        status, output = session.run(command, stdin=stdin)
+    if status != 0 or last_line(output) != "runcrate: ok":
         raise DriverError(
             f"the {location.code} gateway refused the jump user: {output.strip()[-300:]}"
         )
 
 
+def _gateway_target(host) -> str:
+    """Where the gateway forwards to for `host`, as `permitopen` takes it."""
+    address = f"[{host.address}]" if ":" in host.address else host.address
+    return f"{address}:{host.port}"
+
+
 def _heredoc(keys: str) -> str:
-    return f"write_keys <<'RUNCRATE_KEYS'\n{keys}RUNCRATE_KEYS\n"
+    """The keys for `sync` in gateway.sh, base64: nothing in them can end the here-document."""
+    encoded = base64.encodebytes(keys.encode()).decode()
+    return f"sync \"$@\" <<'RUNCRATE_KEYS'\n{encoded}RUNCRATE_KEYS\n"
