@@ -21,9 +21,10 @@ from django.utils.html import format_html
 
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
-from clusters import lifecycle
+from clusters import hosts, lifecycle
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, Volume
+from offers.admin import HostAdmin as OffersHostAdmin
 from offers.admin import QuoteRequestAdmin
 from offers.inventory import take_hosts_offline
 from offers.models import MIN_NODES, Host, MachineType, QuoteRequest
@@ -387,6 +388,39 @@ def create_quoted_cluster(
 
 # offers sits below clusters, so the action on its quote requests is registered from here.
 QuoteRequestAdmin.actions = (*QuoteRequestAdmin.actions, create_quoted_cluster)
+
+
+# ---- hosts between tenants: verified before they go back (clusters/hosts.py) ------------------
+
+
+def _host_outcome(admin_site, request: HttpRequest, outcome, done: str) -> None:
+    count = len(outcome.done)
+    admin_site.message_user(request, f"{count} host{'s' if count != 1 else ''} {done}.")
+    for name, why in list(outcome.refused.items())[:20]:
+        admin_site.message_user(request, f"{name}: left as it was: {why}.", level=messages.WARNING)
+
+
+@admin.action(description="Mark free (offline or dirty hosts, once verified pristine)")
+def mark_free(modeladmin, request: HttpRequest, queryset: QuerySet) -> None:
+    """Staff's Mark free runs the same verification as a release: an ssh host goes free only
+    when nothing differs from its baseline (a host that went offline could not be wiped)."""
+    outcome = hosts.return_to_service(queryset.values_list("pk", flat=True))
+    _host_outcome(modeladmin, request, outcome, "marked free")
+
+
+@admin.action(description="Reimage, verify and free (dirty or offline ssh hosts)")
+def reimage(modeladmin, request: HttpRequest, queryset: QuerySet) -> None:
+    outcome = hosts.reimage_now(queryset.values_list("pk", flat=True)[:20])
+    _host_outcome(modeladmin, request, outcome, "reimaged, found pristine and freed")
+
+
+@admin.action(description="Record baseline (freshly imaged ssh hosts)")
+def record_baseline(modeladmin, request: HttpRequest, queryset: QuerySet) -> None:
+    outcome = hosts.record_baselines(queryset.values_list("pk", flat=True)[:50])
+    _host_outcome(modeladmin, request, outcome, "recorded as their baseline")
+
+
+OffersHostAdmin.actions = (*OffersHostAdmin.actions, mark_free, reimage, record_baseline)
 
 
 # ---- nodes: where a host is taken offline ----------------------------------------------------

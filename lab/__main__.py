@@ -1,9 +1,10 @@
-"""python -m lab up|down|status|exec: the host lab from the command line (docs/lab.md)."""
+"""python -m lab up|down|status|exec|reimage: the host lab from the command line (docs/lab.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -74,6 +75,22 @@ def _exec(args: argparse.Namespace) -> int:
     return result.returncode
 
 
+def _reimage(args: argparse.Namespace) -> int:
+    """The lab's reimage (the inventory's `reimage`, docs/inventory.md): the host's pristine
+    overlay back, same address and host key; exit 0 once its sshd answers."""
+    lab = hostlab.current()
+    if lab is None:
+        print("lab: the lab is down (python -m lab up ...)", file=sys.stderr)
+        return 1
+    if not args.host:
+        print("lab: reimage HOST (or RUNCRATE_HOST_NAME in the environment)", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    lab.reset(args.host)
+    print(f"lab: {args.host} reimaged in {time.monotonic() - started:.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
     commands = parser.add_subparsers(dest="verb", required=True)
@@ -93,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=600)
     run.add_argument("command", nargs=argparse.REMAINDER)
     run.set_defaults(run=_exec)
+    reimage = commands.add_parser("reimage", help="a host back to pristine (the reimage)")
+    reimage.add_argument("host", nargs="?", default=os.environ.get("RUNCRATE_HOST_NAME", ""))
+    reimage.set_defaults(run=_reimage)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -1218,6 +1219,7 @@ class Lab:
             "capacity_reporting": "count",
             "apt_mirror": APT_MIRROR,
             "pip_index_url": PIP_INDEX_URL,
+            "reimage": reimage_command(),
         }
         if self.storage is not None:
             common |= {
@@ -1309,6 +1311,15 @@ class Lab:
             state["hosts"][name] = new
             _write_state(self.lab_dir, state)
             _wait_ready(self.lab_dir, new)
+
+
+def reimage_command() -> str:
+    """The inventory's `reimage` for the lab's hosts (docs/inventory.md): `python -m lab
+    reimage` with the host the dashboard names in RUNCRATE_HOST_NAME, run by this Python from
+    this checkout, so it works from any folder the machines worker runs in."""
+    root = shlex.quote(str(Path(__file__).resolve().parent.parent))
+    python = shlex.quote(sys.executable)
+    return f'cd {root} && {python} -m lab reimage "$RUNCRATE_HOST_NAME"'
 
 
 # Adds the key read from stdin to root's authorized_keys in a running host, unless it is there.

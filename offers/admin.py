@@ -17,7 +17,6 @@ from offers.inventory import (
     check_gateway,
     check_host_field,
     host_setup_problems,
-    return_hosts_to_service,
     take_hosts_offline,
     why_fixed_while_serving,
 )
@@ -177,7 +176,10 @@ class MachineTypeAdmin(ChangesOffers):
 class HostForm(forms.ModelForm):
     class Meta:
         model = Host
-        fields = ["name", "machine_type", "driver", "address", "port", "user", "host_key", "fault"]
+        fields = [
+            "name", "machine_type", "driver", "address", "port", "user", "host_key", "reimage",
+            "fault",
+        ]  # fmt: skip
 
     def _clean_static(self, field_name: str) -> str:
         try:
@@ -231,8 +233,11 @@ class HostAdmin(ChangesOffers):
     list_select_related = ["machine_type__location", "machine_type__gpu"]
     search_fields = ["name", "address", "machine_type__slug"]
     autocomplete_fields = ["machine_type"]
-    readonly_fields = ["state", "state_changed_at", "what_went_wrong"]
-    actions = ["mark_offline", "mark_free"]
+    readonly_fields = [
+        "state", "state_changed_at", "pristine_report", "baseline_at", "what_went_wrong",
+    ]  # fmt: skip
+    # Mark free, Reimage and Record baseline connect to the hosts: clusters/admin.py adds them.
+    actions = ["mark_offline"]
 
     class Media:
         css = {"all": ["css/admin.css"]}  # no inline style: the CSP refuses them
@@ -271,14 +276,6 @@ class HostAdmin(ChangesOffers):
         selected = list(queryset.values_list("pk", flat=True))
         changed = take_hosts_offline(host_ids=selected)
         self._report(request, changed, len(selected), "taken offline", "were not free")
-
-    @admin.action(description="Mark free (offline hosts only)")
-    def mark_free(self, request: HttpRequest, queryset: QuerySet) -> None:
-        selected = list(queryset.values_list("pk", flat=True))
-        changed = return_hosts_to_service(host_ids=selected)
-        self._report(
-            request, changed, len(selected), "marked free", "were not offline or a node holds them"
-        )
 
     def _report(
         self, request: HttpRequest, changed: int, selected: int, done: str, why: str

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from offers.models import GpuModel, Host, Location, MachineType
@@ -353,6 +354,16 @@ def _absolute_path(value: Any) -> str:
     return value
 
 
+def _command(value: Any) -> str:
+    """A shell command on one line (a location's or host's `reimage`), run by the machines
+    worker; empty for none."""
+    if not isinstance(value, str) or len(value) > 1000:
+        raise _Invalid("must be a shell command of at most 1000 characters")
+    if any(ord(c) < 32 for c in value):
+        raise _Invalid("must be one line, without control characters")
+    return value.strip()
+
+
 def _http_url(value: Any) -> str:
     """An http(s) URL with a host and no spaces (a location's apt mirror or pip index)."""
     if value is None:
@@ -540,12 +551,15 @@ _LOCATION_KEYS = (
     "storage_host",
     "storage_host_key",
     "storage_path",
+    "reimage",
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
     "price_per_hour", "boot_seconds", "slow_boot",
 )  # fmt: skip
-_HOST_KEYS = ("name", "machine_type", "driver", "fault", "address", "port", "user", "host_key")
+_HOST_KEYS = (
+    "name", "machine_type", "driver", "fault", "address", "port", "user", "host_key", "reimage",
+)  # fmt: skip
 _HOST_GROUP_KEYS = ("machine_type", "count", "name_prefix")
 
 
@@ -616,6 +630,7 @@ def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
                 _amount(places=4, max_digits=8, positive=False),
                 default=default_volume_price,
             ),
+            "reimage": entry.get("reimage", _command, default=""),
         }
         if fields["storage_host"] and not fields["storage_host_key"]:
             entry.fail(
@@ -671,6 +686,7 @@ def _check_host(
         "port": entry.get("port", _integer(1, 65535), default=22),
         "user": entry.get("user", _unix_user, default="root"),
         "host_key": entry.get("host_key", _host_key, default=""),
+        "reimage": entry.get("reimage", _command, default=""),
     }
     if entry.ok:
         for field_name, problem in host_setup_problems(
@@ -709,6 +725,7 @@ def _check_host_group(
         "port": 22,
         "user": "root",
         "host_key": "",
+        "reimage": "",
     }
     clashes = []
     for name in group_host_names(prefix, count):
@@ -965,13 +982,31 @@ def take_hosts_offline(*, host_ids: Iterable[int]) -> int:
     return changed
 
 
-def return_hosts_to_service(*, host_ids: Iterable[int]) -> int:
-    """Make offline hosts free again; returns how many did. A host a node still holds stays."""
+def return_hosts_to_service(*, host_ids: Iterable[int], verified: Iterable[int] = ()) -> int:
+    """Make offline or dirty hosts free again; returns how many did. A host a node still holds
+    stays, and so does an ssh host that is not in `verified`, found pristine against its
+    baseline just now (`clusters.hosts.return_to_service`, what staff's Mark free runs): the
+    hosts that went offline or dirty are exactly the ones that could not be wiped or reimaged."""
     changed = (
-        Host.objects.filter(pk__in=list(host_ids), state=Host.State.OFFLINE)
+        Host.objects.filter(pk__in=list(host_ids), state__in=[Host.State.OFFLINE, Host.State.DIRTY])
+        .filter(Q(driver=Host.Driver.SIMULATED) | Q(pk__in=list(verified)))
         .exclude(nodes__holds_host=True)
-        .update(state=Host.State.FREE, state_changed_at=timezone.now())
+        .update(state=Host.State.FREE, state_changed_at=timezone.now(), pristine_report="")
     )
     if changed:
         inventory_changed()
     return changed
+
+
+def set_host_dirty(host: Host, report: str) -> None:
+    """A free, offline or dirty host that must not be offered (a verification found it differ
+    from its baseline): dirty, with what differs, until staff reimage it."""
+    changed = (
+        Host.objects.filter(
+            pk=host.pk, state__in=[Host.State.FREE, Host.State.OFFLINE, Host.State.DIRTY]
+        )
+        .exclude(nodes__holds_host=True)
+        .update(state=Host.State.DIRTY, state_changed_at=timezone.now(), pristine_report=report)
+    )
+    if changed:
+        inventory_changed()

@@ -78,6 +78,17 @@ class Location(models.Model):
         default="/srv/runcrate/volumes",
         help_text="The folder on the storage host that holds one folder per volume.",
     )
+    # Tenants never meet (docs/inventory.md, "Reimage before reuse"): the command that reimages
+    # one of this location's hosts; a host's own `reimage` wins. Empty: a host that served a
+    # cluster goes `dirty` until staff reimage it.
+    reimage = models.CharField(
+        max_length=1000,
+        blank=True,
+        default="",
+        help_text="The shell command that reimages one host (RUNCRATE_HOST_NAME, "
+        "RUNCRATE_HOST_ADDRESS and RUNCRATE_HOST_PORT in its environment; exit 0 when the host "
+        "is back). Empty: hosts that served a cluster go dirty until staff reimage them.",
+    )
 
     class Meta:
         ordering = ["code"]
@@ -152,6 +163,8 @@ class Host(models.Model):
         RESERVED = "reserved"
         IN_USE = "in_use"
         CLEANING = "cleaning"
+        # Served a cluster and not (yet) reimaged and found pristine: offered to no one.
+        DIRTY = "dirty"
         OFFLINE = "offline"
 
     class Fault(models.TextChoices):
@@ -171,6 +184,18 @@ class Host(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.FREE)
     fault = models.CharField(max_length=10, choices=Fault.choices, blank=True, default="")
     state_changed_at = models.DateTimeField(default=timezone.now)
+    reimage = models.CharField(
+        max_length=1000,
+        blank=True,
+        default="",
+        help_text="This host's own reimage command; empty: its location's.",
+    )
+    # What the host looked like when staff registered it, freshly imaged, as the product's own
+    # reader saw it over SFTP (clusters/hosts.py): what every later verification compares with.
+    baseline = models.JSONField(default=dict, blank=True, editable=False)
+    baseline_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Why the host is dirty or offline: the reimage's failure, or what differs from the baseline.
+    pristine_report = models.TextField(blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -178,6 +203,11 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def reimage_command(self) -> str:
+        """The command that reimages this host: its own, else its location's ("" for none)."""
+        return self.reimage or self.machine_type.location.reimage
 
 
 class QuoteRequest(models.Model):

@@ -103,6 +103,20 @@ class NetworkTestResult:
     simulated: bool = False
 
 
+@dataclass(frozen=True)
+class Released:
+    """What a stop left behind. `pristine`: the host may serve the next tenant (it was
+    reimaged and verified against its baseline, or it is a simulated machine); otherwise
+    `why` tells staff what keeps it out (no reimage command, what differs). `warning` is for
+    the user, with its `output`: what went wrong without stopping the release (a volume that
+    could not be synced back)."""
+
+    pristine: bool
+    why: str = ""
+    warning: str = ""
+    output: str = ""
+
+
 class DriverError(Exception):
     """Slow work that failed in a way the driver can say. With a `reason` (an Event reason such as
     `host_key_mismatch`) the lifecycle fails the node at once; without one the work is retried
@@ -148,10 +162,10 @@ class Driver:
         """Run the software's readiness check on `node` (the head) for the whole plan."""
         raise NotImplementedError
 
-    def stop(self, node: Node) -> tuple[str, str] | None:
-        """Stop the machine and wipe it (`/shared` included), then verify it is clean; raises
-        DriverError when it is not. Idempotent. Returns (warning, output) for what went wrong
-        without stopping the wipe (a volume that could not be synced back), else None."""
+    def stop(self, node: Node) -> Released:
+        """Stop the machine and make it fit for the next tenant: reimage and verify it where
+        it can be, else wipe it (then it is not pristine: it waits for staff). Raises
+        DriverError when that failed and should be tried again. Idempotent."""
         raise NotImplementedError
 
     def network_test(

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from clusters.drivers.base import Driver, MachineState, Observation
+from clusters.drivers.base import Driver, MachineState, Observation, Released
 from clusters.drivers.simulated import SimulatedDriver
 from clusters.drivers.ssh import SshDriver
 
@@ -31,8 +31,10 @@ class UnavailableDriver(Driver):
             message=f"The {self.driver_name!r} driver is not available on this installation.",
         )
 
-    def stop(self, node: Node) -> None:
-        return None
+    def stop(self, node: Node) -> Released:
+        # Never started (start does nothing): no tenant ever reached it, so it is as it was
+        # registered.
+        return Released(pristine=True)
 
 
 _DRIVERS: dict[str, Driver] = {"simulated": SimulatedDriver(), "ssh": SshDriver()}

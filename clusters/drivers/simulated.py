@@ -31,6 +31,7 @@ from clusters.drivers.base import (
     MachineState,
     NetworkTestResult,
     Observation,
+    Released,
 )
 from clusters.software import checks, network_test
 from clusters.software import simulated as outputs
@@ -96,10 +97,11 @@ class SimulatedDriver(Driver):
         address = "" if gateway else simulated_public_address(node.host)
         return Observation(MachineState.RUNNING, since=up_at, public_address=address)
 
-    def stop(self, node: Node) -> None:
-        # A simulated machine has nothing to wipe; the lifecycle still passes it through
-        # `cleaning`, exactly as it does a real one.
-        return None
+    def stop(self, node: Node) -> Released:
+        # A simulated machine has nothing to wipe, and no tenant ever had root on it: the
+        # simulated data center reimages it as it stops. The lifecycle still passes it
+        # through `cleaning`, exactly as it does a real one.
+        return Released(pristine=True)
 
     # --- its agent ---------------------------------------------------------------------------
 

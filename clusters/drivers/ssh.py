@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import shlex
+import time
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -39,7 +40,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from clusters.connect import SHARED_DIR, kube_ca, kube_token, shape_for
-from clusters.drivers import storage
+from clusters.drivers import pristine, storage
 from clusters.drivers.base import (
     CheckResult,
     Driver,
@@ -49,6 +50,7 @@ from clusters.drivers.base import (
     MachineState,
     NetworkTestResult,
     Observation,
+    Released,
 )
 from clusters.software import RAY_REQUIREMENT, checks, network_test
 
@@ -63,6 +65,7 @@ AGENT_FILE = Path(__file__).resolve().parent.parent / "agent" / "runcrate_agent.
 INCOMING = "/var/lib/runcrate/incoming"
 SOFTWARE_INCOMING = "/var/lib/runcrate/software"
 WIREGUARD_PORT = 51820
+REIMAGE_POLL_SECONDS = 2
 _STATUS_LINE = re.compile(r"^runcrate: (\w+)=(.*)$")
 
 
@@ -260,6 +263,68 @@ def host_session(host: Host):
     )
 
 
+def read_host(host: Host) -> dict:
+    """What the host is now, read over SFTP by the product's own code (pristine.read)."""
+    with host_session(host) as session:
+        sftp = session.client.open_sftp()
+        try:
+            return pristine.read(sftp)
+        except (paramiko.SSHException, OSError) as error:
+            raise DriverError(f"{session.where}: the connection broke: {error}") from None
+        finally:
+            sftp.close()
+
+
+def verify_host(host: Host) -> list[pristine.Difference]:
+    """What differs on `host` from its baseline; [] when it is pristine."""
+    if not host.baseline:
+        return [
+            pristine.Difference(
+                "baseline",
+                "no baseline was recorded for this host: reimage it, then Record baseline",
+            )
+        ]
+    return pristine.differences(host.baseline, read_host(host))
+
+
+def reimage_and_verify(host: Host, command: str) -> list[pristine.Difference]:
+    """Run the reimage command, wait until the host answers again with its pinned host key
+    (or the new one the command printed, which is pinned from then on), and verify it.
+    DriverError when the reimage fails or the host does not come back in time."""
+    from offers.models import Host as HostModel
+
+    timeout = settings.RUNCRATE_REIMAGE_SECONDS
+    try:
+        new_key = pristine.run_reimage(host, command=command, timeout=timeout)
+    except pristine.ReimageFailed as error:
+        raise DriverError(error.message, output=error.output) from None
+    if new_key and new_key != host.host_key:
+        HostModel.objects.filter(pk=host.pk).update(host_key=new_key)
+        host.host_key = new_key
+        log.info("host %s: the reimage printed a new host key; it is pinned now", host.name)
+    wait_until_up(host, seconds=timeout)
+    return verify_host(host)
+
+
+def wait_until_up(host: Host, *, seconds: float) -> None:
+    """Poll until `host` takes an SSH session with its pinned key, for at most `seconds`; a
+    host that offers another key fails at once (never trusted)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with host_session(host) as session:
+                session.run("true", timeout=30)
+            return
+        except DriverError as error:
+            if error.reason == "host_key_mismatch" or time.monotonic() >= deadline:
+                raise DriverError(
+                    f"{host.name} did not come back after its reimage: {error.message}",
+                    reason=error.reason,
+                    output=error.output,
+                ) from None
+        time.sleep(REIMAGE_POLL_SECONDS)
+
+
 def _require_root(host: Host) -> None:
     """The scripts run as root: the driver logs in as root (a user with sudo is not supported
     yet); it says so before connecting."""
@@ -383,20 +448,48 @@ class SshDriver(Driver):
             _, output = session.run(f"{checks.COMMANDS[plan.software]} 2>&1", timeout=60)
         return checks.run_check(plan.software, output, expected)
 
-    def stop(self, node: Node) -> tuple[str, str] | None:
-        """Sync the volume back (node-0), wipe, verify over a new connection. Returns a warning
-        and its output when the volume could not be synced back; the wipe goes on."""
+    def stop(self, node: Node) -> Released:
+        """Sync the volume back (node-0), then make the host fit for the next tenant: where
+        its location or the host has a reimage command, reimage it and verify it against its
+        baseline (clusters/drivers/pristine.py); otherwise wipe what the product wrote and
+        verify that over a new connection, and the host is not pristine: a tenant was root on
+        it, so it waits, dirty, for staff to reimage it (docs/inventory.md)."""
         host = node.host
         _require_root(host)
+        command = host.reimage_command
         user = shlex.quote(host.user or "root")
-        original = shlex.quote(node.driver_state.get("original_hostname") or "")
+        warning = ("", "")
         with host_session(host) as session:
             synced = storage.synced_volume(node)
-            warning = storage.push(node, session, cluster_keys(node)[1], synced) if synced else None
-            status, output = session.run(f"sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text())
-        if status != 0:
-            raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])
-        # A new connection: what is checked is what the next cluster would find.
+            if synced:
+                warning = storage.push(node, session, cluster_keys(node)[1], synced) or warning
+            if not command:
+                status, output = session.run(
+                    f"sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text()
+                )
+                if status != 0:
+                    raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])
+        if command:
+            # The reimage replaces everything the tenant could have touched: no wipe first.
+            differences = reimage_and_verify(host, command)
+            why = pristine.report(differences)
+        else:
+            self._verify_wipe(node)
+            why = (
+                "It served a cluster and neither it nor its location has a reimage command: "
+                "reimage it, then Mark free (the verification runs then)."
+            )
+        gateway_sync(node, leaving=True)
+        return Released(
+            pristine=bool(command) and not why, why=why, warning=warning[0], output=warning[1]
+        )
+
+    def _verify_wipe(self, node: Node) -> None:
+        """verify.sh over a new connection: what is checked is what the next cluster would
+        find of the product's own files and processes."""
+        host = node.host
+        user = shlex.quote(host.user or "root")
+        original = shlex.quote(node.driver_state.get("original_hostname") or "")
         with host_session(host) as session:
             status, output = session.run(
                 f"sh -s {user} {original}", stdin=(SCRIPTS / "verify.sh").read_text()
@@ -408,8 +501,6 @@ class SshDriver(Driver):
                 f"{'; '.join(x.removeprefix('leftover: ') for x in leftovers) or output[-200:]}",
                 output=output[-20_000:],
             )
-        gateway_sync(node, leaving=True)
-        return warning
 
     def network_test(
         self, cluster: Cluster, *, nodes: list[Node], plan: InstallPlan

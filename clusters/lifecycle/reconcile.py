@@ -75,6 +75,8 @@ class _Pass:
     dirty: dict[int, Node] = field(default_factory=dict)
     cluster_dirty: bool = False
     hosts: dict[str, set[int]] = field(default_factory=dict)
+    # Why a host released now is dirty, for staff (Host.pristine_report), by host.
+    host_reports: dict[int, str] = field(default_factory=dict)
     usage: list[UsageRecord] = field(default_factory=list)
     handoffs: list[tuple[int, str, str]] = field(default_factory=list)
     fields: set[str] = field(default_factory=set)
@@ -150,6 +152,8 @@ class _Pass:
             )
         for state, host_ids in self.hosts.items():
             Host.objects.filter(pk__in=host_ids).update(state=state, state_changed_at=self.now)
+        for host_id, report in self.host_reports.items():
+            Host.objects.filter(pk=host_id).update(pristine_report=report)
         if self.usage:
             UsageRecord.objects.bulk_create(self.usage)
         if self.events:
@@ -457,12 +461,16 @@ class _Pass:
         )
 
     def end_node(self, node: Node, status: Node.Status, *, at: datetime | None = None) -> None:
-        """The node stops serving the cluster (at `at`, default now); its host is wiped."""
+        """The node stops serving the cluster (at `at`, default now); its host is wiped. Work
+        in flight on it (a bootstrap, an install) keeps its lease: the stop is handed off only
+        once that work has written back or its lease ran out, so no wipe or reimage ever races
+        a bootstrap that is still changing the host."""
         node.move_to(status=status)
         node.ended_at = at or self.now
         node.step_deadline = None
-        node.lease_token = ""
-        node.lease_expires_at = None
+        if not node.lease_is_held(self.now):
+            node.lease_token = ""
+            node.lease_expires_at = None
         self.touch(node)
         if node.holds_host:
             self.set_host(node, Host.State.CLEANING)
@@ -722,7 +730,13 @@ class _Pass:
                     )
                 node.holds_host = False
                 self.touch(node)
-                self.set_host(node, Host.State.FREE)
+                # A host goes back to the pool only reimaged and found pristine; otherwise it
+                # is dirty, offered to no one until staff reimage it (docs/inventory.md).
+                if stop.get("pristine"):
+                    self.set_host(node, Host.State.FREE)
+                else:
+                    self.set_host(node, Host.State.DIRTY)
+                    self.host_reports[node.host_id] = stop.get("why", "")
                 freed.append(node)
             elif start.get("reason") == Reason.HOST_KEY_MISMATCH:
                 # Never connected to, so nothing to wipe; and it must not serve anyone until
@@ -748,7 +762,8 @@ class _Pass:
             names = ", ".join(n.name for n in freed)
             self.event(
                 Reason.HOST_RELEASED,
-                f"Released {names}: wiped and returned to the pool."
+                f"Released {names}: stopped, and reimaged before anyone else uses "
+                f"{'them' if len(freed) > 1 else 'it'}."
                 + ("" if still_held else " Every machine of this cluster is released."),
             )
 
@@ -770,11 +785,21 @@ class _Pass:
             return
         stopped = bool(self.cluster.stop_reason)
         self.set_status(Status.STOPPED if stopped else Status.TERMINATED)
+        # A machine whose stop never succeeded went offline (take_offline): say which.
+        unwiped = [n.name for n in self.nodes if n.host_id and not self.record(n, "stop").get("ok")]
+        if unwiped:
+            ended = (
+                f"every machine was stopped, but {', '.join(unwiped)} could not be wiped: "
+                f"{'they are' if len(unwiped) > 1 else 'it is'} out of service until staff "
+                "check, and nothing more is billed."
+            )
+        else:
+            ended = "every machine was stopped and wiped."
         self.event(
             Reason.TERMINATED,
-            f"Stopped because {self.cluster.get_stop_reason_display()}."
+            f"Stopped because {self.cluster.get_stop_reason_display()}; {ended}"
             if stopped
-            else "Terminated: every machine was stopped and wiped.",
+            else f"Terminated: {ended}",
         )
 
 

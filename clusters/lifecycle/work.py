@@ -110,10 +110,11 @@ def _run(node: Node, action: str, now: datetime, plans: _Plans) -> dict:
             "output": result.output[-20_000:],
         }
     if kind == "stop":
-        warning = driver.stop(node)
-        if warning:  # e.g. the volume could not be synced back: the wipe went on
-            return {"ok": True, "warning": warning[0][:500], "output": warning[1][-20_000:]}
-        return {"ok": True}
+        released = driver.stop(node)
+        result = {"ok": True, "pristine": released.pristine, "why": released.why[:4000]}
+        if released.warning:  # e.g. the volume could not be synced back: the release went on
+            result |= {"warning": released.warning[:500], "output": released.output[-20_000:]}
+        return result
     raise ValueError(f"unknown node work {action!r}")
 
 
@@ -201,6 +202,17 @@ def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
         for n in found.order_by("index")
         if n.lease_token == tokens[n.pk] and n.lease_expires_at and n.lease_expires_at > now
     ]
+    if kind != "stop":
+        # Work handed off before its node ended (a terminate, a failure) and not yet begun:
+        # never begun now. Its lease is given back, so the stop (which waits for work in
+        # flight, `end_node`) is handed off at the next pass instead of when the lease ends.
+        ended = [n for n in nodes if n.status not in Node.LIVE]
+        if ended:
+            held = Q()
+            for node in ended:
+                held |= Q(pk=node.pk, lease_token=node.lease_token)
+            Node.objects.filter(held).update(lease_token="", lease_expires_at=None)
+            nodes = [n for n in nodes if n.status in Node.LIVE]
     if not nodes:
         return 0
     cluster = nodes[0].cluster

@@ -1,0 +1,326 @@
+"""What a host is, read by the product itself over SFTP, and whether it is what it was.
+
+A tenant is root on their nodes, so nothing the host would run can be trusted to say it is
+clean: a replaced `sh`, `pgrep` or `grep` lies. This module never runs a command on the host.
+It reads files, `/proc` and package lists through the SFTP channel with the dashboard's own
+code (paramiko; the hashing and parsing happen here, on the dashboard) and compares them with
+the **baseline** recorded when staff registered the host freshly imaged
+(`clusters/hosts.py`, docs/inventory.md "Reimage before reuse"):
+
+- the installed packages (`/var/lib/dpkg/status`: name and version);
+- the users (`/etc/passwd`, `/etc/shadow`, `/etc/group`), every user's `authorized_keys`;
+- every file under the trees a tenant could leave something in, with its mode, owner and
+  sha256: `/etc` (cron, systemd units, sudoers, ld.so.preload, sshd's configuration…),
+  `/root`, `/home`, `/usr/local`, `/opt`, `/tmp`, `/var/tmp`, `/var/spool/cron`;
+- the system's programs (`/usr/bin`, `/usr/sbin`, `/usr/lib/systemd`) by mode, owner, size
+  and modification time (reading every byte would take seconds a host; the reimage is what
+  replaces them, this catches a reimage that did not happen);
+- the listening sockets (`/proc/net/tcp`, `tcp6`, `udp`, `udp6`) and the programs running
+  (`/proc/PID/exe`).
+
+What it cannot see, and does not claim: a kernel the tenant changed, or an sshd or
+sftp-server that lies (the channel itself). The reimage is the guarantee; this verification
+proves that a reimage happened and left nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import re
+import stat
+import subprocess
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import paramiko
+
+if TYPE_CHECKING:
+    from offers.models import Host
+
+# Paths on the host, read over SFTP (never this machine's own /tmp).
+HASHED_TREES = (  # noqa: S108
+    "/etc",
+    "/root",
+    "/home",
+    "/usr/local",
+    "/opt",
+    "/tmp",  # noqa: S108
+    "/var/tmp",  # noqa: S108
+    "/var/spool/cron",
+)
+STAT_TREES = ("/usr/bin", "/usr/sbin", "/usr/lib/systemd")
+# Files that differ on every boot of a healthy host, or that the product's own connection
+# makes: never a tenant's leftover. (/tmp/systemd-private-*: systemd's per-service folders.)
+VOLATILE_PREFIXES = ("/tmp/systemd-private-", "/etc/ssh/ssh_host_")  # noqa: S108
+LARGEST_HASHED = 64 * 1024 * 1024  # bigger files under the hashed trees: mode, size and time
+# The programs our own verification session runs on the host.
+OWN_SESSION = frozenset({"/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server"})
+SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6")
+TCP_LISTEN = "0A"
+UDP_UNCONNECTED = "07"
+SHOWN = 40  # differences listed; the count says how many more
+
+
+@dataclass(frozen=True)
+class Difference:
+    what: str  # "file", "package", "user", "socket", "process", "authorized_keys"
+    message: str
+
+
+def read(sftp: paramiko.SFTPClient) -> dict:
+    """The host as the product sees it now: a JSON-able dict (what a baseline stores)."""
+    files: dict[str, str] = {}
+    for tree in HASHED_TREES:
+        _walk(sftp, tree, files, hashed=True)
+    for tree in STAT_TREES:
+        _walk(sftp, tree, files, hashed=False)
+    passwd = _text(sftp, "/etc/passwd")
+    return {
+        "version": 1,
+        "files": files,
+        "packages": _packages(_text(sftp, "/var/lib/dpkg/status")),
+        "users": sorted(_users(passwd)),
+        "authorized_keys": _authorized_keys(sftp, passwd),
+        "sockets": sorted(_sockets(sftp)),
+        "programs": sorted(_programs(sftp)),
+    }
+
+
+def differences(baseline: dict, now: dict) -> list[Difference]:
+    """What `now` has that `baseline` had not, or has changed, most telling first."""
+    found: list[Difference] = []
+    for user in sorted(set(now["users"]) - set(baseline.get("users", ()))):
+        found.append(Difference("user", f"a user {user} that was not there"))
+    for user in sorted(set(baseline.get("users", ())) - set(now["users"])):
+        found.append(Difference("user", f"user {user} is gone"))
+    keys_then = baseline.get("authorized_keys", {})
+    for path, digest in sorted(now["authorized_keys"].items()):
+        if keys_then.get(path) != digest:
+            found.append(Difference("authorized_keys", f"{path} is not what it was"))
+    for entry in sorted(set(now["sockets"]) - set(baseline.get("sockets", ()))):
+        found.append(Difference("socket", f"something listens on {entry}"))
+    for program in sorted(set(now["programs"]) - set(baseline.get("programs", ()))):
+        found.append(Difference("process", f"{program} is running"))
+    packages_then = baseline.get("packages", {})
+    for name, version in sorted(now["packages"].items()):
+        if name not in packages_then:
+            found.append(Difference("package", f"package {name} {version} was installed"))
+        elif packages_then[name] != version:
+            found.append(
+                Difference("package", f"package {name} is {version}, not {packages_then[name]}")
+            )
+    for name in sorted(set(packages_then) - set(now["packages"])):
+        found.append(Difference("package", f"package {name} was removed"))
+    files_then = baseline.get("files", {})
+    for path, entry in sorted(now["files"].items()):
+        if path not in files_then:
+            found.append(Difference("file", f"{path} was added"))
+        elif files_then[path] != entry:
+            found.append(Difference("file", f"{path} changed"))
+    for path in sorted(set(files_then) - set(now["files"])):
+        found.append(Difference("file", f"{path} was removed"))
+    return found
+
+
+def report(found: list[Difference]) -> str:
+    """`differences` for staff: one per line, at most SHOWN, and how many more."""
+    lines = [d.message for d in found[:SHOWN]]
+    if len(found) > SHOWN:
+        lines.append(f"… and {len(found) - SHOWN} more differences.")
+    return "\n".join(lines)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def _walk(sftp: paramiko.SFTPClient, top: str, files: dict[str, str], *, hashed: bool) -> None:
+    try:
+        entries = sftp.listdir_attr(top)
+    except OSError:
+        return  # a tree the host does not have (no /opt): the same in the baseline
+    for entry in sorted(entries, key=lambda e: e.filename):
+        path = f"{top.rstrip('/')}/{entry.filename}"
+        if path.startswith(VOLATILE_PREFIXES):
+            continue
+        mode = entry.st_mode or 0
+        owner = f"{entry.st_uid}:{entry.st_gid}"
+        bits = f"{stat.S_IMODE(mode):04o}"
+        if stat.S_ISLNK(mode):
+            try:
+                files[path] = f"l {sftp.readlink(path)}"
+            except OSError:
+                files[path] = "l ?"
+        elif stat.S_ISDIR(mode):
+            files[path] = f"d {bits} {owner}"
+            _walk(sftp, path, files, hashed=hashed)
+        elif stat.S_ISREG(mode):
+            size = entry.st_size or 0
+            if hashed and size <= LARGEST_HASHED:
+                files[path] = f"f {bits} {owner} {_sha256(sftp, path, size)}"
+            else:
+                files[path] = f"f {bits} {owner} {size} {entry.st_mtime}"
+        else:
+            files[path] = f"o {bits} {owner}"  # a socket, fifo or device node
+
+
+def _sha256(sftp: paramiko.SFTPClient, path: str, size: int) -> str:
+    try:
+        with sftp.open(path, "rb") as handle:
+            handle.prefetch(size)
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError as error:
+        return f"unreadable ({error.strerror or error})"
+
+
+def _text(sftp: paramiko.SFTPClient, path: str) -> str:
+    try:
+        with sftp.open(path, "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _packages(status: str) -> dict[str, str]:
+    """Installed packages from dpkg's status file: {name (with :arch where given): version}."""
+    installed = {}
+    for paragraph in status.split("\n\n"):
+        fields = {}
+        for line in paragraph.splitlines():
+            key, sep, value = line.partition(": ")
+            if sep and not line.startswith(" "):
+                fields[key] = value.strip()
+        if fields.get("Status", "").endswith(" installed") and "Package" in fields:
+            name = fields["Package"]
+            if fields.get("Architecture") not in (None, "all", "amd64", "arm64"):
+                name = f"{name}:{fields['Architecture']}"
+            installed[name] = fields.get("Version", "")
+    return installed
+
+
+def _users(passwd: str) -> set[str]:
+    return {line.split(":", 1)[0] for line in passwd.splitlines() if ":" in line}
+
+
+def _authorized_keys(sftp: paramiko.SFTPClient, passwd: str) -> dict[str, str]:
+    """{path: sha256} of every user's authorized_keys and authorized_keys2 that exists."""
+    homes = {"/root"}
+    for line in passwd.splitlines():
+        parts = line.split(":")
+        if len(parts) >= 6 and parts[5].startswith("/"):
+            homes.add(parts[5].rstrip("/") or "/")
+    found = {}
+    for home in sorted(homes):
+        for name in ("authorized_keys", "authorized_keys2"):
+            path = f"{home.rstrip('/')}/.ssh/{name}"
+            try:
+                with sftp.open(path, "rb") as handle:
+                    found[path] = hashlib.sha256(handle.read()).hexdigest()
+            except OSError:
+                continue
+    return found
+
+
+def _sockets(sftp: paramiko.SFTPClient) -> set[str]:
+    """Listening TCP and unconnected UDP sockets: "tcp 0.0.0.0:22", "udp6 [::]:5353"."""
+    found = set()
+    for table in SOCKET_TABLES:
+        for line in _text(sftp, f"/proc/net/{table}").splitlines()[1:]:
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            state = parts[3]
+            if state != (TCP_LISTEN if table.startswith("tcp") else UDP_UNCONNECTED):
+                continue
+            address, _, port = parts[1].partition(":")
+            try:
+                found.add(f"{table} {_address(address)}:{int(port, 16)}")
+            except ValueError:
+                continue
+    return found
+
+
+def _address(hex_address: str) -> str:
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        return ".".join(str(b) for b in reversed(raw))
+    # IPv6 in /proc is four 32-bit words, each in host (little-endian) order.
+    words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
+    return f"[{ipaddress.IPv6Address(b''.join(words))}]"
+
+
+def _programs(sftp: paramiko.SFTPClient) -> set[str]:
+    """The executables of the running processes (kernel threads have none), but our own
+    session's. A program whose file was replaced or deleted since it started reads
+    "PATH (deleted)": never one of the baseline's."""
+    found = set()
+    try:
+        pids = [name for name in sftp.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            exe = sftp.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue  # a kernel thread, or a process that ended meanwhile
+        if exe and exe not in OWN_SESSION:
+            found.add(exe)
+    return found
+
+
+# --- the reimage --------------------------------------------------------------------------------
+
+_NEW_KEY = re.compile(r"^(?:runcrate: )?host_key=(ssh-[a-z0-9-]+ [A-Za-z0-9+/=]+)\s*$", re.M)
+
+
+class ReimageFailed(Exception):
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.output = output
+
+
+def run_reimage(host: Host, *, command: str, timeout: float) -> str | None:
+    """Run the operator's reimage command for `host` (docs/inventory.md) and return the new
+    host key it printed (a line `host_key=ssh-ed25519 AAAA…`), or None when it kept its key.
+    Raises ReimageFailed when it exits non-zero or outlives `timeout`. The command is the
+    operator's own, from the inventory, run by /bin/sh; the host goes in its environment."""
+    environment = {
+        **os.environ,
+        "RUNCRATE_HOST_NAME": host.name,
+        "RUNCRATE_HOST_ADDRESS": host.address,
+        "RUNCRATE_HOST_PORT": str(host.port),
+    }
+    try:
+        done = subprocess.run(  # noqa: S602 (the operator's own command, from the inventory)
+            command,
+            shell=True,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as error:
+        output = _decoded(error.stdout) + _decoded(error.stderr)
+        raise ReimageFailed(
+            f"the reimage of {host.name} did not finish within {timeout:.0f} seconds", output
+        ) from None
+    except OSError as error:
+        raise ReimageFailed(f"the reimage of {host.name} could not start: {error}") from None
+    output = (done.stdout or "") + (done.stderr or "")
+    if done.returncode != 0:
+        last = output.strip().splitlines()[-1:] or ["no output"]
+        raise ReimageFailed(
+            f"the reimage of {host.name} failed (exit status {done.returncode}): {last[0][:200]}",
+            output[-20_000:],
+        )
+    found = _NEW_KEY.findall(done.stdout or "")
+    return found[-1] if found else None
+
+
+def _decoded(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data if isinstance(data, str) else data.decode(errors="replace")
