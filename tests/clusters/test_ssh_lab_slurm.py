@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.drivers.base import CheckState
-from clusters.models import Cluster
+from clusters.models import Cluster, Event
 from offers.models import Host
 from tests.clusters import test_ssh_lab as base
 from tests.clusters.lifecycle_kit import create
@@ -190,3 +190,66 @@ def test_the_check_reads_real_sinfo_states_drained_down_and_no_controller(fleet,
         time.sleep(0.5)
     assert result.state == CheckState.PENDING
     terminate_and_check(lab, cluster)
+
+
+def test_a_worker_added_to_a_ready_slurm_cluster_joins_every_node_runs_srun_n3(
+    fleet, user_key, tmp_path
+):
+    """2 + 1: the worker's installer gives the two running nodes the new slurm.conf (the
+    controller restarted with it, `scontrol reconfigure`), so Slurm knows the worker on every
+    node and `srun -N3` runs on three machines; every daemon listens on the private network."""
+    lab = fleet
+    cluster = create(
+        project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2, software="slurm"
+    )
+    try:
+        drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, Cluster.Status.FAILED)
+        assert cluster.status == Cluster.Status.READY, cluster.failure_message
+        with base.Sim():
+            base.lifecycle.add_workers(cluster=cluster, count=1)
+        deadline = time.monotonic() + base.WAIT
+        with base.Sim() as sim:
+            while not cluster.events.filter(
+                reason__in=[Event.Reason.WORKER_JOINED, Event.Reason.WORKER_FAILED]
+            ).exists():
+                assert time.monotonic() < deadline, "the worker neither joined nor failed"
+                sim.tick()
+                time.sleep(0.5)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{slurm_logs(lab, cluster)}") from None
+    events = "\n".join(
+        f"  {e.reason}: {e.message}\n{e.output[-3000:]}" for e in cluster.events.all()
+    )
+    assert cluster.events.filter(reason=Event.Reason.WORKER_JOINED).exists(), events
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.READY, events
+
+    config = ssh_config_file(cluster, tmp_path, user_key, lab)
+    assert sorted(ssh(config, "node-0", "sinfo -h -N -o '%N|%T|%G'").splitlines()) == [
+        "node-0|idle|gpu:2",
+        "node-1|idle|gpu:2",
+        "node-2|idle|gpu:2",
+    ]
+    # One slurm.conf, the same on all three; each node at its private address.
+    confs = {ssh(config, f"node-{i}", "cat /etc/slurm/slurm.conf") for i in range(3)}
+    assert len(confs) == 1, confs
+    conf = confs.pop()
+    for i in range(3):
+        assert f"NodeName=node-{i} NodeAddr=10.77.0.{i + 1} " in conf, conf
+    ran = ssh(config, "node-0", "srun -N3 hostname").splitlines()
+    assert sorted(ran) == ["node-0", "node-1", "node-2"], ran
+    # The daemons listen on the private network, never on every address.
+    for i in range(3):
+        listening = ssh(config, f"node-{i}", "ss -Hltn '( sport = :6818 or sport = :6817 )'")
+        local = {line.split()[3] for line in listening.splitlines()}
+        expected = {f"10.77.0.{i + 1}:6818"} | ({"10.77.0.1:6817"} if i == 0 else set())
+        assert local == expected, listening
+
+    terminate_and_check(lab, cluster)
+    for host in Host.objects.filter(nodes__cluster=cluster):
+        left = [
+            what
+            for what, command in SLURM_LEFTOVERS.items()
+            if lab.exec(host.name, command, check=False).returncode != 0
+        ]
+        assert left == [], f"{host.name} keeps {left}"

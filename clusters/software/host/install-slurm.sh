@@ -11,9 +11,23 @@
 # slurmd everywhere, restarted only when their configuration changed. Like the bootstrap it
 # prints "runcrate: changed WHAT" per change and ends with "runcrate: ok", or
 # "runcrate: failed: WHY" (exit 4).
+#
+# A worker added to a running cluster renders a slurm.conf with one node more than the others
+# hold: it gives every node whose runcrate slurm.conf differs its own (this script and the file,
+# over the cluster's SSH key) and runs the script there with RUNCRATE_SLURM_CONF naming the file,
+# which installs it as it is and restarts that node's daemons (slurmctld on the head, slurmd);
+# then `scontrol reconfigure` on the head. The daemons listen on the private network only: each
+# node at its rc0 address (NodeAddr), the controller at the head's (SlurmctldHost).
 INSTALLER=Slurm
 # shellcheck source-path=SCRIPTDIR source=installer.sh
 . "$(dirname "$0")/installer.sh"
+# One run at a time on a node: its own install, and one a new worker asks for. (The daemons it
+# starts get no copy of the lock's descriptor: `8>&-`.)
+if command -v flock >/dev/null 2>&1; then
+  exec 8>"$SOFTWARE_DIR/.install-slurm.lock"
+  flock -w 300 8 || fail "another Slurm install on $NODE_NAME held its lock for 300 s"
+fi
+PEER_CONF="${RUNCRATE_SLURM_CONF:-}"
 SYSTEMD=0
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then SYSTEMD=1; fi
 HEADER="# Written by runcrate (install-slurm.sh) for cluster $CLUSTER_NAME: the same on every node."
@@ -80,16 +94,16 @@ else
   MUNGE_PID=/run/munge/munged.pid
   if [ "$munge_changed" = 1 ]; then stop_pid "$MUNGE_PID"; fi
   if ! running "$MUNGE_PID"; then
-    runuser -u munge -- /usr/sbin/munged --force </dev/null >/dev/null 2>&1 \
+    runuser -u munge -- /usr/sbin/munged --force </dev/null >/dev/null 2>&1 8>&- \
       || { tail -n 20 /var/log/munge/munged.log 2>/dev/null; fail "munged did not start"; }
     started "$MUNGE_PID" munged /var/log/munge/munged.log
     say "changed munged-running"
   fi
 fi
 
-# --- every node's CPUs and memory: here, and over the cluster's own SSH key ----------------------
-FACTS='echo "$(nproc) $(awk "/^MemTotal:/ {print \$2}" /proc/meminfo)"'
-node_facts() {  # node_facts NODE: "CPUS MEMTOTAL_KIB"
+# --- every node's CPUs, memory and private address: here, and over the cluster's own SSH key ------
+FACTS='echo "$(nproc) $(awk "/^MemTotal:/ {print \$2}" /proc/meminfo) $(ip -4 -o addr show dev rc0 2>/dev/null | awk "NR == 1 {print \$4}" | cut -d/ -f1)"'
+node_facts() {  # node_facts NODE: "CPUS MEMTOTAL_KIB RC0_ADDRESS"
   if [ "$1" = "$NODE_NAME" ]; then sh -c "$FACTS"; return; fi
   tries=0
   while :; do
@@ -101,31 +115,30 @@ node_facts() {  # node_facts NODE: "CPUS MEMTOTAL_KIB"
     sleep 2
   done
 }
-facts_file="$SOFTWARE_DIR/node-facts"
-: > "$facts_file"
-count=0
-for node in $NODES; do
-  facts=$(node_facts "$node") || fail "could not read the CPUs and memory of $node over SSH"
-  set -- $facts
-  case "${1:-}${2:-}" in ''|*[!0-9]*) fail "unreadable CPUs and memory from $node: $facts" ;; esac
-  # RealMemory a bit under MemTotal (MiB): the kernel's own share varies between boots.
-  echo "$node $1 $(( $2 / 1024 * 95 / 100 ))" >> "$facts_file"
-  count=$((count+1))
-done
-[ "$count" -gt 0 ] || fail "NODES is empty"
-
 GPUS="${GPUS_PER_NODE:-0}"
 gres=""
 [ "$GPUS" -gt 0 ] && gres=" Gres=gpu:$GPUS"
-# One NodeName line for all nodes where they are alike (node-[0-N]), otherwise one per node.
-if [ "$(awk '{print $2, $3}' "$facts_file" | sort -u | wc -l)" = 1 ]; then
-  # shellcheck disable=SC2046 # split on purpose: "NAME CPUS MEMORY" into $1 $2 $3
-  set -- $(head -n 1 "$facts_file")
-  if [ "$count" = 1 ]; then names=$1; else names="node-[0-$((count-1))]"; fi
-  node_lines="NodeName=$names CPUs=$2 RealMemory=$3$gres State=UNKNOWN"
-else
-  node_lines=$(awk -v g="$gres" '{printf "NodeName=%s CPUs=%s RealMemory=%s%s State=UNKNOWN\n", $1, $2, $3, g}' "$facts_file")
-fi
+facts_file="$SOFTWARE_DIR/node-facts"
+: > "$facts_file"
+count=0
+# A new worker's slurm.conf (RUNCRATE_SLURM_CONF) is installed as it is: nothing to read.
+[ -n "$PEER_CONF" ] || for node in $NODES; do
+  facts=$(node_facts "$node") || fail "could not read the CPUs and memory of $node over SSH"
+  # shellcheck disable=SC2086 # split on purpose: "CPUS MEMORY ADDRESS" into $1 $2 $3
+  set -- $facts
+  case "${1:-}${2:-}" in ''|*[!0-9]*) fail "unreadable CPUs and memory from $node: $facts" ;; esac
+  case "${3:-}" in
+    [0-9]*.*[0-9]) ;;
+    *) fail "$node has no address on the private network (rc0): $facts" ;;
+  esac
+  # RealMemory a bit under MemTotal (MiB): the kernel's own share varies between boots.
+  echo "$node $1 $(( $2 / 1024 * 95 / 100 )) $3" >> "$facts_file"
+  count=$((count+1))
+done
+[ -n "$PEER_CONF" ] || [ "$count" -gt 0 ] || fail "NODES is empty"
+
+# A line per node, each at its private address (NodeAddr), where its slurmd listens.
+node_lines=$(awk -v g="$gres" '{printf "NodeName=%s NodeAddr=%s CPUs=%s RealMemory=%s%s State=UNKNOWN\n", $1, $4, $2, $3, g}' "$facts_file")
 cluster=$(echo "$CLUSTER_NAME" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9_\n-' '-' | cut -c1-40)
 [ -n "$cluster" ] || cluster=runcrate
 
@@ -140,6 +153,9 @@ SlurmUser=slurm
 AuthType=auth/munge
 SlurmctldPort=6817
 SlurmdPort=6818
+# Every daemon, and srun, on the private network only: at the address this node's name resolves
+# to (/etc/hosts: its rc0 address); the controller at SlurmctldHost's.
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation=/var/lib/slurm/slurmctld
 SlurmdSpoolDir=/var/lib/slurm/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
@@ -168,6 +184,12 @@ GresTypes=gpu
 $node_lines
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+if [ -n "$PEER_CONF" ]; then
+  # The cluster's slurm.conf from the worker that was added: this cluster's, or refused.
+  [ "$(head -n 1 "$PEER_CONF" 2>/dev/null)" = "$HEADER" ] \
+    || { rm -f "$conf_tmp"; fail "$PEER_CONF is not a slurm.conf of cluster $CLUSTER_NAME"; }
+  mv -f "$PEER_CONF" "$conf_tmp"
+fi
 conf_changed=0
 if install_file "$conf_tmp" /etc/slurm/slurm.conf 644 root:root slurm-conf; then conf_changed=1; fi
 gres_tmp=/etc/slurm/gres.conf.runcrate.$$
@@ -202,6 +224,33 @@ if install_file "$cgroup_tmp" /etc/slurm/cgroup.conf 644 root:root cgroup-conf; 
 mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd "$LOGS"
 chown slurm:slurm /var/lib/slurm/slurmctld "$LOGS"
 
+# --- the other nodes: each whose slurm.conf differs gets this one (a worker was added) -----------
+# Only a node that has this cluster's slurm.conf already: one still installing writes its own.
+peer() { ssh -o BatchMode=yes -o ConnectTimeout=10 "$@"; }
+REMOTE_DIR=/var/lib/runcrate/software
+peers_changed=0
+for node in $NODES; do
+  if [ -n "$PEER_CONF" ] || [ "$node" = "$NODE_NAME" ]; then continue; fi
+  theirs="$SOFTWARE_DIR/slurm.conf.$node"
+  if ! peer "$node" cat /etc/slurm/slurm.conf > "$theirs" 2>/dev/null \
+    || [ "$(head -n 1 "$theirs")" != "$HEADER" ] || cmp -s "$theirs" /etc/slurm/slurm.conf; then
+    rm -f "$theirs"; continue
+  fi
+  rm -f "$theirs"
+  peer "$node" "cat > $REMOTE_DIR/install-slurm.sh.new && chmod 700 $REMOTE_DIR/install-slurm.sh.new \
+    && mv -f $REMOTE_DIR/install-slurm.sh.new $REMOTE_DIR/install-slurm.sh" < "$0" \
+    || fail "could not copy the Slurm installer to $node"
+  peer "$node" "umask 077; cat > $REMOTE_DIR/slurm.conf.peer" < /etc/slurm/slurm.conf \
+    || fail "could not copy the new slurm.conf to $node"
+  out=$(peer "$node" "RUNCRATE_SLURM_CONF=$REMOTE_DIR/slurm.conf.peer sh $REMOTE_DIR/install-slurm.sh" 2>&1) \
+    || true
+  if [ "$(echo "$out" | tail -n 1)" != "runcrate: ok" ]; then
+    echo "$out" | tail -n 20; fail "$node could not take the new slurm.conf"
+  fi
+  say "changed slurm-conf-on-$node"
+  peers_changed=1
+done
+
 # --- the daemons: slurmctld on the head, slurmd everywhere --------------------------------------
 daemon() {  # daemon NAME PIDFILE: (re)started where its configuration changed or it is down
   if [ "$SYSTEMD" = 1 ]; then
@@ -214,7 +263,7 @@ daemon() {  # daemon NAME PIDFILE: (re)started where its configuration changed o
   fi
   if [ "$conf_changed" = 1 ] || [ "$munge_changed" = 1 ]; then stop_pid "$2"; fi
   if ! running "$2"; then
-    "/usr/sbin/$1" </dev/null >/dev/null 2>&1 \
+    "/usr/sbin/$1" </dev/null >/dev/null 2>&1 8>&- \
       || { tail -n 20 "$LOGS/$1.log" 2>/dev/null; fail "$1 did not start"; }
     started "$2" "$1" "$LOGS/$1.log"
     say "changed $1-running"
@@ -222,5 +271,17 @@ daemon() {  # daemon NAME PIDFILE: (re)started where its configuration changed o
 }
 if [ "$ROLE" = head ]; then daemon slurmctld /run/slurmctld.pid; fi
 daemon slurmd /run/slurmd.pid
+if [ "$peers_changed" = 1 ]; then
+  # The head's slurmctld restarted with the new node: every daemon reads the file again.
+  i=0
+  reconfigure="peer $HEAD_NAME scontrol reconfigure"
+  [ "$ROLE" != head ] || reconfigure="scontrol reconfigure"
+  until out=$($reconfigure 2>&1); do
+    i=$((i+1))
+    [ $i -lt 30 ] || { echo "$out"; fail "scontrol reconfigure on $HEAD_NAME failed"; }
+    sleep 1
+  done
+  say "changed slurm-reconfigured"
+fi
 say "slurm=$(sinfo --version 2>/dev/null || echo unknown)"
 say "ok"
