@@ -12,8 +12,10 @@ import pytest
 from django.test.testcases import LiveServerThread
 
 from clusters.drivers.ssh import operator_public_key
+from clusters.hosts import record_baselines
 from lab import hostlab
 from offers.inventory import load_inventory
+from offers.models import Host
 
 HOSTS = 5  # lab-1..lab-3 in `lab` (own addresses), lab-4 and lab-5 behind the gateway
 BOOT = 300  # generous: a first bootstrap installs WireGuard from the lab's mirror
@@ -60,8 +62,14 @@ def _static_handler():
 
 @pytest.fixture
 def fleet(lab, dashboard):
-    """The lab's hosts in the inventory: machine types `lab-h100x2-vm` and `lab-gw-h100x2-vm`."""
+    """The lab's hosts in the inventory: machine types `lab-h100x2-vm` and `lab-gw-h100x2-vm`,
+    each reimaged (`python -m lab reimage`, the inventory's `reimage`) and its baseline recorded,
+    as an operator registers freshly imaged hosts (docs/inventory.md)."""
+    for host in lab.hosts:
+        lab.reset(host.name)
     load_inventory(lab.inventory(boot_seconds=BOOT, gateway_hosts=2))
+    recorded = record_baselines(Host.objects.values_list("pk", flat=True))
+    assert recorded.refused == {}, recorded.refused
     yield lab
     # A test that failed half-way leaves nothing for the next one.
     for host in lab.hosts:

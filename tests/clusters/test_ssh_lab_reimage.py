@@ -1,0 +1,249 @@
+"""Tenants never meet on the lab's real hosts (issue 18, docs/inventory.md "Reimage before
+reuse"): a tenant is root on their nodes, so a host goes back to the pool only reimaged and
+verified against its baseline by the product's own reader; without a reimage command it stays
+dirty, out of every offer. The tenant here is root inside the host (what every user is)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clusters import hosts, lifecycle
+from clusters.drivers.ssh import verify_host
+from clusters.errors import ClusterRefused
+from clusters.models import Cluster, Node
+from lab import hostlab
+from offers.models import Host, Location
+from offers.offers import get_offer
+from tests.clusters.lifecycle_kit import Sim, create
+from tests.clusters.test_ssh_lab import (
+    WAIT,
+    assert_clean,
+    drive,
+    machine_type,
+    project_with,
+    released,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+READY = Cluster.Status.READY
+TYPE = "lab-h100x2-vm"
+
+# What a tenant with root leaves behind to come back later, and a verification of the host's
+# own making that lies: a pgrep that never finds anything, an `sh` that says the wipe went well
+# and the host is clean whatever it is asked.
+BACKDOOR = r"""
+key=$(cat)
+printf '%s\n' "$key" >> /root/.ssh/authorized_keys
+useradd --create-home eve
+echo '* * * * * root /usr/local/bin/backdoor' > /etc/cron.d/backdoor
+printf '#!/bin/sh\necho owned\n' > /usr/local/bin/backdoor && chmod 755 /usr/local/bin/backdoor
+nohup python3 -m http.server 8088 --bind 0.0.0.0 >/dev/null 2>&1 &
+i=0
+until python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8088))' 2>/dev/null; do
+  i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.1
+done
+"""
+LIARS = r"""
+printf '#!/usr/bin/dash\nexit 1\n' > /usr/bin/pgrep
+printf '#!/usr/bin/dash\ncat >/dev/null\necho "runcrate: wiped"\necho "runcrate: clean"\n' \
+  > /usr/local/bin/lying-sh && chmod 755 /usr/local/bin/lying-sh
+ln -sf /usr/local/bin/lying-sh /usr/bin/sh
+"""
+LEFTOVERS = {
+    "the key": "grep -q attacker@test /root/.ssh/authorized_keys",
+    "the user": "grep -q '^eve:' /etc/passwd",
+    "the home": "test -e /home/eve",
+    "the cron file": "test -e /etc/cron.d/backdoor",
+    "the binary": "test -e /usr/local/bin/backdoor",
+    "the listener": "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8088))'",
+}
+
+
+def keygen(path: Path, comment: str) -> Path:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+    )
+    return path
+
+
+def ssh_as(key: Path, host: Host, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The real ssh client, logging in as root with `key`, the host key pinned."""
+    known = tmp_path / "known_hosts_attacker"
+    known.write_text(f"{host.address} {host.host_key}\n")
+    return subprocess.run(
+        [
+            "ssh", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "ConnectTimeout=10", f"root@{host.address}", "hostname",
+        ],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def leave_things(lab, cluster: Cluster, attacker: Path) -> list[Host]:
+    """As root on each of the cluster's machines: the backdoor, seen to be there, then the liars
+    (from then on every `sh -c` in the host, `lab.exec`'s included, answers yes)."""
+    machines = [n.host for n in cluster.nodes.select_related("host").order_by("index")]
+    public = attacker.with_suffix(".pub").read_text()
+    for host in machines:
+        lab.exec(host.name, BACKDOOR, input=public)
+        assert found(lab, host) == list(LEFTOVERS), host.name
+        lab.exec(host.name, LIARS)
+    return machines
+
+
+def found(lab, host: Host) -> list[str]:
+    return [
+        what
+        for what, command in LEFTOVERS.items()
+        if lab.exec(host.name, command, check=False).returncode == 0
+    ]
+
+
+def terminated(cluster: Cluster, *, allowed) -> None:
+    with Sim():
+        lifecycle.terminate(cluster=cluster)
+    drive(cluster, Cluster.Status.TERMINATED)
+    released(cluster, allowed=allowed)
+
+
+def test_a_reimage_removes_everything_a_tenant_left_and_the_old_key_never_logs_in_again(
+    fleet, user_key, tmp_path
+):
+    cluster = create(project_with(user_key), machine_type(TYPE), nodes=2)
+    drive(cluster, READY)
+    attacker = keygen(tmp_path / "attacker", "attacker@test")
+    machines = leave_things(fleet, cluster, attacker)
+    head = machines[0]
+    assert ssh_as(attacker, head, tmp_path).returncode == 0  # and the backdoor opens
+
+    terminated(cluster, allowed={Host.State.FREE})
+
+    for host in machines:
+        host.refresh_from_db()
+        assert host.state == Host.State.FREE and host.pristine_report == ""
+        assert found(fleet, host) == [], host.name
+        assert verify_host(host) == []
+        assert_clean(fleet, host)
+    refused = ssh_as(attacker, head, tmp_path)
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr
+    assert "stopped and wiped" in cluster.events.get(reason="terminated").message
+
+
+def test_without_a_reimage_command_the_hosts_stay_dirty_and_out_of_every_offer(
+    fleet, user_key, tmp_path
+):
+    Location.objects.filter(code="lab").update(reimage="")
+    lab_type = machine_type(TYPE)
+    project = project_with(user_key)
+    cluster = create(project, lab_type, nodes=2)
+    drive(cluster, READY)
+    attacker = keygen(tmp_path / "attacker", "attacker@test")
+    # The tenant's liars make the wipe and verify.sh say all is well: the host goes dirty all
+    # the same, since a tenant was root on it and nothing reimaged it.
+    machines = leave_things(fleet, cluster, attacker)
+
+    terminated(cluster, allowed={Host.State.DIRTY})
+
+    for host in machines:
+        host.refresh_from_db()
+        assert host.state == Host.State.DIRTY
+        assert "reimage command" in host.pristine_report
+    assert get_offer(slug=TYPE, nodes=1).nodes_available == lab_type.hosts.count() - 2
+    with pytest.raises(ClusterRefused) as refused:
+        create(project, lab_type, nodes=2)
+    assert refused.value.code == "not_enough_machines"
+
+    # Staff's Mark free verifies with the product's own reader: the lies change nothing.
+    ids = [h.pk for h in machines]
+    outcome = hosts.return_to_service(ids)
+    assert outcome.done == []
+    for host in machines:
+        host.refresh_from_db()
+        assert host.state == Host.State.DIRTY
+        report = host.pristine_report
+        for expected in (
+            "a user eve",
+            "/root/.ssh/authorized_keys is not what it was",
+            "/etc/cron.d/backdoor was added",
+            "/usr/local/bin/backdoor was added",
+            "something listens on tcp 0.0.0.0:8088",
+            "/usr/bin/pgrep changed",
+            "/usr/bin/sh changed",
+        ):
+            assert expected in report, (expected, report)
+
+    # A "reimage" that does nothing is found out too.
+    Location.objects.filter(code="lab").update(reimage="true")
+    assert hosts.reimage_now(ids).done == []
+    assert set(Host.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"dirty"}
+
+    # The lab's real reimage: pristine, and back in the pool.
+    Location.objects.filter(code="lab").update(reimage=hostlab.reimage_command())
+    outcome = hosts.reimage_now(ids)
+    assert sorted(outcome.done) == sorted(h.name for h in machines), outcome.refused
+    for host in machines:
+        host.refresh_from_db()
+        assert host.state == Host.State.FREE and found(fleet, host) == []
+    assert get_offer(slug=TYPE, nodes=1).nodes_available == lab_type.hosts.count()
+
+
+def test_mark_free_returns_an_offline_host_only_once_it_is_verified_pristine(fleet, tmp_path):
+    host = Host.objects.get(name=fleet.hosts[0].name)
+    Host.objects.filter(pk=host.pk).update(state=Host.State.OFFLINE)
+    fleet.exec(host.name, "useradd mallory")
+
+    assert hosts.return_to_service([host.pk]).done == []
+    host.refresh_from_db()
+    assert host.state == Host.State.DIRTY and "a user mallory" in host.pristine_report
+
+    fleet.reset(host.name)
+    assert hosts.return_to_service([host.pk]).done == [host.name]
+    host.refresh_from_db()
+    assert host.state == Host.State.FREE and host.pristine_report == ""
+
+
+def test_a_terminate_during_the_bootstrap_waits_for_it_and_leaves_the_hosts_pristine(
+    fleet, user_key
+):
+    cluster = create(project_with(user_key), machine_type(TYPE), nodes=2)
+    head = cluster.nodes.select_related("host").get(index=0)
+    failures = []
+
+    def boot() -> None:  # the machines worker: hands off and runs the starts
+        try:
+            with Sim() as sim:
+                sim.tick()
+        except Exception as error:  # noqa: BLE001 (reported by the test below)
+            failures.append(error)
+
+    worker = threading.Thread(target=boot, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + WAIT
+    while fleet.exec(head.host.name, "pgrep -f incoming/bootstrap.sh", check=False).returncode:
+        assert worker.is_alive() and time.monotonic() < deadline, "the bootstrap never began"
+        time.sleep(0.05)
+    lifecycle.terminate(cluster=cluster)  # while node-0's bootstrap runs
+    head.refresh_from_db()
+    assert head.status == Node.Status.ENDED and head.lease_is_held()  # the start keeps it
+    worker.join(WAIT)
+    assert not worker.is_alive() and failures == []
+
+    drive(cluster, Cluster.Status.TERMINATED)
+    released(cluster, allowed={Host.State.FREE})
+    head.refresh_from_db()
+    # The bootstrap finished and landed before the stop began; node-1's never began.
+    assert head.driver_state["start"]["ok"] is True
+    assert head.driver_state["start"]["at"] < head.driver_state["stop"]["at"]
+    worker_node = cluster.nodes.get(index=1)
+    assert "start" not in worker_node.driver_state
+    for node in cluster.nodes.select_related("host"):
+        assert verify_host(node.host) == [], node.name
+        assert_clean(fleet, node.host)
