@@ -236,6 +236,78 @@ def test_it_sets_the_listed_wireguard_peers_and_removes_the_others(dashboard, wg
     ]
 
 
+def stand_in_nft(bin_dir: Path, tmp_path: Path, *, table: bool = True) -> Path:
+    """A stand-in `nft` (shell builtins only: it is alone on PATH): `list set` answers whether
+    the runcrate table is there; `-f -` records the script it was given."""
+    scripts = tmp_path / "nft-scripts"
+    stand_in(
+        bin_dir,
+        "nft",
+        f"""case "$1" in
+  list) [ "$*" = "list set inet runcrate wg_peers" ] && {"exit 0" if table else "exit 1"} ;;
+  -f) [ "$2" = - ] || exit 2
+      while IFS= read -r line; do echo "$line"; done >> {scripts}
+      echo --- >> {scripts}; exit 0 ;;
+esac
+exit 2
+""",
+    )
+    return scripts
+
+
+def test_it_makes_the_firewalls_wireguard_peers_the_peers_endpoints(
+    dashboard, wg_calls, bin_dir, tmp_path, caplog
+):
+    scripts = stand_in_nft(bin_dir, tmp_path)
+    listed = [
+        {"name": "node-0", "public_key": "keep-key", "endpoint": "172.30.77.11:51820",
+         "allowed_ip": "10.77.0.1/32"},
+        {"name": "node-2", "public_key": "new-key", "endpoint": "[2001:db8::3]:51820",
+         "allowed_ip": "10.77.0.3/32"},
+        {"name": "node-3", "public_key": "named-key", "endpoint": "node3.example:51820",
+         "allowed_ip": "10.77.0.4/32"},
+    ]  # fmt: skip
+    dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": listed})]
+    caplog.set_level(logging.INFO, logger="runcrate-agent")
+
+    new_agent(dashboard).run_once()
+
+    # One transaction: each set flushed and filled at once, never left empty in between; a
+    # name is no address and is left out.
+    assert scripts.read_text() == (
+        "flush set inet runcrate wg_peers\n"
+        "add element inet runcrate wg_peers { 172.30.77.11 }\n"
+        "flush set inet runcrate wg_peers6\n"
+        "add element inet runcrate wg_peers6 { 2001:db8::3 }\n"
+        "---\n"
+    )
+    assert "firewall: WireGuard accepts" in caplog.text
+
+    # No peer left: the sets are emptied, so WireGuard's port accepts no one.
+    dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": []})]
+    new_agent(dashboard).run_once()
+    assert scripts.read_text().split("---\n")[1] == (
+        "flush set inet runcrate wg_peers\nflush set inet runcrate wg_peers6\n"
+    )
+
+
+def test_without_the_firewall_table_it_sets_the_peers_and_says_so(
+    dashboard, wg_calls, bin_dir, tmp_path, caplog
+):
+    scripts = stand_in_nft(bin_dir, tmp_path, table=False)
+    listed = [{"name": "node-0", "public_key": "keep-key", "endpoint": "172.30.77.11:51820",
+               "allowed_ip": "10.77.0.1/32"}]  # fmt: skip
+    dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": listed})]
+    caplog.set_level(logging.INFO, logger="runcrate-agent")
+
+    new_agent(dashboard).run_once()
+
+    assert not scripts.exists()
+    assert "firewall: peers not set (no firewall table inet runcrate)" in caplog.text
+    sets = wg_calls.read_text().splitlines()
+    assert any(line.startswith("set rc0 peer keep-key") for line in sets)
+
+
 def test_it_heartbeats_every_heartbeat_seconds_once_joined(dashboard):
     agent = new_agent(dashboard, heartbeat_seconds=30, retry_seconds=5)
     agent.run_once()
