@@ -226,18 +226,25 @@ def _sockets(sftp: paramiko.SFTPClient) -> set[str]:
     """Listening TCP and unconnected UDP sockets: "tcp 0.0.0.0:22", "udp6 [::]:5353"."""
     found = set()
     for table in SOCKET_TABLES:
-        for line in _text(sftp, f"/proc/net/{table}").splitlines()[1:]:
-            parts = line.split()
-            if len(parts) < 4:
-                continue
-            state = parts[3]
-            if state != (TCP_LISTEN if table.startswith("tcp") else UDP_UNCONNECTED):
-                continue
-            address, _, port = parts[1].partition(":")
-            try:
-                found.add(f"{table} {_address(address)}:{int(port, 16)}")
-            except ValueError:
-                continue
+        found |= listening(table, _text(sftp, f"/proc/net/{table}"))
+    return found
+
+
+def listening(table: str, text: str) -> set[str]:
+    """The listening sockets of one /proc/net table (`tcp`, `tcp6`, `udp`, `udp6`) as the
+    kernel writes it."""
+    found = set()
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        if parts[3] != (TCP_LISTEN if table.startswith("tcp") else UDP_UNCONNECTED):
+            continue
+        address, _, port = parts[1].partition(":")
+        try:
+            found.add(f"{table} {_address(address)}:{int(port, 16)}")
+        except ValueError:
+            continue
     return found
 
 

@@ -98,6 +98,22 @@ def test_it_returns_only_offline_hosts_to_service(db):
     assert (offline.state, cleaning.state) == (Host.State.FREE, Host.State.CLEANING)
 
 
+@pytest.mark.parametrize("state", [Host.State.OFFLINE, Host.State.DIRTY])
+def test_an_ssh_host_goes_back_to_service_only_once_verified(db, state):
+    """S3: an offline host is exactly one that could not be wiped; a dirty one served a tenant."""
+    host = HostFactory(
+        driver="ssh", address="203.0.113.7", host_key="ssh-ed25519 AAAA", state=state
+    )
+
+    assert return_hosts_to_service(host_ids=[host.pk]) == 0
+    host.refresh_from_db()
+    assert host.state == state
+
+    assert return_hosts_to_service(host_ids=[host.pk], verified=[host.pk]) == 1
+    host.refresh_from_db()
+    assert host.state == Host.State.FREE
+
+
 def test_the_admin_actions_say_what_they_left_alone(staff_client):
     free, in_use = HostFactory(), HostFactory(state=Host.State.IN_USE)
 

@@ -448,6 +448,14 @@ BAD_FILES = {
         "locations[0] (us-east-2).storage_path: must be an absolute path like"
         " /srv/runcrate/volumes",
     ),
+    "reimage command on two lines": (
+        _set("locations", 0, "reimage", "ipmitool chassis power cycle\nrm -rf /"),
+        "locations[0] (us-east-2).reimage: must be one line, without control characters",
+    ),
+    "reimage command that is not a string": (
+        _set("hosts", 0, "reimage", ["reset"]),
+        "hosts[0] (gpu-ssh-1).reimage: must be a shell command of at most 1000 characters",
+    ),
     "bad host key": (
         _set("hosts", 0, "host_key", "not a key"),
         'hosts[0] (gpu-ssh-1).host_key: must be "<key type> <base64 key>"',
@@ -778,3 +786,15 @@ def test_it_loads_a_locations_storage_host_for_volumes(db):
     )
     # Without one, volumes are not synced anywhere (the simulated data center).
     assert Location.objects.get(code=data["locations"][1]["code"]).storage_host == ""
+
+
+def test_it_loads_a_locations_and_a_hosts_reimage_command_and_the_host_wins(db):
+    data = inventory()
+    data["locations"][0]["reimage"] = '/opt/ops/rebuild --host "$RUNCRATE_HOST_NAME"'
+    data["hosts"][0]["reimage"] = "bmc-reimage $RUNCRATE_HOST_ADDRESS"
+    load_inventory(data)
+
+    own = Host.objects.select_related("machine_type__location").get(name="gpu-ssh-1")
+    assert own.reimage_command == "bmc-reimage $RUNCRATE_HOST_ADDRESS"
+    grouped = Host.objects.select_related("machine_type__location").get(name="use2-bm-001")
+    assert grouped.reimage_command == '/opt/ops/rebuild --host "$RUNCRATE_HOST_NAME"'

@@ -1,0 +1,148 @@
+"""The product's own reading of a host (clusters/drivers/pristine.py): the parsers of what it
+reads over SFTP, the comparison with a baseline, and the operator's reimage command, run for
+real here. The whole verification on real hosts is tests/clusters/test_ssh_lab_reimage.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusters.drivers import pristine
+from tests.factories import HostFactory
+
+DPKG_STATUS = """\
+Package: openssh-server
+Status: install ok installed
+Priority: optional
+Architecture: amd64
+Version: 1:9.2p1-2+deb12u3
+Description: secure shell (SSH) server
+ a long description line: Status: install ok installed
+
+Package: iperf3
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 3.12-1
+
+Package: libc6
+Status: install ok installed
+Architecture: i386
+Version: 2.36-9
+
+Package: tzdata
+Status: install ok installed
+Architecture: all
+Version: 2024a-0+deb12u1
+"""
+
+# /proc/net/tcp and tcp6 as Linux prints them: sshd on 0.0.0.0:22, a connection, and a
+# listener on [::]:8088 and on 10.77.0.1:8265.
+PROC_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0B4D1EAC:0016 014D1EAC:9BC4 01 00000000:00000000 02:000AFC50 00000000     0        0 2 4
+   2: 01004D0A:2049 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1
+"""
+PROC_TCP6 = """\
+  sl  local_address                         remote_address                        st tx_queue
+   0: 00000000000000000000000000000000:1F98 00000000000000000000000000000000:0000 0A 00000000
+   1: 00000000000000000000000001000000:0277 00000000000000000000000000000000:0000 0A 00000000
+"""
+
+
+def test_it_reads_installed_packages_from_dpkgs_status_file():
+    assert pristine._packages(DPKG_STATUS) == {
+        "openssh-server": "1:9.2p1-2+deb12u3",
+        "libc6:i386": "2.36-9",
+        "tzdata": "2024a-0+deb12u1",
+    }
+
+
+def test_it_reads_listening_sockets_in_both_address_families():
+    found = pristine.listening("tcp", PROC_TCP) | pristine.listening("tcp6", PROC_TCP6)
+    assert found == {
+        "tcp 0.0.0.0:22",
+        "tcp 10.77.0.1:8265",
+        "tcp6 [::]:8088",
+        "tcp6 [::1]:631",
+    }
+
+
+def baseline() -> dict:
+    return {
+        "version": 1,
+        "files": {"/etc/passwd": "f 0644 0:0 aa", "/usr/bin/rsync": "f 0755 0:0 1 2"},
+        "packages": {"openssh-server": "1:9.2p1"},
+        "users": ["root", "sshd"],
+        "authorized_keys": {"/root/.ssh/authorized_keys": "k1"},
+        "sockets": ["tcp 0.0.0.0:22"],
+        "programs": ["/usr/sbin/sshd"],
+    }
+
+
+def test_a_host_equal_to_its_baseline_has_no_differences():
+    assert pristine.differences(baseline(), baseline()) == []
+
+
+def test_it_names_everything_a_tenant_changed():
+    now = baseline()
+    now["users"].append("eve")
+    now["authorized_keys"]["/root/.ssh/authorized_keys"] = "k2"
+    now["authorized_keys"]["/home/eve/.ssh/authorized_keys"] = "k3"
+    now["sockets"].append("tcp 0.0.0.0:8088")
+    now["programs"].append("/usr/bin/python3.11")
+    now["packages"]["netcat"] = "1.0"
+    now["files"]["/usr/bin/rsync"] = "f 0755 0:0 9 2"
+    now["files"]["/etc/cron.d/backdoor"] = "f 0644 0:0 bb"
+    del now["files"]["/etc/passwd"]
+
+    messages = [d.message for d in pristine.differences(baseline(), now)]
+
+    assert messages == [
+        "a user eve that was not there",
+        "/home/eve/.ssh/authorized_keys is not what it was",
+        "/root/.ssh/authorized_keys is not what it was",
+        "something listens on tcp 0.0.0.0:8088",
+        "/usr/bin/python3.11 is running",
+        "package netcat 1.0 was installed",
+        "/etc/cron.d/backdoor was added",
+        "/usr/bin/rsync changed",
+        "/etc/passwd was removed",
+    ]
+
+
+def test_the_report_for_staff_says_how_many_it_leaves_out():
+    found = [pristine.Difference("file", f"/tmp/{i} was added") for i in range(pristine.SHOWN + 3)]
+    lines = pristine.report(found).splitlines()
+    assert len(lines) == pristine.SHOWN + 1
+    assert lines[-1] == "… and 3 more differences."
+
+
+def test_the_reimage_command_gets_the_host_in_its_environment(db, tmp_path):
+    host = HostFactory(name="gpu-7", driver="ssh", address="203.0.113.7", port=2222)
+    out = tmp_path / "env"
+    command = f'echo "$RUNCRATE_HOST_NAME $RUNCRATE_HOST_ADDRESS $RUNCRATE_HOST_PORT" > {out}'
+
+    assert pristine.run_reimage(host, command=command, timeout=10) is None
+    assert out.read_text() == "gpu-7 203.0.113.7 2222\n"
+
+
+def test_a_reimage_that_prints_a_new_host_key_hands_it_back(db):
+    host = HostFactory(driver="ssh")
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    command = f"echo rebuilding; echo 'host_key={key}'"
+    assert pristine.run_reimage(host, command=command, timeout=10) == key
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ("echo 'BMC refused'; exit 3", "failed (exit status 3): BMC refused"),
+        ("sleep 5", "did not finish within 1 seconds"),
+    ],
+)
+def test_a_reimage_that_fails_or_hangs_says_so(db, command, message):
+    host = HostFactory(name="gpu-8", driver="ssh")
+    with pytest.raises(pristine.ReimageFailed) as failed:
+        pristine.run_reimage(host, command=command, timeout=1)
+    assert failed.value.message.startswith("the reimage of gpu-8 ")
+    assert message in failed.value.message
