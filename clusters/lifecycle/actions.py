@@ -191,6 +191,8 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         work = _Pass(cluster=locked, nodes=nodes, now=now)
         refunded = _end_usage_at(node=node, cluster=locked, at=last_heard)
         work.end_node(node, NodeStatus.LOST, at=last_heard)
+        work.replan_others(node)  # the others stop naming it in /etc/hosts and the hostfile
+        left = [n for n in nodes if n.status == NodeStatus.JOINED]
         if locked.status == Status.READY:
             work.set_status(Status.DEGRADED)
         locked.failure_reason = Reason.MACHINE_LOST
@@ -199,11 +201,16 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         locked.failure_message = f"{node.name} was lost: {why}."
         work.cluster_dirty = True
         refund = f" ({usd(refunded)} charged past it was refunded)" if refunded else ""
+        others = (
+            f"the other {'machine keeps' if len(left) == 1 else 'machines keep'} running and "
+            "billed; terminate it when you are done."
+            if left
+            else "no machine of it is left, and nothing more is billed; terminate it to end it."
+        )
         work.event(
             Reason.MACHINE_LOST,
             f"{node.name} was lost: {why}. Its billing ended at its last heartbeat, "
-            f"{last_heard:%H:%M:%S} UTC{refund}. The cluster is degraded: the other machines "
-            "keep running and billed; terminate it when you are done.",
+            f"{last_heard:%H:%M:%S} UTC{refund}. The cluster is degraded: {others}",
             node=node,
             step=node.step,
         )

@@ -680,12 +680,13 @@ class _Pass:
             for node in became_ready:
                 self.worker_joined(node)
 
-    def replan_others(self, worker: Node) -> None:
-        """A worker joined: every other machine gets its node plan again (the worker in its
-        /etc/hosts, hostfile and pinned host keys), so node-0 reaches it by name."""
+    def replan_others(self, changed: Node) -> None:
+        """A worker joined, or a node left (a worker failed, a machine was lost): every other
+        joined machine gets its node plan again, so its /etc/hosts, hostfile and pinned host
+        keys name exactly the machines that serve the cluster now."""
         for node in self.nodes:
-            if node.status == NodeStatus.JOINED and node is not worker:
-                self.hand_off(node, f"replan:{worker.name}")
+            if node.status == NodeStatus.JOINED and node is not changed:
+                self.hand_off(node, f"replan:{changed.name}")
 
     def worker_joined(self, node: Node) -> None:
         self.event(
@@ -697,12 +698,15 @@ class _Pass:
 
     def fail_worker(self, failure: Failure) -> None:
         node = failure.node
-        if node.status == NodeStatus.JOINED:
+        was_joined = node.status == NodeStatus.JOINED
+        if was_joined:
             ended = UsageRecord.objects.filter(node=node, ended_at__isnull=True)
             record_ids = list(ended.values_list("pk", flat=True))
             ended.update(ended_at=self.now)
             charge_on_commit(record_ids=record_ids)
         self.end_node(node, NodeStatus.FAILED)
+        if was_joined:
+            self.replan_others(node)  # the others stop naming it
         self.event(
             Reason.WORKER_FAILED,
             f"{failure.message} Worker {node.name} is being released alone; the rest of the "

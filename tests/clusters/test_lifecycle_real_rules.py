@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 
 from billing import ledger, meter
 from billing.models import UsageRecord
@@ -13,6 +14,7 @@ from clusters import lifecycle
 from clusters.agent.service import agent_check_in
 from clusters.drivers.base import DriverError, MachineState, Observation
 from clusters.drivers.simulated import SimulatedDriver
+from clusters.lifecycle.work import node_plan_for
 from clusters.models import Cluster, Event, IllegalTransition, Node
 from clusters.notifications import send_pending_cluster_emails
 from offers.models import Host
@@ -310,3 +312,55 @@ def test_a_driver_can_name_the_reason_a_machine_failed(project, clock, monkeypat
     assert_failed_cleanly(cluster, machine_type)
     assert (cluster.failure_reason, cluster.failure_node) == ("machine_gone", "node-1")
     assert cluster.failure_message == "gone dark"
+
+
+def test_a_lost_machine_is_taken_out_of_the_others_plans(project, clock):
+    """D9: the machines left stop naming a lost one in /etc/hosts and the hostfile."""
+    cluster, _, _ = ready(project, clock, nodes=3)
+    lost = node(cluster, 2)
+    with Sim() as sim:
+        assert lifecycle.mark_lost(node_id=lost.pk, last_heard=timezone.now(), why="gone silent")
+        handed = sorted((node_id, action) for node_id, action, _ in sim.dispatcher.work)
+        assert handed == [
+            (node(cluster, 0).pk, "replan:node-2"),
+            (node(cluster, 1).pk, "replan:node-2"),
+        ]
+        sim.dispatcher.run()
+    plan = node_plan_for(node(cluster, 0))
+    assert sorted(plan["hosts"]) == ["node-0", "node-1"]
+    assert "node-2" not in plan["hostfile"]["content"]
+    message = Event.objects.get(cluster=cluster, reason="machine_lost").message
+    assert "the other machines keep running and billed" in message
+
+
+def test_when_every_machine_is_lost_it_says_none_is_left(project, clock):
+    cluster, _, _ = ready(project, clock, nodes=2)
+    with Sim():
+        for index in (1, 0):
+            lifecycle.mark_lost(node_id=node(cluster, index).pk, last_heard=timezone.now(), why="x")
+    first, last = Event.objects.filter(cluster=cluster, reason="machine_lost").order_by("pk")
+    assert "the other machine keeps running and billed" in first.message
+    assert "no machine of it is left, and nothing more is billed" in last.message
+
+
+def test_terminate_names_the_machine_that_could_not_be_wiped(project, clock, monkeypatch):
+    """D2: never 'every machine was stopped and wiped' when one went offline instead."""
+
+    def cannot_wipe(self, n):
+        if n.index == 1:
+            raise DriverError("the wipe of the host failed")
+        return original(self, n)
+
+    original = SimulatedDriver.stop
+    cluster, machine_type, sim = ready(project, clock)
+    monkeypatch.setattr(SimulatedDriver, "stop", cannot_wipe)
+    with sim:
+        lifecycle.terminate(cluster=cluster)
+        sim.run_until(clock, timezone.now() + timedelta(minutes=2), every=11)
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.TERMINATED
+    assert node(cluster, 1).host.state == Host.State.OFFLINE
+    assert node(cluster, 0).host.state == Host.State.FREE
+    ended = Event.objects.get(cluster=cluster, reason="terminated").message
+    assert "stopped and wiped" not in ended
+    assert "node-1 could not be wiped: it is out of service until staff check" in ended
