@@ -21,12 +21,16 @@
 INSTALLER=Slurm
 # shellcheck source-path=SCRIPTDIR source=installer.sh
 . "$(dirname "$0")/installer.sh"
-# One run at a time on a node: its own install, and one a new worker asks for. (The daemons it
-# starts get no copy of the lock's descriptor: `8>&-`.)
-if command -v flock >/dev/null 2>&1; then
-  exec 8>"$SOFTWARE_DIR/.install-slurm.lock"
-  flock -w 300 8 || fail "another Slurm install on $NODE_NAME held its lock for 300 s"
-fi
+# One run at a time changes a node: its own install, and one a new worker asks for. The lock is
+# let go while this run waits on the other nodes (two nodes that give each other their file
+# never wait on each other); the daemons get no copy of its descriptor (`8>&-`).
+LOCKING=0
+if command -v flock >/dev/null 2>&1; then LOCKING=1; exec 8>"$SOFTWARE_DIR/.install-slurm.lock"; fi
+lock() {
+  [ "$LOCKING" = 0 ] || flock -w 300 8 || fail "another Slurm install on $NODE_NAME held its lock for 300 s"
+}
+unlock() { [ "$LOCKING" = 0 ] || flock -u 8; }
+lock
 PEER_CONF="${RUNCRATE_SLURM_CONF:-}"
 SYSTEMD=0
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then SYSTEMD=1; fi
@@ -224,6 +228,7 @@ if install_file "$cgroup_tmp" /etc/slurm/cgroup.conf 644 root:root cgroup-conf; 
 mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd "$LOGS"
 chown slurm:slurm /var/lib/slurm/slurmctld "$LOGS"
 
+unlock
 # --- the other nodes: each whose slurm.conf differs gets this one (a worker was added) -----------
 # Only a node that has this cluster's slurm.conf already: one still installing writes its own.
 peer() { ssh -o BatchMode=yes -o ConnectTimeout=10 "$@"; }
@@ -251,6 +256,7 @@ for node in $NODES; do
   peers_changed=1
 done
 
+lock
 # --- the daemons: slurmctld on the head, slurmd everywhere --------------------------------------
 daemon() {  # daemon NAME PIDFILE: (re)started where its configuration changed or it is down
   if [ "$SYSTEMD" = 1 ]; then
