@@ -214,6 +214,11 @@ class Cluster(models.Model):
             return self.agreed_price_per_machine_hour
         return self.machine_type.price_per_hour
 
+    def clear_failure(self) -> None:
+        """The failure no longer explains the cluster (a retry, its end by its owner)."""
+        self.failure_reason = self.failure_node = self.failure_step = ""
+        self.failure_message = ""
+
     def move_to(self, status: "Cluster.Status") -> None:
         if status not in self.TRANSITIONS.get(self.status, set()):
             raise IllegalTransition(f"cluster {self.pk}: {self.status} -> {status} is not allowed")

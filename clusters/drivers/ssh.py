@@ -224,7 +224,7 @@ def connect(*, address: str, port: int, user: str, host_key: str, name: str):
         offered = mismatch.key
         raise DriverError(
             f"{name} ({where}) offered host key {_fingerprint(offered)}, not the pinned "
-            f"{_fingerprint(pinned)}; it was not bootstrapped.",
+            f"{_fingerprint(pinned)}; nothing was run on it.",
             reason="host_key_mismatch",
             output=f"offered: {offered.get_name()} {offered.get_base64()}\npinned:  {host_key}",
         ) from None

@@ -61,6 +61,8 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         work.set_status(Status.TERMINATING)
         locked.ended_at = now
         locked.stop_reason = stop_reason
+        # A degraded cluster ended by its owner did not fail: its events keep what went wrong.
+        locked.clear_failure()
         UsageRecord.objects.filter(cluster=locked, ended_at__isnull=True).update(ended_at=now)
         for node in nodes:
             if node.status in (NodeStatus.STARTING, NodeStatus.JOINED):
@@ -95,8 +97,7 @@ def retry_install(*, cluster: Cluster) -> Cluster:
         work.set_status(Status.INSTALLING)
         locked.install_attempts += 1
         # The last failure no longer explains the cluster: a new one is written if this fails.
-        locked.failure_reason = locked.failure_node = locked.failure_step = ""
-        locked.failure_message = ""
+        locked.clear_failure()
         for node in nodes:
             if node.status == NodeStatus.JOINED:
                 work.begin_install(node)

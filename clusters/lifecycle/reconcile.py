@@ -626,22 +626,29 @@ class _Pass:
         if failures:
             failure = failures[0]
             self.set_status(Status.DEGRADED)
-            # What the page's banner says: which node, at which step, and what the installer said.
+            # What the page's banner says: which node, at which step, and what the installer
+            # said there; and every other node it failed on, each with what its installer said.
+            message = " ".join(f.message for f in failures)
+            output = (
+                "\n".join(f"--- {f.node.name}\n{f.output}" for f in failures)
+                if len(failures) > 1
+                else failure.output
+            )
             self.cluster.failure_reason = failure.reason
             self.cluster.failure_node = failure.node.name
             self.cluster.failure_step = Step.INSTALL
-            self.cluster.failure_message = self.for_user(failure.message)
+            self.cluster.failure_message = self.for_user(message)
             for node in targets:
                 if node.step == Step.INSTALL:
                     node.step_deadline = None
                     self.touch(node)
             self.event(
                 failure.reason,
-                f"{failure.message} The cluster is degraded: its machines stay up, reachable "
+                f"{message} The cluster is degraded: its machines stay up, reachable "
                 "and billed. Retry the install or terminate the cluster.",
                 node=failure.node,
                 step=Step.INSTALL,
-                output=failure.output,
+                output=output,
             )
             return
         if all(n.step == Step.DONE for n in targets):

@@ -62,6 +62,24 @@ def test_it_records_the_node_the_step_and_what_the_installer_said(degraded):
     assert "[node-2] starting slurmd ... FAILED" in event.output
 
 
+def test_an_install_that_fails_on_two_nodes_names_both_with_what_each_said(db, clock):
+    user, project = new_project()
+    machine_type = inventory(hosts=3, boot_seconds=BOOT, faults={1: "install", 2: "install"})
+    with Sim() as sim:
+        cluster = create(project, machine_type, nodes=3, software="slurm", user=user)
+        sim.run_until(clock, at(BOOT * 2))
+    cluster.refresh_from_db()
+
+    assert cluster.status == Cluster.Status.DEGRADED and cluster.failure_node == "node-1"
+    assert cluster.failure_message == (
+        "Installing Slurm failed on node-1: slurm service exited with status 1. "
+        "Installing Slurm failed on node-2: slurm service exited with status 1."
+    )
+    output = cluster.events.get(reason="install_failed").output
+    assert "--- node-1\n" in output and "--- node-2\n" in output
+    assert "[node-2] starting slurmd ... FAILED" in output
+
+
 def test_a_retry_clears_the_old_failure_and_a_new_one_writes_it_again(degraded, clock):
     _, cluster = degraded
     with Sim() as sim:

@@ -387,5 +387,6 @@ def test_losing_a_machine_moves_the_version_and_sends_its_row(person, sim):
 
     assert cluster.version == seen + 1
     assert cluster.status == Cluster.Status.DEGRADED
-    assert re.findall(r'<tr id="(node-\d+)" hx-swap-oob="true">', body) == ["node-1"]
+    # node-1's row, and node-0's: it is handed its plan again, without node-1 (D9).
+    assert re.findall(r'<tr id="(node-\d+)" hx-swap-oob="true">', body) == ["node-0", "node-1"]
     assert "was lost: silent" in body
