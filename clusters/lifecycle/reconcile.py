@@ -22,6 +22,7 @@ from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
     LEASE_SECONDS,
+    MEASURE_TURN_SECONDS,
     RELEASE_ATTEMPTS,
     RETRY_AFTER,
     START_ATTEMPTS,
@@ -303,12 +304,16 @@ class _Pass:
         if any(n.step != Step.NETWORK for n in batch):
             return []
         last = max(n.agent_at for n in batch)
+        # The workers measure to node-0 one after another: each gets its turn's time.
+        turns = MEASURE_TURN_SECONDS * sum(1 for n in batch if n.index > 0)
         failures = []
         for node in batch:
             if node.step_deadline is None:
                 node.step_started_at = last
                 node.step_deadline = step_deadline(
-                    start=last, seconds=self.boot, cap=node_give_up_at(node, self.machine_type)
+                    start=last,
+                    seconds=self.boot + turns,
+                    cap=node_give_up_at(node, self.machine_type),
                 )
                 self.touch(node)
             if node.network_at is not None:
@@ -333,9 +338,7 @@ class _Pass:
                 and node.network_reported_at is not None
                 and node.network_reported_at <= node.step_deadline
             ):
-                problem = acceptance_problem(
-                    node, needs_shared=self.machine_type.machine_kind != MachineType.Kind.CONTAINER
-                )
+                problem = acceptance_problem(node, self.machine_type)
                 if problem:
                     failures.append(Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem))
                     continue
@@ -351,6 +354,8 @@ class _Pass:
             if self.now >= node.step_deadline:
                 allowed = (node.step_deadline - last).total_seconds()
                 missing = [p for p in peers if p not in reached]
+                turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
+                turn_note = turn_note if turns else ""
                 failures.append(
                     Failure(
                         Reason.NETWORK_TIMEOUT,
@@ -358,7 +363,7 @@ class _Pass:
                         Step.NETWORK,
                         f"{node.name} did not report reaching "
                         f"{', '.join(missing) or 'its peers'} within {duration(allowed)} of the "
-                        f"last agent checking in ({self._limit_note(node, 1)}).",
+                        f"last agent checking in ({self._limit_note(node, 1)}{turn_note}).",
                         output=reachability_matrix(self.nodes),
                     )
                 )
@@ -477,19 +482,27 @@ class _Pass:
 
     def start_billing(self, nodes: list[Node]) -> None:
         for node in nodes:
-            node.move_to(status=NodeStatus.JOINED)
-            self.touch(node)
-            self.set_host(node, Host.State.IN_USE)
-            self.usage.append(
-                UsageRecord(
-                    project_id=self.cluster.project_id,
-                    cluster=self.cluster,
-                    node=node,
-                    price_per_hour=self.cluster.price_per_machine_hour,
-                    started_at=self.now,
-                    charged_until=self.now,
-                )
+            self.join_node(node)
+            self.bill(node)
+
+    def join_node(self, node: Node) -> None:
+        """The node passed `network`: it is the cluster's now (its host in use)."""
+        node.move_to(status=NodeStatus.JOINED)
+        self.touch(node)
+        self.set_host(node, Host.State.IN_USE)
+
+    def bill(self, node: Node) -> None:
+        """The node's usage record opens now: billed from this instant."""
+        self.usage.append(
+            UsageRecord(
+                project_id=self.cluster.project_id,
+                cluster=self.cluster,
+                node=node,
+                price_per_hour=self.cluster.price_per_machine_hour,
+                started_at=self.now,
+                charged_until=self.now,
             )
+        )
 
     def join_cluster(self, batch: list[Node]) -> None:
         cluster = self.cluster
@@ -670,12 +683,14 @@ class _Pass:
                     report = acceptance_report([node], self.machine_type, at=self.now)
                     self.cluster.acceptance.setdefault("nodes", []).extend(report["nodes"])
                     self.cluster_dirty = True
-                    self.start_billing([node])
+                    self.join_node(node)
                     self.replan_others(node)
                     if self.cluster.software == Cluster.Software.NONE:
                         self.finish_node(node)
                         self.worker_joined(node)
                     else:
+                        # Billed once it is up: its software joined (a worker whose install
+                        # fails was never of use, and is never billed).
                         self.begin_install(node)
         targets = [
             n for n in self.nodes if n.status == NodeStatus.JOINED and n.step == Step.INSTALL
@@ -696,6 +711,7 @@ class _Pass:
                 self.hand_off(node, f"replan:{changed.name}")
 
     def worker_joined(self, node: Node) -> None:
+        self.bill(node)
         self.event(
             Reason.WORKER_JOINED,
             f"Worker {node.name} joined the cluster; billed from {self.now:%H:%M:%S} UTC.",
@@ -705,12 +721,8 @@ class _Pass:
 
     def fail_worker(self, failure: Failure) -> None:
         node = failure.node
+        # A worker is billed only once it is up (`worker_joined`): one that fails was not.
         was_joined = node.status == NodeStatus.JOINED
-        if was_joined:
-            ended = UsageRecord.objects.filter(node=node, ended_at__isnull=True)
-            record_ids = list(ended.values_list("pk", flat=True))
-            ended.update(ended_at=self.now)
-            charge_on_commit(record_ids=record_ids)
         self.end_node(node, NodeStatus.FAILED)
         if was_joined:
             self.replan_others(node)  # the others stop naming it

@@ -91,13 +91,13 @@ def test_terminate_charges_the_ledger_at_once_not_at_the_next_meter_run(
 
 
 @pytest.mark.django_db
-def test_a_failed_workers_usage_ends_at_the_instant_it_failed():
+def test_a_worker_that_fails_before_it_is_up_is_never_billed():
     from tests.clusters.lifecycle_kit import T0, Sim, at, create, inventory, new_project
 
     _, project = new_project()
     clock = time_machine.travel(T0, tick=False)
     traveller = clock.start()
-    # The added worker's host fails its install: it has joined (billed) when it fails.
+    # The added worker's host fails its install: it passed `network`, but it was never up.
     machine_type = inventory(hosts=3, boot_seconds=180, faults={2: "install"})
     with Sim() as sim:
         cluster = create(project, machine_type, nodes=2, software="slurm")
@@ -109,8 +109,7 @@ def test_a_failed_workers_usage_ends_at_the_instant_it_failed():
     clock.stop()
     worker = cluster.nodes.get(index=2)
     assert worker.status == "failed"
-    [record] = UsageRecord.objects.filter(node=worker)
-    failed = cluster.events.get(reason="worker_failed", node=worker).at
-    assert worker.ended_at == failed
-    assert record.ended_at == failed
-    assert record.charged_until == failed  # charged up to that instant, no further
+    assert worker.network_at is not None
+    assert not UsageRecord.objects.filter(node=worker).exists()
+    billed = UsageRecord.objects.filter(cluster=cluster).values_list("node__index", flat=True)
+    assert sorted(billed) == [0, 1]

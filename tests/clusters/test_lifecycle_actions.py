@@ -212,6 +212,10 @@ def test_it_installs_the_software_on_new_workers(person, sim, clock):
     assert worker.status == Node.Status.JOINED
     assert worker.step == Node.Step.DONE
     assert "node-2" in node(cluster, 0).driver_state["check"]["ready"]
+    # Billed from the moment it is up: its software joined, not when it passed `network`.
+    record = UsageRecord.objects.get(node=worker)
+    assert record.started_at == cluster.events.get(reason="worker_joined").at
+    assert record.started_at > worker.network_at
 
 
 def test_it_releases_a_failing_worker_alone(person, sim, clock):
@@ -235,7 +239,9 @@ def test_it_releases_a_failing_worker_alone(person, sim, clock):
     assert UsageRecord.objects.filter(cluster=cluster, ended_at__isnull=True).count() == 3
 
 
-def test_it_ends_the_billing_of_a_worker_whose_install_fails(person, sim, clock):
+def test_it_never_bills_a_worker_whose_install_fails(person, sim, clock):
+    """Issue 18: a worker is billed from the moment it is up (its software joined); one that
+    never comes up was never of use."""
     _, project = person
     cluster, machine_type = ready_cluster(
         project, sim, clock, hosts=3, software="kubernetes", faults={2: "install"}
@@ -245,8 +251,7 @@ def test_it_ends_the_billing_of_a_worker_whose_install_fails(person, sim, clock)
 
     worker = node(cluster, 2)
     assert worker.status == Node.Status.FAILED
-    record = UsageRecord.objects.get(node=worker)
-    assert record.ended_at is not None
+    assert not UsageRecord.objects.filter(node=worker).exists()
     assert cluster.events.get(reason="worker_failed").step == "install"
     cluster.refresh_from_db()
     assert cluster.status == Cluster.Status.READY
