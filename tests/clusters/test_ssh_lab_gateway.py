@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
 from pathlib import Path
 
 import paramiko
@@ -19,12 +18,12 @@ import pytest
 from clusters import lifecycle
 from clusters.drivers.ssh import gateway_sync
 from clusters.models import Cluster, Node
-from offers.models import Host
 from tests.clusters.lifecycle_kit import Sim, create
 from tests.clusters.test_ssh_lab import (
     drive,
     machine_type,
     project_with,
+    released,
     ssh,
     ssh_config_file,
 )
@@ -157,21 +156,6 @@ def test_racing_node_starts_and_stops_make_one_jump_user_and_leave_nothing(fleet
         lab.exec(gw, f"pkill -u {user}; userdel -r -f {user}; rm -rf /home/{user}", check=False)
 
 
-def hosts_back(lab, cluster: Cluster, timeout: float = 180) -> None:
-    """The cluster's hosts released, and free for the next round: where the location's hosts
-    go `dirty` after a tenant (no reimage command in this inventory), the lab's reset stands in
-    for the operator's reimage (what that verifies is tests of its own)."""
-    deadline = time.monotonic() + timeout
-    with Sim() as sim:
-        while cluster.nodes.filter(holds_host=True).exists():
-            assert time.monotonic() < deadline, list(cluster.events.values_list("message"))
-            sim.tick()
-            time.sleep(0.5)
-    for host in Host.objects.filter(nodes__cluster=cluster).exclude(state=Host.State.FREE):
-        lab.reset(host.name)
-        Host.objects.filter(pk=host.pk).update(state=Host.State.FREE)
-
-
 def test_every_gateway_cluster_is_reachable_and_terminate_leaves_no_home(fleet, user_key, tmp_path):
     """Whole clusters, one after another on the gateway's two hosts: the user reaches every
     node through the gateway with the product's SSH config (a real `ssh -J`), never a host of
@@ -199,4 +183,4 @@ def test_every_gateway_cluster_is_reachable_and_terminate_leaves_no_home(fleet, 
             lifecycle.terminate(cluster=cluster)
         drive(cluster, Cluster.Status.TERMINATED)
         gateway_has_nothing_of(lab, f"c{cluster.pk}")
-        hosts_back(lab, cluster)
+        released(cluster)  # reimaged, verified pristine and free for the next round
