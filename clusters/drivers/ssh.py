@@ -463,6 +463,10 @@ class SshDriver(Driver):
             synced = storage.synced_volume(node)
             if synced:
                 warning = storage.push(node, session, cluster_keys(node)[1], synced) or warning
+                tried = (node.driver_state.get("stop") or {}).get("attempts", 0) + 1
+                if warning[0] and tried < storage.SYNC_ATTEMPTS:
+                    # node-0 keeps the files: the stop is tried again before anything is wiped.
+                    raise DriverError(f"{warning[0]} It is tried again.", output=warning[1])
             if not command:
                 status, output = session.run(
                     f"sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text()
@@ -619,6 +623,7 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
         "interface": "rc0",
         "private_ip": plan["private_ip"],
         "is_head": plan["role"] == "head",
+        "health_seconds": settings.RUNCRATE_HEALTH_SECONDS,
     }
     shared = next((m for m in plan["mounts"] if m["path"] == SHARED_DIR), None)
     if shared and shared["source"]:

@@ -28,6 +28,10 @@ KNOWN_HOSTS = "/etc/runcrate/storage_known_hosts"
 PULLED = "/var/lib/runcrate/volume-pulled"
 IDENTITY = "/root/.ssh/runcrate_cluster"
 SYNC_SECONDS = 3600.0
+# A stop whose sync back fails is tried again (the release retries it after a few seconds)
+# this many times in all before the machine is wiped anyway, the volume keeping its old copy;
+# fewer than the release's own attempts (clusters/lifecycle/rules.py RELEASE_ATTEMPTS).
+SYNC_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,16 @@ def _revoke(store: Store, tag: str) -> None:
         session.run(script, timeout=60)
 
 
-def _rsync(store: Store, *, source: str, target: str) -> str:
+def _rsync(store: Store, *, source: str, target: str, whole: bool = False) -> str:
+    """`whole`: the target's files change only once every file came over (rsync puts the new
+    ones aside and renames them, and deletes, at the end), so a sync that breaks half-way
+    leaves the volume's copy as it was."""
     ssh = (
         f"ssh -i {IDENTITY} -p {store.port} -o BatchMode=yes -o StrictHostKeyChecking=yes "
         f"-o UserKnownHostsFile={KNOWN_HOSTS} -o ConnectTimeout=10"
     )
-    return f"rsync -a --delete -e {shlex.quote(ssh)} {source} {target} 2>&1"
+    at_the_end = "--delay-updates --delete-delay " if whole else ""
+    return f"rsync -a --delete {at_the_end}-e {shlex.quote(ssh)} {source} {target} 2>&1"
 
 
 def _remote(store: Store) -> str:
@@ -167,7 +175,7 @@ def push(
         try:
             _grant(store, public_key, tag)
             status, output = session.run(
-                _rsync(store, source=f"{VOLUME_DIR}/", target=_remote(store)),
+                _rsync(store, source=f"{VOLUME_DIR}/", target=_remote(store), whole=True),
                 timeout=SYNC_SECONDS,
             )
         finally:

@@ -216,3 +216,13 @@ def test_the_ssh_driver_refuses_a_host_registered_with_another_user_before_conne
         SshDriver().start(n, agent_token="t", plan={})
     assert refused.value.reason == "machine_failed"
     assert "user 'ubuntu'" in refused.value.message and "logs in as root" in refused.value.message
+
+
+def test_a_failed_sync_back_is_tried_again_before_the_release_gives_up():
+    """The stop that cannot sync a volume back is retried (node-0 keeps the files) and then
+    wipes anyway, always before the release's own attempts run out (the host would go
+    offline with the volume never synced)."""
+    from clusters.drivers import storage
+    from clusters.lifecycle.rules import RELEASE_ATTEMPTS
+
+    assert 1 < storage.SYNC_ATTEMPTS < RELEASE_ATTEMPTS

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from clusters import connect, volumes
+from clusters.drivers import storage
 from clusters.models import Cluster, Event
 from lab import hostlab
 from tests.clusters.lifecycle_kit import create
@@ -127,6 +128,8 @@ def test_a_sync_back_that_fails_keeps_the_stored_files_says_so_and_still_termina
     assert event.node.name == "node-0"
     assert event.message.startswith("Volume keep could not be synced back from /shared/volume")
     assert "rrsync" in event.output
+    # It was tried again before node-0 was reimaged, and the stored copy is the old one, whole.
+    assert cluster.nodes.get(index=0).driver_state["stop"]["attempts"] == storage.SYNC_ATTEMPTS
     assert on_store(lab, f"cat {folder}/file").stdout.strip() == "original"
     # The refused grant left no way in for the cluster's key.
     assert f"runcrate-c{cluster.pk}-v" not in on_store(lab, "cat /root/.ssh/authorized_keys").stdout
