@@ -183,6 +183,16 @@ def banner(*, env: Mapping[str, str], port: str, var_dir: Path) -> str:
     )
 
 
+def listening_at(env: dict[str, str], *, host: str, port: str) -> None:
+    """Beyond 127.0.0.1 (`HOST=172.30.77.1`: the host lab), agents on real hosts reach the
+    dashboard where it listens, and so do the links in its emails: SITE_URL would say
+    localhost, which is not where it listens. What the environment sets wins."""
+    if host != "127.0.0.1":
+        env.setdefault("RUNCRATE_AGENT_URL", f"http://{host}:{port}")
+        env.setdefault("SITE_URL", f"http://{host}:{port}")
+        env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{host}")
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -200,10 +210,7 @@ def main() -> int:
             f"HOST must be an IPv4 address to bind (e.g. 127.0.0.1), not {HOST!r}", file=sys.stderr
         )
         return 2
-    if HOST != "127.0.0.1":
-        # Agents on real hosts reach the dashboard where it listens.
-        env.setdefault("RUNCRATE_AGENT_URL", f"http://{HOST}:{port}")
-        env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{HOST}")
+    listening_at(env, host=HOST, port=port)
     var_dir = Path(env.get("RUNCRATE_VAR_DIR") or ROOT / "var").resolve()
     log_level = env.get("LOG_LEVEL", "WARNING")
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -209,3 +209,22 @@ def test_make_run_prints_the_demo_password_only_with_debug_on(monkeypatch, tmp_p
     assert "Demo login:  demo@runcrate.localhost / demo-gpus-2026" in laptop
     assert "demo-gpus-2026" not in deployed
     assert "Demo login:  none (DEBUG is off: seed_demo makes no demo account)" in deployed
+
+
+def test_make_run_on_another_address_mails_links_to_that_address():
+    spec = importlib.util.spec_from_file_location("run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+
+    lab = {}
+    run.listening_at(lab, host="172.30.77.1", port="8000")
+    assert lab["SITE_URL"] == lab["RUNCRATE_AGENT_URL"] == "http://172.30.77.1:8000"
+    assert lab["ALLOWED_HOSTS"] == "localhost,127.0.0.1,172.30.77.1"
+
+    chosen = {"SITE_URL": "https://clusters.example"}
+    run.listening_at(chosen, host="172.30.77.1", port="8000")
+    assert chosen["SITE_URL"] == "https://clusters.example"
+
+    laptop = {}
+    run.listening_at(laptop, host="127.0.0.1", port="8000")
+    assert laptop == {}
