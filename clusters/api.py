@@ -118,6 +118,10 @@ class AcceptanceExpectedOut(Schema):
     gpu: str
     gpus_per_machine: int
     memory_gib: int
+    link_mbit: int | None = Field(None, description="Each machine's expected link, Mbit/s.")
+    min_bandwidth_mbit: float | None = Field(
+        None, description="The least a worker had to move to node-0, measured alone."
+    )
 
 
 class AcceptanceOut(Schema):

@@ -115,6 +115,7 @@ class MachineTypeForm(forms.ModelForm):
             "price_per_hour",
             "boot_seconds",
             "slow_boot",
+            "link_mbit",
         ]
 
     def clean(self):

@@ -555,7 +555,7 @@ _LOCATION_KEYS = (
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
-    "price_per_hour", "boot_seconds", "slow_boot",
+    "price_per_hour", "boot_seconds", "slow_boot", "link_mbit",
 )  # fmt: skip
 _HOST_KEYS = (
     "name", "machine_type", "driver", "fault", "address", "port", "user", "host_key", "reimage",
@@ -666,6 +666,8 @@ def _check_machine_types(data: dict, doc: _Document, errors: list[str]) -> None:
                 default=MachineType.DEFAULT_BOOT_SECONDS.get(kind),
             ),
             "slow_boot": entry.get("slow_boot", _boolean, default=False),
+            # null: the default of its interconnect (MachineType.DEFAULT_LINK_MBIT)
+            "link_mbit": entry.get("link_mbit", _integer(1, 1_000_000), default=None),
         }
         if _claim(seen, slug, label, entry, "slug") and entry.ok:
             doc.machine_types[slug] = _Spec(label, fields, refs)

@@ -111,6 +111,14 @@ class MachineType(models.Model):
         ROCE = "roce", "RoCE"
 
     DEFAULT_BOOT_SECONDS = {Kind.CONTAINER: 60, Kind.VM: 180, Kind.BARE_METAL: 600}
+    # The Ethernet link a machine is expected to have when `link_mbit` does not say (the
+    # private network runs over it, whatever the GPUs' own interconnect): the 1 Gbit/s we
+    # sell at the least, and the 10 Gbit/s front end of InfiniBand and RoCE machines.
+    DEFAULT_LINK_MBIT = {
+        Interconnect.ETHERNET: 1_000,
+        Interconnect.INFINIBAND: 10_000,
+        Interconnect.ROCE: 10_000,
+    }
     SELF_SERVE_INTERCONNECTS = {Interconnect.ETHERNET}
 
     slug = models.SlugField(max_length=60, unique=True)
@@ -131,6 +139,14 @@ class MachineType(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(3600)]
     )
     slow_boot = models.BooleanField(default=False)
+    # Each machine's expected Ethernet link speed, in Mbit/s; null: DEFAULT_LINK_MBIT of its
+    # interconnect. Acceptance wants a fraction of it to node-0 (docs/lifecycle.md).
+    link_mbit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
+        help_text="Expected Ethernet link speed per machine in Mbit/s; empty: by interconnect.",
+    )
 
     class Meta:
         ordering = ["slug"]
@@ -149,6 +165,10 @@ class MachineType(models.Model):
     @property
     def is_self_serve(self) -> bool:
         return self.interconnect in self.SELF_SERVE_INTERCONNECTS
+
+    @property
+    def expected_link_mbit(self) -> int:
+        return self.link_mbit or self.DEFAULT_LINK_MBIT.get(self.interconnect, 1_000)
 
 
 class Host(models.Model):

@@ -319,7 +319,9 @@ CELERY_BEAT_SCHEDULE["track-records"] = {
     "task": "clusters.tasks.refresh_track_records",
     "schedule": 300.0,
 }
-# Acceptance: a node whose measured bandwidth to node-0 is below this fails the cluster.
+# Acceptance: a worker whose own measured bandwidth to node-0 is below this fraction of its
+# machine type's expected link (`link_mbit`), or below the floor, fails the cluster.
+RUNCRATE_ACCEPTANCE_LINK_FRACTION = env_float("RUNCRATE_ACCEPTANCE_LINK_FRACTION", 0.25)
 RUNCRATE_ACCEPTANCE_MIN_MBIT = env_float("RUNCRATE_ACCEPTANCE_MIN_MBIT", 50.0)
 RUNCRATE_SALES_EMAIL = env_str("RUNCRATE_SALES_EMAIL", "sales@runcrate.localhost")
 RUNCRATE_MIN_BALANCE = env_decimal("RUNCRATE_MIN_BALANCE", "10.00")

@@ -9,7 +9,12 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema
 
-from clusters.agent.service import AgentRefused, agent_check_in, agent_report_network
+from clusters.agent.service import (
+    AgentRefused,
+    agent_check_in,
+    agent_report_network,
+    measure_turn,
+)
 from clusters.drivers.ssh import WIREGUARD_PORT
 from clusters.models import Node, private_ip
 from runcrate.api import ErrorOut, error_response
@@ -78,6 +83,8 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
                 ],
             },
             "head": {"name": "node-0", "private_ip": private_ip(0)},
+            # Whether this node tests the network now: workers measure to node-0 one at a time.
+            "measure_turn": measure_turn(node),
             # A peer is joining (a worker being added): check in every 5 s, not every 30 s, so
             # it finds this node's WireGuard peer for it in time.
             "peer_starting": any(p.status == Node.Status.STARTING for p in peers),

@@ -11,7 +11,8 @@ For as long as it runs, it:
    the firewall's set of addresses WireGuard's port accepts (`wg_peers` in the nftables table
    `inet runcrate` the bootstrap made) their endpoints. Where `wg`, `nft`, the interface or the
    table is missing (tests, simulations) it says so once and goes on.
-3. While the node is `starting` in step `network` and every peer has checked in (`peers_ready`),
+3. While the node is `starting` in step `network`, every peer has checked in (`peers_ready`)
+   and it is this node's turn (`measure_turn`: workers measure one at a time, the head at once),
    tests the private network: it TCP-connects to each peer's probe port, retrying unreachable
    peers for ~20 s; measures latency and bandwidth to the head (iperf3 where the head runs it,
    else its own timed TCP stream to the head's sink); and reports it all (`POST .../network`).
@@ -603,9 +604,12 @@ def start_iperf3_server(address: str, port: int = IPERF3_PORT) -> None:
 
 
 def network_test_due(state: dict[str, Any]) -> bool:
-    # A dashboard that does not say whether the peers are ready is taken to mean they are.
+    # A dashboard that does not say whether the peers are ready is taken to mean they are; one
+    # that does not say whose turn it is to measure (`measure_turn`: the workers measure to the
+    # head one at a time, so they never share its link), that it is ours.
     ready = state.get("peers_ready", True) is True
-    return state["status"] == "starting" and state["step"] == "network" and ready
+    turn = state.get("measure_turn", True) is True
+    return state["status"] == "starting" and state["step"] == "network" and ready and turn
 
 
 class Agent:

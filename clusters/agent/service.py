@@ -233,6 +233,30 @@ def _check_in(found: Node, *, gpus: list[dict], wireguard_key: str | None) -> li
     return fields
 
 
+def measure_turn(node: Node) -> bool:
+    """Whether `node`'s agent may test the network now (its check-in's answer, `measure_turn`).
+    Every worker measures its bandwidth over the same link of node-0, so they take turns: a
+    worker waits until each worker of a lower index still in step `network` has reported, and
+    no two ever measure at once (a figure is then that worker's own link). node-0 measures
+    nothing and never waits. A node that has reported does not measure again."""
+    if (
+        node.status != Node.Status.STARTING
+        or node.step != Node.Step.NETWORK
+        or node.network_reported_at is not None
+    ):
+        return False
+    if node.index == 0:
+        return True
+    return not Node.objects.filter(
+        cluster_id=node.cluster_id,
+        status=Node.Status.STARTING,
+        step=Node.Step.NETWORK,
+        network_reported_at__isnull=True,
+        index__gt=0,
+        index__lt=node.index,
+    ).exists()
+
+
 def _clean_network_report(reachability: Any, acceptance: Any) -> dict[str, Any]:
     if not isinstance(reachability, dict) or not all(
         isinstance(k, str) and isinstance(v, bool) for k, v in reachability.items()

@@ -20,6 +20,12 @@ NodeStatus = Node.Status
 # How long an install may take before the cluster is degraded (`install_timeout`); at least
 # RUNCRATE_MIN_STEP_SECONDS.
 INSTALL_SECONDS = 15 * 60
+# What the network step adds to its deadline for each worker of the batch: workers measure
+# their way to node-0 one at a time (`clusters.agent.service.measure_turn`), and a turn is a
+# worker's next check-in (the agent's RETRY_SECONDS, 5 s, while starting), its latency (5 TCP
+# connects) and bandwidth (iperf3's 2-second run, or the 1-second stream), its /shared mount and
+# its report: about 10 s on a healthy host. Every step stays capped at the node's give-up time.
+MEASURE_TURN_SECONDS = 30
 # How often a pending readiness check runs again.
 CHECK_EVERY = timedelta(seconds=5)
 # A per-node task that failed is tried again after this long.
@@ -197,13 +203,22 @@ def reachability_matrix(nodes: list[Node]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def acceptance_problem(node: Node, *, needs_shared: bool) -> str | None:
+def acceptance_minimum_mbit(machine_type: MachineType) -> float:
+    """The least a worker must move to node-0: RUNCRATE_ACCEPTANCE_LINK_FRACTION of the machine
+    type's expected link, never below RUNCRATE_ACCEPTANCE_MIN_MBIT."""
+    share = settings.RUNCRATE_ACCEPTANCE_LINK_FRACTION * machine_type.expected_link_mbit
+    return max(share, settings.RUNCRATE_ACCEPTANCE_MIN_MBIT)
+
+
+def acceptance_problem(node: Node, machine_type: MachineType) -> str | None:
     """Why what the node's agent measured to node-0 fails acceptance, or None. node-0 measures
-    nothing to itself. Where the cluster has a shared folder (`needs_shared`: virtual machines
-    and bare metal), every other node must have mounted node-0's /shared."""
+    nothing to itself. Where the cluster has a shared folder (virtual machines and bare metal),
+    every other node must have mounted node-0's /shared. Workers measure one at a time
+    (`clusters.agent.service.measure_turn`), so a figure is that node's own link."""
     if node.index == 0:
         return None
     measured = node.acceptance or {}
+    needs_shared = machine_type.machine_kind != MachineType.Kind.CONTAINER
     if needs_shared and not measured.get("shared"):
         why = measured.get("shared_error") or "its agent reported no mount"
         return f"{node.name} could not mount /shared from node-0 ({why})."
@@ -211,11 +226,13 @@ def acceptance_problem(node: Node, *, needs_shared: bool) -> str | None:
     if bandwidth is None:
         why = measured.get("error") or "its agent reported no measurement"
         return f"{node.name} could not measure its bandwidth to node-0 ({why})."
-    minimum = settings.RUNCRATE_ACCEPTANCE_MIN_MBIT
+    minimum = acceptance_minimum_mbit(machine_type)
     if bandwidth < minimum:
         return (
-            f"{node.name} moves {bandwidth:,.0f} Mbit/s to node-0 over the private network; "
-            f"acceptance needs at least {minimum:,.0f} Mbit/s."
+            f"{node.name} moves {bandwidth:,.0f} Mbit/s to node-0 over the private network, "
+            f"measured alone; acceptance needs at least {minimum:,.0f} Mbit/s "
+            f"({machine_type.slug} machines have a {machine_type.expected_link_mbit:,} Mbit/s "
+            "link)."
         )
     return None
 
@@ -239,6 +256,8 @@ def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datet
             "gpu": machine_type.gpu.name,
             "gpus_per_machine": machine_type.gpus_per_machine,
             "memory_gib": machine_type.gpu.memory_gib,
+            "link_mbit": machine_type.expected_link_mbit,
+            "min_bandwidth_mbit": acceptance_minimum_mbit(machine_type),
         },
         "nodes": [
             {

@@ -9,6 +9,7 @@ import time_machine
 from billing.models import UsageRecord
 from clusters.drivers.base import CheckResult, CheckState
 from clusters.drivers.simulated import SimulatedDriver
+from clusters.lifecycle.rules import MEASURE_TURN_SECONDS
 from clusters.models import Cluster, Event, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import (
@@ -56,8 +57,9 @@ def test_it_joins_every_node_and_starts_billing_for_all_at_one_instant(project, 
         assert node0.step == Node.Step.NETWORK
         assert node0.agent_at == at(BOOT * 1.25)
         assert len(node0.gpus) == 8
-        # 1 × boot from the moment the last agent checked in
-        assert node0.step_deadline == at(BOOT * 2.25)
+        # 1 × boot from the moment the last agent checked in, and a turn for each worker to
+        # measure its way to node-0 (they measure one at a time)
+        assert node0.step_deadline == at(BOOT * 2.25 + 2 * MEASURE_TURN_SECONDS)
 
         sim.run_until(clock, at(BOOT * 1.5))
 
@@ -207,11 +209,12 @@ def test_it_fails_a_node_whose_network_report_never_comes(project, clock, monkey
     with Sim() as sim:
         cluster = create(project, machine_type)
         last_agent = at(BOOT * 1.25)
-        sim.run_until(clock, last_agent + timedelta(seconds=BOOT - 1))
+        allowed = BOOT + MEASURE_TURN_SECONDS  # the boot time, and node-1's turn to measure
+        sim.run_until(clock, last_agent + timedelta(seconds=allowed - 1))
         cluster.refresh_from_db()
         assert cluster.status == Cluster.Status.PROVISIONING
         assert node(cluster, 0).network_at is not None
-        sim.run_until(clock, last_agent + timedelta(seconds=BOOT))
+        sim.run_until(clock, last_agent + timedelta(seconds=allowed))
 
     assert_failed_cleanly(cluster, machine_type)
     assert (cluster.failure_reason, cluster.failure_node, cluster.failure_step) == (

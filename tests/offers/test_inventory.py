@@ -169,6 +169,21 @@ def test_it_takes_defaults_for_keys_an_update_leaves_out(db):
     assert (l40s.boot_seconds, l40s.slow_boot) == (60, False)
 
 
+def test_it_takes_a_machine_types_link_speed_or_its_interconnects_default(db):
+    data = inventory()
+    data["machine_types"][0] |= {"interconnect": "infiniband", "link_mbit": 25_000}
+    load_inventory(data)
+    h100 = MachineType.objects.get(slug="use2-h100x8-bm")
+    assert (h100.link_mbit, h100.expected_link_mbit) == (25_000, 25_000)
+    l40s = MachineType.objects.get(slug="eun1-l40sx1-ctr")
+    assert (l40s.link_mbit, l40s.expected_link_mbit) == (None, 1_000)  # Ethernet's default
+
+    del data["machine_types"][0]["link_mbit"]  # left out again: the interconnect's default
+    load_inventory(data)
+    h100.refresh_from_db()
+    assert (h100.link_mbit, h100.expected_link_mbit) == (None, 10_000)
+
+
 def test_it_keeps_a_hosts_state_across_a_reload(db):
     load_inventory(inventory())
     Host.objects.filter(name="gpu-ssh-1").update(state=Host.State.IN_USE)
@@ -357,6 +372,10 @@ BAD_FILES = {
     "bad boot_seconds": (
         _set("machine_types", 1, "boot_seconds", 7200),
         "machine_types[1] (eun1-l40sx1-ctr).boot_seconds: must be a whole number from 1 to 3600",
+    ),
+    "bad link_mbit": (
+        _set("machine_types", 0, "link_mbit", 0),
+        "machine_types[0] (use2-h100x8-bm).link_mbit: must be a whole number from 1 to 1000000",
     ),
     "string for a boolean": (
         _set("machine_types", 0, "community", "no"),
