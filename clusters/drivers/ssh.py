@@ -27,7 +27,7 @@ import logging
 import re
 import shlex
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -459,8 +459,10 @@ class SshDriver(Driver):
         command = host.reimage_command
         user = shlex.quote(host.user or "root")
         warning = ("", "")
-        with host_session(host) as session:
-            synced = storage.synced_volume(node)
+        synced = storage.synced_volume(node)
+        # A reimage needs no session of its own: a host its tenant left unreachable is
+        # reimaged all the same, unless node-0 still holds a volume's files to sync back.
+        with host_session(host) if synced or not command else nullcontext() as session:
             if synced:
                 warning = storage.push(node, session, cluster_keys(node)[1], synced) or warning
                 tried = (node.driver_state.get("stop") or {}).get("attempts", 0) + 1

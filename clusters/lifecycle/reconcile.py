@@ -705,10 +705,12 @@ class _Pass:
     def replan_others(self, changed: Node) -> None:
         """A worker joined, or a node left (a worker failed, a machine was lost): every other
         joined machine gets its node plan again, so its /etc/hosts, hostfile and pinned host
-        keys name exactly the machines that serve the cluster now."""
+        keys name exactly the machines that serve the cluster now; a node that left is also
+        taken out of the software's own configuration (`prune`: Slurm's slurm.conf)."""
+        kind = "replan" if changed.status == NodeStatus.JOINED else "prune"
         for node in self.nodes:
             if node.status == NodeStatus.JOINED and node is not changed:
-                self.hand_off(node, f"replan:{changed.name}")
+                self.hand_off(node, f"{kind}:{changed.name}")
 
     def worker_joined(self, node: Node) -> None:
         self.bill(node)

@@ -48,6 +48,7 @@ LEASE_SECONDS = {
     "check": 15,
     "stop": 30,
     "replan": 15,
+    "prune": 30,
 }
 # The longest one piece of work may run at all: the broker's visibility timeout is set from it
 # (runcrate/settings.py), so an unacknowledged message is handed back only after its work

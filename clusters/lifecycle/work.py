@@ -93,6 +93,14 @@ def _run(node: Node, action: str, now: datetime, plans: _Plans) -> dict:
         # what the driver first recorded about the machine stays.
         driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
         return {"ok": True, "key": key}
+    if kind == "prune":
+        # A node left: the plan without it and, on a Slurm cluster's head, its installer again
+        # with the nodes that are left, which hands every node the slurm.conf without it.
+        driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
+        if node.index == 0 and node.cluster.software == Cluster.Software.SLURM:
+            result = driver.install(node, plan=plans.install(with_node_plans=True))
+            return {"ok": result.ok, "key": key, "output": result.output[-20_000:]}
+        return {"ok": True, "key": key}
     if kind in ("agent", "network"):
         # The agent's report is recorded with the write-back, in its transaction.
         return {"ok": True}

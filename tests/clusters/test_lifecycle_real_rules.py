@@ -322,8 +322,8 @@ def test_a_lost_machine_is_taken_out_of_the_others_plans(project, clock):
         assert lifecycle.mark_lost(node_id=lost.pk, last_heard=timezone.now(), why="gone silent")
         handed = sorted((node_id, action) for node_id, action, _ in sim.dispatcher.work)
         assert handed == [
-            (node(cluster, 0).pk, "replan:node-2"),
-            (node(cluster, 1).pk, "replan:node-2"),
+            (node(cluster, 0).pk, "prune:node-2"),
+            (node(cluster, 1).pk, "prune:node-2"),
         ]
         sim.dispatcher.run()
     plan = node_plan_for(node(cluster, 0))

@@ -253,3 +253,45 @@ def test_a_worker_added_to_a_ready_slurm_cluster_joins_every_node_runs_srun_n3(
             if lab.exec(host.name, command, check=False).returncode != 0
         ]
         assert left == [], f"{host.name} keeps {left}"
+
+
+def test_a_lost_node_is_taken_out_of_slurm_and_the_others_hosts_files(fleet, user_key, tmp_path):
+    """D9: after node-2 is lost, node-0 and node-1 no longer name it in /etc/hosts or the
+    hostfile, and Slurm's slurm.conf on both is the one without it: `srun -N2` runs."""
+    lab = fleet
+    cluster = create(
+        project_with(user_key), machine_type("lab-h100x2-vm"), nodes=3, software="slurm"
+    )
+    try:
+        drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, Cluster.Status.FAILED)
+        assert cluster.status == Cluster.Status.READY, cluster.failure_message
+        lost = cluster.nodes.get(index=2)
+        with base.Sim() as sim:
+            assert base.lifecycle.mark_lost(
+                node_id=lost.pk, last_heard=timezone.now(), why="the test took it away"
+            )
+            deadline = time.monotonic() + base.WAIT
+            head = cluster.nodes.get(index=0)
+            while "prune" not in head.driver_state:
+                assert time.monotonic() < deadline, "node-0 was never pruned"
+                sim.tick()
+                time.sleep(0.5)
+                head.refresh_from_db()
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{slurm_logs(lab, cluster)}") from None
+    assert head.driver_state["prune"]["ok"] is True, head.driver_state["prune"]["output"]
+
+    config = ssh_config_file(cluster, tmp_path, user_key, lab)
+    for i in (0, 1):
+        files = "cat /etc/hosts /shared/hostfile /etc/runcrate/hostfile 2>/dev/null; true"
+        assert "node-2" not in ssh(config, f"node-{i}", files)
+        assert "node-2" not in ssh(config, f"node-{i}", "cat /etc/slurm/slurm.conf")
+    deadline = time.monotonic() + 60
+    while (nodes := ssh(config, "node-0", "sinfo -h -N -o '%N|%T'").split()) != [
+        "node-0|idle",
+        "node-1|idle",
+    ]:
+        assert time.monotonic() < deadline, nodes
+        time.sleep(1)
+    assert sorted(ssh(config, "node-0", "srun -N2 hostname").splitlines()) == ["node-0", "node-1"]
+    terminate_and_check(lab, cluster)
