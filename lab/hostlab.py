@@ -79,6 +79,7 @@ MIRROR_PACKAGES = (
 # clusters.software.RAY_REQUIREMENT (a test says so).
 PYPI_PACKAGES = ("ray[default]==2.60.0",)
 PYPI_PLATFORM = ("--python-version", "3.11", "--platform", "manylinux2014_x86_64")
+LAB_LINK_MBIT = 200  # the lab's machine types' expected link (acceptance wants a share of it)
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPU_MEMORY_MIB = 81559
 DEFAULT_GPU_COUNT = 2
@@ -1241,6 +1242,9 @@ class Lab:
             "machine_kind": "vm",
             "price_per_hour": "2.00",
             "boot_seconds": boot_seconds,
+            # The hosts share this machine's cores, and WireGuard runs in userspace here
+            # (wireguard-go): a healthy lab link moves 100-1,000 Mbit/s, not a data center's.
+            "link_mbit": LAB_LINK_MBIT,
         }
         machine_types = [{"slug": direct_type, "location": location, **machine_type}]
         if self.gateway is not None:
