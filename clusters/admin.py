@@ -397,7 +397,7 @@ def _host_outcome(admin_site, request: HttpRequest, outcome, done: str) -> None:
     count = len(outcome.done)
     admin_site.message_user(request, f"{count} host{'s' if count != 1 else ''} {done}.")
     for name, why in list(outcome.refused.items())[:20]:
-        admin_site.message_user(request, f"{name}: left as it was: {why}.", level=messages.WARNING)
+        admin_site.message_user(request, f"Left {name} as it was: {why}.", level=messages.WARNING)
 
 
 @admin.action(description="Mark free (offline or dirty hosts, once verified pristine)")

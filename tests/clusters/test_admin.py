@@ -12,6 +12,7 @@ from tests.clusters.lifecycle_kit import at, create, inventory, new_project
 from tests.factories import (
     ClusterFactory,
     EventFactory,
+    HostFactory,
     LocationFactory,
     MachineTypeFactory,
     ProjectFactory,
@@ -162,3 +163,43 @@ def test_a_clusters_page_runs_the_same_queries_for_2_and_20_nodes(
     with django_assert_num_queries(len(few.captured_queries)):
         page = staff_client.get(reverse("admin:clusters_cluster_change", args=[large.pk]))
     assert all(f"node-{i} joined." in page.content.decode() for i in range(20))
+
+
+def test_mark_free_frees_a_simulated_host_and_never_an_ssh_host_it_cannot_verify(staff_client):
+    """S3: an offline ssh host is one that could not be wiped; without a baseline there is
+    nothing to verify it against, so it goes dirty with that reason, never free."""
+    simulated = HostFactory(state=Host.State.OFFLINE)
+    ssh = HostFactory(
+        driver="ssh", address="203.0.113.7", host_key="ssh-ed25519 AAAA", state="offline"
+    )
+
+    response = staff_client.post(
+        reverse("admin:offers_host_changelist"),
+        {"action": "mark_free", "_selected_action": [simulated.pk, ssh.pk]},
+        follow=True,
+    )
+
+    simulated.refresh_from_db()
+    ssh.refresh_from_db()
+    assert simulated.state == Host.State.FREE
+    assert ssh.state == Host.State.DIRTY
+    assert "no baseline was recorded" in ssh.pristine_report
+    page = response.content.decode()
+    assert "1 host marked free." in page
+    assert f"Left {ssh.name} as it was: it is not pristine: no baseline was recorded" in page
+
+
+def test_reimage_refuses_a_host_without_a_reimage_command_and_changes_nothing(staff_client):
+    ssh = HostFactory(
+        driver="ssh", address="203.0.113.8", host_key="ssh-ed25519 AAAA", state="dirty"
+    )
+
+    response = staff_client.post(
+        reverse("admin:offers_host_changelist"),
+        {"action": "reimage", "_selected_action": [ssh.pk]},
+        follow=True,
+    )
+
+    ssh.refresh_from_db()
+    assert ssh.state == Host.State.DIRTY
+    assert "neither it nor its location has a reimage command" in response.content.decode()
