@@ -59,7 +59,8 @@ class Cluster(models.Model):
         Status.PROVISIONING: {Status.INSTALLING, Status.READY, Status.FAILED, Status.TERMINATING},
         Status.INSTALLING: {Status.READY, Status.DEGRADED, Status.TERMINATING},
         Status.READY: {Status.DEGRADED, Status.TERMINATING},  # degraded: a machine was lost
-        Status.DEGRADED: {Status.INSTALLING, Status.TERMINATING},
+        # ready: a degraded cluster whose only trouble was an unhealthy machine that recovered.
+        Status.DEGRADED: {Status.INSTALLING, Status.READY, Status.TERMINATING},
         Status.TERMINATING: {Status.TERMINATED, Status.STOPPED},
     }
 
@@ -132,6 +133,12 @@ class Cluster(models.Model):
         blank=True,
         help_text="The last network test a user asked for: state (running, done, failed), when "
         "it started and finished, its method (nccl or agent) and results (docs/lifecycle.md).",
+    )
+    health_problems = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What its machines' health reports show wrong now, each announced once with a "
+        "node_unhealthy event: key -> {node, message} (clusters/lifecycle/health.py).",
     )
     # A quoted cluster (SPEC §7, docs/clusters.md): created by staff from a won quote request,
     # on any machine type and past the self-serve size limit, billed at the agreed price.
@@ -369,6 +376,15 @@ class Node(models.Model):
         default=dict, blank=True, help_text="Peer name -> reached, as the agent reported."
     )
     driver_state = models.JSONField(default=dict, blank=True)
+    health = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Its agent's last health report on a ready or degraded cluster: the peers it "
+        "reaches, which services run, whether /shared answers.",
+    )
+    health_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its agent last sent a health report."
+    )
 
     version = models.PositiveBigIntegerField(
         default=0,
@@ -469,6 +485,9 @@ class Event(models.Model):
         HOST_KEY_MISMATCH = "host_key_mismatch"
         MACHINE_LOST = "machine_lost"
         ACCEPTANCE_FAILED = "acceptance_failed"
+        NODE_UNHEALTHY = "node_unhealthy"  # a ready machine's health report shows a problem
+        # a problem a node_unhealthy event named is gone
+        NODE_HEALTHY = "node_healthy"
         # stops (billing)
         STOPPED_BALANCE = "stopped_balance"
         STOPPED_BUDGET = "stopped_budget"
@@ -489,10 +508,16 @@ class Event(models.Model):
         Reason.HOST_KEY_MISMATCH,
         Reason.MACHINE_LOST,
         Reason.ACCEPTANCE_FAILED,
+        Reason.NODE_UNHEALTHY,
     }
 
     # Failures that leave the cluster running and billed (status degraded).
-    DEGRADING = {Reason.INSTALL_FAILED, Reason.INSTALL_TIMEOUT, Reason.MACHINE_LOST}
+    DEGRADING = {
+        Reason.INSTALL_FAILED,
+        Reason.INSTALL_TIMEOUT,
+        Reason.MACHINE_LOST,
+        Reason.NODE_UNHEALTHY,
+    }
     # Failures for staff, not for the cluster's owner.
     STAFF_ONLY = {Reason.RELEASE_FAILED}
 
@@ -526,11 +551,14 @@ class Event(models.Model):
 
     @property
     def notification(self) -> str | None:
-        """Which email this event asks for: "ready", "failed", "degraded", "lost", or None."""
+        """Which email this event asks for: "ready", "failed", "degraded", "lost", "unhealthy",
+        or None."""
         if self.reason == self.Reason.READY:
             return "ready"
         if self.reason == self.Reason.MACHINE_LOST:
             return "lost"
+        if self.reason == self.Reason.NODE_UNHEALTHY:
+            return "unhealthy"
         if self.reason in self.DEGRADING:
             return "degraded"
         if self.reason in self.FAILURES - self.DEGRADING - self.STAFF_ONLY:

@@ -312,6 +312,9 @@ CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {
     "task": "clusters.tasks.watch_heartbeats",
     "schedule": 30.0,
 }
+# How often the agent of a ready (or degraded) cluster's node adds a health report to its
+# heartbeat: the peers it reaches, its services, /shared (clusters/lifecycle/health.py).
+RUNCRATE_HEALTH_SECONDS = env_int("RUNCRATE_HEALTH_SECONDS", 120, minimum=1)
 # The track record per machine type (docs/offers.md, "Track record"): shown from this many
 # clusters in the last 30 days on, refreshed from the clusters' events by the beat.
 RUNCRATE_TRACK_RECORD_MIN_CLUSTERS = env_int("RUNCRATE_TRACK_RECORD_MIN_CLUSTERS", 5, minimum=1)

@@ -16,6 +16,7 @@ from clusters.agent.service import (
     measure_turn,
 )
 from clusters.drivers.ssh import WIREGUARD_PORT
+from clusters.lifecycle.health import health_request
 from clusters.models import Node, private_ip
 from runcrate.api import ErrorOut, error_response
 
@@ -31,6 +32,9 @@ class CheckInIn(Schema):
     nvidia_smi: str | None = None  # the raw CSV, as an alternative to `gpus`
     wireguard_public_key: str | None = None
     hostname: str | None = None
+    # A ready cluster's node adds its health report (clusters/lifecycle/health.py); checked by
+    # the service, which says what is wrong with one it cannot take.
+    health: Any = None
 
 
 class NetworkIn(Schema):
@@ -88,6 +92,9 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
             # A peer is joining (a worker being added): check in every 5 s, not every 30 s, so
             # it finds this node's WireGuard peer for it in time.
             "peer_starting": any(p.status == Node.Status.STARTING for p in peers),
+            # On a ready or degraded cluster: what the agent checks and reports with its
+            # heartbeats every RUNCRATE_HEALTH_SECONDS (null otherwise).
+            "health": health_request(node.cluster, node, peers),
         }
     }
 
@@ -106,6 +113,7 @@ def check_in(request: HttpRequest, node_id: int, payload: CheckInIn):
             token=_token(request),
             gpus=gpus or [],
             wireguard_key=payload.wireguard_public_key,
+            health=payload.health,
         ),
     )
 

@@ -36,6 +36,7 @@ key in capitals for the others, e.g. RUNCRATE_AGENT_INTERFACE):
     probe_port           the TCP port each peer is tested on (default 22: sshd)
     bandwidth_port       the head's bandwidth sink (default 7077)
     heartbeat_seconds    between check-ins once joined (default 30)
+    health_seconds       between health reports on a ready cluster (default 120)
     private_ip           this node's private address, e.g. 10.77.0.1
     is_head              whether this node is the head (also true when private_ip is the head's)
 
@@ -90,6 +91,8 @@ PROBE_TIMEOUT = 3.0
 BANDWIDTH_PORT = 7077
 IPERF3_PORT = 7078
 HEARTBEAT_SECONDS = 30.0
+HEALTH_SECONDS = 120.0  # between health reports on a ready cluster (RUNCRATE_HEALTH_SECONDS)
+SHARED_SECONDS = 5.0  # how long /shared may take to list before it counts as hung
 RETRY_SECONDS = 5.0
 STOP_CODES = (403, 404, 410)  # a wrong token, an unknown node, a released node
 LATENCY_SAMPLES = 5
@@ -102,6 +105,7 @@ CONFIG_KEYS = (
     "probe_port",
     "bandwidth_port",
     "heartbeat_seconds",
+    "health_seconds",
     "private_ip",
     "is_head",
     "shared_mount",
@@ -122,6 +126,7 @@ class Settings:
     probe_port: int = PROBE_PORT
     bandwidth_port: int = BANDWIDTH_PORT
     heartbeat_seconds: float = HEARTBEAT_SECONDS
+    health_seconds: float = HEALTH_SECONDS
     private_ip: str | None = None
     is_head: bool = False
     # A worker mounts the head's folder here (/shared) before its network test; None: no mount
@@ -168,6 +173,7 @@ def load_config(environ: dict[str, str] | None = None, path: Path | None = None)
         probe_port=_number(values, "probe_port", PROBE_PORT, int),
         bandwidth_port=_number(values, "bandwidth_port", BANDWIDTH_PORT, int),
         heartbeat_seconds=_number(values, "heartbeat_seconds", HEARTBEAT_SECONDS, float),
+        health_seconds=_number(values, "health_seconds", HEALTH_SECONDS, float),
         private_ip=_text(values, "private_ip", None),
         is_head=_boolean(values, "is_head"),
         shared_mount=_text(values, "shared_mount", None),
@@ -600,6 +606,127 @@ def start_iperf3_server(address: str, port: int = IPERF3_PORT) -> None:
     log.info("started iperf3 -s on %s:%s", address, port)
 
 
+# --- the health of a ready node ---------------------------------------------------------------
+
+
+def probe_all(
+    peers: dict[str, str], port: int, *, timeout: float = PROBE_TIMEOUT, attempts: int = 2
+) -> dict[str, bool]:
+    """Peer name -> whether its port opened, every peer probed at once (so a node cut off from
+    all of them answers in `attempts` × `timeout`, not that times the peers); a peer that fails
+    is tried again once, a second later."""
+    reached = dict.fromkeys(sorted(peers), False)
+    for attempt in range(attempts):
+        names = [name for name, ok in reached.items() if not ok]
+        if not names:
+            break
+        if attempt:
+            time.sleep(1.0)
+        results: dict[str, bool] = {}
+        threads = [
+            threading.Thread(
+                target=_probe_into, args=(results, name, peers[name], port, timeout), daemon=True
+            )
+            for name in names
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout + 1.0)
+        reached |= {name: results.get(name, False) for name in names}
+    return reached
+
+
+def _probe_into(results: dict[str, bool], name: str, address: str, port: int, timeout: float):
+    results[name] = probe(address, port, timeout)
+
+
+def running_processes(proc: Path = Path("/proc")) -> set[str]:
+    """The names of the processes running here: each one's command name and the file name of
+    its first argument (so `/usr/local/bin/k3s server` counts as k3s); zombies are not."""
+    names: set[str] = set()
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # it ended meanwhile
+            continue
+        command, _, rest = stat.partition(" (")[2].rpartition(") ")
+        if rest[:1] == "Z":
+            continue
+        names.add(command)
+        if argv:
+            names.add(os.path.basename(argv.split()[0]) if argv.split() else "")
+    names.discard("")
+    return names
+
+
+def mounted(path: str, mounts: Path = Path("/proc/mounts")) -> bool:
+    """Whether something is mounted on `path`, from the mount table: no stat of `path`, which
+    a hung mount would never answer."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return False
+    return any(len(fields) > 1 and fields[1] == path for fields in map(str.split, lines))
+
+
+# Children listing a hung /shared that did not die when killed (a mount in uninterruptible
+# sleep): reaped once they end, and while any is left no other is started.
+_STUCK: list[subprocess.Popen] = []
+
+
+def answers_within(path: str, seconds: float = SHARED_SECONDS) -> tuple[bool, str | None]:
+    """Whether listing `path` finishes within `seconds`, in a child process (a hung mount hangs
+    whoever lists it, never this agent), and why not."""
+    _STUCK[:] = [child for child in _STUCK if child.poll() is None]
+    if _STUCK:
+        return False, f"an earlier listing of {path} still hangs"
+    code = "import os, sys; os.listdir(sys.argv[1])"
+    try:
+        child = subprocess.Popen(  # noqa: S603 (our own command line, no shell)
+            [sys.executable, "-c", code, path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as error:
+        return False, str(error)
+    try:
+        _, error = child.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _STUCK.append(child)
+        return False, f"listing it took more than {seconds:g} s"
+    if child.returncode != 0:
+        words = error.decode(errors="replace").strip().splitlines()
+        return False, words[-1] if words else f"exit {child.returncode}"
+    return True, None
+
+
+def shared_health(path: str) -> dict[str, Any]:
+    """Whether /shared is mounted here and answers."""
+    if not mounted(path):
+        return {"path": path, "mounted": False, "answers": None, "error": None}
+    answers, why = answers_within(path)
+    return {"path": path, "mounted": True, "answers": answers, "error": why}
+
+
+def check_health(request: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The health report the dashboard's `health` asks for: the peers it lists reached on the
+    probe port over the private network, whether each service it names runs here, and (where
+    this node mounts it) whether /shared answers. Bounded: a few seconds whatever is wrong."""
+    peers = {str(k): str(v) for k, v in (request.get("peers") or {}).items()}
+    running = running_processes()
+    return {
+        "peers": probe_all(peers, settings.probe_port),
+        "services": {str(name): str(name) in running for name in request.get("services") or []},
+        "shared": shared_health(settings.shared_mount) if settings.shared_mount else None,
+    }
+
+
 # --- the agent -------------------------------------------------------------------------------
 
 
@@ -627,6 +754,8 @@ class Agent:
         self._status = "starting"
         self._peer_starting = False
         self._said: dict[str, str] = {}
+        self._health: dict[str, Any] | None = None  # what the last answer asked to check
+        self._health_at: float | None = None  # when the last health report went (monotonic)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(  # noqa: S310 (the scheme is checked in __init__)
@@ -655,6 +784,8 @@ class Agent:
         self._status = state["status"]
         # A peer joining (a worker being added) needs this node's WireGuard peer soon.
         self._peer_starting = bool(state.get("peer_starting"))
+        health = state.get("health")
+        self._health = health if isinstance(health, dict) else None
         self._note("state", f"{state['node']} is {state['status']} (step {state['step']})")
         if "wireguard" in state:
             self.apply_wireguard(state["wireguard"]["peers"])
@@ -683,14 +814,31 @@ class Agent:
         self._note("wireguard", message)
 
     def check_in(self) -> dict[str, Any]:
-        return self._post(
-            "check-in",
-            {
-                "nvidia_smi": read_gpus(),
-                "wireguard_public_key": wireguard_public_key(self.settings.interface),
-                "hostname": socket.gethostname(),
-            },
-        )
+        body = {
+            "nvidia_smi": read_gpus(),
+            "wireguard_public_key": wireguard_public_key(self.settings.interface),
+            "hostname": socket.gethostname(),
+        }
+        if not self.health_due():
+            return self._post("check-in", body)
+        self._health_at = time.monotonic()
+        report = check_health(self._health or {}, self.settings)
+        self._note("health", _describe_health(report))
+        try:
+            return self._post("check-in", body | {"health": report})
+        except urllib.error.HTTPError as error:
+            if error.code != 422:
+                raise
+            # A report it cannot take never costs the heartbeat: sent again without it.
+            self._note("dashboard", f"the dashboard refused a health report: {_why(error)}")
+            return self._post("check-in", body)
+
+    def health_due(self) -> bool:
+        """The last answer asks for health reports (a ready cluster) and one is due."""
+        if self._health is None or self._status != "joined":
+            return False
+        last = self._health_at
+        return last is None or time.monotonic() - last >= self.settings.health_seconds
 
     def own_address(self, state: dict[str, Any]) -> str | None:
         return self.settings.private_ip or state.get("private_ip")
@@ -740,7 +888,14 @@ class Agent:
 
     def next_check_in_seconds(self) -> float:
         soon = self._status == "starting" or self._peer_starting
-        return self.settings.retry_seconds if soon else self.settings.heartbeat_seconds
+        wait = self.settings.retry_seconds if soon else self.settings.heartbeat_seconds
+        if self._health is not None:
+            # A health report due before the next heartbeat goes with its own check-in (the
+            # first one at once: the cluster just became ready).
+            last = self._health_at
+            due = 0.0 if last is None else last + self.settings.health_seconds - time.monotonic()
+            wait = min(wait, max(due, 1.0))
+        return wait
 
     def run(self) -> int:
         """Check in until the dashboard says to stop; the exit status."""
@@ -781,6 +936,16 @@ def _why(error: urllib.error.HTTPError) -> str:
         return str(json.loads(error.read())["error"]["message"])
     except (OSError, ValueError, KeyError, TypeError):
         return str(error.reason)
+
+
+def _describe_health(report: dict[str, Any]) -> str:
+    """One line for the log (written when it changes): what is wrong, or that nothing is."""
+    wrong = [f"cannot reach {name}" for name, ok in report["peers"].items() if not ok]
+    wrong += [f"{name} is not running" for name, ok in report["services"].items() if not ok]
+    shared = report.get("shared") or {}
+    if shared.get("mounted") and not shared.get("answers"):
+        wrong.append(f"{shared['path']} does not answer ({shared.get('error')})")
+    return f"health: {'; '.join(wrong) if wrong else 'every peer reached, every service running'}"
 
 
 def _describe(reachability: dict[str, bool], acceptance: dict[str, Any]) -> str:

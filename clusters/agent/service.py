@@ -15,7 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters import lifecycle
-from clusters.models import Node
+from clusters.lifecycle import health as node_health
+from clusters.models import Cluster, Node
 
 
 class AgentRefused(Exception):
@@ -43,8 +44,10 @@ def _locked_node(node: Node | int, token: str) -> Node:
     found = None
     if isinstance(node_id, int) and 0 < node_id < 2**63:
         cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
-        if cluster_id is not None and lifecycle.lock_cluster(cluster_id) is not None:
+        locked = lifecycle.lock_cluster(cluster_id) if cluster_id is not None else None
+        if locked is not None:
             found = Node.objects.get(pk=node_id)
+            found.cluster = locked  # the locked row: the health judgement and the answer read it
     expected = found.agent_token_hash if found is not None else ""
     # The hash is compared even for an unknown node, so the answer takes as long either way.
     matches = hmac.compare_digest(lifecycle.token_hash(token or ""), expected or "-" * 64)
@@ -159,17 +162,23 @@ def _clean_acceptance(acceptance: Any) -> dict[str, Any]:
     return cleaned
 
 
-def agent_check_in(*, node: Node | int, token: str, gpus: Any, wireguard_key: Any = None) -> Node:
+def agent_check_in(
+    *, node: Node | int, token: str, gpus: Any, wireguard_key: Any = None, health: Any = None
+) -> Node:
     """The agent is up on `node` and sees `gpus` (step `agent`); later calls are heartbeats.
 
     `wireguard_key` is the public key of the node's WireGuard interface, which its peers need
-    (the private key never leaves the node)."""
+    (the private key never leaves the node). `health` is the health report the agent of a
+    ready or degraded cluster's node adds every RUNCRATE_HEALTH_SECONDS (clean_health; judged
+    by clusters/lifecycle/health.py in this transaction)."""
     cleaned = _clean_gpus(gpus)
     key = _clean_wireguard_key(wireguard_key)
+    report = clean_health(health)
     with transaction.atomic():
         found = _locked_node(node, token)
         fields = _check_in(found, gpus=cleaned, wireguard_key=key)
-        found.save(update_fields=fields)
+        found.save(update_fields=fields + _record_health(found, report))
+        _judge_health(found, report)
         if found.status == Node.Status.STARTING or len(fields) > 1:
             # A heartbeat of a node that has joined moves nothing: no advance for it.
             lifecycle.enqueue_advance(found.cluster_id)
@@ -255,6 +264,88 @@ def measure_turn(node: Node) -> bool:
         index__gt=0,
         index__lt=node.index,
     ).exists()
+
+
+_PEER_NAME = re.compile(r"node-[0-9]{1,3}")
+_SERVICE_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,31}")
+MAX_HEALTH_PEERS = 300
+MAX_HEALTH_SERVICES = 20
+
+
+def clean_health(health: Any) -> dict[str, Any] | None:
+    """A health report as the agent sends it (`peers`: name -> reached, `services`: name ->
+    running, `shared`: null or {path, mounted, answers, error}), checked and cut to what is
+    kept; None when there is none. A report of another shape is refused (422), saying what."""
+    if health is None:
+        return None
+    if not isinstance(health, dict):
+        raise AgentRefused("invalid_report", "health must be an object.")
+    cleaned: dict[str, Any] = {}
+    for key, pattern, most, what in (
+        ("peers", _PEER_NAME, MAX_HEALTH_PEERS, "peer names (node-N)"),
+        ("services", _SERVICE_NAME, MAX_HEALTH_SERVICES, "service names"),
+    ):
+        value = health.get(key, {})
+        if (
+            not isinstance(value, dict)
+            or len(value) > most
+            or not all(
+                isinstance(k, str) and pattern.fullmatch(k) and isinstance(v, bool)
+                for k, v in value.items()
+            )
+        ):
+            raise AgentRefused(
+                "invalid_report",
+                f"health.{key} must map at most {most} {what} to true or false.",
+            )
+        cleaned[key] = dict(sorted(value.items()))
+    shared = health.get("shared")
+    if shared is not None:
+        if not isinstance(shared, dict):
+            raise AgentRefused("invalid_report", "health.shared must be an object or null.")
+        path, error = shared.get("path", "/shared"), shared.get("error")
+        if not isinstance(path, str) or not path.startswith("/") or len(path) > 200:
+            raise AgentRefused("invalid_report", "health.shared.path must be an absolute path.")
+        if not isinstance(shared.get("mounted"), bool):
+            raise AgentRefused("invalid_report", "health.shared.mounted must be true or false.")
+        if shared.get("answers") is not None and not isinstance(shared["answers"], bool):
+            raise AgentRefused(
+                "invalid_report", "health.shared.answers must be true, false or null."
+            )
+        if error is not None and not isinstance(error, str):
+            raise AgentRefused("invalid_report", "health.shared.error must be a string or null.")
+        shared = {
+            "path": path,
+            "mounted": shared["mounted"],
+            "answers": shared.get("answers"),
+            "error": error[:300] if error else None,
+        }
+    cleaned["shared"] = shared
+    return cleaned
+
+
+def _record_health(found: Node, report: dict[str, Any] | None) -> list[str]:
+    """Keep the report on a watched node (a ready or degraded cluster's joined one); a report
+    from any other is dropped. Returns the fields changed."""
+    if report is None or not node_health.watched(found.cluster, found):
+        return []
+    found.health = report
+    found.health_at = timezone.now()
+    return ["health", "health_at"]
+
+
+def _judge_health(found: Node, report: dict[str, Any] | None) -> None:
+    """Judge the cluster's reports, with its nodes read once, only when there may be something to
+    say: this report shows a problem, or the cluster has problems that may be gone. A healthy
+    report of a healthy cluster costs no query."""
+    cluster = found.cluster
+    if report is None or not node_health.watched(cluster, found):
+        return
+    open_problems = cluster.status == Cluster.Status.DEGRADED and cluster.health_problems
+    if not node_health.report_has_problem(report) and not open_problems:
+        return
+    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    node_health.judge_health(cluster, nodes, now=found.health_at)
 
 
 def _clean_network_report(reachability: Any, acceptance: Any) -> dict[str, Any]:
