@@ -552,9 +552,11 @@ class Event(models.Model):
     @property
     def notification(self) -> str | None:
         """Which email this event asks for: "ready", "failed", "degraded", "lost", "unhealthy",
-        or None."""
+        "volume" (a volume that could not be synced back), or None."""
         if self.reason == self.Reason.READY:
             return "ready"
+        if self.reason == self.Reason.VOLUME_SYNC_FAILED:
+            return "volume"
         if self.reason == self.Reason.MACHINE_LOST:
             return "lost"
         if self.reason == self.Reason.NODE_UNHEALTHY:

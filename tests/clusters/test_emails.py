@@ -118,6 +118,24 @@ def test_it_sends_the_degraded_email_with_retry_and_terminate_links(owner):
     assert "billed at $40.00 per hour" in message.body
 
 
+def test_it_tells_the_owner_when_a_volume_could_not_be_synced_back(owner):
+    cluster = ready_cluster(owner, status=Cluster.Status.TERMINATED)
+    EventFactory(
+        cluster=cluster,
+        node=cluster.nodes.get(index=0),
+        reason=Event.Reason.VOLUME_SYNC_FAILED,
+        message="Volume data could not be synced back from /shared/volume on node-0 (refused).",
+    )
+
+    assert send_pending_cluster_emails() == 1
+
+    message = mail.outbox[0]
+    assert message.subject == "Cluster train: a volume could not be synced back"
+    assert "Volume data could not be synced back from /shared/volume on node-0" in message.body
+    assert "cluster started, whole: nothing of them was lost" in message.body
+    assert message.alternatives  # and its HTML part
+
+
 def test_it_sends_nothing_for_progress_events(owner):
     cluster = ready_cluster(owner)
     for reason in (Event.Reason.CREATED, Event.Reason.MACHINE_RUNNING, Event.Reason.JOINED):
