@@ -36,10 +36,10 @@ HOSTS = NODES + 1  # lab-1..lab-9: a spare, as an operator's pool has
 WAIT = 420  # seconds: 8 bootstraps, then 7 turns to measure
 SLOW = 5  # the node whose host's link is shaped
 SHAPE = "tc qdisc add dev eth0 root tbf rate 8mbit burst 32kbit latency 400ms"
-# The lab's links are veths through userspace WireGuard (wireguard-go): an expected link of
-# 200 Mbit/s gives the floor, RUNCRATE_ACCEPTANCE_MIN_MBIT (50), as the minimum: healthy hosts
-# measure well above it alone, and 8 Mbit/s is far below.
-LAB_LINK_MBIT = 200
+# The lab's links are veths through userspace WireGuard (wireguard-go): the inventory's expected
+# link (hostlab.LAB_LINK_MBIT, 200 Mbit/s) gives the floor, RUNCRATE_ACCEPTANCE_MIN_MBIT (50),
+# as the minimum: healthy hosts measure well above it alone, and 8 Mbit/s is far below.
+LAB_LINK_MBIT = hostlab.LAB_LINK_MBIT
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +56,7 @@ def pool(many, dashboard):
     """lab-1..lab-9 in the inventory (`lab-h100x2-vm`), reimaged, with their baselines."""
     for host in many.hosts:
         many.reset(host.name)
-    document = many.inventory(boot_seconds=BOOT, gateway_hosts=0)
-    for entry in document["machine_types"]:
-        entry["link_mbit"] = LAB_LINK_MBIT
-    load_inventory(document)
+    load_inventory(many.inventory(boot_seconds=BOOT, gateway_hosts=0))
     recorded = record_baselines(Host.objects.values_list("pk", flat=True))
     assert recorded.refused == {}, recorded.refused
     yield many
