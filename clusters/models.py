@@ -214,6 +214,15 @@ class Cluster(models.Model):
         return self.quote_id is not None
 
     @property
+    def can_retry_install(self) -> bool:
+        """Degraded because its software did not install (not a lost or unhealthy machine,
+        which installing again would not mend)."""
+        return self.status == self.Status.DEGRADED and self.failure_reason in (
+            "install_failed",
+            "install_timeout",
+        )
+
+    @property
     def price_per_machine_hour(self) -> Decimal:
         """What one machine of this cluster costs per hour: the agreed price of a quoted
         cluster, else its machine type's. Billing, pages, the API and emails all read this."""

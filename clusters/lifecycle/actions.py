@@ -92,6 +92,13 @@ def retry_install(*, cluster: Cluster) -> Cluster:
                 f"Retry install is for a degraded cluster; this one is "
                 f"{locked.status if locked else 'gone'}.",
             )
+        if not locked.can_retry_install:
+            raise ClusterRefused(
+                "invalid_state",
+                "Retry install is for a cluster whose software did not install; this one is "
+                f"degraded because {locked.failure_message or 'of a machine'} Terminate it "
+                "when you are done.",
+            )
         nodes = list(locked.nodes.select_related("host").order_by("index"))
         work = _Pass(cluster=locked, nodes=nodes, now=now)
         work.set_status(Status.INSTALLING)

@@ -14,6 +14,7 @@ from clusters import lifecycle
 from clusters.agent.service import agent_check_in
 from clusters.drivers.base import DriverError, MachineState, Observation
 from clusters.drivers.simulated import SimulatedDriver
+from clusters.errors import ClusterRefused
 from clusters.lifecycle.work import node_plan_for
 from clusters.models import Cluster, Event, IllegalTransition, Node
 from clusters.notifications import send_pending_cluster_emails
@@ -364,3 +365,18 @@ def test_terminate_names_the_machine_that_could_not_be_wiped(project, clock, mon
     ended = Event.objects.get(cluster=cluster, reason="terminated").message
     assert "stopped and wiped" not in ended
     assert "node-1 could not be wiped: it is out of service until staff check" in ended
+
+
+def test_a_cluster_degraded_by_a_lost_machine_is_not_installed_again(project, clock):
+    """Retry install mends software that did not install, never a lost or unhealthy machine."""
+    cluster, _, _ = ready(project, clock, nodes=2)
+    with Sim():
+        lifecycle.mark_lost(node_id=node(cluster, 1).pk, last_heard=timezone.now(), why="gone")
+        cluster.refresh_from_db()
+        assert cluster.status == Cluster.Status.DEGRADED and not cluster.can_retry_install
+        with pytest.raises(ClusterRefused) as refused:
+            lifecycle.retry_install(cluster=cluster)
+    assert refused.value.code == "invalid_state"
+    assert "node-1 was lost: gone." in refused.value.message
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.DEGRADED
