@@ -310,6 +310,7 @@ def test_it_retries_the_install_of_a_degraded_cluster_only(owner):
         project=owner.project,
         software=Cluster.Software.SLURM,
         status=Cluster.Status.DEGRADED,
+        failure_reason="install_failed",  # degraded because Slurm did not install
         joined_at=timezone.now(),
         machines=True,
         machines__status=Node.Status.JOINED,
