@@ -164,7 +164,9 @@ def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, acco
     assert waited["cluster"]["status"] == "ready"
     assert connect["connect"]["hostfile"]["content"] == "node-0 slots=8\nnode-1 slots=8\n"
     cluster = Cluster.objects.get(project=account.project)
-    assert terminated["cluster"]["status"] == "terminating"
+    # This thread ticks the simulated data center while the tool runs, and its machines stop at
+    # once: the answer may already see the end the terminate began (CI's run saw "terminated").
+    assert terminated["cluster"]["status"] in ("terminating", "terminated")
     assert cluster.status in (Cluster.Status.TERMINATING, Cluster.Status.TERMINATED)
     assert cluster.ready_at is not None and cluster.name == "agent"
 
