@@ -47,8 +47,12 @@ def many():
     reason = hostlab.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    # Idempotent: the hosts already up are kept as they are; the lab is never taken down here.
-    return hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
+    # Idempotent: the hosts already up are kept as they are. A lab this module brought up goes
+    # down after it, as lab_kit's `lab` fixture does.
+    was_up = hostlab.current() is not None
+    yield hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
+    if not was_up:
+        hostlab.down()
 
 
 @pytest.fixture
