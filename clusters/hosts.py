@@ -24,7 +24,7 @@ class Outcome:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def _ssh_hosts(host_ids) -> list[Host]:
+def _hosts(host_ids) -> list[Host]:
     return list(
         Host.objects.filter(pk__in=list(host_ids))
         .select_related("machine_type__location")
@@ -32,18 +32,21 @@ def _ssh_hosts(host_ids) -> list[Host]:
     )
 
 
+def _held(host: Host) -> bool:
+    """Whether a node holds the host: it is its cluster's lifecycle's, never staff's."""
+    return host.nodes.filter(holds_host=True).exists()
+
+
 def record_baselines(host_ids) -> Outcome:
     """Record what each (freshly imaged) ssh host is now as its baseline. Only a free, dirty or
     offline host that no node holds: a host serving a cluster is the tenant's. Staff vouch that
     the host is as it was imaged; every later verification compares with this."""
     outcome = Outcome()
-    for host in _ssh_hosts(host_ids):
+    for host in _hosts(host_ids):
         if host.driver != Host.Driver.SSH:
             outcome.refused[host.name] = "simulated hosts have no baseline"
             continue
-        if host.state not in (Host.State.FREE, Host.State.DIRTY, Host.State.OFFLINE) or (
-            host.nodes.filter(holds_host=True).exists()
-        ):
+        if host.state not in (Host.State.FREE, Host.State.DIRTY, Host.State.OFFLINE) or _held(host):
             outcome.refused[host.name] = f"it is {host.state}: a cluster holds it"
             continue
         try:
@@ -62,11 +65,11 @@ def return_to_service(host_ids) -> Outcome:
     differs. Simulated hosts have nothing to verify."""
     outcome = Outcome()
     candidates, verified = [], []
-    for host in _ssh_hosts(host_ids):
+    for host in _hosts(host_ids):
         if host.state not in (Host.State.OFFLINE, Host.State.DIRTY):
             outcome.refused[host.name] = f"it is {host.state}, not offline or dirty"
             continue
-        if host.nodes.filter(holds_host=True).exists():
+        if _held(host):
             outcome.refused[host.name] = "a node still holds it"
             continue
         if host.driver == Host.Driver.SSH:
@@ -96,14 +99,12 @@ def reimage_now(host_ids) -> Outcome:
     """Staff's Reimage: run the host's (or its location's) reimage command on a dirty or
     offline ssh host, verify it, and free it when it is pristine."""
     outcome = Outcome()
-    for host in _ssh_hosts(host_ids):
+    for host in _hosts(host_ids):
         command = host.reimage_command
         if host.driver != Host.Driver.SSH:
             outcome.refused[host.name] = "simulated hosts need no reimage"
             continue
-        if host.state not in (Host.State.OFFLINE, Host.State.DIRTY) or (
-            host.nodes.filter(holds_host=True).exists()
-        ):
+        if host.state not in (Host.State.OFFLINE, Host.State.DIRTY) or _held(host):
             outcome.refused[host.name] = f"it is {host.state}: only dirty or offline hosts"
             continue
         if not command:
