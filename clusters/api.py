@@ -19,6 +19,7 @@ from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import connect, idempotency, lifecycle, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from offers.models import MAX_NODES, MIN_NODES
+from runcrate import outages
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -381,7 +382,8 @@ def _create(request: HttpRequest, payload: ClusterIn) -> idempotency.Answer:
         volume_id=payload.volume_id,
         api_key=request.auth,  # type: ignore[attr-defined]
     )
-    body = {"data": _detail(_get_cluster(request, cluster.pk))}
+    # Committed (outside Idempotency-Key's transaction): a connection lost now still answers 201.
+    body = outages.after_commit(lambda: {"data": _detail(_get_cluster(request, cluster.pk))})
     response = render(request, ClusterEnvelope, body, status=201)
     return idempotency.Answer(response.status_code, response.content, cluster.pk)
 

@@ -7,7 +7,9 @@ endpoint converts refusals by hand. Every operation declares the scope its key n
 (`auth=needs(Scope.CREATE)`); one that forgets needs a key with every scope and no limits.
 
 No answer under /api/v1/ is anything but that JSON (docs/api.md "Every answer is the
-envelope"): a bug is a logged 500 `internal_error` without its traceback, and what no endpoint
+envelope"): a bug is a logged 500 `internal_error` without its traceback, our own outage (the
+database or the broker not answering, `runcrate/outages.py`) a 503 `service_unavailable` with
+`Retry-After`, and what no endpoint
 answered (no route, a method the path does not take) is made the envelope by
 `EnvelopeMiddleware`. Bodies are read by `BodyParser`, which refuses what no input may hold.
 """
@@ -34,7 +36,7 @@ from ninja.security import HttpBearer
 
 from accounts.keys import find_api_key
 from accounts.models import ApiKey
-from runcrate import money
+from runcrate import money, outages
 from runcrate.errors import Refused
 from runcrate.text import check_json, too_deep
 
@@ -305,9 +307,20 @@ INTERNAL_ERROR = (
 )
 
 
+def unavailable_response(request: HttpRequest) -> HttpResponse:
+    """Our outage as the envelope: 503 `service_unavailable`, with when to send it again."""
+    response = error_response(request, 503, "service_unavailable", outages.UNAVAILABLE_MESSAGE)
+    response["Retry-After"] = str(outages.RETRY_AFTER_SECONDS)
+    return response
+
+
 @api.exception_handler(Exception)
 def _crashed(request: HttpRequest, exc: Exception) -> HttpResponse:
-    """A bug, not a refusal: logged with its traceback, answered without it (DEBUG too)."""
+    """A bug, not a refusal: logged with its traceback, answered without it (DEBUG too). The
+    database or the broker not answering is no bug: 503, logged as a warning."""
+    if outages.is_outage(exc):
+        logger.warning("%s %s: unavailable (%s)", request.method, request.path, exc)
+        return unavailable_response(request)
     logger.exception("%s %s failed", request.method, request.path)
     return error_response(request, 500, "internal_error", INTERNAL_ERROR)
 
@@ -322,8 +335,9 @@ def _too_large_message() -> str:
 class EnvelopeMiddleware:
     """Every error answer under /api/v1/ is the envelope, also those no endpoint made: a path
     with no route (404), a method the path does not take (405, ninja's plain text), a request
-    Django refused before the API saw it (400, 413) and a crash outside an endpoint (500, HTML
-    or, with DEBUG, a traceback page). JSON answers pass untouched."""
+    Django refused before the API saw it (400, 413), a crash outside an endpoint (500, HTML
+    or, with DEBUG, a traceback page) and an outage outside one (the 503 page of
+    `runcrate.middleware.server_error`, its `Retry-After` kept). JSON answers pass untouched."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -338,8 +352,9 @@ class EnvelopeMiddleware:
             return response
         code, message = self._explain(request, response)
         answer = error_response(request, response.status_code, code, message)
-        if response.has_header("Allow"):
-            answer["Allow"] = response["Allow"]
+        for header in ("Allow", "Retry-After"):
+            if response.has_header(header):
+                answer[header] = response[header]
         return answer
 
     @staticmethod
@@ -353,6 +368,8 @@ class EnvelopeMiddleware:
             return "method_not_allowed", f"{call} is not an operation; this path takes {allowed}."
         if status == 413:
             return "body_too_large", _too_large_message()
+        if status == 503:
+            return "service_unavailable", outages.UNAVAILABLE_MESSAGE
         if status >= 500:
             return "internal_error", INTERNAL_ERROR
         try:
@@ -381,11 +398,12 @@ def mount_routers() -> None:
 def declare_error_answers(router: Router) -> None:
     """Add to each operation's OpenAPI answers the envelope for the statuses any operation of
     its kind can give, beside the refusals it declares itself: 422 (a query string with a
-    control character, a parameter of the wrong shape) and 500 for all; 401 and 403 with an API
+    control character, a parameter of the wrong shape), 500 and 503 (our outage) for all; 401
+    and 403 with an API
     key; 404 with a path parameter; 400 (not JSON) and 413 (too large) with a body."""
     for path_view in router.path_operations.values():
         for operation in path_view.operations:
-            statuses = {422, 500}
+            statuses = {422, 500, 503}
             if any(isinstance(auth, ApiKeyAuth) for auth in operation.auth_callbacks):
                 statuses |= {401, 403}
             if "{" in operation.path:

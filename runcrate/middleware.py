@@ -1,11 +1,18 @@
-"""Input refused before any view, form or API endpoint reads it."""
+"""Input refused before any view, form or API endpoint reads it; our own outages answered 503."""
 
+import logging
+import sys
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template import loader
+from django.views import defaults
 
-from runcrate.api import error_response, is_api
+from runcrate import outages
+from runcrate.api import error_response, is_api, unavailable_response
 from runcrate.text import InvalidText, check_text
+
+logger = logging.getLogger(__name__)
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -43,3 +50,41 @@ class RefuseControlCharacters:
                 check_text(name, where="A form field's name")
                 for value in values:
                     check_text(value, where=f"The field {name}")
+
+
+def unavailable_page(request: HttpRequest) -> HttpResponse:
+    """The 503 page, standalone like the 500 page: the database it would read the navigation
+    and the balance from is what is missing."""
+    if is_api(request):
+        return unavailable_response(request)
+    html = loader.get_template("503.html").render({"retry_after": outages.RETRY_AFTER_SECONDS})
+    response = HttpResponse(html, status=503)
+    response["Retry-After"] = str(outages.RETRY_AFTER_SECONDS)
+    return response
+
+
+class AnswerOutages:
+    """A view that met one of our outages (`runcrate/outages.py`: the database or the broker
+    not answering) answers 503 with `Retry-After`, not 500: nothing in the request was wrong,
+    and the same request a moment later works. What fails outside a view (a middleware reading
+    the session) reaches `server_error`, Django's handler500, which tells the two apart too."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not outages.is_outage(exception):
+            return None  # a bug: Django's 500 path logs it
+        logger.warning("%s %s: unavailable (%s)", request.method, request.path, exception)
+        return unavailable_page(request)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """handler500: an outage is the 503 page (the API's envelope once EnvelopeMiddleware sees
+    it), anything else the 500 page."""
+    if outages.is_outage(sys.exc_info()[1]):
+        return unavailable_page(request)
+    return defaults.server_error(request)

@@ -83,6 +83,8 @@ MIDDLEWARE = [
     # Every error under /api/v1/ as the envelope, whatever made it; then no NUL in any input.
     "runcrate.api.EnvelopeMiddleware",
     "runcrate.middleware.RefuseControlCharacters",
+    # The database or the broker not answering is a 503, never a 500 (runcrate/outages.py).
+    "runcrate.middleware.AnswerOutages",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -116,7 +118,12 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Connections are kept a minute, and checked before a request reuses one: a connection the
+    # server dropped meanwhile (a restart, a killed backend, a failover) is replaced, not
+    # handed to the request to fail on. Losing it mid-request is a 503 (runcrate/outages.py).
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+    }
 else:
     DATABASES = {
         "default": {

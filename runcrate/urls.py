@@ -18,3 +18,6 @@ urlpatterns = [
     path("storage/", include("clusters.storage_urls")),
     path("billing/", include("billing.urls")),
 ]
+
+# Our own outages (the database, the broker) are 503s, never 500s: runcrate/outages.py.
+handler500 = "runcrate.middleware.server_error"
