@@ -16,7 +16,12 @@ the **baseline** recorded when staff registered the host freshly imaged
   and modification time (reading every byte would take seconds a host; the reimage is what
   replaces them, this catches a reimage that did not happen);
 - the listening sockets (`/proc/net/tcp`, `tcp6`, `udp`, `udp6`) and the programs running
-  (`/proc/PID/exe`).
+  (`/proc/PID/exe`);
+- any process of a cluster, found by its credentials (never a pristine host's, whatever its
+  baseline says): one whose command line names a cluster key (`…/.ssh/runcrate_cluster`, as
+  sshfs's `ssh … -oIdentityFile=…` child does), one holding such a key open, one with a TCP
+  socket to or from the private network (`/proc/PID/cmdline`, `/proc/PID/fd`, `/proc/net/tcp`);
+  the same rule as the wipe's (clusters/software/host/cluster-processes.sh).
 
 What it cannot see, and does not claim: a kernel the tenant changed, or an sshd or
 sftp-server that lies (the channel itself). The reimage is the guarantee; this verification
@@ -35,6 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import paramiko
+
+from clusters import models
 
 if TYPE_CHECKING:
     from offers.models import Host
@@ -61,6 +68,8 @@ SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6")
 TCP_LISTEN = "0A"
 UDP_UNCONNECTED = "07"
 SHOWN = 200  # differences listed; the count says how many more
+CLUSTER_KEY = "/.ssh/runcrate_cluster"  # where bootstrap.sh puts every cluster's key
+PRIVATE_NETWORK = ipaddress.ip_network(models.PRIVATE_NETWORK)
 
 
 @dataclass(frozen=True)
@@ -85,12 +94,15 @@ def read(sftp: paramiko.SFTPClient) -> dict:
         "authorized_keys": _authorized_keys(sftp, passwd),
         "sockets": sorted(_sockets(sftp)),
         "programs": sorted(_programs(sftp)),
+        "cluster_processes": sorted(_cluster_processes(sftp)),
     }
 
 
 def differences(baseline: dict, now: dict) -> list[Difference]:
     """What `now` has that `baseline` had not, or has changed, most telling first."""
-    found: list[Difference] = []
+    found: list[Difference] = [
+        Difference("process", f"process {entry}") for entry in now.get("cluster_processes", ())
+    ]
     for user in sorted(set(now["users"]) - set(baseline.get("users", ()))):
         found.append(Difference("user", f"a user {user} that was not there"))
     for user in sorted(set(baseline.get("users", ())) - set(now["users"])):
@@ -273,6 +285,62 @@ def _programs(sftp: paramiko.SFTPClient) -> set[str]:
             continue  # a kernel thread, or a process that ended meanwhile
         if exe and exe not in OWN_SESSION:
             found.add(exe)
+    return found
+
+
+def _cluster_processes(sftp: paramiko.SFTPClient) -> list[str]:
+    """Every process of a cluster still running ("812 uses a cluster's key: ssh -i …"), read
+    from /proc, but our own session's."""
+    private = private_sockets(_text(sftp, "/proc/net/tcp"))
+    found = []
+    try:
+        pids = [name for name in sftp.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    for pid in sorted(pids, key=int):
+        try:
+            if sftp.readlink(f"/proc/{pid}/exe") in OWN_SESSION:
+                continue
+            with sftp.open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            fds = [sftp.readlink(f"/proc/{pid}/fd/{fd}") for fd in sftp.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue  # a kernel thread, or a process that ended meanwhile
+        why = cluster_process(cmdline, fds, private)
+        if why:
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+            found.append(f"{pid} {why}: {command[:300]}")
+    return found
+
+
+def cluster_process(cmdline: bytes, fds: list[str], private: set[str]) -> str | None:
+    """Why a process with this command line and these open files (`/proc/PID/fd` links) is a
+    cluster's, or None. `private`: the socket inodes on the private network."""
+    if not cmdline:
+        return None  # a kernel thread or a zombie
+    if CLUSTER_KEY.encode() in cmdline:
+        return "uses a cluster's key"
+    if any(CLUSTER_KEY in target for target in fds):
+        return "holds a cluster's key open"
+    if any(target.removeprefix("socket:[").removesuffix("]") in private for target in fds):
+        return "is connected over the private network"
+    return None
+
+
+def private_sockets(text: str) -> set[str]:
+    """The inodes ("4711") of /proc/net/tcp's sockets with either end on the private network,
+    listening or not."""
+    found = set()
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10 or parts[9] == "0":
+            continue
+        try:
+            ends = [ipaddress.ip_address(_address(p.partition(":")[0])) for p in parts[1:3]]
+        except ValueError:
+            continue
+        if any(end in PRIVATE_NETWORK for end in ends):
+            found.add(parts[9])
     return found
 
 

@@ -9,6 +9,8 @@ key it offered. The operator's key is `RUNCRATE_SSH_KEY_FILE` (made on first use
   (hostname, /etc/hosts, keys, environment, hostfile, WireGuard, the agent); it is idempotent.
 - `observe` reads what `start` recorded: no connection inside the lifecycle's transaction.
 - `stop` runs `wipe.sh`, then `verify.sh` over a new connection; anything left is an error.
+  Both begin with `cluster-processes.sh` (`host_script`): one rule for which processes are the
+  cluster's (by what they run and by its credentials), ended by the one, listed by the other.
 - At a location with an SSH gateway, `start` and `stop` also keep the cluster's jump user on
   the gateway (`gateway.sh`): users reach the hosts with `ProxyJump c<id>@gateway`.
 
@@ -470,9 +472,7 @@ class SshDriver(Driver):
                     # node-0 keeps the files: the stop is tried again before anything is wiped.
                     raise DriverError(f"{warning[0]} It is tried again.", output=warning[1])
             if not command:
-                status, output = session.run(
-                    f"sh -s {user}", stdin=(SCRIPTS / "wipe.sh").read_text()
-                )
+                status, output = session.run(f"sh -s {user}", stdin=host_script("wipe.sh"))
                 if status != 0:
                     raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])
         if command:
@@ -497,9 +497,7 @@ class SshDriver(Driver):
         user = shlex.quote(host.user or "root")
         original = shlex.quote(node.driver_state.get("original_hostname") or "")
         with host_session(host) as session:
-            status, output = session.run(
-                f"sh -s {user} {original}", stdin=(SCRIPTS / "verify.sh").read_text()
-            )
+            status, output = session.run(f"sh -s {user} {original}", stdin=host_script("verify.sh"))
         if status != 0:
             leftovers = [line for line in output.splitlines() if line.startswith("leftover:")]
             raise DriverError(
@@ -550,6 +548,12 @@ class SshDriver(Driver):
 
 
 # --- what the bootstrap is given ---------------------------------------------------------------
+
+
+def host_script(name: str) -> str:
+    """A script of clusters/software/host for `sh -s`, after the functions that find the
+    cluster's processes (`cluster-processes.sh`), which the wipe ends and verify.sh lists."""
+    return (SCRIPTS / "cluster-processes.sh").read_text() + "\n" + (SCRIPTS / name).read_text()
 
 
 def software_env(node: Node, plan: InstallPlan) -> str:

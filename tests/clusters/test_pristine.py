@@ -110,6 +110,94 @@ def test_it_names_everything_a_tenant_changed():
     ]
 
 
+# /proc/net/tcp with sshfs's ssh connected to node-0 (10.77.0.2:41220 -> 10.77.0.1:22, inode
+# 9001), a listener on 10.77.0.2:5201 (inode 9002), and the dashboard's own session on the
+# public address (inode 9003). A time-wait socket has no inode (0).
+PRIVATE_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 02004D0A:A104 01004D0A:0016 01 00000000:00000000 02:000AFC50 00000000     0        0 9001 1
+   1: 02004D0A:1451 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 9002 1
+   2: 0B4D1EAC:0016 014D1EAC:9BC4 01 00000000:00000000 02:000AFC50 00000000     0        0 9003 4
+   3: 02004D0A:A105 01004D0A:0016 06 00000000:00000000 03:00000000 00000000     0        0 0 1
+"""
+SSHFS_SSH = (
+    b"ssh\0-x\0-a\0-oClearAllForwardings=yes\0-oStrictHostKeyChecking=yes\0"
+    b"-oIdentityFile=/root/.ssh/runcrate_cluster\0root@10.77.0.1\0-s\0sftp\0"
+)
+
+
+def test_it_finds_the_sockets_on_the_private_network_by_inode():
+    assert pristine.private_sockets(PRIVATE_TCP) == {"9001", "9002"}
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "fds", "why"),
+    [
+        (SSHFS_SSH, ["/dev/null", "socket:[1]"], "uses a cluster's key"),
+        (
+            b"sleep\x00600\x00",
+            ["/root/.ssh/runcrate_cluster (deleted)"],
+            "holds a cluster's key open",
+        ),
+        (b"ssh\0node-1\0", ["socket:[9001]"], "is connected over the private network"),
+        (b"iperf3\0-s\0", ["socket:[9002]"], "is connected over the private network"),
+        (b"/usr/sbin/sshd\0-D\0", ["socket:[9003]", "/dev/null"], None),
+        (b"", ["/root/.ssh/runcrate_cluster"], None),  # a zombie: nothing to end
+    ],
+)
+def test_a_process_is_the_clusters_by_its_key_or_its_private_connections(cmdline, fds, why):
+    assert pristine.cluster_process(cmdline, fds, {"9001", "9002"}) == why
+
+
+class FakeProc:
+    """The SFTP calls `_cluster_processes` makes, over a fake /proc."""
+
+    def __init__(self, processes: dict[str, tuple[str, bytes, dict[str, str]]]) -> None:
+        self.processes = processes  # pid: (exe, cmdline, {fd: target})
+
+    def listdir(self, path):
+        if path == "/proc":
+            return [*self.processes, "net", "self"]
+        return list(self.processes[path.split("/")[2]][2])
+
+    def readlink(self, path):
+        parts = path.split("/")
+        exe, _, fds = self.processes[parts[2]]
+        return exe if parts[3] == "exe" else fds[parts[4]]
+
+    def open(self, path, mode):
+        import io
+
+        if path == "/proc/net/tcp":
+            return io.BytesIO(PRIVATE_TCP.encode())
+        return io.BytesIO(self.processes[path.split("/")[2]][1])
+
+
+def test_it_names_every_cluster_process_it_reads_and_never_its_own_session():
+    sftp = FakeProc(
+        {
+            "1": ("/usr/bin/tini", b"tini\0--\0", {"0": "/dev/null"}),
+            "77": ("/usr/bin/ssh", SSHFS_SSH, {"3": "socket:[9001]"}),
+            "80": ("/usr/lib/openssh/sftp-server", b"sftp-server\0", {"0": "socket:[9001]"}),
+            "91": ("/usr/bin/sleep", b"sleep\x00600\x00", {"3": "/root/.ssh/runcrate_cluster"}),
+        }
+    )
+    assert pristine._cluster_processes(sftp) == [
+        "77 uses a cluster's key: ssh -x -a -oClearAllForwardings=yes "
+        "-oStrictHostKeyChecking=yes -oIdentityFile=/root/.ssh/runcrate_cluster "
+        "root@10.77.0.1 -s sftp",
+        "91 holds a cluster's key open: sleep 600",
+    ]
+
+
+def test_a_cluster_process_is_a_difference_whatever_the_baseline_says():
+    now = baseline() | {"cluster_processes": ["77 uses a cluster's key: ssh -i k root@10.77.0.1"]}
+    then = baseline() | {"programs": ["/usr/sbin/sshd", "/usr/bin/ssh"]}
+    assert pristine.differences(then, now) == [
+        pristine.Difference("process", "process 77 uses a cluster's key: ssh -i k root@10.77.0.1")
+    ]
+
+
 def test_the_report_for_staff_says_how_many_it_leaves_out():
     found = [pristine.Difference("file", f"/tmp/{i} was added") for i in range(pristine.SHOWN + 3)]
     lines = pristine.report(found).splitlines()

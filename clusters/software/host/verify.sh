@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runcrate verify: after wipe.sh, over a new connection, list anything the bootstrap left.
 # Prints "leftover: WHAT" per finding and exits 1 if there is any; prints "runcrate: clean" and
-# exits 0 otherwise. Usage: verify.sh LOGIN_USER EXPECTED_HOSTNAME
+# exits 0 otherwise. Usage: verify.sh LOGIN_USER EXPECTED_HOSTNAME (clusters/drivers/ssh.py
+# prepends cluster-processes.sh).
 LOGIN_USER="${1:-root}"
 EXPECTED_HOSTNAME="${2:-}"
 found=0
@@ -23,6 +24,14 @@ grep -qs " /shared " /proc/mounts && left "/shared is still mounted"
 pgrep -f '[s]shfs .*:/shared' >/dev/null 2>&1 && left "sshfs is still running"
 pgrep -f '^ssh .*10[.]77[.]0[.][0-9]*.* -s sftp' >/dev/null 2>&1 && left "sshfs's ssh is still running"
 pgrep -x sftp-server >/dev/null 2>&1 && left "an sftp-server session is still open"
+# Any process of the cluster, by what it runs and by its credentials (cluster-processes.sh),
+# named with its pid and command line.
+processes=$(cluster_processes)
+while read -r pid rest; do
+  [ -n "$pid" ] && left "process $pid ${rest%%: *} (${rest#*: })"
+done <<EOF
+$processes
+EOF
 if command -v ss >/dev/null 2>&1 && ss -Htn state established 2>/dev/null \
   | awk '$3 ~ /^10[.]77[.]0[.][0-9]+:/ || $4 ~ /^10[.]77[.]0[.][0-9]+:/ {found=1} END {exit !found}'; then
   left "a connection over the private network"

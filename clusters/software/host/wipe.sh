@@ -164,16 +164,24 @@ if [ -e /usr/local/bin/k3s ]; then rm -f /usr/local/bin/k3s; say "removed /usr/l
 rm -f /run/runcrate-k3s.pid /var/log/runcrate/k3s.log
 rmdir /var/log/runcrate 2>/dev/null || true
 
-# /shared: a worker's mount of node-0's folder is unmounted before anything is deleted, and
-# nothing below crosses into another filesystem (rm --one-file-system), so a wipe never
-# deletes the head's files through a mount that is still there.
+# /shared: a worker's mount of node-0's folder is unmounted before anything is killed or
+# deleted (fusermount -uz for sshfs, umount -l for NFS: lazily, so a head that is already
+# unreachable cannot hang it), and nothing below crosses into another filesystem
+# (rm --one-file-system), so a wipe never deletes the head's files through a mount.
 if grep -qs " /shared " /proc/mounts; then
-  fusermount3 -uz /shared 2>/dev/null || fusermount -uz /shared 2>/dev/null || umount -l /shared 2>/dev/null || true
+  if grep -qs " /shared nfs" /proc/mounts; then
+    umount -l /shared 2>/dev/null || true
+  else
+    fusermount3 -uz /shared 2>/dev/null || fusermount -uz /shared 2>/dev/null \
+      || umount -l /shared 2>/dev/null || true
+  fi
   say "unmounted /shared"
 fi
-# sshfs, and the `ssh … -s sftp` it started, which outlives it.
-pkill -f "[s]shfs .*:/shared /shared" 2>/dev/null || true
-pkill -f "^ssh .*10[.]77[.]0[.][0-9]*.* -s sftp" 2>/dev/null || true
+# Then every process of the cluster, by what it runs and by its credentials
+# (cluster-processes.sh): sshfs and the `ssh … -oIdentityFile=…runcrate_cluster … -s sftp` it
+# started, which outlives it when the head is unreachable, and anything else using the key or
+# connected over the private network.
+end_cluster_processes
 if [ -f /etc/exports ] && grep -qx "$BEGIN" /etc/exports; then
   unblock /etc/exports
   exportfs -ra >/dev/null 2>&1 || true
@@ -202,38 +210,10 @@ if [ -n "$LOGIN_HOME" ]; then
 fi
 unblock /etc/ssh/ssh_known_hosts
 
-# SSH sessions over the private network (the cluster's key: sshfs's sftp session on node-0,
-# mpirun's and users' node-to-node logins), now that no key of the cluster opens a new one:
-# every ssh or sshd process holding a connection to or from 10.77.0.0/24, never this wipe's
-# own session (it comes over the public address) nor the listening sshd.
-ancestors() {  # this shell and every process above it
-  pid=$$
-  while [ -n "$pid" ] && [ "$pid" -gt 1 ]; do
-    echo "$pid"
-    pid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
-  done
-}
-private_ssh_pids() {
-  command -v ss >/dev/null 2>&1 || return 0
-  mine=" $(ancestors | tr '\n' ' ') "
-  for pid in $(ss -Htnp 2>/dev/null \
-    | awk '$4 ~ /^10[.]77[.]0[.][0-9]+:/ || $5 ~ /^10[.]77[.]0[.][0-9]+:/' \
-    | grep -o '"sshd\{0,1\}",pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    case "$mine" in *" $pid "*) ;; *) echo "$pid" ;; esac
-  done
-}
-sessions=$(private_ssh_pids)
-if [ -n "$sessions" ]; then
-  for pid in $sessions; do pkill -P "$pid" 2>/dev/null || true; done
-  # shellcheck disable=SC2086  # a list of pids
-  kill $sessions 2>/dev/null || true
-  i=0
-  while [ -n "$(private_ssh_pids)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-  left=$(private_ssh_pids)
-  # shellcheck disable=SC2086
-  [ -z "$left" ] || kill -9 $left 2>/dev/null || true
-  say "ended the SSH sessions over the private network"
-fi
+# Again, now that no key of the cluster opens a new session: sshfs's sftp session on node-0,
+# mpirun's and users' node-to-node logins, anything that started meanwhile. Never this
+# wipe's own session (it comes over the public address) nor the listening sshd.
+end_cluster_processes
 # An sftp-server left without its session (its sshd gone) goes too.
 pkill -x sftp-server -P 1 2>/dev/null || true
 unblock /etc/hosts
