@@ -81,7 +81,7 @@ def balance(request: HttpRequest) -> dict:
 # ---- usage --------------------------------------------------------------------------------------
 
 
-class MachineOut(Schema):
+class UsageMachineOut(Schema):
     node: str
     gpu: str
     location: str
@@ -98,7 +98,7 @@ class ClusterUsageOut(Schema):
     hours: str = Field(description="Machine-hours charged in the month.")
     total: str = Field(description="USD charged in the month: the sum of the machines' costs.")
     accumulating: bool = Field(description="The current hour's charge is still growing.")
-    machines: list[MachineOut]
+    machines: list[UsageMachineOut]
 
 
 class UsageMeta(ListMeta):
