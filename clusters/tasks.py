@@ -8,17 +8,27 @@ from celery import shared_task
 from django.core.cache import cache
 
 from clusters import idempotency, lifecycle, track_record
-from runcrate.models import Beat
+from runcrate.models import Beat, beat_period
 
 
 @shared_task(name="clusters.tasks.tick", ignore_result=True)
 def tick() -> int:
-    """Enqueue `advance` for every cluster with something to do."""
+    """Enqueue `advance` for every cluster with something to do. Recorded first: a tick that
+    comes late records the outage before any advance it queues judges a deadline."""
+    Beat.record("tick", every=beat_period("tick"))
     cluster_ids = lifecycle.clusters_needing_work()
     for cluster_id in cluster_ids:
         lifecycle.enqueue_advance(cluster_id)
-    Beat.record("tick")
     return len(cluster_ids)
+
+
+@shared_task(name="clusters.tasks.machines_heartbeat", ignore_result=True)
+def machines_heartbeat() -> None:
+    """The `machines` queue's heartbeat: the beat sends it to that queue as often as the tick
+    (runcrate/celery.py), so it runs only while the beat, the broker and a worker of the queue
+    all do, and behind the per-node work queued before it. `/readyz` fails when it is overdue;
+    its late runs are outages no machine's step deadline counts (docs/lifecycle.md)."""
+    Beat.record("machines", every=beat_period("machines"))
 
 
 @shared_task(name="clusters.tasks.sweep_hosts", ignore_result=True)

@@ -1,4 +1,5 @@
-"""What `/readyz` checks: the database, the broker, and that the beat's periodic work runs."""
+"""What `/readyz` checks: the database, the broker, that the beat's periodic work runs, and that a
+worker takes the `machines` queue (its heartbeat, `clusters.tasks.machines_heartbeat`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,24 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+# What each beat's answer adds when it never ran or is overdue: which process to look at.
+MISSING = {
+    "tick": "is the beat scheduler (celery beat) running?",
+    "meter": "is the beat scheduler (celery beat) running?",
+    "machines": "is a worker for the machines queue (celery worker -Q machines) running?",
+}
+
 
 def beat_limits() -> dict[str, timedelta]:
     """How long each periodic task may go without running before the deployment is not ready:
-    several of its periods, and never less than a minute."""
+    several of its periods, and never less than RUNCRATE_BEAT_OVERDUE_MIN_SECONDS (a minute)."""
+    from runcrate.models import beat_period
+
+    floor = float(getattr(settings, "RUNCRATE_BEAT_OVERDUE_MIN_SECONDS", 60.0))
+    periods = {"tick": 10, "machines": 10, "meter": 3}
     return {
-        "tick": timedelta(seconds=max(60.0, 10 * settings.RUNCRATE_TICK_SECONDS)),
-        "meter": timedelta(seconds=max(60.0, 3 * settings.RUNCRATE_METER_SECONDS)),
+        name: timedelta(seconds=max(floor, times * beat_period(name)))
+        for name, times in periods.items()
     }
 
 
@@ -49,9 +61,11 @@ def check_beats(database: str) -> dict[str, str]:
     for name, limit in beat_limits().items():
         at = last.get(name)
         if at is None:
-            found[name] = "never ran: is the beat scheduler (celery beat) running?"
+            found[name] = f"never ran: {MISSING[name]}"
         elif now - at > limit:
             found[name] = f"overdue: last ran {int((now - at).total_seconds())} s ago"
+            if name == "machines":  # the tick says when the beat itself is down
+                found[name] += f": {MISSING[name]}"
         else:
             found[name] = "ok"
     return found

@@ -17,8 +17,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 def readyz(request: HttpRequest) -> JsonResponse:
     """Whether this deployment can do its work: the database answers, the broker takes
-    connections, and the beat's tick and meter ran lately. 200 with every check "ok", else 503
-    naming what is wrong (docs/architecture.md, "Health")."""
+    connections, the beat's tick and meter ran lately, and a worker takes the `machines` queue
+    (its heartbeat ran lately). 200 with every check "ok", else 503 naming what is wrong
+    (docs/architecture.md, "Health")."""
     checks = health.readiness()
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(

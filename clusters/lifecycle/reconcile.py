@@ -7,6 +7,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from django.conf import settings
 from django.db import transaction
@@ -26,9 +27,12 @@ from clusters.lifecycle.rules import (
     RELEASE_ATTEMPTS,
     RETRY_AFTER,
     START_ATTEMPTS,
+    Downtime,
     acceptance_problem,
     acceptance_report,
+    deadline_with_downtime,
     duration,
+    extended,
     gpu_line,
     hardware_problem,
     lock_cluster,
@@ -43,6 +47,7 @@ from clusters.lifecycle.rules import (
 from clusters.models import Cluster, Event, Node, give_up_after
 from clusters.software.checks import installer_verdict
 from offers.models import Host, MachineType
+from runcrate.models import our_downtime
 from runcrate.sql import update_rows
 
 log = logging.getLogger(__name__)
@@ -138,6 +143,39 @@ class _Pass:
     def record(self, node: Node, kind: str) -> dict:
         return node.driver_state.get(kind) or {}
 
+    # -- deadlines --------------------------------------------------------------------------
+
+    @cached_property
+    def downtime(self) -> Downtime:
+        """Our own downtime (the tick, the `machines` queue) since the earliest reservation of
+        the cluster's nodes: read once, and only by a pass that finds a deadline passed."""
+        cap = give_up_after(self.machine_type.slow_boot)
+        since = min([n.reserved_at for n in self.nodes] + [self.cluster.give_up_at - cap])
+        return our_downtime(since=since, now=self.now)
+
+    def deadline(self, node: Node, at: datetime) -> datetime:
+        """The node's step deadline as it stands at `at`: the stored one while `at` is before
+        it; once it is not, moved back by the time our own machinery did not run since the
+        step began (the node's cap by that since its reservation), so a step measures the
+        machine, never our outages (docs/lifecycle.md, "Steps and deadlines")."""
+        if at < node.step_deadline:
+            return node.step_deadline
+        capped = node.step != Step.INSTALL  # an install's own 15 minutes, never the cap
+        return deadline_with_downtime(
+            node.step_deadline,
+            since=node.step_started_at,
+            cap=node_give_up_at(node, self.machine_type) if capped else None,
+            reserved_at=node.reserved_at,
+            downtime=self.downtime,
+        )
+
+    def downtime_note(self, node: Node) -> str:
+        """What a timeout's message adds when its deadline was moved back by our downtime."""
+        moved = (self.deadline(node, self.now) - node.step_deadline).total_seconds()
+        if moved < 1:
+            return ""
+        return f"; not counting {duration(moved)} in which our own services did not run"
+
     def flush(self) -> None:
         if self.cluster_dirty and self.cluster.status in Cluster.TERMINAL:
             volumes.detach(cluster=self.cluster)  # failed, terminated or stopped: it has ended
@@ -207,7 +245,7 @@ class _Pass:
             observation.state is MachineState.RUNNING or node.agent_at is not None
         ):
             since = min(observation.since or self.now, node.agent_at or self.now, self.now)
-            if since <= node.step_deadline:
+            if since <= self.deadline(node, since):
                 node.running_at = since
                 node.move_to(step=Step.AGENT)
                 node.step_started_at = since
@@ -231,14 +269,14 @@ class _Pass:
                 return failure
         if not start.get("ok") and not self._backing_off(start):
             self.hand_off(node, "start")
-        if node.step == Step.RUNNING and self.now >= node.step_deadline:
-            allowed = (node.step_deadline - node.reserved_at).total_seconds()
+        if node.step == Step.RUNNING and self.now >= self.deadline(node, self.now):
+            allowed = (node.step_deadline - node.step_started_at).total_seconds()
             return Failure(
                 Reason.BOOT_TIMEOUT,
                 node,
                 Step.RUNNING,
                 f"{node.name}'s machine did not come up within {duration(allowed)} "
-                f"({self._limit_note(node, 2)}).",
+                f"({self._limit_note(node, 2)}{self.downtime_note(node)}).",
             )
         return None
 
@@ -261,7 +299,7 @@ class _Pass:
         )
 
     def step_agent(self, node: Node) -> Failure | None:
-        if node.agent_at is not None and node.agent_at <= node.step_deadline:
+        if node.agent_at is not None and node.agent_at <= self.deadline(node, node.agent_at):
             problem = hardware_problem(node, self.machine_type)
             if problem:
                 return Failure(
@@ -283,14 +321,14 @@ class _Pass:
                 step=Step.AGENT,
             )
             return None
-        if self.now >= node.step_deadline:
+        if self.now >= self.deadline(node, self.now):
             allowed = (node.step_deadline - node.step_started_at).total_seconds()
             return Failure(
                 Reason.AGENT_TIMEOUT,
                 node,
                 Step.AGENT,
                 f"{node.name}'s agent did not check in within {duration(allowed)} of the "
-                f"machine running ({self._limit_note(node, 1)}).",
+                f"machine running ({self._limit_note(node, 1)}{self.downtime_note(node)}).",
             )
         due = get_driver(node.host).agent_work_due(
             node, step=Step.AGENT, now=self.now, since=node.step_started_at
@@ -336,7 +374,7 @@ class _Pass:
             if (
                 all(reached.get(p) is True for p in peers)
                 and node.network_reported_at is not None
-                and node.network_reported_at <= node.step_deadline
+                and node.network_reported_at <= self.deadline(node, node.network_reported_at)
             ):
                 problem = acceptance_problem(node, self.machine_type)
                 if problem:
@@ -351,7 +389,7 @@ class _Pass:
                     step=Step.NETWORK,
                 )
                 continue
-            if self.now >= node.step_deadline:
+            if self.now >= self.deadline(node, self.now):
                 allowed = (node.step_deadline - last).total_seconds()
                 missing = [p for p in peers if p not in reached]
                 turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
@@ -363,7 +401,8 @@ class _Pass:
                         Step.NETWORK,
                         f"{node.name} did not report reaching "
                         f"{', '.join(missing) or 'its peers'} within {duration(allowed)} of the "
-                        f"last agent checking in ({self._limit_note(node, 1)}{turn_note}).",
+                        f"last agent checking in ({self._limit_note(node, 1)}{turn_note}"
+                        f"{self.downtime_note(node)}).",
                         output=reachability_matrix(self.nodes),
                     )
                 )
@@ -420,9 +459,7 @@ class _Pass:
         if batch and all(n.network_at is not None for n in batch):
             self.join_cluster(batch)
             return
-        if self.now >= self.cluster.give_up_at + timedelta(
-            seconds=settings.RUNCRATE_MIN_STEP_SECONDS
-        ):
+        if self.now >= self._give_up_at() + timedelta(seconds=settings.RUNCRATE_MIN_STEP_SECONDS):
             # A safety net: every step deadline is capped at give_up_at, so this never fires
             # unless a node waits on a state no deadline covers.
             late = next(n for n in batch if n.network_at is None)
@@ -434,6 +471,15 @@ class _Pass:
                     f"The cluster did not come up by its {self._cap_minutes()}-minute limit.",
                 )
             )
+
+    def _give_up_at(self) -> datetime:
+        """The cluster's `give_up_at`, moved back by our downtime once it has passed: its 25
+        (45) minutes count only the machines' time."""
+        give_up = self.cluster.give_up_at
+        if self.now < give_up:
+            return give_up
+        since = give_up - give_up_after(self.machine_type.slow_boot)
+        return extended(give_up, since=since, downtime=self.downtime)
 
     def _cap_minutes(self) -> int:
         return int(give_up_after(self.machine_type.slow_boot).total_seconds() // 60)
@@ -618,7 +664,7 @@ class _Pass:
             if stale and any(n.step == Step.INSTALL for n in targets):
                 self.hand_off(head, f"check:{key}")
         for node in targets:
-            if node.step == Step.INSTALL and self.now >= node.step_deadline:
+            if node.step == Step.INSTALL and self.now >= self.deadline(node, self.now):
                 problems = check.get("problems", {}) if check.get("key") == key else {}
                 why = problems.get(node.name) or "its software never became ready"
                 failures.append(

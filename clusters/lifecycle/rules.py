@@ -79,8 +79,55 @@ def step_deadline(*, start: datetime, seconds: float, cap: datetime) -> datetime
 
 def node_give_up_at(node: Node, machine_type: MachineType) -> datetime:
     """Nothing waits for a node past 25 minutes from its reservation (45 on slow-boot types);
-    for the nodes created with the cluster that is the cluster's own `give_up_at`."""
+    for the nodes created with the cluster that is the cluster's own `give_up_at`. Stored
+    deadlines are capped here; judged, the cap moves back by our own downtime like any
+    deadline (`deadline_with_downtime`)."""
     return node.reserved_at + give_up_after(machine_type.slow_boot)
+
+
+def running_deadline(node: Node, machine_type: MachineType, *, start: datetime) -> datetime:
+    """The `running` step's deadline: 2 × boot from `start`, when the machine's start was
+    handed to its driver (until then, its reservation)."""
+    return step_deadline(
+        start=start,
+        seconds=2 * machine_type.boot_seconds,
+        cap=node_give_up_at(node, machine_type),
+    )
+
+
+Downtime = list[tuple[datetime, datetime]]
+
+
+def extended(deadline: datetime, *, since: datetime, downtime: Downtime) -> datetime:
+    """`deadline`, counted from `since`, moved back by every span of our own downtime (merged,
+    in order: `runcrate.models.our_downtime`) that falls after `since` and before the deadline
+    as moved so far: the step's time counts only while we ran. A span that begins after the
+    deadline changes nothing; one that is going on moves it past now."""
+    for start, end in downtime:
+        start = max(start, since)
+        if end <= start:
+            continue
+        if start >= deadline:
+            break
+        deadline += end - start
+    return deadline
+
+
+def deadline_with_downtime(
+    deadline: datetime,
+    *,
+    since: datetime,
+    cap: datetime | None,
+    reserved_at: datetime,
+    downtime: Downtime,
+) -> datetime:
+    """A stored step deadline (counted from `since`, capped at `cap`, the node's give-up time
+    from its reservation) as it is judged: moved back by our downtime since the step began; a
+    deadline that is the cap moves with the cap, by our downtime since the reservation, so the
+    25/45 minutes count only the machines' time too."""
+    if cap is not None and deadline >= cap:
+        return extended(cap, since=reserved_at, downtime=downtime)
+    return extended(deadline, since=since, downtime=downtime)
 
 
 def agent_token(node: Node) -> str:

@@ -13,12 +13,13 @@ from django import db
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from clusters import connect
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import DriverError
 from clusters.lifecycle.reconcile import advance_locked, read_nodes
-from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster
+from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster, running_deadline
 from clusters.models import Cluster, Node
 from runcrate.sql import update_rows
 
@@ -231,6 +232,8 @@ def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
     with renewing_leases([(n.pk, n.lease_token) for n in nodes], LEASE_SECONDS[kind]):
         for node in nodes:
             results[node.pk] = _result(node, action, now, plans)
+            if kind == "start":
+                results[node.pk]["began"] = now.isoformat()  # when the driver was handed it
     return _write_back(
         cluster_id=cluster.pk,
         action=action,
@@ -279,6 +282,20 @@ def _write_back(
         raise
 
 
+def _count_from_start(node: Node, result: dict, cluster: Cluster) -> bool:
+    """The first start of a node to land: its `running` step counts from when that start was
+    handed to the driver, not from the reservation (the time the start waited for a worker
+    of the `machines` queue is ours). Returns whether the deadline moved."""
+    began = parse_datetime(result.get("began") or "")
+    if node.status != NodeStatus.STARTING or node.step != Node.Step.RUNNING or began is None:
+        return False
+    if began <= node.step_started_at:
+        return False
+    node.step_started_at = began
+    node.step_deadline = running_deadline(node, cluster.machine_type, start=began)
+    return True
+
+
 def _land(
     cluster_id: int,
     action: str,
@@ -316,6 +333,8 @@ def _land(
                 log.exception("node %s: %s failed", node.pk, action)
                 result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
         previous = node.driver_state.get(kind) or {}
+        if kind == "start" and not previous and _count_from_start(node, result, cluster):
+            changed.update({"step_started_at", "step_deadline"})
         state = result.pop("state", None) if kind == "start" else None
         if isinstance(state, dict):
             node.driver_state.update(state)

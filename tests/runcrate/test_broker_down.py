@@ -118,18 +118,27 @@ def test_readyz_is_ready_with_the_broker_and_fresh_beats_and_not_when_a_beat_is_
     now = timezone.now()
     Beat.record("tick", at=now)
     Beat.record("meter", at=now)
+    Beat.record("machines", at=now)
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.json()
     assert ready.json() == {
         "status": "ok",
-        "checks": {"database": "ok", "broker": "ok", "tick": "ok", "meter": "ok"},
+        "checks": {
+            "database": "ok",
+            "broker": "ok",
+            "tick": "ok",
+            "machines": "ok",
+            "meter": "ok",
+        },
     }
     with time_machine.travel(now + timedelta(seconds=61), tick=False):
-        Beat.record("meter")  # the meter runs; the tick has not for 61 s
+        Beat.record("meter")  # the meter and the machines queue run; the tick has not for 61 s
+        Beat.record("machines")
         late = client.get("/readyz")
     assert late.status_code == 503
     assert late.json()["checks"]["tick"] == "overdue: last ran 61 s ago"
     assert late.json()["checks"]["meter"] == "ok"
+    assert late.json()["checks"]["machines"] == "ok"
 
 
 def test_recording_a_beat_costs_one_query_once_it_has_run(django_assert_num_queries):
