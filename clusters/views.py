@@ -236,6 +236,9 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
 @login_required
 @require_http_methods(["GET", "POST"])
 def cluster_new(request: HttpRequest) -> HttpResponse:
+    # The price card reads the project's balance and the form its keys: a user in no project
+    # gets the 404 every project page gives (accounts/projects.py), before any of that.
+    project = require_project(request)
     data = request.POST if request.method == "POST" else request.GET
     nodes = _requested_nodes(data.get("nodes"))
     offer = get_offer(slug=data.get("offer", ""), nodes=nodes)
@@ -247,7 +250,6 @@ def cluster_new(request: HttpRequest) -> HttpResponse:
         context = {"offer": offer, "summary": _summary(request, offer, nodes)}
         return render(request, "clusters/new.html#summary", context)
 
-    project = request.project
     suggested = ""
     if request.method == "POST":
         form = ClusterForm(request.POST, project=project, offer=offer)

@@ -3,6 +3,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from accounts.projects import require_project
 from offers.forms import SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
 from offers.models import TOO_FEW_NODES
 from offers.offers import (
@@ -92,13 +93,12 @@ def picker(request: HttpRequest) -> HttpResponse:
 def quote(request: HttpRequest) -> HttpResponse:
     """Request a quote: stored, acknowledged by email, sent to sales, listed for the user."""
     if request.method == "POST":
+        project = require_project(request)  # a 404 for a user in no project, as on every page
         form = QuoteForm(request.POST)
         status = 422
         if form.is_valid():
             try:
-                created = request_quote(
-                    project=request.project, user=request.user, **form.cleaned_data
-                )
+                created = request_quote(project=project, user=request.user, **form.cleaned_data)
             except QuoteInvalid as exc:
                 form.add_error(exc.field, exc.problem)
             except QuoteRateLimited as exc:
@@ -122,5 +122,6 @@ def quote(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def quotes(request: HttpRequest) -> HttpResponse:
-    """The project's quote requests and their status."""
-    return render(request, "offers/quotes.html", {"quotes": quotes_for(request.project)})
+    """The project's quote requests and their status (a 404 for a user in no project)."""
+    quotes = quotes_for(require_project(request))
+    return render(request, "offers/quotes.html", {"quotes": quotes})

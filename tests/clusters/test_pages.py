@@ -638,3 +638,20 @@ def test_the_cluster_page_shows_the_acceptance_report_and_a_lost_machine(owner):
     assert "A machine was lost: node-1." in page
     assert f"Lost: silent since {now:%H:%M:%S} UTC" in page
     assert "did not install" not in page
+
+
+# --- a user in no project -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_it_answers_404_on_the_create_form_to_a_user_in_no_project(owner, offer, method):
+    # Removed from their last project: the form would read a balance and keys that are nobody's.
+    owner.user.memberships.all().delete()
+
+    client = owner.browser_client()
+    data = {"offer": offer.slug, "nodes": "2", "name": "train", "environment": "default"}
+    response = getattr(client, method)("/clusters/new/", data)
+
+    assert response.status_code == 404
+    assert "Nothing is here" in text_of(response)
+    assert not Cluster.objects.exists()

@@ -343,3 +343,17 @@ def test_it_answers_401_to_quotes_without_a_valid_key(client, owner, catalog, me
 
     assert response.status_code == 401
     assert not QuoteRequest.objects.exists()
+
+
+def test_it_answers_404_to_a_user_in_no_project_and_stores_nothing(owner, catalog):
+    # Removed from their last project: nobody's quote requests to list, no project to bill.
+    owner.user.memberships.all().delete()
+    client = owner.browser_client()
+
+    listed = client.get(QUOTES)
+    sent = client.post(QUOTE, fields())
+
+    assert listed.status_code == 404
+    assert sent.status_code == 404
+    assert not QuoteRequest.objects.exists()
+    assert mail.outbox == []
