@@ -32,6 +32,7 @@ from django.db import connection, transaction
 from django.db.models import (
     Case,
     DecimalField,
+    Exists,
     F,
     Min,
     Model,
@@ -43,7 +44,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.utils import timezone
+from django.db.models.functions import Least, Now
 
 from accounts.models import Project
 from billing import balances
@@ -102,6 +103,32 @@ def _hours(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime,
         start = piece_end
 
 
+# ---- the clock ---------------------------------------------------------------------------------
+#
+# The meter charges up to the database's now, never a worker's clock: every worker (and every
+# meter) reads the one clock, so a worker whose clock runs fast cannot charge the future, and
+# two meters on two machines agree on how far "now" is.
+
+
+def database_now() -> datetime:
+    """The database's clock (Django's `Now()`: PostgreSQL's statement_timestamp(), SQLite's own
+    UTC clock). The meter reads it in the queries it already makes (the clusters to charge, the
+    marks it locks); this is for everyone else."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT statement_timestamp()")
+            return cursor.fetchone()[0]
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        return datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
+
+
+def charge_clock(until: datetime | None = None) -> datetime:
+    """How far a charge may go: the database's now, or `until` when that is earlier. Never a
+    moment past the database's now, whatever the caller's clock says."""
+    now = database_now()
+    return now if until is None else min(until, now)
+
+
 # ---- charging ---------------------------------------------------------------------------------
 #
 # The state. A record's `charged_until` is where it was charged when its row was last written:
@@ -125,11 +152,13 @@ class ChargeResult:
     records: int = 0
     amount: Decimal = Decimal("0.00")
     project_ids: set[int] = field(default_factory=set)
+    refunded: Decimal = Decimal("0.00")  # charged past the end of machines, given back
 
     def add(self, other: "ChargeResult") -> None:
         self.records += other.records
         self.amount += other.amount
         self.project_ids |= other.project_ids
+        self.refunded += other.refunded
 
 
 @dataclass
@@ -149,12 +178,20 @@ def _chargeable(queryset: QuerySet[UsageRecord], now: datetime) -> QuerySet[Usag
 
 
 def charged_point(record: UsageRecord, mark: datetime | None) -> datetime:
-    """How far `record` is charged, given its cluster's mark (the SQL of `_records_cte` says the
-    same as `lo`)."""
+    """How far the ledger has charged `record`, given its cluster's mark (the SQL of
+    `_records_cte` says the same as `lo`).
+
+    A record whose row is written at or past its end is charged to its row. Any other record
+    charged at least once is charged up to its mark, even one that ended before the mark: every
+    meter run that moves a mark writes the row of each ended record it charges, so such a
+    record was still running when the mark went past its end (a terminate on a clock behind
+    the database's), and the ledger holds that charge until the meter refunds it
+    (`_refund_past_end`)."""
     if mark is None or record.charged_until == record.started_at:
         return record.charged_until
-    reach = min(record.ended_at, mark) if record.ended_at else mark
-    return max(record.charged_until, reach)
+    if record.ended_at is not None and record.charged_until >= record.ended_at:
+        return record.charged_until
+    return max(record.charged_until, mark)
 
 
 def marks(**filters) -> dict[int, datetime | None]:
@@ -187,6 +224,10 @@ def lock_marks(cluster_ids: Iterable[int]) -> list[int]:
     """Lock the clusters' marks (made when missing), in one order, waiting for a meter that
     holds them; the ids locked. A caller that ends machines outside the meter (a refund) locks
     them first, so that no meter charges those machines meanwhile."""
+    return _lock_waiting(cluster_ids).cluster_ids
+
+
+def _lock_waiting(cluster_ids: Iterable[int]) -> "_Locked":
     cluster_ids = sorted(set(cluster_ids))
     _make_marks(cluster_ids)
     return _lock_marks(cluster_ids, skip_locked=False)
@@ -202,16 +243,54 @@ def _make_marks(cluster_ids: list[int]) -> None:
         )
 
 
-def _lock_marks(cluster_ids: list[int], *, skip_locked: bool) -> list[int]:
+@dataclass(frozen=True)
+class _Locked:
+    """The marks a transaction locked, with what the locking query also read: the database's
+    clock, and whether a record of these clusters was charged past its end (then the meter
+    looks for it, `_refund_past_end`; else that query is saved)."""
+
+    cluster_ids: list[int]
+    clock: datetime | None = None
+    past_end: bool = False
+
+    def __len__(self) -> int:
+        return len(self.cluster_ids)
+
+
+def _past_end_of_mark() -> Exists:
+    """Whether the mark's cluster has an ended record that the ledger charged past its end
+    (`LEDGER_POINT` > ended_at): its row says so, or it was charged to a mark past its end."""
+    return Exists(
+        UsageRecord.objects.filter(
+            Q(charged_until__gt=F("ended_at"))
+            | (
+                Q(charged_until__lt=F("ended_at"), ended_at__lt=OuterRef("charged_until"))
+                & ~Q(charged_until=F("started_at"))
+            ),
+            cluster_id=OuterRef("cluster_id"),
+            ended_at__isnull=False,
+        )
+    )
+
+
+def _lock_marks(cluster_ids: list[int], *, skip_locked: bool) -> _Locked:
     """With `skip_locked`, the marks another transaction holds are left out."""
     if not cluster_ids:
-        return []
+        return _Locked([])
     skip = skip_locked and connection.features.has_select_for_update_skip_locked
-    return list(
+    rows = list(
         MeterMark.objects.filter(cluster_id__among=cluster_ids)
         .select_for_update(skip_locked=skip)
         .order_by("cluster_id")
-        .values_list("cluster_id", flat=True)
+        .annotate(clock=Now(), past_end=_past_end_of_mark())
+        .values_list("cluster_id", "clock", "past_end")
+    )
+    if not rows:
+        return _Locked([])
+    return _Locked(
+        cluster_ids=[row[0] for row in rows],
+        clock=rows[0][1],
+        past_end=any(row[2] for row in rows),
     )
 
 
@@ -280,6 +359,17 @@ class _Statement:
         return "CAST(ROUND(u.price_per_hour * 100) AS INTEGER)"
 
 
+# How far the ledger has charged a usage record u, given its cluster's mark m: `charged_point`.
+LEDGER_POINT = """CASE
+                    WHEN u.charged_until = u.started_at OR m.charged_until IS NULL
+                        THEN u.charged_until
+                    WHEN u.ended_at IS NOT NULL AND u.charged_until >= u.ended_at
+                        THEN u.charged_until
+                    WHEN m.charged_until > u.charged_until THEN m.charged_until
+                    ELSE u.charged_until
+                END"""
+
+
 def _records_cte(
     sql: _Statement, *, now: datetime, cluster_ids: list[int], record_ids: list[int] | None
 ) -> str:
@@ -300,15 +390,7 @@ def _records_cte(
         r AS (
             SELECT u.id, u.cluster_id, u.project_id, u.started_at AS s, u.charged_until AS cu,
                 u.ended_at AS e, {sql.price_cents()} AS pc, clock.hour AS ch,
-                CASE
-                    WHEN u.charged_until = u.started_at OR m.charged_until IS NULL
-                        THEN u.charged_until
-                    WHEN u.ended_at IS NOT NULL AND u.ended_at < m.charged_until THEN
-                        CASE WHEN u.ended_at > u.charged_until
-                            THEN u.ended_at ELSE u.charged_until END
-                    WHEN m.charged_until > u.charged_until THEN m.charged_until
-                    ELSE u.charged_until
-                END AS lo,
+                {LEDGER_POINT} AS lo,
                 CASE WHEN u.ended_at IS NOT NULL AND u.ended_at < clock.now
                     THEN u.ended_at ELSE clock.now END AS t
             FROM {usage} u CROSS JOIN clock
@@ -390,12 +472,20 @@ def _write_records(cluster_ids: list[int], now: datetime, record_ids: list[int] 
 
 
 def _charge_clusters(
-    cluster_ids: list[int], now: datetime, *, record_ids: list[int] | None = None
+    locked: _Locked, until: datetime | None, *, record_ids: list[int] | None = None
 ) -> ChargeResult:
     """Charge the records of these locked clusters (or only `record_ids` among them) up to
-    `now`, or to their end; the caller holds the transaction and the marks' locks."""
+    the database's now (or an earlier `until`), or to their end, and refund what was charged
+    past their end; the caller holds the transaction and the marks' locks."""
+    cluster_ids = locked.cluster_ids
+    if not cluster_ids:
+        return ChargeResult()
+    now = locked.clock if until is None else min(until, locked.clock)
+    refunded = Decimal("0.00")
+    if locked.past_end:
+        refunded = _refund_past_end(cluster_ids, record_ids)
     lines, charged, written = _charges(cluster_ids, now, record_ids)
-    result = ChargeResult(records=charged)
+    result = ChargeResult(records=charged, refunded=refunded)
     result.project_ids = {line.project_id for line in lines.values()}
     if written:
         _write_records(cluster_ids, now, record_ids)
@@ -408,6 +498,142 @@ def _charge_clusters(
         )
     result.amount = _post_lines(lines, now)
     return result
+
+
+# ---- refunds: what the ledger holds past a machine's end ------------------------------------
+#
+# A machine's end is written by the lifecycle on its worker's clock; the meter charges on the
+# database's. A machine ended at a moment the meter had already charged past (a terminate on a
+# clock behind the database's; a charge of a meter that ran before the meter kept to the
+# database's clock) holds a charge past its end. The meter refunds it the way a lost
+# machine's charge past its last heartbeat is refunded (clusters/lifecycle/actions.py
+# `_end_usage_at`): an adjustment line on the ledger, and the record charged to its end.
+
+
+def refund_line(*, project_id: int, amount: Decimal, note: str) -> LedgerEntry | None:
+    """The ledger line that gives back `amount` charged for time that was not run (it moves
+    the balance, LedgerEntry.save); none for nothing."""
+    if amount <= 0:
+        return None
+    return LedgerEntry.objects.create(
+        project_id=project_id, kind=LedgerEntry.Kind.ADJUSTMENT, amount=amount, note=note
+    )
+
+
+def _past_end_query(sql: _Statement, where: str) -> str:
+    """The ended records (`where` picks them among u) that the ledger charged past their end:
+    id, cluster, project, cluster name, cents charged past the end, cents up to the end."""
+    usage = UsageRecord._meta.db_table
+    marks = MeterMark._meta.db_table
+    clusters = UsageRecord._meta.get_field("cluster").related_model._meta.db_table
+    return f"""
+        WITH x AS (
+            SELECT u.id, u.cluster_id, u.project_id, u.started_at AS s, u.ended_at AS e,
+                {sql.price_cents()} AS pc, {LEDGER_POINT} AS lo
+            FROM {usage} u LEFT JOIN {marks} m ON m.cluster_id = u.cluster_id
+            WHERE {where} AND u.ended_at IS NOT NULL
+        )
+        SELECT x.id, x.cluster_id, x.project_id, c.name, {sql.cost("x.lo")} - {sql.cost("x.e")},
+            {sql.cost("x.e")}
+        FROM x JOIN {clusters} c ON c.id = x.cluster_id
+        WHERE x.lo > x.e"""  # noqa: S608 - names are ours, values are parameters
+
+
+def _refund_past_end(cluster_ids: list[int], record_ids: list[int] | None) -> Decimal:
+    """Refund what these locked clusters' ended records (or `record_ids` among them) were
+    charged past their end, one line per cluster, and write each record as charged to its end:
+    one query when there is nothing to refund."""
+    sql = _Statement()
+    where = sql.among("u.cluster_id", cluster_ids)
+    if record_ids is not None:
+        where += " AND " + sql.among("u.id", record_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(_past_end_query(sql, where), sql.params)
+        rows = cursor.fetchall()
+    if not rows:
+        return Decimal("0.00")
+    over: dict[tuple[int, int, str], int] = defaultdict(int)
+    for _, cluster_id, project_id, name, past_end, _ in rows:
+        over[(cluster_id, project_id, name)] += int(past_end)
+    ended = UsageRecord.objects.filter(pk__among=[row[0] for row in rows])
+    ended.update(charged_until=F("ended_at"))
+    update_from_values(
+        UsageRecord,
+        {"charged_amount": "v.c1"},
+        ("numeric",),
+        [(row[0], cents(int(row[5]))) for row in rows],
+    )
+    refunded = Decimal("0.00")
+    for (_, project_id, name), amount in sorted(over.items()):
+        refund_line(
+            project_id=project_id,
+            amount=cents(amount),
+            note=f"Refund: {name} was billed past its end",
+        )
+        refunded += cents(amount)
+    return refunded
+
+
+def refund_past_end(cluster_ids: Iterable[int]) -> Decimal:
+    """Refund now what these clusters' machines were charged past their end (the meter's next
+    run would): `manage.py check_balances --repair`."""
+    with transaction.atomic():
+        locked = _lock_waiting(cluster_ids)
+        if not locked.past_end:
+            return Decimal("0.00")
+        return _refund_past_end(locked.cluster_ids, None)
+
+
+def charged_past(*, now: datetime | None = None) -> list["PastCharge"]:
+    """Every usage record the ledger charged past its end or past now (the database's): what
+    `manage.py check_balances` reports. The meter refunds the first kind at its next run; the
+    second is a charge of the future, which the meter never makes. One query."""
+    sql = _Statement()
+    moment = sql.value(charge_clock(now), "timestamptz")
+    usage = UsageRecord._meta.db_table
+    marks = MeterMark._meta.db_table
+    query = f"""
+        WITH x AS (
+            SELECT u.id, u.cluster_id, u.project_id, u.started_at AS s, u.ended_at AS e,
+                {LEDGER_POINT} AS lo
+            FROM {usage} u LEFT JOIN {marks} m ON m.cluster_id = u.cluster_id
+        )
+        SELECT x.id, x.cluster_id, x.project_id, x.lo, x.e FROM x
+        WHERE x.lo > x.s AND (x.lo > {moment} OR (x.e IS NOT NULL AND x.lo > x.e))
+        ORDER BY x.id"""  # noqa: S608 - names are ours, values are parameters
+    with connection.cursor() as cursor:
+        cursor.execute(query, sql.params)
+        rows = cursor.fetchall()
+    return [
+        PastCharge(
+            record_id=row[0],
+            cluster_id=row[1],
+            project_id=row[2],
+            charged_until=_aware(row[3]),
+            ended_at=_aware(row[4]) if row[4] else None,
+        )
+        for row in rows
+    ]
+
+
+@dataclass(frozen=True)
+class PastCharge:
+    record_id: int
+    cluster_id: int
+    project_id: int
+    charged_until: datetime
+    ended_at: datetime | None
+
+    @property
+    def past_end(self) -> bool:
+        return self.ended_at is not None and self.charged_until > self.ended_at
+
+
+def _aware(moment: datetime | str) -> datetime:
+    """A datetime a raw query returned (SQLite: its text), in UTC."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _find_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], int]:
@@ -534,18 +760,22 @@ def _find_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int,
 
 
 def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> ChargeResult:
-    """Charge every running or not-yet-fully-charged record up to `now`, `batch_size` clusters
-    per transaction. A cluster another meter holds is skipped: that meter charges it."""
-    now = now or timezone.now()
-    cluster_ids = list(
-        _chargeable(UsageRecord.objects.all(), now)
+    """Charge every running or not-yet-fully-charged record up to the database's now (or an
+    earlier `now`: tests and the bench replay the past), `batch_size` clusters per transaction.
+    A cluster another meter holds is skipped: that meter charges it."""
+    # The database's clock, read by the query that finds the clusters (`Now()`), with those
+    # whose row says it was charged past its end: refunded (`_refund_past_end`).
+    clock = Now() if now is None else Least(Value(now), Now())
+    past_end = Q(ended_at__isnull=False, charged_until__gt=F("ended_at"))
+    rows = list(
+        (_chargeable(UsageRecord.objects.all(), clock) | UsageRecord.objects.filter(past_end))
         .order_by("cluster_id")
         .values_list("cluster_id", flat=True)
         .distinct()
     )
     result = ChargeResult()
-    for start in range(0, len(cluster_ids), batch_size):
-        batch = cluster_ids[start : start + batch_size]
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
         # New clusters' marks are made (and committed) first: a second meter would otherwise
         # wait on the first one's uncommitted insert instead of skipping its clusters.
         _make_marks(batch)
@@ -566,17 +796,17 @@ def charge_usage(
 
     Called by the lifecycle when a cluster or a worker ends, right after it set `ended_at`,
     so the bill stops at the end instant, not at the next meter run. Each record is charged
-    up to min(`until` or now, its `ended_at`). It waits for a meter holding the same cluster.
+    up to min(`until`, the database's now, its `ended_at`), and what the ledger holds past its
+    end is refunded. It waits for a meter holding the same cluster.
     """
     if (cluster is None) == (record_ids is None):
         raise ValueError("charge_usage needs either a cluster or record_ids.")
-    now = until or timezone.now()
     with transaction.atomic():
         if cluster is not None:
-            return _charge_clusters(lock_marks([cluster.pk]), now)
+            return _charge_clusters(_lock_waiting([cluster.pk]), until)
         ids = list(record_ids or ())
         clusters = UsageRecord.objects.filter(pk__in=ids).values_list("cluster_id", flat=True)
-        return _charge_clusters(lock_marks(clusters), now, record_ids=ids)
+        return _charge_clusters(_lock_waiting(clusters), until, record_ids=ids)
 
 
 # ---- what the Billing page shows -------------------------------------------------------------

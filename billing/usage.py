@@ -559,9 +559,12 @@ def _settled_rows(records: Iterable[UsageRecord], marks: dict, month: Month) -> 
 
 
 def machine_row(record: UsageRecord, month: Month) -> MachineRow:
-    """A machine's part of the month, up to where the meter has charged it."""
+    """A machine's part of the month, up to where the meter has charged it, never past its end
+    (what the meter charged past an end it refunds: billing/meter.py `_refund_past_end`)."""
     start = max(record.started_at, month.start)
     charged_end = min(record.charged_until, month.end)
+    if record.ended_at is not None:
+        charged_end = max(start, min(charged_end, record.ended_at))
     if record.ended_at is not None and record.ended_at <= month.end:
         end: datetime | None = record.ended_at
     elif record.charged_until >= month.end:
