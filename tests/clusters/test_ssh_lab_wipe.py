@@ -29,7 +29,7 @@ PROCESSES = "ps -eo pid=,args= | grep -v -e '[p]s -eo' -e '[g]rep -v'"
 
 def cluster_leftovers(lab, host: str) -> list[str]:
     """What of a cluster a host still runs: anything naming its key, sshfs, any ssh client or
-    sftp-server, and any socket on the private network."""
+    sftp-server, and any process's socket on the private network."""
     lines = lab.exec(host, PROCESSES).stdout.splitlines()
     found = [
         line.strip()
@@ -39,7 +39,8 @@ def cluster_leftovers(lab, host: str) -> list[str]:
         or line.split(None, 1)[-1].startswith(("ssh ", "/usr/bin/ssh ", "sftp-server"))
         or "sftp-server" in line
     ]
-    sockets = lab.exec(host, "ss -Htanp | grep -F ' 10.77.0.' || true").stdout.strip()
+    # A process's socket (a closing one the kernel keeps for a peer that is gone is no one's).
+    sockets = lab.exec(host, "ss -Htanp | grep -F ' 10.77.0.' | grep users: || true").stdout.strip()
     return found + ([f"socket: {sockets}"] if sockets else [])
 
 
