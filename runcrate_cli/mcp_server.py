@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -33,6 +34,10 @@ from pydantic import Field
 from runcrate_cli.client import ApiClient, ApiError
 
 PLAN_TTL_SECONDS = 600
+# The one form a token has: the expiry in ASCII digits without a leading zero, a dot, and the
+# HMAC in lowercase hex. Anything else (a leading 0, full-width digits, "00" + token, a space
+# or newline around it) is not a token, so one plan has exactly one token and one create.
+PLAN_TOKEN = re.compile(r"[1-9][0-9]{0,11}\.[0-9a-f]{64}", re.ASCII)
 DEFAULT_WAIT_SECONDS = 600
 MAX_WAIT_SECONDS = 3600
 # What the self-serve Ethernet network suits, as the offers page and the cluster page say it
@@ -81,23 +86,25 @@ class Plans:
         return f"{expires}.{self._signature(fields, expires)}", expires
 
     def check(self, token: str, fields: dict[str, Any], *, now: float | None = None) -> None:
-        expires_text, _, signature = (token or "").strip().partition(".")
-        if not expires_text.isdigit() or not signature:
+        token = token or ""
+        if not PLAN_TOKEN.fullmatch(token):
             raise PlanRefused(
                 "confirmation_required",
                 "create_cluster needs the confirmation_token that plan_cluster returned for "
                 "this offer, nodes, name and software: call plan_cluster first and show the "
                 "user its price.",
             )
-        expected = self._signature(fields, int(expires_text))
-        if not hmac.compare_digest(expected, signature):
+        expires = int(token.partition(".")[0])
+        # The whole token, as bytes, against the one this server would issue for this plan.
+        expected = f"{expires}.{self._signature(fields, expires)}"
+        if not hmac.compare_digest(expected.encode("ascii"), token.encode("ascii")):
             raise PlanRefused(
                 "confirmation_mismatch",
                 "This confirmation_token was not given for these parameters (offer, nodes, "
                 "name, software, volume, environment must be exactly the planned ones) or by "
                 "this server: call plan_cluster again.",
             )
-        if int(expires_text) < (now if now is not None else time.time()):
+        if expires < (now if now is not None else time.time()):
             raise PlanRefused(
                 "confirmation_expired",
                 f"This confirmation_token has expired (they last {self.ttl // 60} minutes): "
@@ -335,7 +342,8 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
             plans.check(confirmation_token, fields)
             # One plan, one cluster: an agent that calls again with the same token (after a
             # timeout, say) gets the cluster the first call made, never a second one.
-            token_digest = hashlib.sha256(confirmation_token.strip().encode()).hexdigest()
+            # The token is canonical (checked above), so its digest is the plan's one key.
+            token_digest = hashlib.sha256(confirmation_token.encode("ascii")).hexdigest()
             cluster = client.create_cluster(
                 offer_id=offer_id,
                 nodes=nodes,

@@ -179,7 +179,9 @@ def test_create_cluster_is_refused_without_the_plans_token(env, tmp_path, accoun
     async def conversation(session):
         none = await session.call_tool("create_cluster", {**create_args, "confirmation_token": ""})
         forged = await session.call_tool(
-            "create_cluster", {**create_args, "confirmation_token": "9999999999.abc123"}
+            # Well formed (digits, a dot, 64 lowercase hex), signed by nobody.
+            "create_cluster",
+            {**create_args, "confirmation_token": "9999999999." + "ab" * 32},
         )
         plan = payload(await session.call_tool("plan_cluster", plan_args))
         bigger = await session.call_tool(

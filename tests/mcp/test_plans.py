@@ -72,10 +72,54 @@ def test_a_later_expiry_cannot_be_written_into_a_token():
     )
 
 
-@pytest.mark.parametrize("token", ["", "abc", "123.", ".abc"])
+@pytest.mark.parametrize("token", ["", "abc", "123.", ".abc", "123.abc"])
 def test_a_missing_or_malformed_token_asks_for_a_plan(token):
     assert refusal(Plans(), token, fields(), NOW) == "confirmation_required"
 
 
 def test_the_token_binds_a_digest_of_the_key_never_the_key():
     assert "rc_live_agent" not in str(fields())
+
+
+def _variants(token: str) -> dict[str, str]:
+    """The same token written another way: each would once have passed the check."""
+    expires, _, signature = token.partition(".")
+    full_width = "".join(chr(ord(digit) - ord("0") + ord("０")) for digit in expires)
+    return {
+        "a leading zero": f"0{token}",
+        "two leading zeros": f"00{token}",
+        "full-width digits": f"{full_width}.{signature}",
+        "an uppercase signature": f"{expires}.{signature.upper()}",
+        "spaces around it": f" {token} ",
+        "a trailing newline": f"{token}\n",
+        "a plus sign": f"+{token}",
+    }
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "a leading zero",
+        "two leading zeros",
+        "full-width digits",
+        "an uppercase signature",
+        "spaces around it",
+        "a trailing newline",
+        "a plus sign",
+    ],
+)
+def test_only_the_token_itself_is_accepted_never_another_spelling_of_it(variant):
+    plans = Plans()
+    token, _ = plans.issue(fields(), now=NOW)
+    plans.check(token, fields(), now=NOW)  # the token as issued
+
+    assert refusal(plans, _variants(token)[variant], fields(), NOW) == "confirmation_required"
+
+
+def test_the_token_is_one_form_ascii_digits_a_dot_and_lowercase_hex():
+    token, expires = Plans().issue(fields(), now=NOW)
+
+    assert token.isascii()
+    assert token == f"{expires}.{token.partition('.')[2]}"
+    assert len(token.partition(".")[2]) == 64
+    assert token.partition(".")[2] == token.partition(".")[2].lower()
