@@ -40,22 +40,40 @@ NOT_THIS_NODE = "No node with this id has this token."
 
 
 def _locked_node(node: Node | int, token: str) -> Node:
+    """The node whose agent holds `token`, read after its cluster's row is locked.
+
+    The token is checked first, so a caller without it never waits on (or holds) the cluster's
+    lock: a known node with a wrong token and an unknown node id cost the same, one read of the
+    node's token hash (an id that cannot exist reads id 0, which finds nothing) and one
+    constant-time compare, and neither locks anything. Only then is the cluster locked and the
+    node read again, its token checked against that locked read (a reimage may have replaced
+    it in between)."""
     node_id = node.pk if isinstance(node, Node) else node
-    found = None
-    if isinstance(node_id, int) and 0 < node_id < 2**63:
-        cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
-        locked = lifecycle.lock_cluster(cluster_id) if cluster_id is not None else None
-        if locked is not None:
-            found = Node.objects.get(pk=node_id)
-            found.cluster = locked  # the locked row: the health judgement and the answer read it
-    expected = found.agent_token_hash if found is not None else ""
-    # The hash is compared even for an unknown node, so the answer takes as long either way.
-    matches = hmac.compare_digest(lifecycle.token_hash(token or ""), expected or "-" * 64)
-    if found is None or not token or not expected or not matches:
+    possible = isinstance(node_id, int) and 0 < node_id < 2**63
+    row = (
+        Node.objects.filter(pk=node_id if possible else 0)
+        .values_list("cluster_id", "agent_token_hash")
+        .first()
+    )
+    cluster_id, expected = row if row is not None else (None, "")
+    if not _token_matches(token, expected) or cluster_id is None:
         raise AgentRefused("bad_token", NOT_THIS_NODE)
+    locked = lifecycle.lock_cluster(cluster_id)
+    found = Node.objects.filter(pk=node_id).first() if locked is not None else None
+    if found is None or found.agent_token_hash != expected:
+        raise AgentRefused("bad_token", NOT_THIS_NODE)
+    found.cluster = locked  # the locked row: the health judgement and the answer read it
     if found.status in (Node.Status.FAILED, Node.Status.ENDED):
         raise AgentRefused("node_released", "This node was released; stop the agent.")
     return found
+
+
+def _token_matches(token: str, expected: str) -> bool:
+    """Whether `token` hashes to `expected`. The hash is computed and compared (as bytes, in
+    constant time) even when there is no token or no node, so every refusal costs the same."""
+    given = lifecycle.token_hash(token or "").encode()
+    matches = hmac.compare_digest(given, (expected or "-" * 64).encode())
+    return bool(token and expected and matches)
 
 
 def parse_nvidia_smi(csv: str) -> list[dict[str, Any]]:
