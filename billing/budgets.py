@@ -142,12 +142,24 @@ def set_budget(
     stops = None
     if amount is not None:
         amount = parse_budget(amount)
-        stops = budget_stops(environment=environment, amount=amount, now=now)
-        if stops.clusters and not confirm:
-            raise BudgetBelowSpend(environment=environment, amount=amount, stops=stops)
-    Environment.objects.filter(pk=environment.pk).update(monthly_budget=amount)
+    with transaction.atomic():
+        # Creates lock the same row (clusters/lifecycle/reserve.py): this waits for those in
+        # flight, so the clusters it stops include every one they commit, and a create that
+        # comes after sees the new budget.
+        lock_environment(environment)
+        if amount is not None:
+            stops = budget_stops(environment=environment, amount=amount, now=now)
+            if stops.clusters and not confirm:
+                raise BudgetBelowSpend(environment=environment, amount=amount, stops=stops)
+        Environment.objects.filter(pk=environment.pk).update(monthly_budget=amount)
     environment.monthly_budget = amount
     return stops
+
+
+def lock_environment(environment: Environment) -> Environment:
+    """The environment's row, locked (`SELECT … FOR UPDATE`) until the caller's transaction
+    ends, as it is now: what a budget change and a create hold, so neither misses the other."""
+    return Environment.objects.select_for_update().get(pk=environment.pk)
 
 
 def create_environment(

@@ -291,18 +291,13 @@ def create_cluster(
         machines=nodes,
         doing="creating this cluster",
     )
-    if environment.monthly_budget is not None:
-        spent = budgets.month_to_date_spend(environment=environment, now=now)
-        if spent >= environment.monthly_budget:
-            raise ClusterRefused(
-                "budget_reached",
-                f"The {environment.name} environment has spent {usd(spent)} this month, its "
-                f"whole monthly budget of {usd(environment.monthly_budget)}; raise the budget "
-                "to create clusters here.",
-            )
 
     try:
         with transaction.atomic():
+            # The environment's row, locked until the cluster is committed: a budget change
+            # (billing.budgets.set_budget) locks it too, so it either waits for this create and
+            # then counts the cluster among those it stops, or is seen here and refuses it.
+            require_budget(environment=budgets.lock_environment(environment), now=now)
             require_key_limits(
                 api_key=api_key, machine_type=machine_type, machines=nodes, adding=nodes
             )
@@ -363,6 +358,19 @@ def create_cluster(
             ) from None
         raise
     return cluster
+
+
+def require_budget(*, environment: Environment, now: datetime) -> None:
+    """An environment whose month-to-date spend reached its budget takes no new cluster
+    (billing.budgets.budget_reached). Call with the environment's row locked."""
+    if budgets.budget_reached(environment=environment, now=now):
+        spent = budgets.month_to_date_spend(environment=environment, now=now)  # for the message
+        raise ClusterRefused(
+            "budget_reached",
+            f"The {environment.name} environment has spent {usd(spent)} this month, its "
+            f"whole monthly budget of {usd(environment.monthly_budget)}; raise the budget "
+            "to create clusters here.",
+        )
 
 
 def require_balance(

@@ -2,6 +2,7 @@
 reservation all or none; and, on PostgreSQL, 20 requests racing for too few machines."""
 
 import threading
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -10,6 +11,7 @@ from django.db import connection
 
 from accounts.models import SshKey
 from billing import budgets
+from billing.models import UsageRecord
 from clusters import lifecycle
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Event, Node
@@ -300,3 +302,99 @@ def test_it_never_oversells_hosts_to_20_racing_requests():
     assert Cluster.objects.count() == len(won)
     assert Host.objects.filter(state="reserved").count() == size * len(won)
     assert free_hosts(machine_type) == pool - size * len(won)
+
+
+# --- a budget set while creates are in flight ----------------------------------------------
+
+
+def _waiting_for_a_lock(count: int, *, timeout: float = 10.0) -> bool:
+    """Whether `count` other connections of this database wait on a lock, polled (bounded)."""
+    with connection.cursor() as cursor:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0] >= count:
+                return True
+            time.sleep(0.02)
+    return False
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_zero_budget_set_while_creates_are_in_flight_leaves_no_cluster_billed(monkeypatch):
+    # The first create holds its transaction open inside (its cluster not committed yet) while
+    # a 0.00 budget is set and a second create starts. The budget change waits for the first
+    # and lists its cluster in `stopping`; whichever of the budget change and the second create
+    # gets the environment next, the second is listed too or refused `budget_reached`. The
+    # meter's stop then ends every cluster before any machine of it is billed.
+    from clusters import stops
+    from clusters.lifecycle import reserve
+
+    machine_type = inventory(hosts=8)
+    _, project = new_project()
+    environment = environment_of(project)
+    first_inside, release = threading.Event(), threading.Event()
+    original = reserve.require_key_limits
+
+    def held_open(**kwargs):
+        if threading.current_thread().name == "first":
+            first_inside.set()
+            assert release.wait(timeout=20), "the first create was never released"
+        return original(**kwargs)
+
+    monkeypatch.setattr(reserve, "require_key_limits", held_open)
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, work) -> threading.Thread:
+        def target() -> None:
+            try:
+                outcomes[name] = work()
+            except Exception as error:  # noqa: BLE001 - the test asserts what each got
+                outcomes[name] = error
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=target, name=name)
+        thread.start()
+        return thread
+
+    with Sim():
+        threads = [run("first", lambda: create(project, machine_type, name="first"))]
+        assert first_inside.wait(timeout=20), "the first create never got inside"
+        threads.append(
+            run(
+                "budget",
+                lambda: budgets.set_budget(
+                    environment=environment, amount=Decimal("0.00"), confirm=True
+                ),
+            )
+        )
+        assert _waiting_for_a_lock(1), "the budget change did not wait for the create"
+        threads.append(run("second", lambda: create(project, machine_type, name="second")))
+        assert _waiting_for_a_lock(2), "the second create did not wait for the environment"
+        release.set()
+        for thread in threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+
+    assert isinstance(outcomes["first"], Cluster)
+    stopping = {cluster.name for cluster in outcomes["budget"].clusters}
+    second = outcomes["second"]
+    if isinstance(second, Cluster):
+        assert stopping == {"first", "second"}
+    else:
+        assert isinstance(second, ClusterRefused) and second.code == "budget_reached"
+        assert stopping == {"first"}
+    created = set(Cluster.objects.filter(environment=environment).values_list("name", flat=True))
+    assert created == stopping  # every cluster there is one the budget change answered
+
+    assert set(stops.enforce_limits().stopped_for_budget) == set(
+        Cluster.objects.filter(environment=environment).values_list("pk", flat=True)
+    )
+    assert not UsageRecord.objects.filter(cluster__environment=environment).exists()
+    assert set(
+        Cluster.objects.filter(environment=environment).values_list("status", "stop_reason")
+    ) == {(Cluster.Status.TERMINATING, Cluster.StopReason.BUDGET)}
