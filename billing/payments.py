@@ -13,6 +13,7 @@
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -37,6 +38,10 @@ CURRENCY = "usd"
 NETWORK_RETRIES = 2
 # A signed event older than this is refused (Stripe's own default).
 TOLERANCE_SECONDS = 300
+# A signed event dated later than this ahead of our clock is refused: Stripe signs at sending,
+# so a timestamp in the future is a replay prepared for later, or a clock we cannot trust.
+# The margin is the clock skew between Stripe and us that is still honest.
+FUTURE_TOLERANCE_SECONDS = 60
 
 PENDING = {Payment.Status.CREATED, Payment.Status.OPEN, Payment.Status.PROCESSING}
 
@@ -191,7 +196,8 @@ class WebhookResult:
 
 
 def verify_event(*, payload: bytes, signature: str | None) -> dict:
-    """The event, when the payload is signed with our secret and recent; else WebhookRejected."""
+    """The event, when the payload is signed with our secret, at most TOLERANCE_SECONDS old and
+    not dated more than FUTURE_TOLERANCE_SECONDS ahead; else WebhookRejected."""
     secret = settings.STRIPE_WEBHOOK_SECRET
     if not secret:
         raise WebhookRejected("No webhook signing secret is configured.")
@@ -202,9 +208,21 @@ def verify_event(*, payload: bytes, signature: str | None) -> dict:
         raise WebhookRejected(str(error).split(".")[0]) from None
     except (ValueError, UnicodeDecodeError):
         raise WebhookRejected("The body is not a JSON event.") from None
+    if signed_at(signature) > time.time() + FUTURE_TOLERANCE_SECONDS:
+        raise WebhookRejected("The signature's timestamp is in the future")
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         raise WebhookRejected("The body is not a Stripe event.")
     return event
+
+
+def signed_at(signature: str) -> int:
+    """The timestamp (`t=`) of a Stripe-Signature header that verified: the first one, the one
+    Stripe's own check reads."""
+    for item in signature.split(","):
+        key, _, value = item.partition("=")
+        if key == "t":
+            return int(value)
+    raise WebhookRejected("The signature has no timestamp")
 
 
 def handle_webhook(*, payload: bytes, signature: str | None) -> WebhookResult:
@@ -291,6 +309,23 @@ def _amount_paid(session: dict) -> Decimal | None:
 def _credit(payment: Payment, session: dict) -> str:
     now = timezone.now()
     amount = _amount_paid(session)
+    if amount is not None and amount != payment.amount:
+        # The session was made for `payment.amount` (`unit_amount`, quantity 1): a genuine
+        # event for another total is not the top-up the user asked for. Nothing is credited;
+        # staff see why on the payment and settle it by hand (an adjustment).
+        logger.warning(
+            "Stripe session %s for payment %s: amount_total %s is not the %s asked; nothing "
+            "credited",
+            session.get("id"),
+            payment.pk,
+            amount,
+            payment.amount,
+        )
+        Payment.objects.filter(pk=payment.pk, credited_at__isnull=True).update(
+            last_error=f"Stripe reported {usd(amount)} paid, not the {usd(payment.amount)} "
+            "asked; nothing was credited."
+        )
+        return "amount_mismatch"
     if amount is None:
         logger.warning(
             "Stripe session %s for payment %s: amount_total %r %r is not a positive amount in "

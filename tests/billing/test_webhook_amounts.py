@@ -57,11 +57,37 @@ def test_it_credits_nothing_for_a_signed_event_without_a_positive_usd_amount(
     assert (payment.status, payment.credited_at) == (Payment.Status.OPEN, None)
 
 
-def test_it_credits_what_stripe_collected_when_it_is_positive(payment):
-    payload = completed(payment, amount_total=4999)
+def test_it_credits_what_stripe_collected_when_it_is_the_amount_asked(payment):
+    payload = completed(payment, amount_total=5000)
 
     assert deliver(payload, sign(payload)).content == b"credited\n"
-    assert balance_of(payment.project_id) == Decimal("49.99")
+    assert balance_of(payment.project_id) == Decimal("50.00")
+    payment.refresh_from_db()
+    assert payment.amount_paid == Decimal("50.00")
+
+
+@pytest.mark.parametrize("amount_total", [4999, 5001, 500000, 1])
+def test_it_credits_nothing_when_the_amount_paid_is_not_the_amount_asked(payment, amount_total):
+    # A genuine, signed event for another total than the session was made for (`unit_amount`
+    # of the payment's amount) is not the top-up asked for: staff settle it by hand.
+    payload = completed(payment, amount_total=amount_total)
+
+    response = deliver(payload, sign(payload))
+
+    assert (response.status_code, response.content) == (200, b"amount_mismatch\n")
+    assert balance_of(payment.project_id) == Decimal("0.00")
+    assert not LedgerEntry.objects.exists()
+    payment.refresh_from_db()
+    assert (payment.status, payment.credited_at, payment.amount_paid) == (
+        Payment.Status.OPEN,
+        None,
+        None,
+    )
+    assert "not the $50.00 asked; nothing was credited" in payment.last_error
+    # The same session's event with the amount asked still credits it, once.
+    right = completed(payment, amount_total=5000)
+    assert deliver(right, sign(right)).content == b"credited\n"
+    assert balance_of(payment.project_id) == Decimal("50.00")
 
 
 def test_it_credits_a_payment_once_even_if_its_credited_mark_is_lost(payment):

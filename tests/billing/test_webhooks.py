@@ -89,6 +89,30 @@ def test_it_answers_400_and_changes_nothing_for_an_event_it_cannot_trust(payment
     assert balance_of(payment.project_id) == Decimal("0.00")
 
 
+@pytest.mark.parametrize("ahead", [payments.FUTURE_TOLERANCE_SECONDS + 5, 3600, 86400 * 365])
+def test_it_refuses_an_event_signed_with_a_timestamp_in_the_future(payment, ahead):
+    # Stripe signs when it sends: a signature dated ahead of our clock (beyond the skew we
+    # allow) is refused like a stale one, before anything is read or credited.
+    payload = completed(payment)
+
+    response = deliver(payload, sign(payload, timestamp=int(time.time()) + ahead))
+
+    assert response.status_code == 400
+    assert b"in the future" in response.content
+    payment.refresh_from_db()
+    assert (payment.status, payment.credited_at) == (Payment.Status.OPEN, None)
+    assert balance_of(payment.project_id) == Decimal("0.00")
+
+
+def test_it_accepts_a_timestamp_a_little_ahead_within_the_clock_skew_allowed(payment):
+    payload = completed(payment)
+    ahead = payments.FUTURE_TOLERANCE_SECONDS - 10
+
+    response = deliver(payload, sign(payload, timestamp=int(time.time()) + ahead))
+
+    assert (response.status_code, response.content) == (200, b"credited\n")
+
+
 def test_it_refuses_every_event_when_no_signing_secret_is_configured(payment, settings):
     settings.STRIPE_WEBHOOK_SECRET = ""
     payload = completed(payment)
