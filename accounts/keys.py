@@ -17,12 +17,21 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+from django.conf import settings
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
-from accounts.models import ApiKey, Membership, Project, SshKey, User, hash_api_key
+from accounts.models import (
+    ApiKey,
+    Membership,
+    Project,
+    SshKey,
+    UnforgottenKey,
+    User,
+    hash_api_key,
+)
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount
 
@@ -387,15 +396,18 @@ def project_api_keys(project: Project) -> QuerySet[ApiKey]:
 
 
 def revoke_api_key(*, key: ApiKey) -> bool:
-    """Revoke a key at once: the next call with it is refused. False when it was already
-    revoked (nothing changes)."""
+    """Revoke a key at once: the next call with it is refused, the cache answering or not.
+    False when it was already revoked (nothing changes)."""
     revoked_at = timezone.now()
-    changed = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
-        revoked_at=revoked_at
-    )
-    if changed:
-        key.revoked_at = revoked_at
-        forget_api_keys([key.key_hash])
+    # One transaction: were the cache not to answer, the record that its copy of the key
+    # could not be forgotten commits with the revocation itself (`forget_api_keys`).
+    with transaction.atomic():
+        changed = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
+            revoked_at=revoked_at
+        )
+        if changed:
+            key.revoked_at = revoked_at
+            forget_api_keys([key.key_hash])
     return bool(changed)
 
 
@@ -416,27 +428,77 @@ FORGOTTEN = "forgotten"
 # (the user's password hash never reaches the cache).
 KEY_USER_FIELDS = ("user__id", "user__email", "user__name", "user__is_active")
 KEY_PROJECT_FIELDS = ("project__id", "project__name")
+# Fail closed: a forget the cache did not take is recorded in the database (UnforgottenKey),
+# and a cached key is served only while the cache is *trusted*: someone looked at those records
+# lately, found none (or forgot their keys for good), and said so in the cache under TRUST,
+# good for trust_seconds(). That is no longer than the cache's socket timeouts, and a forget
+# fails only after waiting that long for a cache that did not answer: so any trust given before
+# the cache stopped answering has run out by the time the failure is recorded, and every hit
+# after it looks at the records first. Read with the key's entry, in the same round trip.
+TRUST = "apikey-trust"
 
 
 def _cache_key(key_hash: str) -> str:
     return f"apikey:{key_hash}"
 
 
+def trust_seconds() -> float:
+    """How long one look at the failed forgets lets cached keys be served: the shorter of the
+    cache's connect and read timeouts (1 s for a cache without them, e.g. the laptop's)."""
+    options = settings.CACHES["default"].get("OPTIONS", {})
+    timeouts = [
+        float(options[name])
+        for name in ("socket_connect_timeout", "socket_timeout")
+        if options.get(name)
+    ]
+    return min(timeouts, default=1.0)
+
+
+def _trusted(value: object, *, now: datetime) -> bool:
+    return isinstance(value, datetime) and now < value
+
+
+def _trust(*, now: datetime) -> None:
+    seconds = trust_seconds()
+    cache.set(TRUST, now + timedelta(seconds=seconds), max(1, math.ceil(seconds)))
+
+
+def _failed_forgets(now: datetime) -> QuerySet[UnforgottenKey]:
+    """Forgets the cache did not take lately: older ones no longer matter, since no cached key
+    outlives KEY_CACHE_SECONDS (its entry says until when, by this clock)."""
+    return UnforgottenKey.objects.filter(failed_at__gt=now - timedelta(seconds=KEY_CACHE_SECONDS))
+
+
+def settle_failed_forgets(*, now: datetime) -> bool:
+    """Forget for good the keys whose forgetting failed, and trust the cache again; False (the
+    cache stays untrusted, every call reads the database) while the cache does not take them."""
+    failed = list(_failed_forgets(now).values_list("pk", "key_hash"))
+    if not _mark_forgotten({key_hash for _, key_hash in failed}):
+        return False
+    UnforgottenKey.objects.filter(pk__in=[pk for pk, _ in failed]).delete()
+    _trust(now=now)
+    return True
+
+
 def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
     """The working key `token` is, with its user and project, or None (unknown, revoked, or of
     a deactivated user). `key.is_member` says whether its user is still in its project.
 
-    From the cache when a call found it lately, else one query. last_used_at is written at
+    From the cache when a call found it lately and the cache is trusted (TRUST), else one
+    query, which also renews the trust. last_used_at is written at
     most once a LAST_USED_PRECISION, and a key is cached no longer than its stamp stays
     precise, so a call answered from the cache is always within a minute of the stamp.
     """
     key_hash = hash_api_key(token)
-    entry = cache.get(_cache_key(key_hash))
+    # A cache that does not answer reads as a miss (runcrate/cache.py): the database decides.
+    found = cache.get_many([_cache_key(key_hash), TRUST])
+    entry = found.get(_cache_key(key_hash))
+    trusted = _trusted(found.get(TRUST), now=now)
     # An entry is (the key or FORGOTTEN, good until), judged by this clock rather than left to
     # the cache's own expiry alone: a cache whose clock runs behind never serves a stale key.
     held, until = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
     fresh = until is not None and now < until
-    if fresh and isinstance(held, ApiKey):
+    if fresh and isinstance(held, ApiKey) and trusted:
         return held
     try:
         key = (
@@ -452,7 +514,9 @@ def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
                     Membership.objects.filter(
                         project_id=OuterRef("project_id"), user_id=OuterRef("user_id")
                     )
-                )
+                ),
+                # Whether the cache may be trusted again, asked in the same query.
+                forgets_failed=Exists(_failed_forgets(now)),
             )
             # key_hash is unique: get() spares the ORDER BY that first() would add (the
             # model's ordering), which costs as much as the rest of the lookup.
@@ -467,6 +531,11 @@ def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
         key.last_used_at = now
     if not (fresh and held == FORGOTTEN):  # not forgotten lately
         _remember(key, now=now)
+    if not trusted:
+        if key.forgets_failed:
+            settle_failed_forgets(now=now)
+        else:
+            _trust(now=now)
     return key
 
 
@@ -487,17 +556,35 @@ def forget_api_keys(key_hashes: Iterable[str]) -> None:
     Now, and again once the caller's transaction commits: the first stops a lookup made while
     the change is still uncommitted from being kept, the second counts the time from the
     commit. (Were the change rolled back, the keys are merely read from the database a while.)
+
+    Fail closed: when the cache does not take the mark, the keys are recorded as unforgotten
+    in the caller's transaction, so the record commits with the change, and no cached key is
+    served until they are forgotten for good (`find_api_key`, TRUST).
     """
-    names = [_cache_key(key_hash) for key_hash in key_hashes]
-    if not names:
+    hashes = list(key_hashes)
+    if not hashes:
         return
+    if _mark_forgotten(hashes):
+        transaction.on_commit(lambda: _mark_forgotten(hashes) or _record_unforgotten(hashes))
+        return
+    _record_unforgotten(hashes)
+    if not connection.in_atomic_block:
+        # Autocommit: the change committed before the record. Were the cache answering again
+        # by now, a lookup may have trusted it in between; the mark, taken now, covers that.
+        _mark_forgotten(hashes)
 
-    def forget() -> None:
-        until = timezone.now() + timedelta(seconds=KEY_CACHE_SECONDS)
-        cache.set_many(dict.fromkeys(names, (FORGOTTEN, until)), KEY_CACHE_SECONDS)
 
-    forget()
-    transaction.on_commit(forget)
+def _mark_forgotten(key_hashes: Iterable[str]) -> bool:
+    """Put the forgotten mark on these keys' entries; False when the cache did not take it."""
+    until = timezone.now() + timedelta(seconds=KEY_CACHE_SECONDS)
+    marks = dict.fromkeys((_cache_key(key_hash) for key_hash in key_hashes), (FORGOTTEN, until))
+    # set_many answers the names it could not set: all of them from a cache that is away. It
+    # always asks Redis, even just after a failure (runcrate/cache.py skips other calls then).
+    return not cache.set_many(marks, KEY_CACHE_SECONDS)
+
+
+def _record_unforgotten(key_hashes: Iterable[str]) -> None:
+    UnforgottenKey.objects.bulk_create(UnforgottenKey(key_hash=h) for h in key_hashes)
 
 
 def forget_keys_of(*, user_id: int | None = None, project_id: int | None = None) -> None:

@@ -218,3 +218,16 @@ class ApiKey(models.Model):
 # Every scope, in order, read once: `Scope.values` rebuilds the list from the enum on each
 # read (about 30 µs), and every API call checks a scope.
 ALL_SCOPES = tuple(ApiKey.Scope.values)
+
+
+class UnforgottenKey(models.Model):
+    """An API key whose cached copy could not be forgotten: the cache did not answer when the
+    key was revoked, its user deactivated or removed. While a row younger than the cache's 30 s
+    is here, no cached key is served without first forgetting it for good (accounts/keys.py,
+    "fail closed"); rows are deleted once that is done."""
+
+    key_hash = models.CharField(max_length=64)
+    failed_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.key_hash[:12]}… at {self.failed_at:%Y-%m-%d %H:%M:%S}"
