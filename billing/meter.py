@@ -840,11 +840,17 @@ def storage_per_hour(price_per_gb_month: Decimal, size_gb: int) -> Decimal:
     return price_per_gb_month * size_gb * Decimal(HOUR.total_seconds()) / STORAGE_MONTH_SECONDS
 
 
+def storage_for_days(per_month: Decimal, days: int) -> Decimal:
+    """USD `days` days of storage cost that costs `per_month` USD a storage month (30 days),
+    rounded up to the cent: what the balance must cover to create a volume
+    (clusters/volumes.py)."""
+    cost = per_month * days * Decimal(DAY.total_seconds()) / STORAGE_MONTH_SECONDS
+    return cost.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
+
+
 def storage_per_day(per_month: Decimal) -> Decimal:
-    """USD a day of storage that costs `per_month` USD a storage month (30 days), rounded up to
-    the cent: what the balance must cover to create a volume (clusters/volumes.py)."""
-    day = per_month * Decimal(DAY.total_seconds()) / STORAGE_MONTH_SECONDS
-    return day.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
+    """USD a day of storage that costs `per_month` USD a storage month, rounded up to the cent."""
+    return storage_for_days(per_month, 1)
 
 
 def burn_rate_columns() -> dict[str, Subquery]:

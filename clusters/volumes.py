@@ -14,6 +14,7 @@ import re
 from datetime import datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
@@ -171,20 +172,33 @@ def create_volume(
         raise taken from None
 
 
+def prepaid_days() -> int:
+    """How many days of the project's storage the balance must hold to create a volume
+    (`RUNCRATE_VOLUME_PREPAID_DAYS`, 7 by default; at least 1)."""
+    return max(1, int(getattr(settings, "RUNCRATE_VOLUME_PREPAID_DAYS", 7)))
+
+
 def _require_balance(*, project: Project, place: Location, size_gb: int) -> None:
-    """The balance must cover one day of the project's storage with the new volume counted: an
-    empty account cannot rent storage it would never pay for."""
+    """The balance must cover `prepaid_days()` days of the project's storage with the new
+    volume counted. A volume is never deleted for lack of balance (its data is kept and the
+    balance goes below zero), so this is where storage debt is held back: a volume starts with
+    a week of all its project's storage paid for, a week in which the top bar's short-runway
+    banner and the low-balance email (both count storage in the burn rate) reach the owner
+    before any debt; an account without that much cannot rent storage it would not pay for
+    (docs/volumes.md)."""
     kept = live_volumes(project).values_list("price_per_gb_month", "size_gb")
     this_month = place.volume_price_per_gb_month * size_gb
     per_month = this_month + sum((price * size for price, size in kept), Decimal("0"))
-    needed = meter.storage_per_day(per_month)
+    days = prepaid_days()
+    needed = meter.storage_for_days(per_month, days)
     balance = ledger.balance(project=project)
     if balance < needed:
         raise VolumeRefused(
             "insufficient_balance",
             f"Your balance is {usd(balance)}; a {size_gb:,} GB volume in {place.code} "
-            f"({usd(this_month)} a month) needs at least {usd(needed)}: one day of your "
-            "volumes' storage, this one included. Add credit, or make it smaller.",
+            f"({usd(this_month)} a month) needs at least {usd(needed)}: "
+            f"{days} day{'s' if days != 1 else ''} of your volumes' storage, this one "
+            "included. Add credit, or make it smaller.",
             field="size_gb",
         )
 

@@ -34,7 +34,7 @@ def ohio(db):
 
 
 def paying_project():
-    """A project whose balance covers a day of its volumes (what creating one needs)."""
+    """A project whose balance covers a week of a few volumes (what creating one needs)."""
     project = ProjectFactory()
     add_credit(project, "100.00", at=T0 - timedelta(days=1))
     return project
@@ -184,6 +184,7 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     location = LocationFactory(code="us-east-2", volume_price_per_gb_month=Decimal("0.10"))
     MachineTypeFactory(location=location)  # an offer there can attach a volume
     project = paying_project()
+    add_credit(project, "100.00", at=T0 - timedelta(days=1))  # a week of six of them: $140
     for n in range(6):
         new_volume(project, location, name=f"v-{n}")
     inside = threading.Barrier(2, timeout=5)

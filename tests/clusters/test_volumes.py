@@ -265,7 +265,7 @@ def test_it_refuses_a_bad_volume_in_the_api_with_its_code(owner, ohio, fields, s
     assert snapshot() == before
 
 
-def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_day_on_the_page(owner, ohio):
+def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_week_on_the_page(owner, ohio):
     credit(owner.project, "-100.00")  # the owner's balance is $0.00
     before = snapshot()
 
@@ -276,29 +276,53 @@ def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_day_on_the_page(owner,
     assert response.status_code == 400
     assert (
         "Your balance is $0.00; a 100,000 GB volume in us-east-2 ($8,000.00 a month) needs at "
-        "least $266.67: one day of your volumes' storage, this one included."
+        "least $1,866.67: 7 days of your volumes' storage, this one included."
     ) in text_of(response)
     assert snapshot() == before
 
 
-def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_day_in_the_api(owner, ohio):
-    # $100 covers one day of 37,500 GB at $0.08 a GB-month ($3,000 a month), not 37,501 GB.
+def test_it_refuses_a_volume_the_balance_cannot_pay_for_a_week_in_the_api(owner, ohio):
+    # $100 covers 7 days of 5,357 GB at $0.08 a GB-month ($99.9973…, rounded up to $100.00),
+    # not of 5,358 GB ($100.016…).
     api = owner.api()
-    body = {"name": "datasets", "location": "us-east-2", "size_gb": 37_500}
+    body = {"name": "datasets", "location": "us-east-2", "size_gb": 5_357}
     assert api.post(API, body, content_type="application/json").status_code == 201
     before = snapshot()
 
-    # The volumes already kept count: a second one of 1 GB is a day beyond the balance.
+    # The volumes already kept count: a second one of 1 GB is a week beyond the balance.
     response = api.post(
         API, {**body, "name": "more", "size_gb": 1}, content_type="application/json"
     )
 
     assert error_of(response) == (402, "insufficient_balance")
-    assert "needs at least $100.01" in response.json()["error"]["message"]
+    assert (
+        "needs at least $100.02: 7 days of your volumes' storage"
+        in (response.json()["error"]["message"])
+    )
     assert snapshot() == before
 
 
-def test_it_counts_stored_volumes_in_the_burn_rate_on_the_page_and_in_the_api(owner, ohio):
+def test_a_balance_of_six_days_of_storage_is_not_enough_and_the_days_are_a_setting(
+    owner, ohio, settings
+):
+    # 1,000 GB at $0.08 is $80.00 a month, $2.67 a day: the owner's $100 less $84 leaves
+    # $16.00, six days ($16.00) but not seven ($18.67).
+    credit(owner.project, "-84.00")
+    api = owner.api()
+    body = {"name": "datasets", "location": "us-east-2", "size_gb": 1000}
+
+    response = api.post(API, body, content_type="application/json")
+    assert error_of(response) == (402, "insufficient_balance")
+    assert "needs at least $18.67: 7 days" in response.json()["error"]["message"]
+
+    settings.RUNCRATE_VOLUME_PREPAID_DAYS = 6
+    assert api.post(API, body, content_type="application/json").status_code == 201
+
+
+def test_it_counts_stored_volumes_in_the_burn_rate_on_the_page_and_in_the_api(
+    owner, ohio, settings
+):
+    settings.RUNCRATE_VOLUME_PREPAID_DAYS = 1  # the owner's $100 covers a day of it, not a week
     volume(owner, ohio, size_gb=9000)  # $720.00 a month: $1.00 an hour
 
     with time_machine.travel(timezone.now(), tick=False):
