@@ -43,13 +43,14 @@ run: install
 	@$(BIN)/python bin/run.py
 
 # The production set (README, "Running it for real"): DEBUG off, the Procfile's processes under
-# honcho. The environment is checked before anything is installed or started.
+# bin/serve.py, which restarts any that dies (honcho stopped them all). The environment is
+# checked before anything is installed or started.
 serve: serve-check install
 	@DEBUG=false $(BIN)/python manage.py migrate --noinput
 	@DEBUG=false $(BIN)/python manage.py collectstatic --noinput --verbosity 0
-	@# Every process sends the same address in emails and to agents (honcho gives each its own PORT).
+	@# Every process sends the same address in emails and to agents (each gets its own PORT).
 	@DEBUG=false SITE_URL="$${SITE_URL:-http://localhost:$(PORT)}" PATH="$(CURDIR)/$(BIN):$$PATH" \
-		exec $(BIN)/honcho start
+		exec $(BIN)/python bin/serve.py
 
 serve-check:
 	@test -n "$$SECRET_KEY" || { echo "make serve needs SECRET_KEY: a long random secret, the same for every process (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"; exit 2; }
