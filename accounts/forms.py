@@ -14,20 +14,24 @@ from accounts.signup import normalize_email
 
 class ThrottledLogin:
     """A login form whose failures are counted, per account and per client address, and that
-    refuses to try once either limit is used up (accounts/throttle.py)."""
+    refuses to try once either limit is used up, or while the limits cannot be counted (the
+    cache does not answer: no password is checked uncounted; accounts/throttle.py)."""
 
     def clean(self) -> dict:
         email = str(self.data.get("username", ""))
         if self.request is not None:
             try:
                 throttle.check("login", self.request, email=email)
-            except throttle.RateLimited as refusal:
-                raise forms.ValidationError(refusal.message, code="rate_limited") from None
+            except throttle.Throttled as refusal:
+                raise forms.ValidationError(refusal.message, code=refusal.code) from None
         try:
             return super().clean()
         except forms.ValidationError:
             if self.request is not None:
-                throttle.count("login", self.request, email=email)
+                try:
+                    throttle.count("login", self.request, email=email)
+                except throttle.Throttled as refusal:
+                    raise forms.ValidationError(refusal.message, code=refusal.code) from None
             raise
 
 

@@ -2,9 +2,12 @@
 
 Counted by django-ratelimit in the cache, in fixed windows, twice: per account (the email typed,
 whether an account has it or not, so a refusal tells nothing about who has one) and per client
-address. A login counts only its failures; a sign-up and a reset count every request. A cache
-that does not answer counts nothing (runcrate/cache.py forgives it): the limits lapse for that
-while and the pages keep working.
+address. A login counts only its failures; a sign-up and a reset count every request.
+
+Fail closed: limits that cannot be counted, because the cache does not answer, refuse the
+attempt (`LimitsUnavailable`, 503) rather than let it through uncounted; a password could
+otherwise be guessed without limit for as long as the cache is away. They count in the
+`limits` cache (settings.RATELIMIT_USE_CACHE), one that raises where the default forgives.
 """
 
 import ipaddress
@@ -16,6 +19,7 @@ from django.http import HttpRequest
 from django_ratelimit.core import get_usage
 
 from accounts.signup import normalize_email
+from runcrate.cache import UNAVAILABLE
 from runcrate.errors import Refused
 
 
@@ -47,9 +51,34 @@ TOO_MANY = {
 }
 
 
-class RateLimited(Refused):
-    STATUS = {"rate_limited": 429}
+PAUSED = {
+    "login": "Logging in",
+    "signup": "Signing up",
+    "password_reset": "Asking for a password reset",
+}
+# How long a client is asked to wait while the limits cannot be counted.
+UNAVAILABLE_RETRY_SECONDS = 30
 
+
+class Throttled(Refused):
+    """An attempt the limits refuse: one too many (429), or limits that cannot be counted just
+    now (503). `seconds_left` is what `Retry-After` says."""
+
+    STATUS = {"rate_limited": 429, "limits_unavailable": 503}
+    seconds_left: int
+
+
+class LimitsUnavailable(Throttled):
+    def __init__(self, *, action: str) -> None:
+        super().__init__(
+            "limits_unavailable",
+            f"{PAUSED[action]} is paused for a moment: we cannot count attempts right now, "
+            "which is our side, not yours. Try again in a minute.",
+        )
+        self.seconds_left = UNAVAILABLE_RETRY_SECONDS
+
+
+class RateLimited(Throttled):
     def __init__(self, *, action: str, per: str, seconds_left: int) -> None:
         minutes = max(1, math.ceil(seconds_left / 60))
         whose = "for this account" if per == "account" else "from your address"
@@ -77,34 +106,47 @@ def client_address(request: HttpRequest) -> str:
     return str(address)
 
 
-def _usage(limit: Limit, request: HttpRequest, email: str, *, increment: bool) -> dict | None:
+def _usage(
+    action: str, limit: Limit, request: HttpRequest, email: str, *, increment: bool
+) -> dict | None:
     value = normalize_email(email) if limit.per == "account" else client_address(request)
     if not value:
         return None  # no email typed: only the address counts, not one account for all blanks
-    return get_usage(
-        request,
-        group=limit.group,
-        key=lambda group, request: value,
-        rate=limit.rate,
-        increment=increment,
-    )
+    try:
+        usage = get_usage(
+            request,
+            group=limit.group,
+            key=lambda group, request: value,
+            rate=limit.rate,
+            increment=increment,
+        )
+    except UNAVAILABLE:
+        raise LimitsUnavailable(action=action) from None
+    if usage is None or usage["time_left"] < 0:
+        # django-ratelimit's own answer for a count the cache did not give (RATELIMIT_FAIL_OPEN
+        # off): refused the same way.
+        raise LimitsUnavailable(action=action)
+    return usage
 
 
 def check(action: str, request: HttpRequest, *, email: str) -> None:
-    """Raise RateLimited when a limit of `action` is used up; counts nothing."""
+    """Raise RateLimited when a limit of `action` is used up, LimitsUnavailable when the limits
+    cannot be read; counts nothing."""
     for limit in LIMITS[action]:
-        usage = _usage(limit, request, email, increment=False)
+        usage = _usage(action, limit, request, email, increment=False)
         if usage is not None and usage["count"] >= usage["limit"]:
             raise RateLimited(action=action, per=limit.per, seconds_left=usage["time_left"])
 
 
 def count(action: str, request: HttpRequest, *, email: str) -> None:
-    """Count one attempt of `action` (a failed login) against each of its limits."""
+    """Count one attempt of `action` (a failed login) against each of its limits; raise
+    LimitsUnavailable when it cannot be counted."""
     for limit in LIMITS[action]:
-        _usage(limit, request, email, increment=True)
+        _usage(action, limit, request, email, increment=True)
 
 
 def take(action: str, request: HttpRequest, *, email: str) -> None:
-    """Count this request, and raise RateLimited when it is one too many."""
+    """Count this request, and raise RateLimited when it is one too many (LimitsUnavailable
+    when it cannot be counted)."""
     check(action, request, email=email)
     count(action, request, email=email)

@@ -31,10 +31,11 @@ def signup(request: HttpRequest) -> HttpResponse:
             # Every request counts, before anything is checked: the form also tells whether an
             # email has an account.
             throttle.take("signup", request, email=str(request.POST.get("email", "")))
-        except throttle.RateLimited as refusal:
+        except throttle.Throttled as refusal:
             form = SignupForm(initial={"email": request.POST.get("email", "")})
             context = {"form": form, "refusal": refusal.message}
-            return render(request, "accounts/signup.html", context, status=refusal.status)
+            response = render(request, "accounts/signup.html", context, status=refusal.status)
+            return _retry_after(response, refusal)
     if request.method == "POST" and form.is_valid():
         try:
             user = sign_up(
@@ -48,17 +49,30 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/signup.html", {"form": form})
 
 
-def _rate_limited(form) -> bool:
-    return any(error.code == "rate_limited" for error in form.errors.as_data().get("__all__", []))
+def _retry_after(response: HttpResponse, refusal: throttle.Throttled) -> HttpResponse:
+    response["Retry-After"] = str(max(1, refusal.seconds_left))
+    return response
+
+
+def _throttled(form) -> str | None:
+    """The code of the limits' refusal among the form's errors, if it has one."""
+    for error in form.errors.as_data().get("__all__", []):
+        if error.code in throttle.Throttled.STATUS:
+            return error.code
+    return None
 
 
 class LoginView(auth_views.LoginView):
-    """Django's login view, answering 429 while the account or the address is locked out."""
+    """Django's login view, answering 429 while the account or the address is locked out, and
+    503 while the limits cannot be counted (no password is checked then)."""
 
     def form_invalid(self, form):  # type: ignore[no-untyped-def]
         response = super().form_invalid(form)
-        if _rate_limited(form):
-            response.status_code = 429
+        code = _throttled(form)
+        if code is not None:
+            response.status_code = throttle.Throttled.STATUS[code]
+            if code == "limits_unavailable":
+                response["Retry-After"] = str(throttle.UNAVAILABLE_RETRY_SECONDS)
         return response
 
 
@@ -69,11 +83,11 @@ class PasswordResetView(auth_views.PasswordResetView):
     def form_valid(self, form):  # type: ignore[no-untyped-def]
         try:
             throttle.take("password_reset", self.request, email=form.cleaned_data["email"])
-        except throttle.RateLimited as refusal:
-            form.add_error(None, forms.ValidationError(refusal.message, code="rate_limited"))
+        except throttle.Throttled as refusal:
+            form.add_error(None, forms.ValidationError(refusal.message, code=refusal.code))
             response = self.form_invalid(form)
             response.status_code = refusal.status
-            return response
+            return _retry_after(response, refusal)
         return super().form_valid(form)
 
 

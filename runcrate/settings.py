@@ -148,7 +148,11 @@ AUTH_USER_MODEL = "accounts.User"
 # (accounts/throttle.py, django-ratelimit, in the cache). Behind a proxy, the header it adds
 # the client's address to, e.g. X-Forwarded-For (its last entry counts); empty: REMOTE_ADDR.
 RUNCRATE_CLIENT_IP_HEADER = env_str("RUNCRATE_CLIENT_IP_HEADER")
-RATELIMIT_FAIL_OPEN = True  # a cache that does not answer lets the request through
+# Fail closed: limits that cannot be counted (the cache does not answer) refuse the attempt
+# with a 503, rather than let unlimited password guesses through (docs/security.md). They count
+# in the `limits` cache: the same Redis as the default cache, but one that raises when Redis
+# does not answer, where the default one forgives.
+RATELIMIT_FAIL_OPEN = False
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "clusters:list"
 LOGOUT_REDIRECT_URL = "accounts:login"
@@ -196,9 +200,18 @@ if REDIS_URL:
             "BACKEND": "runcrate.cache.ForgivingRedisCache",
             "LOCATION": REDIS_CACHE_URL,
             "KEY_PREFIX": env_str("RUNCRATE_CACHE_PREFIX", "runcrate"),
-            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
+            # A hung Redis (paused, half-open) fails each call within a second, and the
+            # forgiving cache then skips it a moment, rather than making every call wait.
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
         }
     }
+    # The rate limits' counts (accounts/throttle.py): Django's own Redis backend, which raises
+    # when Redis does not answer, so the limits fail closed instead of counting nothing.
+    CACHES["limits"] = {
+        **CACHES["default"],
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+    }
+    RATELIMIT_USE_CACHE = "limits"
 else:
     CACHES = {
         "default": {
@@ -206,6 +219,7 @@ else:
             "LOCATION": VAR_DIR / "cache",
         }
     }
+    RATELIMIT_USE_CACHE = "default"  # files: an error is raised, never forgiven
 
 # --- Celery -------------------------------------------------------------------------------
 if REDIS_URL:
@@ -215,8 +229,12 @@ if REDIS_URL:
         # than any task may run (clusters.lifecycle.rules.LONGEST_WORK_SECONDS, a test says
         # so). Work whose worker died is handed out again sooner by the tick, under a new lease.
         "visibility_timeout": 2 * 60 * 60 + 600,
-        "socket_connect_timeout": 2,
-        "socket_timeout": 5,
+        # A hung broker fails a publish within seconds (the create answers, the tick hands the
+        # work out later), not after redis-py's default of waiting forever. The read timeout
+        # stays above kombu's 1 s BRPOP, which a consumer's read waits through by design.
+        "socket_connect_timeout": 1,
+        "socket_timeout": 2,
+        "retry_on_timeout": False,
     }
 else:
     # kombu's filesystem transport with atomic writes (runcrate/broker.py): one file per
@@ -259,7 +277,7 @@ CELERY_TASK_ROUTES = {
 }
 # A publish that fails (the broker is down) fails fast: the caller records what happened, and
 # the tick hands the work out again once the broker is back (clusters/lifecycle/dispatch.py).
-CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_BROKER_CONNECTION_TIMEOUT = 1
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5}
 CELERY_TASK_ALWAYS_EAGER = env_bool("RUNCRATE_TASKS_EAGER", False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -171,20 +171,74 @@ def test_it_limits_reset_requests_from_one_address(owner, client):
     assert mail.outbox == []
 
 
-def test_it_lets_everyone_in_when_the_cache_is_down(owner, client, settings):
-    # Nothing listens on port 1: every cache call fails, and the forgiving cache shrugs.
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "runcrate.cache.ForgivingRedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",
-            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
-        }
+@pytest.fixture
+def cache_down(settings):
+    """Nothing listens on port 1: every cache call fails. The default cache forgives it (pages
+    keep working); the limits' cache raises, and the limits fail closed."""
+    dead = {
+        "LOCATION": "redis://127.0.0.1:1/0",
+        "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
     }
-    for _ in range(7):
-        assert log_in(client, owner.user.email, "wrong").status_code == 200
+    settings.CACHES = {
+        "default": {"BACKEND": "runcrate.cache.ForgivingRedisCache", **dead},
+        "limits": {"BACKEND": "django.core.cache.backends.redis.RedisCache", **dead},
+    }
+    settings.RATELIMIT_USE_CACHE = "limits"
+
+
+def assert_paused(response, doing: str) -> None:
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) >= 1
+    assert f"{doing} is paused for a moment: we cannot count attempts right now" in text(response)
+
+
+def test_it_checks_no_password_while_the_limits_cannot_be_counted(owner, client, cache_down):
+    """Fail closed (docs/security.md): the right password is refused too, since a wrong one
+    could not be counted; nobody is logged in."""
+    assert_paused(log_in(client, owner.user.email, "wrong"), "Logging in")
+    assert_paused(log_in(client, owner.user.email, PASSWORD), "Logging in")
+    assert not get_user(client).is_authenticated
+
+
+def test_it_refuses_the_admin_login_while_the_limits_cannot_be_counted(client, db, cache_down):
+    User.objects.create_superuser(email="staff@example.com", password=PASSWORD)
+
+    response = client.post(
+        "/admin/login/?next=/admin/", {"username": "staff@example.com", "password": PASSWORD}
+    )
+
+    assert "is paused for a moment" in text(response)
+    assert not get_user(client).is_authenticated
+
+
+def test_it_creates_no_user_and_sends_no_reset_while_the_limits_cannot_be_counted(
+    owner, client, cache_down
+):
+    signup = client.post(
+        SIGNUP, {"email": "new@example.com", "password1": PASSWORD, "password2": PASSWORD}
+    )
+    assert_paused(signup, "Signing up")
+    assert not User.objects.filter(email="new@example.com").exists()
+
+    assert_paused(client.post(RESET, {"email": owner.user.email}), "Asking for a password reset")
+    assert mail.outbox == []
+
+
+def test_a_logged_in_user_keeps_working_while_the_cache_is_down(owner, cache_down):
+    assert owner.browser_client().get("/clusters/").status_code == 200
+    assert owner.api().get("/api/v1/me").status_code == 200
+
+
+def test_it_lets_logins_in_again_once_the_cache_answers(owner, client, settings, cache_down):
+    assert log_in(client, owner.user.email, PASSWORD).status_code == 503
+
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "limits": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    }
 
     assert log_in(client, owner.user.email, PASSWORD).status_code == 302
-    assert client.post(RESET, {"email": owner.user.email}).status_code == 302
+    assert get_user(client) == owner.user
 
 
 def test_it_counts_requests_without_an_email_by_their_address_only(client, db):
