@@ -1,8 +1,9 @@
 """The meter: turns the seconds machines ran into ledger debits (SPEC §4, docs/billing.md).
 
 Each usage record (one per machine) is charged from where it was charged (`charged_point`) up
-to now, or up to its `ended_at` once it has ended. Its cost is computed over its whole span,
-never as a sum of rounded slices:
+to now, the database's now and never a worker's clock, or up to its `ended_at` once it has
+ended; what the ledger holds past an end is refunded (`_refund_past_end`). Its cost is
+computed over its whole span, never as a sum of rounded slices:
 
     cost(t) = round_half_up(price_per_hour × whole seconds from started_at to t / 3600, 2)
 

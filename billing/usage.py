@@ -28,7 +28,7 @@ from django.db.models import (
     Sum,
     Value,
 )
-from django.db.models.functions import TruncDate
+from django.db.models.functions import Now, TruncDate
 from django.utils import timezone
 
 from accounts.models import Membership, Project
@@ -234,16 +234,22 @@ def cluster_costs(cluster_ids: Iterable[int], *, now: datetime) -> dict[int, Clu
     machine). Each machine costs `cost(price, whole seconds from its start to its end or now)`,
     rounded on its own as the meter rounds it, so once the meter has run the cost equals the
     cluster's usage lines in the ledger to the cent. Uptime: from the first machine's start to
-    the last one's end, or to now while one is billed. A cluster never billed is NOT_BILLED."""
+    the last one's end, or to now while one is billed. A cluster never billed is NOT_BILLED.
+
+    Now is never past the database's (read by the same query): the meter charges on that
+    clock, so a web worker whose clock runs fast shows no cost the meter would not charge."""
     ids = list(cluster_ids)
     if not ids:
         return {}
     spans: dict[int, list[tuple[Decimal, datetime, datetime | None]]] = defaultdict(list)
-    records = UsageRecord.objects.filter(cluster_id__in=ids).values_list(
-        "cluster_id", "price_per_hour", "started_at", "ended_at"
+    records = (
+        UsageRecord.objects.filter(cluster_id__in=ids)
+        .annotate(clock=Now())
+        .values_list("cluster_id", "price_per_hour", "started_at", "ended_at", "clock")
     )
-    for cluster_id, price, started_at, ended_at in records.order_by():
+    for cluster_id, price, started_at, ended_at, clock in records.order_by():
         spans[cluster_id].append((price, started_at, ended_at))
+        now = min(now, clock)
     costs = {}
     for cluster_id, machines in spans.items():
         cents_total = sum(

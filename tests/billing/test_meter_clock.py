@@ -178,3 +178,15 @@ def test_check_balances_fails_on_usage_charged_past_now(owner, capsys):
     with pytest.raises(CommandError, match="1 usage record"):
         call_command("check_balances", "--repair")  # the future is not the meter's to refund
     assert "past the database's now" in capsys.readouterr().out
+
+
+def test_the_cost_so_far_on_a_fast_clock_is_never_past_the_databases_now(owner):
+    # A web worker 30 minutes fast shows what the meter would charge, not the future.
+    started = meter.database_now() - timedelta(minutes=1)
+    cluster = bill_cluster(owner.project, size=1, price=PRICE, at=started)
+
+    cost = cluster_costs([cluster.pk], now=started + timedelta(minutes=31))[cluster.pk]
+
+    after = meter.database_now()
+    assert Decimal("0.60") <= cost.cost <= meter.cost(PRICE, meter.billed_seconds(started, after))
+    assert 60 <= cost.uptime_seconds <= meter.billed_seconds(started, after)
