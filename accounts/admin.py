@@ -3,9 +3,11 @@ from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
 from django.db.models import Count, QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
 from accounts import keys
+from accounts import members as rules  # who may leave a project (ProjectAdmin has `members`)
 from accounts.forms import AdminLoginForm
 from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
 from accounts.projects import create_project
@@ -40,10 +42,57 @@ class UserEditForm(UserChangeForm):
         return email
 
 
+def _kept(form) -> bool:
+    """Whether an inline row stays: filled in, and not ticked for deletion."""
+    cleaned = getattr(form, "cleaned_data", None) or {}
+    return bool(cleaned) and not cleaned.get("DELETE") and (form.instance.pk or form.has_changed())
+
+
+class UserMembershipsFormSet(BaseInlineFormSet):
+    """A user's memberships: removing or demoting the only owner of a project, or moving that
+    membership to another project, is refused (accounts/members.py)."""
+
+    def clean(self) -> None:
+        super().clean()
+        # As saved: a validated form has already copied its new values onto its instance.
+        saved = [form.instance.pk for form in self.forms if form.instance.pk]
+        originals = Membership.objects.select_related("project").in_bulk(saved)
+        for form in self.forms:
+            before = originals.get(form.instance.pk)
+            if before is None or before.role != rules.OWNER:
+                continue
+            after = form.cleaned_data if _kept(form) else {}
+            still_owner = after.get("role") == rules.OWNER
+            if still_owner and after.get("project") == before.project:
+                continue
+            if not rules.has_another_owner(before.project, than=before.user_id):
+                try:
+                    rules.check_keeps_an_owner(before.project, owners_after=[])
+                except rules.MembershipRefused as refusal:
+                    raise forms.ValidationError(refusal.message) from None
+
+
+class ProjectMembershipsFormSet(BaseInlineFormSet):
+    """A project's members: at least one stays an owner, a new project included."""
+
+    def clean(self) -> None:
+        super().clean()
+        owners = [
+            form.cleaned_data["user"].pk
+            for form in self.forms
+            if _kept(form) and form.cleaned_data.get("role") == rules.OWNER
+        ]
+        try:
+            rules.check_keeps_an_owner(self.instance, owners_after=owners)
+        except rules.MembershipRefused as refusal:
+            raise forms.ValidationError(refusal.message) from None
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
     autocomplete_fields = ("user", "project")
+    formset = UserMembershipsFormSet
 
 
 @admin.register(User)
@@ -86,6 +135,19 @@ class UserAdmin(DjangoUserAdmin):
         if not change and not obj.memberships.exists():
             create_project(owner=obj, name=project_name_for(obj))
 
+    def get_deleted_objects(self, objs, request: HttpRequest):  # type: ignore[no-untyped-def]
+        """Django's delete screens refuse while anything is "protected": the reasons a user
+        may not go (live clusters, a project left with no owner) are listed there."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        reasons = [reason for user in objs for reason in rules.reasons_to_keep_user(user)]
+        return deleted, counts, perms_needed, [*protected, *reasons]
+
+    def delete_model(self, request: HttpRequest, obj: User) -> None:
+        rules.delete_users([obj])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
+        rules.delete_users(list(queryset))
+
 
 class EnvironmentInline(admin.TabularInline):
     model = Environment
@@ -95,6 +157,7 @@ class EnvironmentInline(admin.TabularInline):
 
 class ProjectMembershipInline(MembershipInline):
     autocomplete_fields = ("user",)
+    formset = ProjectMembershipsFormSet
 
 
 @admin.register(Project)

@@ -1,0 +1,233 @@
+"""A project always keeps an owner, and a user who still has live clusters is not deleted
+(accounts/members.py; issue 19 item 6): the admin's delete screens and membership forms refuse
+with the reason, and what may go still goes."""
+
+import pytest
+from django.contrib import admin
+from django.test import Client, RequestFactory
+
+from accounts import members
+from accounts.admin import MembershipInline, ProjectMembershipInline
+from accounts.models import Membership, Project, User
+from clusters.models import Cluster
+from tests.factories import ClusterFactory
+
+OWNER, DEVELOPER = Membership.Role.OWNER, Membership.Role.DEVELOPER
+
+
+@pytest.fixture
+def staff_user(db) -> User:
+    return User.objects.create_superuser(email="staff@example.com", password="x")
+
+
+@pytest.fixture
+def staff(staff_user) -> Client:
+    client = Client()
+    client.force_login(staff_user)
+    return client
+
+
+def live_cluster(person, name: str = "train") -> Cluster:
+    return ClusterFactory(
+        project=person.project, created_by=person.user, name=name, status=Cluster.Status.READY
+    )
+
+
+def delete_user(staff: Client, user: User):
+    return staff.post(f"/admin/accounts/user/{user.pk}/delete/", {"post": "yes"})
+
+
+# --- deleting a user -------------------------------------------------------------------------
+
+
+def test_it_refuses_to_delete_a_user_who_still_has_live_clusters(staff, owner, teammate):
+    live_cluster(teammate, "teammates-run")
+
+    response = delete_user(staff, teammate.user)
+
+    assert response.status_code == 200  # the screen again, with the reason, nothing deleted
+    html = response.content.decode()
+    assert "teammate@example.com still has live clusters in the project" in html
+    assert "teammates-run" in html
+    assert User.objects.filter(pk=teammate.user.pk).exists()
+
+
+def test_it_refuses_to_delete_a_projects_only_owner(staff, owner, teammate):
+    response = delete_user(staff, owner.user)
+
+    assert "owner@example.com is the only owner of the project" in response.content.decode()
+    assert User.objects.filter(pk=owner.user.pk).exists()
+    assert owner.project.memberships.filter(role=OWNER).exists()
+
+
+def test_it_refuses_to_delete_a_projects_only_member_and_says_to_deactivate(staff, stranger):
+    response = delete_user(staff, stranger.user)
+
+    html = response.content.decode()
+    assert "is the only member of the project" in html
+    assert "deactivate the user instead" in html
+    assert User.objects.filter(pk=stranger.user.pk).exists()
+
+
+def test_it_deletes_a_member_with_nothing_running(staff, owner, teammate):
+    ClusterFactory(
+        project=owner.project, created_by=teammate.user, status=Cluster.Status.TERMINATED
+    )
+
+    response = delete_user(staff, teammate.user)
+
+    assert response.status_code == 302
+    assert not User.objects.filter(pk=teammate.user.pk).exists()
+    assert owner.project.memberships.filter(user=owner.user, role=OWNER).exists()
+
+
+def test_it_deletes_an_owner_when_the_project_keeps_another(staff, owner, teammate):
+    Membership.objects.filter(user=teammate.user).update(role=OWNER)
+
+    assert delete_user(staff, owner.user).status_code == 302
+
+    assert not User.objects.filter(pk=owner.user.pk).exists()
+    assert list(owner.project.memberships.values_list("user", "role")) == [
+        (teammate.user.pk, OWNER)
+    ]
+
+
+def test_the_bulk_delete_action_refuses_as_well(staff, owner, teammate):
+    live_cluster(teammate)
+
+    response = staff.post(
+        "/admin/accounts/user/",
+        {"action": "delete_selected", "_selected_action": [teammate.user.pk], "post": "yes"},
+    )
+
+    assert "still has live clusters" in response.content.decode()
+    assert User.objects.filter(pk=teammate.user.pk).exists()
+
+
+def test_the_rule_refuses_outside_the_admin_too(owner, teammate):
+    live_cluster(teammate)
+
+    with pytest.raises(members.MembershipRefused) as refused:
+        members.delete_users([teammate.user])
+
+    assert refused.value.code == "live_clusters"
+    assert refused.value.status == 409
+    assert User.objects.filter(pk=teammate.user.pk).exists()
+
+
+# --- a project keeps an owner ------------------------------------------------------------------
+
+
+def formset(inline_class, parent, staff_user, rows: list[dict]):
+    """The admin's inline formset for `parent`, bound to `rows` as its page would post them."""
+    request = RequestFactory().post("/")
+    request.user = staff_user
+    form_set = inline_class(type(parent), admin.site).get_formset(request, parent)
+    prefix = form_set.get_default_prefix()
+    data = {
+        f"{prefix}-TOTAL_FORMS": str(len(rows)),
+        f"{prefix}-INITIAL_FORMS": str(sum(1 for row in rows if row.get("id"))),
+        f"{prefix}-MIN_NUM_FORMS": "0",
+        f"{prefix}-MAX_NUM_FORMS": "1000",
+    }
+    for number, row in enumerate(rows):
+        for field, value in row.items():
+            data[f"{prefix}-{number}-{field}"] = value
+    return form_set(data, instance=parent, prefix=prefix)
+
+
+def row(membership: Membership, **changes) -> dict:
+    values = {
+        "id": membership.pk,
+        "user": membership.user_id,
+        "project": membership.project_id,
+        "role": membership.role,
+        "created_at_0": membership.created_at.strftime("%Y-%m-%d"),
+        "created_at_1": membership.created_at.strftime("%H:%M:%S"),
+    }
+    return {**values, **changes}
+
+
+def errors(form_set) -> str:
+    return " ".join(form_set.non_form_errors())
+
+
+def test_the_project_page_refuses_to_demote_its_only_owner(owner, teammate, staff_user):
+    mine = Membership.objects.get(user=owner.user)
+    theirs = Membership.objects.get(user=teammate.user)
+
+    demoted = formset(
+        ProjectMembershipInline, owner.project, staff_user, [row(mine, role=DEVELOPER), row(theirs)]
+    )
+
+    assert not demoted.is_valid()
+    assert "needs an owner" in errors(demoted)
+
+
+def test_the_project_page_refuses_to_remove_its_only_owner(owner, teammate, staff_user):
+    mine = Membership.objects.get(user=owner.user)
+    theirs = Membership.objects.get(user=teammate.user)
+
+    removed = formset(
+        ProjectMembershipInline, owner.project, staff_user, [row(mine, DELETE="on"), row(theirs)]
+    )
+
+    assert not removed.is_valid()
+    assert "needs an owner" in errors(removed)
+
+
+def test_the_project_page_hands_ownership_over_in_one_change(owner, teammate, staff_user):
+    mine = Membership.objects.get(user=owner.user)
+    theirs = Membership.objects.get(user=teammate.user)
+
+    handed_over = formset(
+        ProjectMembershipInline,
+        owner.project,
+        staff_user,
+        [row(mine, role=DEVELOPER), row(theirs, role=OWNER)],
+    )
+
+    assert handed_over.is_valid(), handed_over.errors
+    handed_over.save()
+    assert list(owner.project.memberships.filter(role=OWNER).values_list("user", flat=True)) == [
+        teammate.user.pk
+    ]
+
+
+def test_a_new_project_needs_an_owner(staff_user):
+    empty = formset(ProjectMembershipInline, Project(name="nobody's"), staff_user, [])
+
+    assert not empty.is_valid()
+    assert "needs an owner" in errors(empty)
+
+
+def test_the_user_page_refuses_to_drop_their_only_ownership(owner, teammate, staff_user):
+    mine = Membership.objects.get(user=owner.user)
+
+    for change in ({"DELETE": "on"}, {"role": DEVELOPER}):
+        dropped = formset(MembershipInline, owner.user, staff_user, [row(mine, **change)])
+        assert not dropped.is_valid(), change
+        assert "needs an owner" in errors(dropped)
+
+
+def test_the_user_page_lets_an_owner_go_when_another_stays(owner, teammate, staff_user):
+    Membership.objects.filter(user=teammate.user).update(role=OWNER)
+    mine = Membership.objects.get(user=owner.user)
+
+    dropped = formset(MembershipInline, owner.user, staff_user, [row(mine, DELETE="on")])
+
+    assert dropped.is_valid(), dropped.errors
+
+
+# --- deleting a project ------------------------------------------------------------------------
+
+
+def test_a_project_with_clusters_cannot_be_deleted_either(staff, owner):
+    """Clusters are the lifecycle's rows, which staff may not delete (clusters/admin.py): a
+    project holding any cannot go, so its owner rule never meets an orphaned cluster."""
+    live_cluster(owner, "still-up")
+
+    response = staff.post(f"/admin/accounts/project/{owner.project.pk}/delete/", {"post": "yes"})
+
+    assert "Cannot delete project" in response.content.decode()
+    assert Project.objects.filter(pk=owner.project.pk).exists()
