@@ -46,6 +46,8 @@ def stop(*, cluster: Cluster, reason: str) -> Cluster:
 
 
 def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
+    from billing import meter
+
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
@@ -56,6 +58,9 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
                 f"This cluster is {status}; only a provisioning, installing, ready or degraded "
                 "cluster can be terminated.",
             )
+        # No meter run charges this cluster between its end and the terminate's own charge,
+        # which refunds anything charged past the end (billing.meter, "past its end").
+        meter.lock_marks([locked.pk])
         nodes = list(locked.nodes.select_related("host").order_by("index"))
         work = _Pass(cluster=locked, nodes=nodes, now=now)
         work.set_status(Status.TERMINATING)

@@ -17,7 +17,7 @@ from billing import budgets, ledger
 from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.rules import agent_token, node_give_up_at, step_deadline, token_hash
+from clusters.lifecycle.rules import agent_token, running_deadline, token_hash
 from clusters.models import (
     NAME_RE,
     QUOTED_MAX_NODES,
@@ -108,11 +108,7 @@ def new_nodes(
             reserved_at=now,
             version=cluster.version,
         )
-        node.step_deadline = step_deadline(
-            start=now,
-            seconds=2 * machine_type.boot_seconds,
-            cap=node_give_up_at(node, machine_type),
-        )
+        node.step_deadline = running_deadline(node, machine_type, start=now)
         node.agent_token_hash = token_hash(agent_token(node))
         nodes.append(node)
     return Node.objects.bulk_create(nodes)
