@@ -459,8 +459,9 @@ def _trusted(value: object, *, now: datetime) -> bool:
 
 
 def _trust(*, now: datetime) -> None:
-    seconds = trust_seconds()
-    cache.set(TRUST, now + timedelta(seconds=seconds), max(1, math.ceil(seconds)))
+    # Good until `now` + trust_seconds() by this clock, as the entries are; the cache may keep
+    # it as long as an entry, since its own expiry is not what is trusted.
+    cache.set(TRUST, now + timedelta(seconds=trust_seconds()), KEY_CACHE_SECONDS)
 
 
 def _failed_forgets(now: datetime) -> QuerySet[UnforgottenKey]:
