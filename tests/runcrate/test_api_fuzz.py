@@ -1,11 +1,11 @@
 """A bounded fuzz of the whole API from its own OpenAPI document (schemathesis): valid and
 invalid requests to every operation, in this process, with a real API key. No answer is a 5xx,
 every answer is JSON with `data` or `error {code, message}`, and every status and body is one
-the document declares. Deterministic (derandomized, no example database) and about half a
-minute; `-m "not fuzz"` leaves it out."""
+the document declares. Deterministic (derandomized, no example database) and bounded by count
+(EXAMPLES_PER_OPERATION per operation and mode), never by the clock: about a minute here, more
+on a busy machine; `-m "not fuzz"` leaves it out."""
 
 import json
-import time
 
 import pytest
 import schemathesis
@@ -27,7 +27,6 @@ from tests.factories import ClusterFactory
 pytestmark = pytest.mark.fuzz
 
 EXAMPLES_PER_OPERATION = 40
-BUDGET_SECONDS = 90
 REVOKE_KEY = "DELETE /api/v1/keys/{key_id}"
 CHECKS = [
     not_a_server_error,
@@ -80,7 +79,6 @@ def assert_the_envelope(response, operation: str) -> None:
 def test_it_answers_every_generated_request_within_the_envelope(project_with_things, wsgi_app):
     schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", wsgi_app)
     auth = {"Authorization": f"Bearer {project_with_things.key}"}
-    deadline = time.monotonic() + BUDGET_SECONDS
     sent = 0
 
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -106,6 +104,5 @@ def test_it_answers_every_generated_request_within_the_envelope(project_with_thi
                 assert_the_envelope(response, f"{case.method} {case.formatted_path}")
 
             answer_within_the_envelope()
-            assert time.monotonic() < deadline, f"the fuzz ran past {BUDGET_SECONDS} s"
 
     assert sent > 300
