@@ -175,7 +175,7 @@ def create_volume(
 def prepaid_days() -> int:
     """How many days of the project's storage the balance must hold to create a volume
     (`RUNCRATE_VOLUME_PREPAID_DAYS`, 7 by default; at least 1)."""
-    return max(1, int(getattr(settings, "RUNCRATE_VOLUME_PREPAID_DAYS", 7)))
+    return settings.RUNCRATE_VOLUME_PREPAID_DAYS
 
 
 def _require_balance(*, project: Project, place: Location, size_gb: int) -> None:

@@ -22,7 +22,7 @@ def beat_limits() -> dict[str, timedelta]:
     several of its periods, and never less than RUNCRATE_BEAT_OVERDUE_MIN_SECONDS (a minute)."""
     from runcrate.models import beat_period
 
-    floor = float(getattr(settings, "RUNCRATE_BEAT_OVERDUE_MIN_SECONDS", 60.0))
+    floor = settings.RUNCRATE_BEAT_OVERDUE_MIN_SECONDS
     periods = {"tick": 10, "machines": 10, "meter": 3}
     return {
         name: timedelta(seconds=max(floor, times * beat_period(name)))

@@ -301,6 +301,17 @@ CELERY_BEAT_SCHEDULE["clusters-tick"] = {
     "task": "clusters.tasks.tick",
     "schedule": RUNCRATE_TICK_SECONDS,
 }
+# The `machines` queue's heartbeat, as often as the tick and on that queue: it runs only while
+# the beat, the broker and a machines worker all run, so its Beat row says when our machinery
+# for the machines was down (step deadlines do not count that time; /readyz names the worker).
+# A message that waited ten periods is dropped: the next one says more.
+CELERY_BEAT_SCHEDULE["machines-heartbeat"] = {
+    "task": "clusters.tasks.machines_heartbeat",
+    "schedule": RUNCRATE_TICK_SECONDS,
+    "options": {"queue": "machines", "expires": 10 * RUNCRATE_TICK_SECONDS},
+}
+# A beat is overdue on /readyz after several of its periods, and never sooner than this.
+RUNCRATE_BEAT_OVERDUE_MIN_SECONDS = env_float("RUNCRATE_BEAT_OVERDUE_MIN_SECONDS", 60.0)
 CELERY_BEAT_SCHEDULE["hosts-sweep"] = {"task": "clusters.tasks.sweep_hosts", "schedule": 300.0}
 # Idempotency-Key records are kept 24 hours (clusters/idempotency.py); this deletes older ones.
 CELERY_BEAT_SCHEDULE["idempotency-keys"] = {
@@ -308,6 +319,9 @@ CELERY_BEAT_SCHEDULE["idempotency-keys"] = {
     "schedule": 3600.0,
 }
 RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
+# How many days of all a project's storage its balance must cover to create a volume
+# (clusters/volumes.py): volumes are never deleted for lack of balance, so storage debt stops here.
+RUNCRATE_VOLUME_PREPAID_DAYS = env_int("RUNCRATE_VOLUME_PREPAID_DAYS", 7, minimum=1)
 # The meter charges usage and storage, then stops what the balance or a budget no longer covers
 # (clusters/stops.py: billing says which projects and environments are over).
 CELERY_BEAT_SCHEDULE["billing-meter"] = {
