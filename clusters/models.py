@@ -431,11 +431,6 @@ class Node(models.Model):
     def private_ip(self) -> str:
         return private_ip(self.index)
 
-    def seconds_left(self, now: datetime | None = None) -> int | None:
-        if self.step_deadline is None or self.status != self.Status.STARTING:
-            return None
-        return max(0, int((self.step_deadline - (now or timezone.now())).total_seconds()))
-
     def move_to(self, *, status: "Node.Status | None" = None, step: "Node.Step | None" = None):
         """Change status and/or step along `TRANSITIONS`; an illegal move is a bug and raises."""
         if status is not None and status != self.status:

@@ -418,10 +418,12 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
     with_install = cluster.software != Cluster.Software.NONE
     total = 4 if with_install else 3
     install_failed = _install_failed(cluster)
+    deadlines = lifecycle.step_deadlines(cluster, nodes, now) if cluster.is_live else {}
     rows = []
     for node in nodes:
         done = _steps_done(node, with_install)
-        left = node.seconds_left(now) if cluster.is_live else None
+        deadline = deadlines.get(node.pk)
+        left = max(0, int((deadline - now).total_seconds())) if deadline else None
         doing = NODE_STEP_PHRASES.get(node.step, node.step)
         if node.status == Node.Status.FAILED:
             tone = "bad"
@@ -448,7 +450,7 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
                 percent=round(100 * done / total),
                 tone=tone,
                 time_left=f"{_duration(left)} left" if left is not None else "",
-                deadline=_instant(node.step_deadline) if left is not None else "",
+                deadline=_instant(deadline) if deadline else "",
             )
         )
     return rows

@@ -39,7 +39,7 @@ from clusters.lifecycle.network_test import (
     network_test_report,
     run_network_test,
 )
-from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance
+from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance, step_deadlines
 from clusters.lifecycle.reserve import Quoted, create_cluster, key_spend_per_hour, reserve_hosts
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
@@ -95,6 +95,7 @@ __all__ = [
     "retry_install",
     "run_network_test",
     "step_deadline",
+    "step_deadlines",
     "stop",
     "sweep_orphan_hosts",
     "terminate",

@@ -894,6 +894,19 @@ NODE_FIELDS = [
 ]
 
 
+def step_deadlines(cluster: Cluster, nodes: list[Node], now: datetime) -> dict[int, datetime]:
+    """Each starting node's step deadline as `advance` judges it at `now` (`_Pass.deadline`:
+    moved back by our own downtime once the stored one has passed), by node id: what the
+    cluster page counts down to, so an outage of ours never shows a machine out of time. Reads
+    our downtime only when a stored deadline has passed."""
+    work = _Pass(cluster=cluster, nodes=nodes, now=now)
+    return {
+        node.pk: work.deadline(node, now)
+        for node in nodes
+        if node.status == Node.Status.STARTING and node.step_deadline is not None
+    }
+
+
 def advance(*, cluster_id: int, now: datetime | None = None) -> list[str]:
     """Carry one cluster as far as the clock and its rows allow; returns what it did."""
     now = now or timezone.now()

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Event, Node
 from offers.models import Host, Location, MachineType, QuoteRequest
+from runcrate.models import Outage
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.factories import (
     ClusterFactory,
@@ -141,6 +142,30 @@ def test_it_shows_each_node_with_its_step_progress_and_time_left(owner):
     assert "Agent checking in" in row
     assert 'aria-valuenow="1"' in row and 'aria-valuemax="3"' in row
     assert "2m 10s left" in row
+
+
+def test_time_left_does_not_count_an_outage_of_ours(owner):
+    """A step whose stored deadline passed while our own machinery was down is not out of time
+    (docs/lifecycle.md, "Deadlines measure the machine, not us"): the page counts down to the
+    deadline the reconciler judges by, the stored one moved back by the outage."""
+    with time_machine.travel("2026-12-01 10:00:00Z", tick=False):
+        cluster = ClusterFactory(project=owner.project, size=2, machines=True)
+        node = cluster.nodes.get(index=1)
+        node.step = Node.Step.AGENT
+        node.reserved_at = timezone.now() - timedelta(minutes=5)
+        node.step_started_at = timezone.now() - timedelta(minutes=4)
+        node.step_deadline = timezone.now() - timedelta(minutes=1)
+        node.save()
+        Outage.objects.create(
+            name="machines",
+            started_at=timezone.now() - timedelta(minutes=3, seconds=30),
+            ended_at=timezone.now() - timedelta(seconds=30),
+        )
+
+        page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+
+    row = re.search(r'<tr id="node-1".*?</tr>', page, re.S).group(0)
+    assert "2m 00s left" in row  # 3 minutes of outage, 1 minute past the stored deadline
 
 
 def test_it_polls_the_status_fragment_while_the_cluster_is_live(owner):
