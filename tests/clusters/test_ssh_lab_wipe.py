@@ -81,6 +81,10 @@ def stray_processes(lab, host: str) -> None:
         " && (sh -c 'exec 3</root/.ssh/runcrate_cluster; exec sleep 600' >/dev/null 2>&1 &)"
         " && (python3 -c 'import time; time.sleep(600)' -i /root/.ssh/runcrate_cluster"
         " root@10.77.0.1 >/dev/null 2>&1 &)"
+        # The key is deleted once the sleep holds it open (a bounded wait: the background
+        # shell may not have opened it yet), so the open file is all that is left of it.
+        " && i=0 && while [ $i -lt 100 ] && ! pgrep -fx 'sleep 600' >/dev/null; do"
+        " sleep 0.05; i=$((i+1)); done"
         " && rm /root/.ssh/runcrate_cluster",
     )
 
