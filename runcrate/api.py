@@ -9,9 +9,9 @@ endpoint converts refusals by hand. Every operation declares the scope its key n
 No answer under /api/v1/ is anything but that JSON (docs/api.md "Every answer is the
 envelope"): a bug is a logged 500 `internal_error` without its traceback, our own outage (the
 database or the broker not answering, `runcrate/outages.py`) a 503 `service_unavailable` with
-`Retry-After`, and what no endpoint
-answered (no route, a method the path does not take) is made the envelope by
-`EnvelopeMiddleware`. Bodies are read by `BodyParser`, which refuses what no input may hold.
+`Retry-After`, and what no endpoint answered (no route, a method the path does not take) is
+made the envelope by `EnvelopeMiddleware`. Bodies are read by `BodyParser`, which refuses
+what no input may hold.
 """
 
 import json
@@ -399,8 +399,8 @@ def declare_error_answers(router: Router) -> None:
     """Add to each operation's OpenAPI answers the envelope for the statuses any operation of
     its kind can give, beside the refusals it declares itself: 422 (a query string with a
     control character, a parameter of the wrong shape), 500 and 503 (our outage) for all; 401
-    and 403 with an API
-    key; 404 with a path parameter; 400 (not JSON) and 413 (too large) with a body."""
+    and 403 with an API key; 404 with a path parameter; 400 (not JSON) and 413 (too large) with
+    a body."""
     for path_view in router.path_operations.values():
         for operation in path_view.operations:
             statuses = {422, 500, 503}
