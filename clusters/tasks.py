@@ -25,7 +25,7 @@ def tick() -> int:
 @shared_task(name="clusters.tasks.machines_heartbeat", ignore_result=True)
 def machines_heartbeat() -> None:
     """The `machines` queue's heartbeat: the beat sends it to that queue as often as the tick
-    (runcrate/celery.py), so it runs only while the beat, the broker and a worker of the queue
+    (CELERY_BEAT_SCHEDULE), so it runs only while the beat, the broker and a worker of the queue
     all do, and behind the per-node work queued before it. `/readyz` fails when it is overdue;
     its late runs are outages no machine's step deadline counts (docs/lifecycle.md)."""
     Beat.record("machines", every=beat_period("machines"))

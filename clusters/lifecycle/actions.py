@@ -11,7 +11,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from accounts.models import ApiKey, User
-from billing.models import LedgerEntry, UsageRecord
+from billing.models import UsageRecord
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.reconcile import _Pass, charge_on_commit
@@ -247,14 +247,11 @@ def _end_usage_at(*, node: Node, cluster: Cluster, at: datetime) -> Decimal:
         end = max(at, record.started_at)
         if record.charged_until > end:
             over = meter.cost_between(record, end, record.charged_until)
-            if over > 0:
-                LedgerEntry.objects.create(
-                    project_id=cluster.project_id,
-                    kind=LedgerEntry.Kind.ADJUSTMENT,
-                    amount=over,
-                    note=f"Refund: {cluster.name} {node.name} was lost; billed past its last "
-                    "heartbeat",
-                )
+            if meter.refund_line(
+                project_id=cluster.project_id,
+                amount=over,
+                note=f"Refund: {cluster.name} {node.name} was lost; billed past its last heartbeat",
+            ):
                 refunded += over
             record.charged_amount -= over
             record.charged_until = end
