@@ -124,7 +124,7 @@ def budget_stops(
     # Through the environment's relation (billing does not import clusters), in the statuses
     # that the clusters' stops end (clusters/stops.py).
     clusters = environment.clusters  # type: ignore[attr-defined]
-    running = clusters.filter(status__in=clusters.model.STOPPABLE)
+    running = clusters.filter(status__in=clusters.model.TERMINABLE)
     return BudgetStops(spent=spent, clusters=list(running.order_by("name", "pk")))
 
 

@@ -34,9 +34,6 @@ from runcrate.api import (
 
 router = Router(tags=["clusters"])
 
-MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
-
-
 # --- schemas --------------------------------------------------------------------------------
 
 
@@ -258,8 +255,7 @@ def _get_cluster(request: HttpRequest, cluster_id: int) -> Cluster:
 def _summary(cluster: Cluster) -> dict:
     machine_type = cluster.machine_type
     nodes = list(cluster.nodes.all())
-    up = sum(1 for node in nodes if node.status in MACHINES_UP) if cluster.is_live else 0
-    size = up or cluster.size
+    size = cluster.machines_priced(Cluster.machines_up_in(nodes))
     failure = None
     if cluster.failure_reason:
         failure = {
@@ -279,7 +275,7 @@ def _summary(cluster: Cluster) -> dict:
         "location": machine_type.location.code,
         "nodes": size,
         "software": cluster.software,
-        "price_per_hour": money_str(cluster.price_per_machine_hour * size),
+        "price_per_hour": money_str(cluster.price_per_hour(size)),
         "machine_price_per_hour": money_str(cluster.price_per_machine_hour),
         "quoted": cluster.is_quoted,
         "created_at": cluster.created_at,

@@ -158,15 +158,12 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
     )
 
 
-# The failures after which the software is not running (the cluster is degraded).
-_INSTALL_FAILURES = {"install_failed", "install_timeout"}
-
-
 def _software_state(cluster) -> tuple[str, str | None]:
     """running | installing | failed, and the node a failed install names."""
     if cluster.status == "installing":
         return "installing", None
-    if cluster.status == "degraded" and cluster.failure_reason in _INSTALL_FAILURES:
+    # Degraded because the software did not install: the one the page offers a retry for.
+    if cluster.can_retry_install:
         return "failed", cluster.failure_node or None
     return "running", None
 

@@ -47,9 +47,10 @@ class Cluster(models.Model):
     TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
     # Statuses in which machines are up and billed.
     BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
-    # What a stop for balance or budget ends (clusters/stops.py): everything live but what is
-    # already terminating. A provisioning cluster would start billing the moment it joins.
-    STOPPABLE = LIVE - {Status.TERMINATING}
+    # What a user may terminate, what a stop for balance or budget ends (clusters/stops.py) and
+    # what an API key's hourly limit counts: everything live but what is already terminating
+    # (whose billing has ended). A provisioning cluster would start billing the moment it joins.
+    TERMINABLE = LIVE - {Status.TERMINATING}
     # Statuses in which the network test may run: the software is settled and the machines
     # that joined are up (a degraded cluster's too: the test helps tell why).
     NETWORK_TESTABLE = {Status.READY, Status.DEGRADED}
@@ -214,6 +215,23 @@ class Cluster(models.Model):
         return self.quote_id is not None
 
     @property
+    def can_terminate(self) -> bool:
+        return self.status in self.TERMINABLE
+
+    @classmethod
+    def terminate_refusal(cls, status: str) -> str:
+        """Why a cluster in `status` ("gone" for one deleted) cannot be terminated, naming the
+        statuses that can, in the order of `Status`."""
+        names = [s.value for s in cls.Status if s in cls.TERMINABLE]
+        allowed = ", ".join(names[:-1]) + f" or {names[-1]}"
+        return f"This cluster is {status}; only a {allowed} cluster can be terminated."
+
+    @property
+    def can_add_workers(self) -> bool:
+        """Ready, and not quoted: a quoted cluster's size is part of the agreed terms."""
+        return self.status == self.Status.READY and not self.is_quoted
+
+    @property
     def can_retry_install(self) -> bool:
         """Degraded because its software did not install (not a lost or unhealthy machine,
         which installing again would not mend)."""
@@ -229,6 +247,22 @@ class Cluster(models.Model):
         if self.agreed_price_per_machine_hour is not None:
             return self.agreed_price_per_machine_hour
         return self.machine_type.price_per_hour
+
+    @staticmethod
+    def machines_up_in(nodes) -> int:
+        """How many of `nodes` (a cluster's, read or prefetched) are up: starting or joined."""
+        return sum(1 for node in nodes if node.status in Node.LIVE)
+
+    def machines_priced(self, up: int) -> int:
+        """The machines its price counts, given `up` of its machines up (`machines_up_in`, or
+        the list's count): those while it is live and any are, else the size it was created
+        with (what it will run, or ran)."""
+        return up if self.is_live and up else self.size
+
+    def price_per_hour(self, machines: int) -> Decimal:
+        """What `machines` of this cluster cost per hour (its pages and the API show it for
+        `machines_priced`)."""
+        return self.price_per_machine_hour * machines
 
     def clear_failure(self) -> None:
         """The failure no longer explains the cluster (a retry, its end by its owner)."""

@@ -45,7 +45,7 @@ class LimitsResult:
 
 def _stop(cluster_ids: list[int], reason: str) -> list[int]:
     stopped = []
-    for cluster in Cluster.objects.filter(pk__in=cluster_ids, status__in=Cluster.STOPPABLE):
+    for cluster in Cluster.objects.filter(pk__in=cluster_ids, status__in=Cluster.TERMINABLE):
         try:
             lifecycle.stop(cluster=cluster, reason=reason)
         except Exception:
@@ -62,7 +62,7 @@ def enforce_limits(*, now: datetime | None = None) -> LimitsResult:
     now = now or timezone.now()
     result = LimitsResult()
     live = list(
-        Cluster.objects.filter(status__in=Cluster.STOPPABLE).values_list(
+        Cluster.objects.filter(status__in=Cluster.TERMINABLE).values_list(
             "pk", "project_id", "environment_id"
         )
     )

@@ -44,14 +44,7 @@ from runcrate.money import usd
 CLUSTERS_PER_PAGE = 50
 # htmx stops polling when a poll is answered with this status.
 STOP_POLLING = 286
-MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
 
-TERMINABLE = {
-    Cluster.Status.PROVISIONING,
-    Cluster.Status.INSTALLING,
-    Cluster.Status.READY,
-    Cluster.Status.DEGRADED,
-}
 STATUS_BADGES = {
     Cluster.Status.PROVISIONING: "info",
     Cluster.Status.INSTALLING: "info",
@@ -76,8 +69,6 @@ FAILED_AT = {
     Node.Step.NETWORK: "network test",
     Node.Step.INSTALL: "install",
 }
-# Failures that leave a cluster degraded with its software not running.
-INSTALL_FAILURES = {Event.Reason.INSTALL_FAILED, Event.Reason.INSTALL_TIMEOUT}
 # The tail of a failure's output the page's banner shows; the event keeps it whole.
 FAILURE_OUTPUT_LINES = 40
 STEP_NAMES = {
@@ -126,10 +117,6 @@ def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
     return f"{reverse('clusters:new')}?{urlencode(query)}"
 
 
-def _price(machine_price: Decimal, machines: int) -> Decimal:
-    return machine_price * machines
-
-
 # --- the list ---------------------------------------------------------------------------------
 
 
@@ -148,12 +135,12 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
     costs = cluster_costs([cluster.pk for cluster in clusters], now=now)  # one query
     rows = []
     for cluster in clusters:
-        machines = cluster.machines_up if cluster.is_live and cluster.machines_up else cluster.size
+        machines = cluster.machines_priced(cluster.machines_up)
         rows.append(
             ClusterRow(
                 cluster=cluster,
                 machines=machines,
-                price_per_hour=_price(cluster.price_per_machine_hour, machines),
+                price_per_hour=cluster.price_per_hour(machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=_age(cluster.created_at, now),
                 cost=costs[cluster.pk],
@@ -167,7 +154,7 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
     clusters = (
         Cluster.objects.filter(project=require_project(request))
         .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
-        .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
+        .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=Node.LIVE)))
         .order_by("-created_at", "-pk")
     )
     page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
@@ -409,15 +396,10 @@ def _steps_done(node: Node, with_install: bool) -> int:
     return done
 
 
-def _install_failed(cluster: Cluster) -> bool:
-    """Whether the cluster is degraded because its software did not install (not a lost machine)."""
-    return cluster.status == Cluster.Status.DEGRADED and cluster.failure_reason in INSTALL_FAILURES
-
-
 def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRow]:
     with_install = cluster.software != Cluster.Software.NONE
     total = 4 if with_install else 3
-    install_failed = _install_failed(cluster)
+    install_failed = cluster.can_retry_install
     deadlines = lifecycle.step_deadlines(cluster, nodes, now) if cluster.is_live else {}
     rows = []
     for node in nodes:
@@ -587,7 +569,8 @@ def _detail_context(cluster: Cluster) -> dict:
     which the page reads whole (`_with_every_row`) and a poll only where they changed."""
     now = timezone.now()
     nodes = list(cluster.nodes.all())
-    machines = sum(1 for n in nodes if n.status in MACHINES_UP) if cluster.is_live else 0
+    up = Cluster.machines_up_in(nodes) if cluster.is_live else 0
+    machines = cluster.machines_priced(up)
     machine_type = cluster.machine_type
     context = {
         "cluster": cluster,
@@ -596,22 +579,20 @@ def _detail_context(cluster: Cluster) -> dict:
         "server_now": _instant(now),
         "machine_type": machine_type,
         "badge": STATUS_BADGES[cluster.status],
-        "machines": machines or cluster.size,
-        "price_per_hour": _price(cluster.price_per_machine_hour, machines or cluster.size),
+        "machines": machines,
+        "price_per_hour": cluster.price_per_hour(machines),
         "cost": cluster_costs([cluster.pk], now=now)[cluster.pk],
         "ready_by": _ready_by(cluster, nodes, now),
         "steps": _stepper(cluster, nodes),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
         "polling": not cluster.is_final,
         "poll_seconds": _poll_seconds(cluster, nodes),
-        "can_terminate": cluster.status in TERMINABLE,
-        "workers_max": max(0, MAX_NODES - machines),
+        "workers_max": max(0, MAX_NODES - up),
         "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
         "connect_version": "",
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
     context.update(_failure_context(cluster))
-    context["install_failed"] = _install_failed(cluster)
     context["acceptance"] = _acceptance(cluster)
     context["network_test"] = lifecycle.network_test_report(cluster, now)
     context["network_expected"] = connect.expected_bandwidth(
@@ -625,7 +606,7 @@ def _detail_context(cluster: Cluster) -> dict:
         context.update(_connect_panel(cluster))
         quote = {
             "gpu": machine_type.gpu.slug,
-            "nodes": machines or cluster.size,
+            "nodes": machines,
             "interconnect": "infiniband",
             "location": machine_type.location.code,
         }
@@ -810,8 +791,8 @@ def cluster_terminate(request: HttpRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST terminates: the confirmation works without JavaScript."""
     cluster = _get_cluster_for_user(request, pk)
     if request.method == "GET":
-        machines = cluster.nodes.filter(status__in=MACHINES_UP).count()
-        context = {"cluster": cluster, "machines": machines, "terminable": TERMINABLE}
+        machines = cluster.nodes.filter(status__in=Node.LIVE).count()
+        context = {"cluster": cluster, "machines": machines}
         return render(request, "clusters/terminate.html", context)
     try:
         lifecycle.terminate(cluster=cluster, user=request.user)

@@ -384,16 +384,13 @@ def require_balance(
         )
 
 
-# Statuses whose machines are held for the cluster and billed as they join: what a key's hourly
-# limit counts. A terminating cluster's billing has already ended.
-KEY_COUNTED = Cluster.LIVE - {Status.TERMINATING}
-
-
 def key_spend_per_hour(api_key: ApiKey) -> Decimal:
     """USD per hour of the machines up or coming up in the live clusters `api_key` created."""
     total = Node.objects.filter(
         cluster__created_by_key=api_key,
-        cluster__status__in=KEY_COUNTED,
+        # Machines held for the cluster and billed as they join; a terminating one's billing
+        # has ended (`Cluster.TERMINABLE`).
+        cluster__status__in=Cluster.TERMINABLE,
         status__in=Node.LIVE,
     ).aggregate(total=Sum("cluster__machine_type__price_per_hour"))["total"]
     return total or Decimal("0.00")

@@ -56,8 +56,9 @@ LEASE_SECONDS = {
 LONGEST_WORK_SECONDS = 2 * 60 * 60
 # How long a queued advance keeps others from being queued for the same cluster.
 ADVANCE_PENDING_SECONDS = 30
-# Statuses in which a user may terminate.
-TERMINABLE = {Status.PROVISIONING, Status.INSTALLING, Status.READY, Status.DEGRADED}
+# TODO(issue 20): a plain alias of `Cluster.TERMINABLE` for clusters/lifecycle/actions.py until
+# it asks `cluster.can_terminate`; remove it then.
+TERMINABLE = Cluster.TERMINABLE
 
 
 # --- small rules -------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def _put(owner, amount: str | None, **extra: object):
 
 def _running(staging: Environment) -> list[str]:
     return sorted(
-        Cluster.objects.filter(environment=staging, status__in=Cluster.STOPPABLE).values_list(
+        Cluster.objects.filter(environment=staging, status__in=Cluster.TERMINABLE).values_list(
             "name", flat=True
         )
     )
