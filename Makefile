@@ -61,7 +61,7 @@ test: install axe
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install
-	@$(BIN)/python manage.py bench
+	@$(BIN)/python -m bench
 
 lint: install
 	$(BIN)/ruff check .

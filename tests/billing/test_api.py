@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.models import Environment
-from billing.benchmarks import build_billed_clusters
+from bench.billing import build_billed_clusters
 from billing.meter import charge_accrued
 from tests.billing.conftest import add_credit, bill_cluster, end_cluster
 

@@ -10,7 +10,7 @@ import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from billing.benchmarks import build_billed_clusters
+from bench.billing import build_billed_clusters
 from billing.meter import charge_accrued
 from billing.models import LedgerEntry
 from tests.billing.conftest import add_credit, bill_cluster, end_cluster

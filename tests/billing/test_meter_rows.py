@@ -9,8 +9,8 @@ from django.db import connection
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
+from bench.billing import build_billed_clusters
 from billing import meter
-from billing.benchmarks import build_billed_clusters
 from billing.models import LedgerEntry, MeterMark, UsageRecord, balance_of
 from billing.usage import Month, machine_rows
 from tests.billing.conftest import bill_cluster, end_cluster

@@ -1,4 +1,4 @@
-"""Cluster benchmarks for `manage.py bench`, on its throwaway database (they write an
+"""Cluster benchmarks for `python -m bench`, on its throwaway database (they write an
 inventory, projects and clusters, and commit them).
 
 Provisioning: many clusters on a fresh inventory with instant boot, carried to ready by the
@@ -248,9 +248,9 @@ def tick_benchmark(
     progress: Callable[[str], None] = lambda message: None,
 ) -> list[dict]:
     """The tick (`clusters.tasks.tick`, its task body in this process) at each number of ready
-    clusters: the time of its SELECTs and of the whole tick (runbench.Timing), its queries."""
+    clusters: the time of its SELECTs and of the whole tick (bench.harness.Timing), its queries."""
+    from bench.harness import QueryTimer, Timing, settle
     from clusters.tasks import tick
-    from runcrate.bench import QueryTimer, Timing, settle
 
     results = []
     built = 0

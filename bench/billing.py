@@ -1,8 +1,8 @@
-"""Billing benchmarks for `manage.py bench`: the meter over many running machines beside a
+"""Billing benchmarks for `python -m bench`: the meter over many running machines beside a
 set-based SQL statement, the Billing page of a project with many clusters, and the page and
 the balance of a project whose ledger grows to a million lines.
 
-They run on the bench's throwaway database (runcrate/bench.py) and commit what they build, as
+They run on the bench's throwaway database (bench/harness.py) and commit what they build, as
 a database in service holds it. The data builders are plain bulk inserts (no lifecycle), also
 used by the tests that count queries.
 """
@@ -202,7 +202,7 @@ def meter_benchmark(
     Every size is measured within a clock hour of its own (in the past), after an untimed run
     that catches up (and crosses the hour), so no timed run opens new hourly lines. A size
     stops after 3 runs once its runs took `seconds_per_size`."""
-    from runcrate.bench import QueryTimer, Timing, settle, timed
+    from bench.harness import QueryTimer, Timing, settle, timed
 
     runs = min(runs, 25)  # two minutes a run, within the hour
     _, project = _owner("bench-meter@runcrate.invalid")
@@ -271,7 +271,7 @@ def _pages(
     user: User, paths: dict[str, str], *, requests: int
 ) -> tuple[dict[str, object], dict[str, int]]:
     """Each path over HTTP beside the bare logged-in view, taking turns: Timings and queries."""
-    from runcrate.bench import BARE_LOGGED_IN, count_queries, http_bench, measure_rounds
+    from bench.harness import BARE_LOGGED_IN, count_queries, http_bench, measure_rounds
 
     client, headers = _logged_in(user)
     targets = {"bare": (BARE_LOGGED_IN, headers)} | {
@@ -294,7 +294,7 @@ def billing_page_benchmark(
     """The Billing page of a project with each number of clusters × `machines_per_cluster`
     machines billed this month (and one cluster's usage rows), beside the bare logged-in view
     over HTTP: Timings and queries per request."""
-    from runcrate.bench import settle
+    from bench.harness import settle
 
     user, project = _owner("bench-billing@runcrate.invalid")
     now = timezone.now()
@@ -428,7 +428,7 @@ def ledger_benchmark(
     """The Billing page and the balance of a project whose ledger holds each number of lines
     (its clusters' usage lines of past hours, inserted set-based), the page beside the bare
     logged-in view over HTTP, the balance (`billing.ledger.balance`) called in this process."""
-    from runcrate.bench import Timing, measure_calls, settle
+    from bench.harness import Timing, measure_calls, settle
 
     user, project = _owner("bench-ledger@runcrate.invalid")
     now = timezone.now()

@@ -9,20 +9,21 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 
 from accounts.models import User
 from accounts.projects import create_project
+from bench import harness as bench
+from bench import loadgen
+from bench.__main__ import UsageError, parse_sizes
+from bench.billing import add_history, build_billed_clusters, set_based_charge
+from bench.clusters import build_ready_clusters, tick_benchmark
 from billing import balances, ledger
-from billing.benchmarks import add_history, build_billed_clusters, set_based_charge
 from billing.meter import billed_seconds, cost
 from billing.models import LedgerEntry, UsageRecord
-from clusters.benchmarks import build_ready_clusters, tick_benchmark
 from clusters.models import Cluster
 from offers.models import GpuModel, Host, Location
-from runcrate import bench, loadgen
 
 NOW = datetime(2026, 3, 20, 12, 0, tzinfo=UTC)
 
@@ -301,16 +302,16 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
 
 
 def test_it_refuses_sizes_it_cannot_build(db):
-    with pytest.raises(CommandError, match="--hosts must be at least 100"):
-        call_command("bench", hosts=10)
-    with pytest.raises(CommandError, match="--requests must be at least 10, not 3"):
-        call_command("bench", requests=3)
-    with pytest.raises(CommandError, match="increasing order"):
-        call_command("bench", hosts="20000,2000")
-    with pytest.raises(CommandError, match="no section nope"):
-        call_command("bench", only="pages,nope")
-    with pytest.raises(CommandError, match="CLUSTERSxNODES"):
-        call_command("bench", provisioning="100y8")
+    with pytest.raises(UsageError, match="--hosts must be at least 100"):
+        parse_sizes(["--hosts", "10"])
+    with pytest.raises(UsageError, match="--requests must be at least 10, not 3"):
+        parse_sizes(["--requests", "3"])
+    with pytest.raises(UsageError, match="increasing order"):
+        parse_sizes(["--hosts", "20000,2000"])
+    with pytest.raises(UsageError, match="no section nope"):
+        parse_sizes(["--only", "pages,nope"])
+    with pytest.raises(UsageError, match="CLUSTERSxNODES"):
+        parse_sizes(["--provisioning", "100y8"])
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def owner_project():
 
 
 def bench_type(price: Decimal, index: int):
-    from billing.benchmarks import bench_machine_type
+    from bench.billing import bench_machine_type
 
     machine_type = bench_machine_type()
     if index == 0:

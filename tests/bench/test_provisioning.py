@@ -1,8 +1,8 @@
-"""The provisioning benchmark `manage.py bench` runs (clusters/benchmarks.py), small."""
+"""The provisioning benchmark `make bench` runs (bench/clusters.py), small."""
 
 import pytest
 
-from clusters.benchmarks import provision_clusters
+from bench.clusters import provision_clusters
 from clusters.models import Cluster
 from offers.models import Host
 

@@ -1,6 +1,6 @@
-"""The load generator of `make bench`'s load run (runcrate/bench.py, docs/benchmarks.md).
+"""The load generator of `make bench`'s load run (bench/harness.py, docs/benchmarks.md).
 
-Standard library only, and run as a script of its own (`python runcrate/loadgen.py`), so it is
+Standard library only, and run as a script of its own (`python bench/loadgen.py`), so it is
 a process apart from the server it loads and from the bench that starts it. It reads its plan
 as JSON on stdin and writes what it measured as JSON on stdout.
 

@@ -1,4 +1,4 @@
-"""`manage.py bench` (`make bench`): how fast the product's hot paths are, each figure beside
+"""`python -m bench` (`make bench`): how fast the product's hot paths are, each figure beside
 its own baseline measured in the same run, on a throwaway database.
 
 Nothing here touches the operator's data: the command builds a separate database (a SQLite
@@ -294,7 +294,7 @@ def isolated_services(secret_key: str) -> Iterator[None]:
     overrides = override_settings(
         DEBUG=False,
         SECRET_KEY=secret_key,
-        ROOT_URLCONF="runcrate.bench",
+        ROOT_URLCONF="bench.harness",
         ALLOWED_HOSTS=["127.0.0.1", "localhost", "testserver"],
         SECURE_SSL_REDIRECT=False,
         EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend",
@@ -831,11 +831,11 @@ def procfile_web() -> str:
 
 
 SERVER_SETTINGS = """\
-# Written by `manage.py bench` for its load run, and removed with its database.
+# Written by `python -m bench` for its load run, and removed with its database.
 from runcrate.settings import *  # noqa: F403
 
 DATABASES = {{"default": {{**DATABASES["default"], "NAME": {name!r}}}}}  # noqa: F405
-ROOT_URLCONF = "runcrate.bench"
+ROOT_URLCONF = "bench.harness"
 # The load touches no static file; no collectstatic needed.
 STORAGES = {{
     **STORAGES,  # noqa: F405
@@ -920,7 +920,7 @@ def _wait_healthy(process: subprocess.Popen, port: int, seconds: float, log: Pat
 
 
 def run_load(port: int, targets: list[dict], sizes: Sizes) -> dict:
-    """The load generator (runcrate/loadgen.py) in a process of its own."""
+    """The load generator (bench/loadgen.py) in a process of its own."""
     plan = {
         "port": port,
         "connections": sizes.load_connections,
@@ -932,7 +932,7 @@ def run_load(port: int, targets: list[dict], sizes: Sizes) -> dict:
     }
     budget = (sizes.load_rounds + 1) * len(targets) * (sizes.load_cap_seconds + 5) + 60
     done = subprocess.run(  # noqa: S603 - our own script, no shell
-        [sys.executable, "-I", str(BASE_DIR / "runcrate" / "loadgen.py")],
+        [sys.executable, "-I", str(BASE_DIR / "bench" / "loadgen.py")],
         input=json.dumps(plan),
         capture_output=True,
         text=True,
@@ -966,7 +966,7 @@ def load_section(ctx: Context, folder: Path, secret_key: str) -> None:
         results = run_load(port, targets, sizes)
     lines = [
         f"Load run under the production server: {command}",
-        f"load generator: runcrate/loadgen.py, {sizes.load_connections} processes with a "
+        f"load generator: bench/loadgen.py, {sizes.load_connections} processes with a "
         f"connection each, {sizes.load_rounds} rounds of {sizes.load_requests} requests per "
         f"target (targets taking turns), {sizes.load_cap_seconds:g} s cap per turn; "
         f"{os.cpu_count()} CPUs for server and load together.",
@@ -1021,7 +1021,7 @@ def load_section(ctx: Context, folder: Path, secret_key: str) -> None:
 
 
 def tick_section(ctx: Context) -> None:
-    from clusters.benchmarks import tick_benchmark
+    from bench.clusters import tick_benchmark
 
     results = tick_benchmark(
         sizes=ctx.sizes.tick_clusters,
@@ -1058,7 +1058,7 @@ def tick_section(ctx: Context) -> None:
 
 
 def meter_section(ctx: Context) -> None:
-    from billing.benchmarks import meter_benchmark
+    from bench.billing import meter_benchmark
 
     results = meter_benchmark(
         machines=ctx.sizes.meter_machines, runs=ctx.sizes.meter_runs, progress=ctx.note
@@ -1103,7 +1103,7 @@ def meter_section(ctx: Context) -> None:
 
 
 def billing_section(ctx: Context) -> None:
-    from billing.benchmarks import billing_page_benchmark
+    from bench.billing import billing_page_benchmark
 
     results = billing_page_benchmark(
         clusters=ctx.sizes.billing_clusters, requests=ctx.sizes.page_requests, progress=ctx.note
@@ -1140,7 +1140,7 @@ def billing_section(ctx: Context) -> None:
 
 
 def ledger_section(ctx: Context) -> None:
-    from billing.benchmarks import ledger_benchmark
+    from bench.billing import ledger_benchmark
 
     results = ledger_benchmark(
         lines=ctx.sizes.ledger_lines, requests=ctx.sizes.page_requests, progress=ctx.note
@@ -1188,8 +1188,8 @@ def ledger_section(ctx: Context) -> None:
 
 def provisioning_section(ctx: Context) -> None:
     """Issue 3: clusters with instant boot, carried to ready by the reconciler in this process
-    (clusters/benchmarks.py: a tick, then everything it hands off, until nothing is left)."""
-    from clusters.benchmarks import provision_clusters
+    (bench/clusters.py: a tick, then everything it hands off, until nothing is left)."""
+    from bench.clusters import provision_clusters
 
     clusters, nodes = ctx.sizes.provisioning
     ctx.note(f"Provisioning {clusters} clusters × {nodes} nodes…")
