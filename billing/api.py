@@ -291,7 +291,7 @@ def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
             "name": environment.name,
             "monthly_budget": money_str(environment.monthly_budget),
             "month_to_date_spend": money_str(spent),
-            "budget_reached": amount is not None and spent >= amount,
+            "budget_reached": budgets.is_reached(spent=spent, budget=amount),
             "stopping": [cluster.name for cluster in stops.clusters] if stops else [],
         }
     }

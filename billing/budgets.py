@@ -1,8 +1,10 @@
 """Environments and their monthly budgets (SPEC §4-§5, docs/billing.md).
 
 An environment's month-to-date spend is the usage the meter has charged to its clusters since
-the start of the calendar month (UTC). Reaching the budget stops its clusters
-(clusters/stops.py) and refuses new ones (`budget_reached`).
+the start of the calendar month (UTC). A budget is reached when the spend is at or over it
+(`is_reached`, the one comparison: a spend equal to the budget stops): reaching it stops the
+environment's clusters (clusters/stops.py) and refuses new ones
+(clusters/lifecycle/reserve.py `require_budget`).
 """
 
 import re
@@ -81,11 +83,10 @@ def month_to_date_spend(*, environment: Environment, now: datetime | None = None
     return spend_by_environment(environment_ids=[environment.pk], now=now)[environment.pk]
 
 
-def budget_reached(*, environment: Environment, now: datetime | None = None) -> bool:
-    """True when the environment has a budget and this month's spend has reached it."""
-    if environment.monthly_budget is None:
-        return False
-    return month_to_date_spend(environment=environment, now=now) >= environment.monthly_budget
+def is_reached(*, spent: Decimal, budget: Decimal | None) -> bool:
+    """Whether a month's spend `spent` reached `budget`: at or over it. No budget (None) is
+    never reached; a budget of zero is reached from the start."""
+    return budget is not None and spent >= budget
 
 
 def parse_budget(raw: object) -> Decimal | None:
@@ -119,7 +120,7 @@ def budget_stops(
     *, environment: Environment, amount: Decimal, now: datetime | None = None
 ) -> BudgetStops:
     spent = month_to_date_spend(environment=environment, now=now)
-    if amount > spent:
+    if not is_reached(spent=spent, budget=amount):
         return BudgetStops(spent=spent, clusters=[])
     # Through the environment's relation (billing does not import clusters), in the statuses
     # that the clusters' stops end (clusters/stops.py).
@@ -215,7 +216,7 @@ class EnvironmentBudget:
 
     @property
     def reached(self) -> bool:
-        return self.budget is not None and self.spent >= self.budget
+        return is_reached(spent=self.spent, budget=self.budget)
 
     @property
     def warning(self) -> bool:

@@ -2,9 +2,9 @@
 docs/billing.md). Billing answers which projects and environments are over; stopping their
 clusters is the clusters' concern (clusters/stops.py), which asks after every meter run.
 
-- A project whose balance is at or below zero is over (`projects_over_balance`).
+- A project whose balance is at or below zero is over (`balance_standing`).
 - An environment whose month-to-date spend reached its monthly budget is over
-  (`budget_standing`).
+  (`budget_standing`, by `billing.budgets.is_reached`).
 - Emails: the balance covers less than one hour of what runs; an environment spent 80% of its
   budget. Each is sent once: a `Notice` row (unique) records it.
 """
@@ -19,7 +19,7 @@ from django.db.models import Max
 
 from accounts.models import Environment, Membership
 from billing import balances
-from billing.budgets import WARNING_SHARE, month_start, spend_by_environment
+from billing.budgets import WARNING_SHARE, is_reached, month_start, spend_by_environment
 from billing.meter import burn_rates
 from billing.models import LedgerEntry, Notice
 from runcrate.emails import send_templated
@@ -56,11 +56,6 @@ def balance_standing(project_ids: set[int]) -> BalanceStanding:
     )
 
 
-def projects_over_balance(project_ids: set[int]) -> set[int]:
-    """The projects among these whose balance is at or below zero: one query."""
-    return {pk for pk, amount in balances.balances(project_ids).items() if amount <= 0}
-
-
 @dataclass
 class BudgetStanding:
     """The environments with a budget among those asked about, their month's spend, and those
@@ -85,13 +80,12 @@ def budget_standing(environment_ids: set[int], *, now: datetime) -> BudgetStandi
         for env in Environment.objects.filter(pk__in=environment_ids, monthly_budget__isnull=False)
     }
     spend = spend_by_environment(environment_ids=list(environments), now=now)
-    over = {env_id for env_id, env in environments.items() if spend[env_id] >= env.monthly_budget}
+    over = {
+        env_id
+        for env_id, env in environments.items()
+        if is_reached(spent=spend[env_id], budget=env.monthly_budget)
+    }
     return BudgetStanding(environments=environments, spend=spend, over=over)
-
-
-def environments_over_budget(environment_ids: set[int], *, now: datetime) -> set[int]:
-    """The environments among these whose month-to-date spend reached their budget."""
-    return budget_standing(environment_ids, now=now).over
 
 
 def billing_recipients(project_ids: set[int]) -> dict[int, list[str]]:

@@ -27,7 +27,6 @@ from django.utils import timezone
 from offers.models import (
     BOOLEAN_MAX_NODES,
     MAX_NODES,
-    MIN_NODES,
     GpuModel,
     Host,
     Location,
@@ -235,10 +234,6 @@ def same_shape_first(offers: list[Offer], *, like: MachineType | OfferMachineTyp
         )
 
     return sorted(offers, key=differs)
-
-
-def valid_size(nodes: int) -> bool:
-    return MIN_NODES <= nodes <= MAX_NODES
 
 
 def _free_hosts() -> RawSQL:

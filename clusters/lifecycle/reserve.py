@@ -358,9 +358,11 @@ def create_cluster(
 
 def require_budget(*, environment: Environment, now: datetime) -> None:
     """An environment whose month-to-date spend reached its budget takes no new cluster
-    (billing.budgets.budget_reached). Call with the environment's row locked."""
-    if budgets.budget_reached(environment=environment, now=now):
-        spent = budgets.month_to_date_spend(environment=environment, now=now)  # for the message
+    (billing.budgets.is_reached). Call with the environment's row locked."""
+    if environment.monthly_budget is None:
+        return  # no budget: no spend to read
+    spent = budgets.month_to_date_spend(environment=environment, now=now)
+    if budgets.is_reached(spent=spent, budget=environment.monthly_budget):
         raise ClusterRefused(
             "budget_reached",
             f"The {environment.name} environment has spent {usd(spent)} this month, its "

@@ -109,7 +109,8 @@ def test_it_stops_the_clusters_of_an_environment_that_reached_its_budget(owner):
         ("terminating", "budget"),
         ("ready", ""),
     ]
-    assert budgets.budget_reached(environment=staging, now=NOW)
+    spent = budgets.month_to_date_spend(environment=staging, now=NOW)
+    assert budgets.is_reached(spent=spent, budget=staging.monthly_budget)
     assert len(mail.outbox) == 1
     assert mail.outbox[0].subject == "2 clusters were stopped: staging reached its monthly budget"
 
