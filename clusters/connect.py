@@ -9,17 +9,16 @@ node with neither an address of its own nor a gateway in front of it has no SSH 
 """
 
 import base64
-import hashlib
-import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from django.conf import settings
+
+from clusters import secrets
 
 SSH_USER = "root"
 MASTER_PORT = 29500
@@ -83,6 +82,9 @@ class ClusterShape:
     # how the machines are joined: Ethernet for self-serve, InfiniBand or RoCE where quoted
     interconnect: str = "ethernet"
     interconnect_label: str = "Ethernet"
+    # The key the cluster's secrets are derived under (`clusters.secrets.cluster_key`, so a
+    # key rotation changes none of them); "" for the current SECRET_KEY.
+    secret_key: str = field(default="", repr=False)
 
     @property
     def size(self) -> int:
@@ -128,7 +130,9 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
     Reads `cluster.nodes.all()` (prefetch it) and the attached volume (`cluster.volumes`)."""
     machine_type = cluster.machine_type
     wanted = ("starting", "joined") if planning or cluster.joined_at is None else ("joined",)
-    nodes = [n for n in cluster.nodes.all() if n.status in wanted]
+    every_node = list(cluster.nodes.all())
+    nodes = [n for n in every_node if n.status in wanted]
+    founder = next((n for n in every_node if n.index == 0), None)
     gateway = machine_type.location.ssh_gateway or None
     volume = next(iter(cluster.volumes.all()), None)
     state, failed_on = _software_state(cluster)
@@ -155,6 +159,7 @@ def shape_for(cluster, *, planning: bool = False) -> ClusterShape:
         software_failed_on=failed_on,
         interconnect=machine_type.interconnect,
         interconnect_label=machine_type.get_interconnect_display(),
+        secret_key=secrets.cluster_key(founder),
     )
 
 
@@ -357,9 +362,9 @@ def kube_tunnel(shape: ClusterShape) -> str | None:
 
 
 def _cluster_secret(shape: ClusterShape, purpose: str) -> bytes:
-    """32 bytes derived from the secret key, `purpose` and the cluster's id: stored nowhere."""
-    message = f"{purpose}:{shape.cluster_id}".encode()
-    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).digest()
+    """32 bytes derived from the key the cluster was created under (`shape.secret_key`),
+    `purpose` and the cluster's id: stored nowhere (clusters/secrets.py)."""
+    return secrets.cluster_secret(shape.secret_key, purpose, str(shape.cluster_id))
 
 
 def kube_token(shape: ClusterShape) -> str:

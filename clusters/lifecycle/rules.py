@@ -3,13 +3,12 @@ judgements on what an agent reports (its GPUs, its reachability row)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from clusters import secrets
 from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
 
@@ -132,21 +131,14 @@ def deadline_with_downtime(
 
 
 def agent_token(node: Node) -> str:
-    """The node's agent credential, derived rather than stored: only its hash is kept.
-
-    Derived from SECRET_KEY; after a rotation, from whichever key in SECRET_KEY_FALLBACKS made
-    the hash the node keeps, so the token its agent already holds stays the one it is sent."""
-    message = f"runcrate-agent:{node.cluster_id}:{node.index}:{node.reserved_at.isoformat()}"
-    tokens = [
-        hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
-        for key in [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
-    ]
-    kept = node.agent_token_hash
-    return next((token for token in tokens if kept and token_hash(token) == kept), tokens[0])
+    """The node's agent credential, derived rather than stored: only its hash is kept. The
+    lifecycle's name for `clusters.secrets.agent_token` (the one derivation, which honours
+    SECRET_KEY_FALLBACKS)."""
+    return secrets.agent_token(node)
 
 
 def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return secrets.token_hash(token)
 
 
 def needs_work(cluster: Cluster, nodes: list[Node]) -> bool:
