@@ -162,6 +162,9 @@ class ProjectMembershipInline(MembershipInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
+    """Billing registers it again with its "Add credit" action (billing/admin.py): an app adds to
+    a lower app's admin, never the other way round."""
+
     list_display = ("name", "members", money_column("balance", "balance"), "created_at")
     search_fields = ("name", "memberships__user__email")
     inlines = (ProjectMembershipInline, EnvironmentInline)
@@ -231,9 +234,3 @@ class SshKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
-
-
-# ---- billing: staff credit a project from here (the action lives in billing/admin.py) ----
-from billing.admin import add_credit  # noqa: E402
-
-ProjectAdmin.actions = (*ProjectAdmin.actions, add_credit)

@@ -8,16 +8,14 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
 from accounts import keys
+from accounts.api_auth import FULL_KEY, Scope, needs
 from accounts.models import ApiKey, SshKey
 from runcrate.api import (
-    FULL_KEY,
     ApiError,
     ErrorOut,
     ListMeta,
     Offset,
-    Scope,
     money_str,
-    needs,
     paginated,
 )
 

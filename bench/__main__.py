@@ -29,7 +29,7 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runcrate.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()

@@ -51,8 +51,8 @@ from django.urls import path
 from accounts.keys import add_ssh_key
 from accounts.models import ApiKey, User
 from accounts.projects import create_project
+from config import urls as product_urls
 from offers.models import GpuModel, Host, Location, MachineType
-from runcrate import urls as product_urls
 
 BENCH_EMAIL = "bench@runcrate.invalid"
 BENCH_SSH_KEY = (
@@ -285,7 +285,7 @@ def isolated_services(secret_key: str) -> Iterator[None]:
     """Production-like request handling, with mail, cache and broker kept in this process, the
     bench's URLconf, and a secret key of the run's own (the load run's server gets the same, so
     it accepts the sessions made here)."""
-    from runcrate.celery import app as celery_app
+    from config.celery import app as celery_app
 
     saved_broker = (celery_app.conf.broker_url, celery_app.conf.broker_transport_options)
     # Nothing published yet in this process, so the producer pool is built from this.
@@ -832,7 +832,7 @@ def procfile_web() -> str:
 
 SERVER_SETTINGS = """\
 # Written by `python -m bench` for its load run, and removed with its database.
-from runcrate.settings import *  # noqa: F403
+from config.settings import *  # noqa: F403
 
 DATABASES = {{"default": {{**DATABASES["default"], "NAME": {name!r}}}}}  # noqa: F405
 ROOT_URLCONF = "bench.harness"

@@ -1,5 +1,6 @@
 """Staff see the ledger (read-only: lines are only ever added) and add credit through a form,
-or from the Project admin's "Add credit" action (registered in accounts/admin.py)."""
+or from the Project admin's "Add credit" action, which billing adds: it registers accounts'
+Project admin again with the action (accounts knows nothing of billing)."""
 
 from decimal import Decimal
 
@@ -11,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
+from accounts.admin import ProjectAdmin as AccountsProjectAdmin
 from accounts.models import Project
 from billing import ledger
 from billing.models import LedgerEntry
@@ -95,6 +97,16 @@ def add_credit(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Que
         return None
     url = reverse("admin:billing_ledgerentry_add")
     return HttpResponseRedirect(f"{url}?project={queryset.get().pk}")
+
+
+class ProjectAdmin(AccountsProjectAdmin):
+    """Accounts' Project admin with billing's "Add credit" action."""
+
+    actions = (*AccountsProjectAdmin.actions, add_credit)
+
+
+admin.site.unregister(Project)
+admin.site.register(Project, ProjectAdmin)
 
 
 # ---- card top-ups (billing/payments.py): read-only, Stripe's webhook is their only writer ----

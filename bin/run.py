@@ -217,7 +217,7 @@ def main() -> int:
         # A container or a CI box runs the demo as root; the warning is for production.
         env.setdefault("PYTHONWARNINGS", "ignore:You're running the worker with superuser")
     python = sys.executable
-    celery = [python, "-m", "celery", "--app=runcrate", "--quiet"]
+    celery = [python, "-m", "celery", "--app=config", "--quiet"]
     commands = {
         "web": [python, "manage.py", "runserver", f"{HOST}:{port}", "--noreload", "--skip-checks"],
         # The default queue (advance, the tick's work, the meter, emails) and the machines'

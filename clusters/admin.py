@@ -17,7 +17,7 @@ from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
@@ -25,7 +25,7 @@ from clusters import hosts, lifecycle
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, Volume
 from offers.admin import HostAdmin as OffersHostAdmin
-from offers.admin import QuoteRequestAdmin
+from offers.admin import QuoteRequestAdmin as OffersQuoteRequestAdmin
 from offers.inventory import take_hosts_offline
 from offers.models import MIN_NODES, Host, MachineType, QuoteRequest
 from runcrate.admin import ReadOnlyAdmin, money_column
@@ -386,8 +386,15 @@ def create_quoted_cluster(
     return HttpResponseRedirect(f"{reverse('admin:clusters_cluster_add')}?quote={quote.pk}")
 
 
-# offers sits below clusters, so the action on its quote requests is registered from here.
-QuoteRequestAdmin.actions = (*QuoteRequestAdmin.actions, create_quoted_cluster)
+class QuoteRequestAdmin(OffersQuoteRequestAdmin):
+    """Offers' quote requests with clusters' action: offers sits below clusters, so clusters
+    registers offers' admin again with what it adds."""
+
+    actions = (*OffersQuoteRequestAdmin.actions, create_quoted_cluster)
+
+
+admin.site.unregister(QuoteRequest)
+admin.site.register(QuoteRequest, QuoteRequestAdmin)
 
 
 # ---- hosts between tenants: verified before they go back (clusters/hosts.py) ------------------
@@ -420,7 +427,33 @@ def record_baseline(modeladmin, request: HttpRequest, queryset: QuerySet) -> Non
     _host_outcome(modeladmin, request, outcome, "recorded as their baseline")
 
 
-OffersHostAdmin.actions = (*OffersHostAdmin.actions, mark_free, reimage, record_baseline)
+class HostAdmin(OffersHostAdmin):
+    """Offers' host admin with what clusters know of a host: the actions that connect to it
+    (clusters/hosts.py) and the staff events of its nodes."""
+
+    actions = (*OffersHostAdmin.actions, mark_free, reimage, record_baseline)
+    readonly_fields = (*OffersHostAdmin.readonly_fields, "what_went_wrong")
+
+    # Events for staff about this host: a host key it offered instead of the pinned one, a
+    # wipe that failed. The newest few, with their output (the offered key, the leftovers).
+    STAFF_REASONS = ("host_key_mismatch", "release_failed")
+
+    @admin.display(description="What went wrong lately")
+    def what_went_wrong(self, host: Host) -> str:
+        events = Event.objects.filter(node__host=host, reason__in=self.STAFF_REASONS).order_by(
+            "-at"
+        )[:5]
+        if not events:
+            return "Nothing."
+        return format_html_join(
+            "",
+            '<p><strong>{}</strong> <code>{}</code>: {}</p><pre class="staff-output">{}</pre>',
+            ((f"{e.at:%Y-%m-%d %H:%M:%S} UTC", e.reason, e.message, e.output) for e in events),
+        )
+
+
+admin.site.unregister(Host)
+admin.site.register(Host, HostAdmin)
 
 
 # ---- nodes: where a host is taken offline ----------------------------------------------------

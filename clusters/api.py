@@ -14,6 +14,7 @@ from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
 
+from accounts.api_auth import Scope, needs
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import connect, idempotency, lifecycle, volumes
@@ -25,9 +26,7 @@ from runcrate.api import (
     ErrorOut,
     ListMeta,
     Offset,
-    Scope,
     money_str,
-    needs,
     paginated,
     render,
 )

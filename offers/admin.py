@@ -9,7 +9,6 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html_join
 
 from offers.inventory import (
     FIXED_WHILE_SERVING,
@@ -234,33 +233,13 @@ class HostAdmin(ChangesOffers):
     list_select_related = ["machine_type__location", "machine_type__gpu"]
     search_fields = ["name", "address", "machine_type__slug"]
     autocomplete_fields = ["machine_type"]
-    readonly_fields = [
-        "state", "state_changed_at", "pristine_report", "baseline_at", "what_went_wrong",
-    ]  # fmt: skip
-    # Mark free, Reimage and Record baseline connect to the hosts: clusters/admin.py adds them.
+    readonly_fields = ["state", "state_changed_at", "pristine_report", "baseline_at"]
+    # Mark free, Reimage and Record baseline connect to the hosts, and what went wrong lately is
+    # clusters' events: clusters/admin.py registers this admin again with them added.
     actions = ["mark_offline"]
 
     class Media:
         css = {"all": ["css/admin.css"]}  # no inline style: the CSP refuses them
-
-    # Events for staff about this host: a host key it offered instead of the pinned one, a
-    # wipe that failed. The newest few, with their output (the offered key, the leftovers).
-    STAFF_REASONS = ("host_key_mismatch", "release_failed")
-
-    @admin.display(description="What went wrong lately")
-    def what_went_wrong(self, host: Host) -> str:
-        from clusters.models import Event
-
-        events = Event.objects.filter(node__host=host, reason__in=self.STAFF_REASONS).order_by(
-            "-at"
-        )[:5]
-        if not events:
-            return "Nothing."
-        return format_html_join(
-            "",
-            '<p><strong>{}</strong> <code>{}</code>: {}</p><pre class="staff-output">{}</pre>',
-            ((f"{e.at:%Y-%m-%d %H:%M:%S} UTC", e.reason, e.message, e.output) for e in events),
-        )
 
     show_full_result_count = False  # the inventory can hold tens of thousands of hosts
 

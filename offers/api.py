@@ -6,6 +6,7 @@ from datetime import date
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
 
+from accounts.api_auth import Scope, needs
 from accounts.projects import get_for_project
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, QuoteRequest
 from offers.offers import (
@@ -33,11 +34,9 @@ from offers.quotes import (
 from runcrate.api import (
     ApiError,
     ErrorOut,
-    Scope,
     exact_money_str,
     list_envelope,
     money_str,
-    needs,
     utc_str,
 )
 

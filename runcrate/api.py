@@ -1,10 +1,12 @@
-"""The JSON API root: `/api/v1/`, bearer API keys with scopes, one error path.
+"""The JSON API toolkit: the `/api/v1/` NinjaAPI instance, the envelope, one error path.
 
 Success is `{"data": …}` (lists add `"meta"`, built by `list_envelope`/`paginated`); an error is
 `{"error": {"code": "snake_case", "message": "a sentence"}}` with a 4xx status. Every refusal in
 the product subclasses `runcrate.errors.Refused`; the one handler here renders it, so no
 endpoint converts refusals by hand. Every operation declares the scope its key needs
-(`auth=needs(Scope.CREATE)`); one that forgets needs a key with every scope and no limits.
+(`auth=needs(Scope.CREATE)`, accounts/api_auth.py); one that forgets needs a key with every
+scope and no limits, the default the project (config/urls.py) gives as it mounts the routers.
+This module imports no app: the kernel's (docs/architecture.md, "Layers").
 
 No answer under /api/v1/ is anything but that JSON (docs/api.md "Every answer is the
 envelope"): a bug is a logged 500 `internal_error` without its traceback, our own outage (the
@@ -26,31 +28,24 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
-from django.utils import timezone
 from ninja import Field, NinjaAPI, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.params.models import BodyModel
 from ninja.parser import Parser
-from ninja.security import HttpBearer
 
-from accounts.keys import find_api_key
-from accounts.models import ApiKey
 from runcrate import money, outages
 from runcrate.errors import Refused
 from runcrate.text import check_json, too_deep
 
 logger = logging.getLogger(__name__)
 
-# Where the API is mounted (runcrate/urls.py): every answer under it is the envelope.
+# Where the API is mounted (config/urls.py): every answer under it is the envelope.
 PREFIX = "/api/v1/"
 
 
 def is_api(request: HttpRequest) -> bool:
     return request.path_info.startswith(PREFIX)
-
-
-Scope = ApiKey.Scope
 
 
 class ApiError(Refused):
@@ -59,12 +54,6 @@ class ApiError(Refused):
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(code, message, status=status)
-
-
-class KeyNotAllowed(Refused):
-    """The key is valid but narrowed: the call needs a scope it lacks (`scope_missing`)."""
-
-    STATUS = {"scope_missing": 403}
 
 
 def money_str(value: Decimal | None) -> str | None:
@@ -140,69 +129,6 @@ def paginated(
     return list_envelope(data, total=queryset.count(), limit=limit, offset=offset, **meta)
 
 
-def describe_key(key: ApiKey) -> str:
-    """What a key may do, for a refusal's message: its scopes and its limits."""
-    terms = [f"the scopes {', '.join(key.granted_scopes)}"]
-    if key.max_machines_per_cluster is not None:
-        terms.append(f"at most {key.max_machines_per_cluster} machines per cluster")
-    if key.max_usd_per_hour is not None:
-        terms.append(f"at most {money.usd(key.max_usd_per_hour)} per hour")
-    return f"The API key '{key.name}' ({key.prefix}…) has " + "; ".join(terms)
-
-
-class ApiKeyAuth(HttpBearer):
-    """A bearer API key that must hold `scope`; with scope None, every scope and no limits
-    (what managing keys needs, and what an operation that declares nothing gets)."""
-
-    def __init__(self, scope: str | None) -> None:
-        super().__init__()
-        self.scope = scope
-
-    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
-        if not token.startswith("rc_"):
-            return None
-        key = find_api_key(token, now=timezone.now())
-        if key is None:
-            return None
-        if not key.is_member:
-            raise ApiError(
-                401,
-                "unauthenticated",
-                f"The API key '{key.name}' ({key.prefix}…) is {key.user.email}'s, who is no "
-                f"longer a member of the project {key.project.name!r}: it no longer opens the "
-                "API. Ask an owner of the project to add them again, or use another key.",
-            )
-        request.user = key.user
-        request.project = key.project  # type: ignore[attr-defined]
-        self.check(request, key)
-        return key
-
-    def check(self, request: HttpRequest, key: ApiKey) -> None:
-        call = f"{request.method} {request.path}"
-        if self.scope is None:
-            if not key.is_unrestricted:
-                raise KeyNotAllowed(
-                    "scope_missing",
-                    f"{call} needs a key with every scope ({', '.join(Scope.values)}) and no "
-                    f"limits, so that a narrowed key cannot make a wider one. "
-                    f"{describe_key(key)}.",
-                )
-        elif not key.has_scope(self.scope):
-            raise KeyNotAllowed(
-                "scope_missing",
-                f"{call} needs the '{self.scope}' scope. {describe_key(key)}.",
-            )
-
-
-_SCOPED = {scope: ApiKeyAuth(scope) for scope in Scope.values}
-FULL_KEY = ApiKeyAuth(None)
-
-
-def needs(scope: str) -> ApiKeyAuth:
-    """The auth of an operation that needs `scope` (`read`, `create`, `terminate`, `billing`)."""
-    return _SCOPED[scope]
-
-
 def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -228,9 +154,8 @@ api = NinjaAPI(
     title="Runcrate Clusters API",
     version="1",
     urls_namespace="api",
-    # An operation that declares no scope fails closed: only a key with every scope and no
-    # limits may call it.
-    auth=ApiKeyAuth(None),
+    # No default auth here: the kernel knows no key. config/urls.py gives every operation that
+    # declares none a key with every scope and no limits (it fails closed) as it mounts them.
     docs_url="/docs",
     parser=BodyParser(),
 )
@@ -379,32 +304,16 @@ class EnvelopeMiddleware:
         return "_".join(phrase.lower().split()), f"{call} was refused: {phrase}."
 
 
-def mount_routers() -> None:
-    """Attach every app's router. Called once, by the URLconf: were it called here at import,
-    an app's api module imported first (it imports ApiError from here) would import itself
-    half-initialised."""
-    from accounts.api import router as accounts_router
-    from billing.api import router as billing_router
-    from clusters.agent.api import router as agent_router  # nodes' agents, by node token
-    from clusters.api import router as clusters_router
-    from offers.api import router as offers_router
-
-    routers = [offers_router, accounts_router, clusters_router, billing_router, agent_router]
-    for router in routers:
-        declare_error_answers(router)
-        api.add_router("/", router)
-
-
 def declare_error_answers(router: Router) -> None:
     """Add to each operation's OpenAPI answers the envelope for the statuses any operation of
     its kind can give, beside the refusals it declares itself: 422 (a query string with a
     control character, a parameter of the wrong shape), 500 and 503 (our outage) for all; 401
-    and 403 with an API key; 404 with a path parameter; 400 (not JSON) and 413 (too large) with
-    a body."""
+    and 403 behind an auth (an API key); 404 with a path parameter; 400 (not JSON) and 413 (too
+    large) with a body."""
     for path_view in router.path_operations.values():
         for operation in path_view.operations:
             statuses = {422, 500, 503}
-            if any(isinstance(auth, ApiKeyAuth) for auth in operation.auth_callbacks):
+            if operation.auth_callbacks:
                 statuses |= {401, 403}
             if "{" in operation.path:
                 statuses.add(404)

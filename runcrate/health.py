@@ -40,7 +40,9 @@ def check_database() -> str:
 
 
 def check_broker() -> str:
-    from runcrate.celery import app
+    # The current Celery app is the project's (config/celery.py), the one every shared_task
+    # sends through; the kernel names no app of the project's.
+    from celery import current_app as app
 
     try:
         with app.connection_for_write() as conn:

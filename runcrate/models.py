@@ -18,7 +18,7 @@ KEEP_OUTAGES = timedelta(days=7)
 
 def beat_period(name: str) -> float:
     """How often each periodic task runs, in seconds: the `machines` heartbeat is sent as often
-    as the tick (CELERY_BEAT_SCHEDULE, runcrate/settings.py)."""
+    as the tick (CELERY_BEAT_SCHEDULE, config/settings.py)."""
     return {
         "tick": settings.RUNCRATE_TICK_SECONDS,
         "machines": settings.RUNCRATE_TICK_SECONDS,

@@ -5,11 +5,12 @@ import pytest
 from django.test import Client
 
 from accounts import keys
+from accounts.api_auth import FULL_KEY, needs
 from accounts.models import ApiKey
 from clusters import lifecycle
 from clusters.models import Cluster
 from offers.models import Host
-from runcrate.api import FULL_KEY, api, needs
+from runcrate.api import api
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.factories import ClusterFactory, LocationFactory
 

@@ -166,7 +166,7 @@ def test_its_production_server_serves_the_committed_data_and_the_run_s_sessions(
                 client.close()
             log = (tmp_path / "server" / "gunicorn.log").read_text()
 
-    assert command.startswith("gunicorn runcrate.wsgi")
+    assert command.startswith("gunicorn config.wsgi")
     assert answers[0] == (200, b'{"status": "ok"}')
     assert answers[1] == (200, b"ok")  # the session made in this process, from the database
     assert answers[2][0] == 302  # no session: the login page

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from accounts.models import User
 from billing.meter import charge_accrued
+from config.management.commands.seed_demo import DEMO_EMAIL, DEMO_PASSWORD
 from offers.models import MachineType
-from runcrate.management.commands.seed_demo import DEMO_EMAIL, DEMO_PASSWORD
 from tests.billing.conftest import bill_cluster
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -183,7 +183,7 @@ def test_it_writes_to_the_project_owners_when_the_creator_is_gone(owner, teammat
 
 
 def test_it_runs_from_the_celery_task_and_beat(settings):
-    from runcrate.celery import app
+    from config.celery import app
 
     assert "clusters.notifications" in settings.CELERY_IMPORTS
     entry = settings.CELERY_BEAT_SCHEDULE["cluster-emails"]

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from clusters import tasks
 from clusters.models import Cluster
-from runcrate.celery import app
+from config.celery import app
 from tests.clusters.lifecycle_kit import create, inventory, new_project
 
 needs_redis = pytest.mark.skipif(

@@ -24,8 +24,8 @@ from django.db import OperationalError, connection
 from billing.models import UsageRecord
 from clusters import lifecycle, tasks
 from clusters.models import Cluster, Node
+from config.celery import app
 from offers.models import Host, MachineType
-from runcrate.celery import app
 from tests.clusters.lifecycle_kit import create, inventory, new_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,12 +53,12 @@ def start_worker(tmp_path: Path) -> subprocess.Popen:
         "REDIS_URL": settings.REDIS_URL,
         "RUNCRATE_SIM_SPEED": str(SIM_SPEED),
         "RUNCRATE_VAR_DIR": str(tmp_path / "var"),
-        "DJANGO_SETTINGS_MODULE": "runcrate.settings",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
         "SECRET_KEY": settings.SECRET_KEY,  # agent tokens are derived from it
     }
     log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115 (kept open for the process)
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "--app=runcrate", "worker", "--pool=threads"]
+        [sys.executable, "-m", "celery", "--app=config", "worker", "--pool=threads"]
         + ["--concurrency=4", "--loglevel=WARNING", "--without-mingle", "--without-gossip"],
         cwd=ROOT,
         env=env,

@@ -24,8 +24,8 @@ from django.db import connection
 from django.utils import timezone
 
 from clusters.models import Cluster, Node
+from config.celery import app
 from offers.models import MachineType
-from runcrate.celery import app
 from runcrate.models import Beat, Outage
 from tests.clusters.lifecycle_kit import create, inventory, new_project
 
@@ -60,12 +60,12 @@ class Deployment:
             "RUNCRATE_TICK_SECONDS": str(TICK_SECONDS),
             "RUNCRATE_MIN_STEP_SECONDS": str(MIN_STEP_SECONDS),
             "RUNCRATE_VAR_DIR": str(tmp_path / "var"),
-            "DJANGO_SETTINGS_MODULE": "runcrate.settings",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
             "SECRET_KEY": settings.SECRET_KEY,  # agent tokens are derived from it
         }
 
     def start(self, name: str) -> None:
-        celery = [sys.executable, "-m", "celery", "--app=runcrate"]
+        celery = [sys.executable, "-m", "celery", "--app=config"]
         quiet = ["--loglevel=WARNING"]
         worker = ["worker", "--pool=threads", "--without-mingle", "--without-gossip"]
         command = {

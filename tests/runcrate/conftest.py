@@ -5,7 +5,7 @@ from types import ModuleType
 
 import pytest
 
-SETTINGS_FILE = Path(__file__).resolve().parents[2] / "runcrate" / "settings.py"
+SETTINGS_FILE = Path(__file__).resolve().parents[2] / "config" / "settings.py"
 # What a deployment might have set; each test starts from none of it.
 SETTINGS_VARIABLES = {
     "DATABASE_URL",
@@ -30,7 +30,7 @@ SETTINGS_VARIABLES = {
 
 @pytest.fixture
 def load_settings(monkeypatch, tmp_path):
-    """Execute runcrate/settings.py afresh, as a new process would, with the given environment
+    """Execute config/settings.py afresh, as a new process would, with the given environment
     and RUNCRATE_VAR_DIR in a temporary folder. The running Django's settings are untouched."""
 
     def load(**environment: str) -> ModuleType:

@@ -14,8 +14,8 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from clusters.models import Cluster
+from config.celery import app
 from offers.models import Host
-from runcrate.celery import app
 from runcrate.models import Beat
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.clusters.lifecycle_kit import Sim

@@ -13,8 +13,8 @@ from django.db import connections
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from clusters.models import Cluster
+from config.celery import app
 from runcrate import cache as forgiving
-from runcrate.celery import app
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.factories import LocationFactory
 from tests.runcrate import throwaway_redis as kit

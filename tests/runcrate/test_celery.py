@@ -10,8 +10,8 @@ from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import connection
 
+from config.celery import app as runcrate_app
 from offers.models import GpuModel
-from runcrate.celery import app as runcrate_app
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import json
 import pytest
 from django.test import RequestFactory
 
+from accounts.api_auth import KeyNotAllowed
 from accounts.keys import KeyRefused
 from accounts.signup import EmailTaken
 from billing.budgets import BudgetRefused
@@ -17,7 +18,7 @@ from clusters.idempotency import IdempotencyRefused
 from clusters.volumes import VolumeRefused
 from offers.inventory import InventoryError
 from offers.quotes import QuoteInvalid, QuoteRateLimited
-from runcrate.api import ApiError, KeyNotAllowed, api
+from runcrate.api import ApiError, api
 from runcrate.errors import Refused
 
 

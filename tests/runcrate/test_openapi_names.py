@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 from pydantic import BaseModel
 
-import runcrate.urls  # noqa: F401  (mounts every app's router on the api)
+import config.urls  # noqa: F401  (mounts every app's router on the api)
 from runcrate.api import api
 
 REF = "#/components/schemas/{model}"

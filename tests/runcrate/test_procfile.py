@@ -33,7 +33,7 @@ def _workers(processes: dict[str, list[str]]) -> dict[str, list[str]]:
 def test_it_names_web_then_the_workers_and_beat(processes):
     # Web first: honcho gives the first process $PORT, the others $PORT + 100, + 200, …
     assert list(processes) == ["web", "worker", "machines", "beat"]
-    assert processes["web"][:2] == ["gunicorn", "runcrate.wsgi"]
+    assert processes["web"][:2] == ["gunicorn", "config.wsgi"]
 
 
 def test_its_workers_consume_every_queue_the_settings_route_to(processes):

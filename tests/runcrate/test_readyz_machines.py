@@ -9,7 +9,7 @@ import time_machine
 from django.utils import timezone
 
 from clusters import tasks
-from runcrate.celery import app
+from config.celery import app
 from runcrate.models import Beat
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runcrate.management.commands import seed_demo
+from config.management.commands import seed_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_PY = ROOT / "bin" / "run.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-# What runcrate/settings.py gives the cache; tests assert the settings match.
+# What config/settings.py gives the cache; tests assert the settings match.
 CACHE_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout": 1}
 
 

@@ -74,6 +74,8 @@ INSTALLED_APPS = [
     "offers",
     "clusters",
     "billing",
+    # The project package last: it imports every app, and holds the `seed_demo` command.
+    "config",
 ]
 
 MIDDLEWARE = [
@@ -95,8 +97,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
-ROOT_URLCONF = "runcrate.urls"
-WSGI_APPLICATION = "runcrate.wsgi.application"
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
 
 TEMPLATES = [
     {

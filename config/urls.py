@@ -1,0 +1,44 @@
+"""The URLconf: every app's pages, and the API with every app's router mounted on it. The one
+place that knows every app (docs/architecture.md, "Layers")."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+from accounts.api import router as accounts_router
+from accounts.api_auth import ApiKeyAuth
+from billing.api import router as billing_router
+from clusters.agent.api import router as agent_router  # nodes' agents, by node token
+from clusters.api import router as clusters_router
+from offers.api import router as offers_router
+from runcrate import views
+from runcrate.api import api, declare_error_answers
+
+
+def mount_routers() -> None:
+    """Attach every app's router to the kernel's API. An operation that declares no scope fails
+    closed: only a key with every scope and no limits may call it. Ninja gives an operation the
+    API's auth as its router is added, so the default is set first."""
+    api.auth = [ApiKeyAuth(None)]
+    routers = [offers_router, accounts_router, clusters_router, billing_router, agent_router]
+    for router in routers:
+        declare_error_answers(router)
+        api.add_router("/", router)
+
+
+mount_routers()
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", api.urls),
+    path("accounts/", include("accounts.urls")),
+    path("offers/", include("offers.urls")),
+    path("clusters/", include("clusters.urls")),
+    path("storage/", include("clusters.storage_urls")),
+    path("billing/", include("billing.urls")),
+]
+
+# Our own outages (the database, the broker) are 503s, never 500s: runcrate/outages.py.
+handler500 = "runcrate.middleware.server_error"
