@@ -19,8 +19,12 @@ rollup of those lines that the Billing page reads.
 
 Running it twice, or on two workers at once, charges once: each batch of clusters' marks is
 locked (`SELECT … FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite takes the write lock at BEGIN),
-and a record is only charged past its charged point. Billing never imports clusters: the
-volumes' storage is charged by clusters/volume_billing.py onto lines written here.
+and a record is only charged past its charged point.
+
+The volumes' storage is charged here too (`charge_storage`, "volume storage" below), onto one
+line per volume per day, by the same rounding over a record's whole span, and posted by the
+same step (`_post_lines`); the meter's run, billing.metering.charge_accrued, charges both.
+Clusters open and close what is metered through billing/metering.py.
 """
 
 from collections import defaultdict
@@ -46,11 +50,12 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Least, Now
+from django.utils import timezone
 
 from accounts.models import Project
 from billing import balances
-from billing.models import LedgerEntry, MeterMark, UsageDay, UsageRecord
-from runcrate.sql import update_from_values  # and the `__among` lookup
+from billing.models import LedgerEntry, MeterMark, StorageRecord, UsageDay, UsageRecord
+from runcrate.sql import update_from_values, update_rows  # and the `__among` lookup
 
 HOUR = timedelta(hours=1)
 BATCH_SIZE = 5000  # clusters per transaction (40,000 machines of 8)
@@ -150,16 +155,23 @@ def charge_clock(until: datetime | None = None) -> datetime:
 
 @dataclass
 class ChargeResult:
-    records: int = 0
-    amount: Decimal = Decimal("0.00")
+    """What a charge did: machines (`records`, `amount`) and volumes' storage (`volumes`,
+    `storage`) apart, as the meter's task reports them."""
+
+    records: int = 0  # machines' usage records charged
+    amount: Decimal = Decimal("0.00")  # what they were charged
     project_ids: set[int] = field(default_factory=set)
     refunded: Decimal = Decimal("0.00")  # charged past the end of machines, given back
+    volumes: int = 0  # volumes' storage records charged
+    storage: Decimal = Decimal("0.00")  # what they were charged
 
     def add(self, other: "ChargeResult") -> None:
         self.records += other.records
         self.amount += other.amount
         self.project_ids |= other.project_ids
         self.refunded += other.refunded
+        self.volumes += other.volumes
+        self.storage += other.storage
 
 
 @dataclass
@@ -637,52 +649,77 @@ def _aware(moment: datetime | str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _find_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], int]:
-    """The primary keys of the usage lines for these (cluster, hour) keys. Their clusters'
-    marks are locked: nobody else writes these lines meanwhile."""
+@dataclass(frozen=True)
+class _LineKind:
+    """A kind of metered line on the ledger: one per item (`owner`: a cluster, a volume) per
+    period (a clock hour, a day), `period_start` its start; `record` is the metered row that
+    names the item (billing does not import clusters: the name comes through its relation)."""
+
+    kind: str
+    owner: str
+    record: type[Model]
+    note: str
+
+    def names(self, owner_ids: set[int]) -> dict[int, str]:
+        column = f"{self.owner}_id"
+        return dict(
+            self.record.objects.filter(**{f"{column}__among": owner_ids})
+            .order_by()
+            .values_list(column, f"{self.owner}__name")
+            .distinct()
+        )
+
+
+USAGE_LINES = _LineKind(LedgerEntry.Kind.USAGE, "cluster", UsageRecord, "Cluster usage — {}")
+STORAGE_LINES = _LineKind(LedgerEntry.Kind.STORAGE, "volume", StorageRecord, "Volume storage — {}")
+
+
+def _find_lines(
+    kind: _LineKind, keys: set[tuple[int, datetime]]
+) -> dict[tuple[int, datetime], int]:
+    """The primary keys of the lines of `kind` for these (item, period start) keys. The items
+    are held (their marks or records locked): nobody else creates these lines meanwhile."""
+    column = f"{kind.owner}_id"
     rows = LedgerEntry.objects.filter(
-        kind=LedgerEntry.Kind.USAGE,
-        cluster_id__among={cluster_id for cluster_id, _ in keys},
-        period_start__in={hour for _, hour in keys},
-    ).values_list("pk", "cluster_id", "period_start")
-    found = {(cluster_id, hour): pk for pk, cluster_id, hour in rows}
+        **{"kind": kind.kind, f"{column}__among": {owner for owner, _ in keys}},
+        period_start__in={start for _, start in keys},
+    ).values_list("pk", column, "period_start")
+    found = {(owner, start): pk for pk, owner, start in rows}
     return {key: pk for key, pk in found.items() if key in keys}
 
 
-def _post_lines(lines: dict[tuple[int, datetime], Debit], now: datetime) -> Decimal:
-    """Add each cluster-hour's debit to its usage line, creating the line when it is new."""
+def _post_lines(
+    lines: dict[tuple[int, datetime], Debit], now: datetime, kind: _LineKind = USAGE_LINES
+) -> Decimal:
+    """Add each (item, period)'s debit to its line of `kind`, creating the line when it is new,
+    and to the balances (and, for machines, to the day rollup): the one way the meter writes
+    the ledger, for every kind of metered item."""
     lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
     if not lines:
         return Decimal("0.00")
-    entries = _find_lines(set(lines))
+    entries = _find_lines(kind, set(lines))
     missing = sorted(set(lines) - set(entries))
     if missing:
-        # The cluster's name, through the records' relation (billing does not import clusters).
-        names = dict(
-            UsageRecord.objects.filter(cluster_id__among={c for c, _ in missing})
-            .order_by()
-            .values_list("cluster_id", "cluster__name")
-            .distinct()
-        )
+        names = kind.names({owner for owner, _ in missing})
         # A terminate of a cluster whose mark was locked by nobody yet, or a line a crashed
         # run left: ON CONFLICT DO NOTHING keeps the line there is, which is added to below.
         LedgerEntry.objects.bulk_create(
             [
                 LedgerEntry(
-                    project_id=lines[(cluster_id, hour)].project_id,
-                    kind=LedgerEntry.Kind.USAGE,
-                    cluster_id=cluster_id,
-                    period_start=hour,
+                    project_id=lines[(owner, start)].project_id,
+                    kind=kind.kind,
+                    period_start=start,
                     amount=Decimal("0.00"),
                     machine_seconds=0,
-                    note=f"Cluster usage — {names.get(cluster_id, cluster_id)}",
+                    note=kind.note.format(names.get(owner, owner)),
                     created_at=now,
+                    **{f"{kind.owner}_id": owner},
                 )
-                for cluster_id, hour in missing
+                for owner, start in missing
             ],
             ignore_conflicts=True,
         )
-        entries.update(_find_lines(set(missing)))
+        entries.update(_find_lines(kind, set(missing)))
     # Added in the database to the lines, whatever they held.
     update_from_values(
         LedgerEntry,
@@ -690,7 +727,8 @@ def _post_lines(lines: dict[tuple[int, datetime], Debit], now: datetime) -> Deci
         ("numeric", "bigint"),
         [(entries[key], cents(line.cents), line.machine_seconds) for key, line in lines.items()],
     )
-    _post_days(lines)
+    if kind is USAGE_LINES:
+        _post_days(lines)
     _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
 
@@ -761,9 +799,11 @@ def _find_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int,
 
 
 def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> ChargeResult:
-    """Charge every running or not-yet-fully-charged record up to the database's now (or an
-    earlier `now`: tests and the bench replay the past), `batch_size` clusters per transaction.
-    A cluster another meter holds is skipped: that meter charges it."""
+    """Charge every running or not-yet-fully-charged machine's usage record up to the
+    database's now (or an earlier `now`: tests and the bench replay the past), `batch_size`
+    clusters per transaction. A cluster another meter holds is skipped: that meter charges it.
+    The meter's run charges the volumes' storage too (`charge_storage`), through
+    billing.metering.charge_accrued."""
     # The database's clock, read by the query that finds the clusters (`Now()`), with those
     # whose row says it was charged past its end: refunded (`_refund_past_end`).
     clock = Now() if now is None else Least(Value(now), Now())
@@ -789,35 +829,28 @@ def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE)
 
 def charge_usage(
     *,
-    cluster: Model | None = None,
+    cluster_id: int | None = None,
     record_ids: Iterable[int] | None = None,
     until: datetime | None = None,
+    cluster: Model | None = None,  # TODO(issue 20): gone once the lifecycle calls metering
 ) -> ChargeResult:
     """Charge one cluster's records (or the given ones) up to `until`, or to their end.
 
-    Called by the lifecycle when a cluster or a worker ends, right after it set `ended_at`,
-    so the bill stops at the end instant, not at the next meter run. Each record is charged
-    up to min(`until`, the database's now, its `ended_at`), and what the ledger holds past its
-    end is refunded. It waits for a meter holding the same cluster.
+    Run after a cluster or a worker ends (billing/metering.py `charge_on_commit`), so the bill
+    stops at the end instant, not at the next meter run. Each record is charged up to
+    min(`until`, the database's now, its `ended_at`), and what the ledger holds past its end is
+    refunded. It waits for a meter holding the same cluster.
     """
-    if (cluster is None) == (record_ids is None):
+    if cluster is not None:
+        cluster_id = cluster.pk
+    if (cluster_id is None) == (record_ids is None):
         raise ValueError("charge_usage needs either a cluster or record_ids.")
     with transaction.atomic():
-        if cluster is not None:
-            return _charge_clusters(_lock_waiting([cluster.pk]), until)
+        if cluster_id is not None:
+            return _charge_clusters(_lock_waiting([cluster_id]), until)
         ids = list(record_ids or ())
         clusters = UsageRecord.objects.filter(pk__in=ids).values_list("cluster_id", flat=True)
         return _charge_clusters(_lock_waiting(clusters), until, record_ids=ids)
-
-
-# ---- what the Billing page shows -------------------------------------------------------------
-
-
-def is_accumulating(entry: LedgerEntry, *, cluster_ended: bool, now: datetime) -> bool:
-    """A usage line is accumulating while its hour runs and its cluster is still billed."""
-    if entry.kind != LedgerEntry.Kind.USAGE or entry.period_start is None:
-        return False
-    return not cluster_ended and now < entry.period_start + HOUR
 
 
 # ---- volume storage (docs/billing.md "Volume storage", docs/volumes.md) ------------------------
@@ -909,58 +942,88 @@ def days(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
         start = piece_end
 
 
-def _lock_storage_lines(keys: set[tuple[int, datetime]]) -> dict[tuple[int, datetime], LedgerEntry]:
-    # Locked in one order (volume, day), so two meters never deadlock.
-    rows = (
-        LedgerEntry.objects.select_for_update()
-        .filter(
-            kind=LedgerEntry.Kind.STORAGE,
-            volume_id__in={volume_id for volume_id, _ in keys},
-            period_start__in={day for _, day in keys},
-        )
-        .order_by("volume_id", "period_start")
-        .only("pk", "volume_id", "period_start", "amount", "machine_seconds")
+def _chargeable_storage(
+    queryset: QuerySet[StorageRecord], now: datetime | Least
+) -> QuerySet[StorageRecord]:
+    """Storage still billed, and ended storage not yet charged to its end."""
+    return queryset.filter(
+        Q(ended_at__isnull=True) | Q(charged_until__lt=F("ended_at")), charged_until__lt=now
     )
-    return {
-        (entry.volume_id, entry.period_start): entry
-        for entry in rows
-        if (entry.volume_id, entry.period_start) in keys
-    }
 
 
-def post_storage_lines(
-    lines: dict[tuple[int, datetime], Debit], names: dict[int, str], now: datetime
-) -> Decimal:
-    """Add each volume-day's debit to its storage line, creating the line when it is new (the
-    same ON CONFLICT DO NOTHING, lock, then add as the machines' lines), and to the balances.
-    Called by the volumes' meter (clusters/volume_billing.py) in the transaction that holds
-    the volumes' rows; `lines` are keyed (volume id, the day's midnight)."""
-    lines = {key: line for key, line in lines.items() if line.cents or line.machine_seconds}
-    if not lines:
-        return Decimal("0.00")
-    entries = _lock_storage_lines(set(lines))
-    missing = sorted(set(lines) - set(entries))
-    if missing:
-        LedgerEntry.objects.bulk_create(
-            [
-                LedgerEntry(
-                    project_id=lines[key].project_id,
-                    kind=LedgerEntry.Kind.STORAGE,
-                    volume_id=key[0],
-                    period_start=key[1],
-                    amount=Decimal("0.00"),
-                    note=f"Volume storage — {names[key[0]]}",
-                    created_at=now,
-                )
-                for key in missing
-            ],
-            ignore_conflicts=True,
-        )
-        entries.update(_lock_storage_lines(set(missing)))
-    # The lines are locked: what they hold now is what this meter adds to.
-    for key, line in lines.items():
-        entries[key].amount -= cents(line.cents)
-        entries[key].machine_seconds += line.machine_seconds
-    LedgerEntry.objects.bulk_update([entries[key] for key in lines], ["amount", "machine_seconds"])
-    _move_balances(lines)
-    return cents(sum(line.cents for line in lines.values()))
+def _storage_debits(
+    records: Iterable[StorageRecord], now: datetime
+) -> tuple[dict[tuple[int, datetime], Debit], list[StorageRecord]]:
+    """The debit of each (volume, day) for charging locked storage records up to `now` (or
+    their end), and the records charged, with their new charged point (in memory).
+
+    Like machines, a volume's cost is computed over its whole span from its start, so its
+    debits add up to the rounded cost of everything it stored, however often the meter runs."""
+    lines: dict[tuple[int, datetime], Debit] = defaultdict(lambda: Debit(project_id=0))
+    changed = []
+    for record in records:
+        until = min(now, record.ended_at) if record.ended_at else now
+        if until <= record.charged_until:
+            continue
+        price, size, start = record.price_per_gb_month, record.size_gb, record.started_at
+        seconds_before = billed_seconds(start, record.charged_until)
+        cents_before = storage_cost_in_cents(price, size, seconds_before)
+        for day, piece_end in days(record.charged_until, until):
+            seconds_after = billed_seconds(start, piece_end)
+            cents_after = storage_cost_in_cents(price, size, seconds_after)
+            line = lines[(record.volume_id, day)]
+            line.project_id = record.project_id
+            line.cents += cents_after - cents_before
+            line.machine_seconds += seconds_after - seconds_before
+            seconds_before, cents_before = seconds_after, cents_after
+        record.charged_until = until
+        record.charged_amount = cents(cents_before)
+        changed.append(record)
+    return dict(lines), changed
+
+
+def _charge_storage_records(records: list[StorageRecord], now: datetime) -> ChargeResult:
+    """Charge these locked storage records up to `now` (or their end) onto their per-day
+    storage lines; the caller holds the transaction and the records' locks."""
+    lines, changed = _storage_debits(records, now)
+    update_rows(changed, ["charged_until", "charged_amount"])
+    result = ChargeResult(
+        volumes=len(changed), project_ids={record.project_id for record in changed}
+    )
+    result.storage = _post_lines(lines, now, STORAGE_LINES)
+    return result
+
+
+def charge_storage(
+    *,
+    now: datetime | None = None,
+    volume_ids: Iterable[int] | None = None,
+    batch_size: int = BATCH_SIZE,
+) -> ChargeResult:
+    """Charge every volume's storage up to now (the caller's clock, never past the database's;
+    or an earlier `now`), or to its end, batch by batch; with `volume_ids`, only theirs
+    (waiting for a meter that holds them). Safe to run twice and on several workers at once:
+    a batch's records are locked (another meter's are skipped), and a record is only charged
+    past its own `charged_until`."""
+    # The caller's clock by default, as the volumes are created on it; never past the
+    # database's, read by the query that locks the batch.
+    clock = Least(Value(now or timezone.now()), Now())
+    queryset = StorageRecord.objects.all()
+    if volume_ids is not None:
+        queryset = queryset.filter(volume_id__in=list(volume_ids))
+    skip = connection.features.has_select_for_update_skip_locked and volume_ids is None
+    result = ChargeResult()
+    after_pk = 0
+    while True:
+        with transaction.atomic():
+            batch = list(
+                _chargeable_storage(queryset.filter(pk__gt=after_pk), clock)
+                .select_for_update(skip_locked=skip)
+                .annotate(clock=clock)
+                .order_by("pk")[:batch_size]
+            )
+            if batch:
+                result.add(_charge_storage_records(batch, batch[0].clock))
+        if len(batch) < batch_size:
+            return result
+        after_pk = batch[-1].pk

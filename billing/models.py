@@ -134,6 +134,33 @@ class UsageRecord(models.Model):
         return f"{self.node} from {self.started_at:%Y-%m-%d %H:%M}"
 
 
+class StorageRecord(models.Model):
+    """A volume's billed storage: its size at its price per GB-month, from its creation to its
+    deletion (billing/metering.py opens and closes it; billing/meter.py charges it)."""
+
+    project = models.ForeignKey(
+        "accounts.Project", on_delete=models.PROTECT, related_name="storage"
+    )
+    volume = models.OneToOneField(
+        "clusters.Volume", on_delete=models.PROTECT, related_name="storage"
+    )
+    size_gb = models.PositiveIntegerField()
+    price_per_gb_month = models.DecimalField(max_digits=8, decimal_places=4)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # Written at every charge (volumes are few): the meter has charged it up to here, for this
+    # much in all, rounded once over its whole span (billing/meter.py `charge_storage`).
+    charged_until = models.DateTimeField(help_text="The meter has charged this record up to here.")
+    charged_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+
+    class Meta:
+        ordering = ["pk"]
+        indexes = [models.Index(fields=["ended_at"], name="storage_running")]
+
+    def __str__(self) -> str:
+        return f"{self.size_gb} GB of volume {self.volume_id} from {self.started_at:%Y-%m-%d %H:%M}"
+
+
 class MeterMark(models.Model):
     """The meter's mark on one cluster: every machine of it is charged up to `charged_until`
     (one that ended, up to its end if that came first), so a running machine's own row need

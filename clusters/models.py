@@ -642,9 +642,7 @@ class Volume(models.Model):
         help_text="The cluster it is attached to; detached when that cluster ends.",
     )
     attached_at = models.DateTimeField(null=True, blank=True)
-    # The meter (billing/meter.py) has charged its storage up to here, for this much in all.
-    charged_until = models.DateTimeField()
-    charged_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    # Its storage is metered by billing (billing.models.StorageRecord, `volume.storage`).
 
     class Meta:
         ordering = ["name", "pk"]

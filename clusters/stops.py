@@ -11,7 +11,7 @@ are over (billing/limits.py); stopping their clusters is the clusters' concern, 
   (low balance, 80% of a budget). Each is sent once.
 
 Stops go through `clusters.lifecycle.stop`, like a user's terminate. `run_meter`, the beat
-task, charges what ran (billing's meter, then the volumes' storage), then runs these checks.
+task, charges what ran (billing's meter: machines and volumes' storage), then runs these checks.
 """
 
 import logging
@@ -22,10 +22,9 @@ from datetime import datetime
 from celery import shared_task
 from django.utils import timezone
 
-from billing import limits, meter
+from billing import limits, metering
 from clusters import lifecycle
 from clusters.models import Cluster, Event
-from clusters.volume_billing import charge_storage
 from runcrate.emails import send_templated
 from runcrate.models import Beat
 
@@ -138,15 +137,14 @@ def send_stop_emails(*, now: datetime | None = None) -> int:
 def run_meter() -> dict:
     """The meter's beat task: charge what ran, then stop what the balance or a budget no longer
     covers and send the billing emails. Safe to run twice and on several workers at once."""
-    charged = meter.charge_accrued()
-    stored = charge_storage()
+    charged = metering.charge_accrued()
     stops = enforce_limits()
     Beat.record("meter")
     return {
         "records_charged": charged.records,
         "amount_charged": f"{charged.amount:.2f}",
-        "volumes_charged": stored.records,
-        "storage_charged": f"{stored.amount:.2f}",
+        "volumes_charged": charged.volumes,
+        "storage_charged": f"{charged.storage:.2f}",
         "stopped_for_balance": stops.stopped_for_balance,
         "stopped_for_budget": stops.stopped_for_budget,
         "emails": stops.low_balance_emails + stops.budget_emails + stops.stop_emails,

@@ -6,6 +6,9 @@ A volume is attached to one cluster at a time, when that cluster is created, and
 the cluster ends. Attaching and deleting are conditional updates on the volume row (`WHERE
 cluster IS NULL AND deleted_at IS NULL`) whose row count is checked, so a create and a delete
 racing for the same volume, or two creates, never both win.
+
+Billing meters the storage (billing/metering.py): a volume is opened there when it is created
+and closed when it is deleted, in the same transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from accounts.models import Project
-from billing import ledger, meter
+from billing import ledger, meter, metering
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, Cluster, Volume
 from offers.models import Location, MachineType
@@ -158,15 +161,22 @@ def create_volume(
             # The project's row locked: two creates at once cannot both count on one balance.
             Project.objects.select_for_update().filter(pk=project.pk).exists()
             _require_balance(project=project, place=place, size_gb=size)
-            return Volume.objects.create(
+            volume = Volume.objects.create(
                 project=project,
                 name=name,
                 location=place,
                 size_gb=size,
                 price_per_gb_month=place.volume_price_per_gb_month,
                 created_at=now,
-                charged_until=now,
             )
+            metering.open_storage(
+                project_id=project.pk,
+                volume_id=volume.pk,
+                size_gb=volume.size_gb,
+                price_per_gb_month=volume.price_per_gb_month,
+                at=now,
+            )
+            return volume
     except IntegrityError:
         # Another request took the name between the check and the insert.
         raise taken from None
@@ -204,12 +214,15 @@ def _require_balance(*, project: Project, place: Location, size_gb: int) -> None
 
 
 def delete_volume(*, volume: Volume, now: datetime | None = None) -> Volume:
-    """Delete a volume that is not attached; its storage is billed up to now. Raises
-    VolumeRefused (`volume_in_use`) while a cluster holds it."""
+    """Delete a volume that is not attached; its storage is billed up to now (charged as soon as
+    the deletion commits). Raises VolumeRefused (`volume_in_use`) while a cluster holds it."""
     now = now or timezone.now()
-    deleted = Volume.objects.filter(
-        pk=volume.pk, cluster__isnull=True, deleted_at__isnull=True
-    ).update(deleted_at=now)
+    with transaction.atomic():
+        deleted = Volume.objects.filter(
+            pk=volume.pk, cluster__isnull=True, deleted_at__isnull=True
+        ).update(deleted_at=now)
+        if deleted:
+            metering.close_storage(volume_id=volume.pk, at=now)
     if not deleted:
         volume.refresh_from_db()
         if volume.deleted_at is not None:
@@ -220,19 +233,7 @@ def delete_volume(*, volume: Volume, now: datetime | None = None) -> Volume:
             "deleted until that cluster ends. Terminate the cluster first.",
         )
     volume.deleted_at = now
-    _charge_on_commit(volume.pk)
     return volume
-
-
-def _charge_on_commit(volume_id: int) -> None:
-    """Bill a deleted volume up to its end now rather than at the meter's next run."""
-
-    def charge() -> None:
-        from clusters.volume_billing import charge_storage
-
-        charge_storage(volume_ids=[volume_id])
-
-    transaction.on_commit(charge, robust=True)
 
 
 # --- attaching ---------------------------------------------------------------------------------

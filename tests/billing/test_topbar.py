@@ -56,7 +56,6 @@ def volume(project, *, size_gb: int, price: str) -> Volume:
         location=location,
         size_gb=size_gb,
         price_per_gb_month=Decimal(price),
-        charged_until=NOW,
     )
 
 

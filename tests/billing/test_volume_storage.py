@@ -15,8 +15,8 @@ from django.db import connection
 from django.db.models import Sum
 
 from billing import meter
-from billing.models import LedgerEntry, balance_of
-from clusters import lifecycle, volume_billing, volumes
+from billing.models import LedgerEntry, StorageRecord, balance_of
+from clusters import lifecycle, volumes
 from clusters.models import Volume
 from clusters.stops import run_meter
 from tests.billing.conftest import add_credit
@@ -73,18 +73,18 @@ def test_it_charges_a_volume_from_its_creation_on_a_line_per_day(ohio):
     project = paying_project()
     volume = new_volume(project, ohio, at=T0)  # 09:00 on March 10
 
-    result = volume_billing.charge_storage(now=T0 + timedelta(days=1, hours=3))  # 12:00 on March 11
+    result = meter.charge_storage(now=T0 + timedelta(days=1, hours=3))  # 12:00 on March 11
 
-    assert result.records == 1 and result.amount == Decimal("3.75")  # 27 h of 100 USD/720 h
+    assert result.volumes == 1 and result.storage == Decimal("3.75")  # 27 h of 100 USD/720 h
     assert storage_lines(volume) == [
         (datetime(2026, 3, 10, tzinfo=UTC), Decimal("-2.08"), 15 * 3600),
         (datetime(2026, 3, 11, tzinfo=UTC), Decimal("-1.67"), 12 * 3600),
     ]
     entry = LedgerEntry.objects.filter(volume=volume).first()
     assert entry.note == "Volume storage — datasets" and entry.cluster is None
-    volume.refresh_from_db()
-    assert volume.charged_until == T0 + timedelta(days=1, hours=3)
-    assert volume.charged_amount == Decimal("3.75")
+    record = StorageRecord.objects.get(volume=volume)
+    assert record.charged_until == T0 + timedelta(days=1, hours=3)
+    assert record.charged_amount == Decimal("3.75")
     assert balance_of(project.pk) == Decimal("96.25")
 
 
@@ -96,9 +96,9 @@ def test_it_charges_each_second_once_however_often_it_runs(ohio):
     moment = T0
     while moment < end:
         moment = min(end, moment + timedelta(minutes=7, seconds=3))
-        volume_billing.charge_storage(now=moment, volume_ids=[often.pk])
-    volume_billing.charge_storage(now=end, volume_ids=[once.pk])
-    volume_billing.charge_storage(now=end)  # twice: nothing new
+        meter.charge_storage(now=moment, volume_ids=[often.pk])
+    meter.charge_storage(now=end, volume_ids=[once.pk])
+    meter.charge_storage(now=end)  # twice: nothing new
 
     # 70 USD per 30 days, for 2 days and 13 minutes: 4.6877 USD.
     assert charged(often) == charged(once) == Decimal("4.69")
@@ -108,16 +108,17 @@ def test_it_charges_each_second_once_however_often_it_runs(ohio):
 def test_it_stops_charging_at_the_deletion(ohio):
     project = paying_project()
     volume = new_volume(project, ohio)
-    volume_billing.charge_storage(now=T0 + timedelta(hours=5))
+    meter.charge_storage(now=T0 + timedelta(hours=5))
     with time_machine.travel(T0 + timedelta(hours=10), tick=False):
         volumes.delete_volume(volume=volume)
 
-    volume_billing.charge_storage(now=T0 + timedelta(days=3))
-    volume_billing.charge_storage(now=T0 + timedelta(days=4))
+    meter.charge_storage(now=T0 + timedelta(days=3))
+    meter.charge_storage(now=T0 + timedelta(days=4))
 
     assert charged(volume) == Decimal("1.39")  # 10 hours of 100 USD per 720 hours
     volume.refresh_from_db()
-    assert volume.charged_until == volume.deleted_at == T0 + timedelta(hours=10)
+    record = StorageRecord.objects.get(volume=volume)
+    assert record.charged_until == record.ended_at == volume.deleted_at == T0 + timedelta(hours=10)
 
 
 def test_it_charges_a_deleted_volume_up_to_its_deletion_at_once(
@@ -155,7 +156,7 @@ def test_it_shows_storage_as_its_own_line_on_the_billing_page(owner, ohio):
     add_credit(owner.project, "100.00", at=T0 - timedelta(days=1))
     volume = new_volume(owner.project, ohio, at=T0)
     new_volume(owner.project, ohio, at=T0, name="checkpoints")
-    volume_billing.charge_storage(now=T0 + timedelta(days=1, hours=3))
+    meter.charge_storage(now=T0 + timedelta(days=1, hours=3))
 
     with time_machine.travel(T0 + timedelta(days=1, hours=3, minutes=1), tick=False):
         page = owner.browser_client().get("/billing/?month=2026-03").content.decode()
@@ -188,20 +189,20 @@ def test_it_charges_once_when_two_meters_run_at_once(monkeypatch):
     for n in range(6):
         new_volume(project, location, name=f"v-{n}")
     inside = threading.Barrier(2, timeout=5)
-    charge_volumes = volume_billing._charge_volumes
+    charge_records = meter._charge_storage_records
 
     def charge_while_the_other_is_inside(batch, now):
         # Both meters hold their batch's row locks here: without them both would charge all.
         with contextlib.suppress(threading.BrokenBarrierError):
             inside.wait()
-        return charge_volumes(batch, now)
+        return charge_records(batch, now)
 
-    monkeypatch.setattr(volume_billing, "_charge_volumes", charge_while_the_other_is_inside)
+    monkeypatch.setattr(meter, "_charge_storage_records", charge_while_the_other_is_inside)
     errors = []
 
     def run():
         try:
-            volume_billing.charge_storage(now=T0 + timedelta(hours=7), batch_size=3)
+            meter.charge_storage(now=T0 + timedelta(hours=7), batch_size=3)
         except BaseException as error:  # noqa: BLE001 - reported to the test
             errors.append(error)
         finally:

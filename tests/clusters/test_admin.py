@@ -45,7 +45,6 @@ def _fill(count: int) -> None:
             size_gb=10,
             price_per_gb_month="0.10",
             cluster=cluster,
-            charged_until=cluster.created_at,
         )
 
 

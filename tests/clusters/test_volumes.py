@@ -132,7 +132,9 @@ def test_it_creates_a_volume_from_the_storage_page(owner, ohio):
     created = Volume.objects.get(project=owner.project)
     assert (created.name, created.location, created.size_gb) == ("datasets", ohio, 250)
     assert created.price_per_gb_month == Decimal("0.08")
-    assert created.charged_until == created.created_at
+    storage = created.storage  # billed from its creation, at its size and price
+    assert (storage.started_at, storage.charged_until) == (created.created_at, created.created_at)
+    assert (storage.size_gb, storage.price_per_gb_month) == (250, Decimal("0.08"))
     assert "Volume datasets created: 250 GB in us-east-2, $20.00 per month." in text_of(response)
 
 
