@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 export PORT
 
-.PHONY: install axe run serve serve-check test bench lint clean lab lab-down
+.PHONY: install axe run serve serve-check test bench lint typecheck clean lab lab-down
 
 $(BIN)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
@@ -66,6 +66,10 @@ bench: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy with django-stubs over the product packages (pyproject.toml [tool.mypy]).
+typecheck: install
+	$(BIN)/mypy
 
 # The host lab (docs/lab.md): real hosts in namespaces on this machine, loaded as ssh-driven
 # hosts of locations `lab` and `lab-gw`. Linux and root only; the first run builds its image.

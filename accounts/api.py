@@ -4,12 +4,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
-from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
 from accounts import keys
 from accounts.api_auth import FULL_KEY, Scope, needs
 from accounts.models import ApiKey, SshKey
+from accounts.requests import ApiRequest
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -90,9 +90,9 @@ def _key_terms(key: ApiKey) -> dict:
     response={200: MeEnvelope, 401: ErrorOut, 403: ErrorOut},
     summary="The key's user and project",
 )
-def me(request: HttpRequest) -> dict:
-    project = request.project  # type: ignore[attr-defined]
-    key = request.auth  # type: ignore[attr-defined]
+def me(request: ApiRequest) -> dict:
+    project = request.project
+    key = request.auth
     return {
         "data": {
             "email": request.user.email,
@@ -114,11 +114,11 @@ def me(request: HttpRequest) -> dict:
     summary="List SSH keys",
 )
 def list_ssh_keys(
-    request: HttpRequest,
+    request: ApiRequest,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Offset = 0,
 ) -> dict:
-    queryset = SshKey.objects.filter(project=request.project).order_by("name", "pk")  # type: ignore[attr-defined]
+    queryset = SshKey.objects.filter(project=request.project).order_by("name", "pk")
     return paginated(queryset, limit=limit, offset=offset)
 
 
@@ -130,9 +130,9 @@ def list_ssh_keys(
     description="Refused with 422 `invalid_ssh_key` (the message says what is wrong) or 409 "
     "`ssh_key_exists` when the project already has the key.",
 )
-def create_ssh_key(request: HttpRequest, payload: SshKeyIn) -> tuple[int, dict]:
+def create_ssh_key(request: ApiRequest, payload: SshKeyIn) -> Status:
     key = keys.add_ssh_key(
-        project=request.project,  # type: ignore[attr-defined]
+        project=request.project,
         user=request.user,
         name=payload.name,
         public_key=payload.public_key,
@@ -140,8 +140,8 @@ def create_ssh_key(request: HttpRequest, payload: SshKeyIn) -> tuple[int, dict]:
     return Status(201, {"data": key})
 
 
-def _ssh_key(request: HttpRequest, key_id: int) -> SshKey:
-    key = SshKey.objects.filter(project=request.project, pk=key_id).first()  # type: ignore[attr-defined]
+def _ssh_key(request: ApiRequest, key_id: int) -> SshKey:
+    key = SshKey.objects.filter(project=request.project, pk=key_id).first()
     if key is None:
         raise ApiError(404, "not_found", f"Your project has no SSH key {key_id}.")
     return key
@@ -153,7 +153,7 @@ def _ssh_key(request: HttpRequest, key_id: int) -> SshKey:
     response={200: SshKeyEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="One SSH key",
 )
-def get_ssh_key(request: HttpRequest, key_id: int) -> dict:
+def get_ssh_key(request: ApiRequest, key_id: int) -> dict:
     return {"data": _ssh_key(request, key_id)}
 
 
@@ -164,7 +164,7 @@ def get_ssh_key(request: HttpRequest, key_id: int) -> dict:
     summary="Remove an SSH key",
     description="Clusters already running keep the key on their machines until they end.",
 )
-def delete_ssh_key(request: HttpRequest, key_id: int) -> tuple[int, None]:
+def delete_ssh_key(request: ApiRequest, key_id: int) -> Status:
     keys.remove_ssh_key(key=_ssh_key(request, key_id))
     return Status(204, None)
 
@@ -246,11 +246,11 @@ def _api_key(key: ApiKey, raw: str | None = None) -> dict:
     description="Every key of the project, working ones first, without their secrets. " + KEYS_RULE,
 )
 def list_api_keys(
-    request: HttpRequest,
+    request: ApiRequest,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Offset = 0,
 ) -> dict:
-    queryset = keys.project_api_keys(request.project)  # type: ignore[attr-defined]
+    queryset = keys.project_api_keys(request.project)
     return paginated(queryset, limit=limit, offset=offset, render=_api_key)
 
 
@@ -263,10 +263,10 @@ def list_api_keys(
     "and limits asked for; `key` in the answer is shown this once. Refusals: 422 "
     "`invalid_name`, `invalid_scope`, `invalid_limit`. " + KEYS_RULE,
 )
-def create_api_key(request: HttpRequest, payload: ApiKeyIn) -> Status:
+def create_api_key(request: ApiRequest, payload: ApiKeyIn) -> Status:
     key, raw = keys.issue_api_key(
         user=request.user,
-        project=request.project,  # type: ignore[attr-defined]
+        project=request.project,
         name=payload.name,
         scopes=payload.scopes,
         max_machines_per_cluster=payload.max_machines_per_cluster,
@@ -283,8 +283,8 @@ def create_api_key(request: HttpRequest, payload: ApiKeyIn) -> Status:
     description="At once: the next call with it answers 401. Revoking a revoked key changes "
     "nothing (204). Another project's key is a 404. " + KEYS_RULE,
 )
-def revoke_api_key(request: HttpRequest, key_id: int) -> Status:
-    key = keys.project_api_keys(request.project).filter(pk=key_id).first()  # type: ignore[attr-defined]
+def revoke_api_key(request: ApiRequest, key_id: int) -> Status:
+    key = keys.project_api_keys(request.project).filter(pk=key_id).first()
     if key is None:
         raise ApiError(404, "not_found", f"Your project has no API key {key_id}.")
     keys.revoke_api_key(key=key)

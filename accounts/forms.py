@@ -1,3 +1,4 @@
+from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
@@ -12,12 +13,12 @@ from accounts.models import ApiKey, User
 from accounts.signup import normalize_email
 
 
-class ThrottledLogin:
+class ThrottledLogin(auth_forms.AuthenticationForm):
     """A login form whose failures are counted, per account and per client address, and that
     refuses to try once either limit is used up, or while the limits cannot be counted (the
     cache does not answer: no password is checked uncounted; accounts/throttle.py)."""
 
-    def clean(self) -> dict:
+    def clean(self) -> dict[str, Any]:
         email = str(self.data.get("username", ""))
         if self.request is not None:
             try:
@@ -43,7 +44,7 @@ class LoginForm(ThrottledLogin, auth_forms.AuthenticationForm):
         "invalid_login": "That email and password do not match an account.",
     }
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["username"].label = "Email"
         self.fields["username"].widget.input_type = "email"
@@ -77,8 +78,9 @@ class SignupForm(forms.Form):
             )
         return email
 
-    def clean(self) -> dict:
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned = self.cleaned_data
         password1, password2 = cleaned.get("password1"), cleaned.get("password2")
         if password1 and password2 and password1 != password2:
             self.add_error("password2", "The two passwords differ.")
@@ -100,15 +102,15 @@ class PasswordResetForm(auth_forms.PasswordResetForm):
     """Also lets a user with no password yet (made by `issue_api_key --create-user`) set one:
     owning the mailbox is the proof, as it is for everyone else."""
 
-    def get_users(self, email: str):  # type: ignore[no-untyped-def]
+    def get_users(self, email: str):
         return User.objects.filter(email__iexact=normalize_email(email), is_active=True)
 
-    def save(self, **kwargs: object) -> None:
+    def save(self, *args: Any, **kwargs: Any) -> None:
         # The link points at SITE_URL, never at the request's Host header: a forged Host would
         # otherwise mail the account's owner a link to someone else's site, token included.
         site = urlsplit(settings.SITE_URL)
         kwargs.update(domain_override=site.netloc, use_https=site.scheme == "https")
-        super().save(**kwargs)
+        super().save(*args, **kwargs)
 
 
 class ApiKeyForm(forms.Form):

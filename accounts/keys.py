@@ -541,6 +541,7 @@ def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
 
 
 def _remember(key: ApiKey, *, now: datetime) -> None:
+    assert key.last_used_at is not None  # find_api_key stamps a key before it keeps it
     precise_for = (key.last_used_at + LAST_USED_PRECISION - now).total_seconds()
     seconds = min(KEY_CACHE_SECONDS, math.floor(precise_for))
     if seconds >= 1:
@@ -566,7 +567,12 @@ def forget_api_keys(key_hashes: Iterable[str]) -> None:
     if not hashes:
         return
     if _mark_forgotten(hashes):
-        transaction.on_commit(lambda: _mark_forgotten(hashes) or _record_unforgotten(hashes))
+
+        def forget_again() -> None:
+            if not _mark_forgotten(hashes):
+                _record_unforgotten(hashes)
+
+        transaction.on_commit(forget_again)
         return
     _record_unforgotten(hashes)
     if not connection.in_atomic_block:

@@ -1,9 +1,12 @@
 from collections.abc import Callable
+from typing import cast
 
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import SimpleLazyObject
 
+from accounts.models import Project
 from accounts.projects import project_for
+from accounts.requests import AnonymousRequest, ProjectRequest
 
 
 class ProjectMiddleware:
@@ -13,9 +16,12 @@ class ProjectMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        # What ProjectRequest declares (accounts/requests.py): a lazy project, read (one query)
+        # only where a view uses it, and falsy for a user in no project (require_project).
         if request.user.is_authenticated:
             user = request.user
-            request.project = SimpleLazyObject(lambda: project_for(user))  # type: ignore[attr-defined]
+            lazy = cast(Project, SimpleLazyObject(lambda: project_for(user)))
+            cast(ProjectRequest, request).project = lazy
         else:
-            request.project = None  # type: ignore[attr-defined]
+            cast(AnonymousRequest, request).project = None
         return self.get_response(request)

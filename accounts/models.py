@@ -1,6 +1,7 @@
 import hashlib
 import secrets
 from decimal import Decimal
+from typing import ClassVar
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser, BaseUserManager
@@ -33,16 +34,18 @@ class UserManager(BaseUserManager["User"]):
 class User(AbstractUser):
     """A person who logs in with an email address and a password."""
 
-    username = None
-    first_name = None
-    last_name = None
+    # AbstractUser's fields this model drops (django-stubs types them as strings).
+    username = None  # type: ignore[assignment]
+    first_name = None  # type: ignore[assignment]
+    last_name = None  # type: ignore[assignment]
     name = models.CharField(max_length=150, blank=True)
     email = models.EmailField("email address", unique=True)
 
     USERNAME_FIELD = "email"
-    REQUIRED_FIELDS: list[str] = []
+    REQUIRED_FIELDS: ClassVar[list[str]] = []
 
-    objects = UserManager()
+    # Ours, not AbstractUser's UserManager (which needs a username).
+    objects: ClassVar[UserManager] = UserManager()  # type: ignore[assignment]
 
     def __str__(self) -> str:
         return self.email

@@ -18,6 +18,7 @@ from accounts import keys, throttle
 from accounts.forms import ApiKeyForm, SignupForm, SshKeyForm
 from accounts.models import ApiKey, Project, SshKey
 from accounts.projects import get_for_project, require_project
+from accounts.requests import ProjectRequest
 from accounts.signup import EmailTaken, sign_up
 
 
@@ -66,7 +67,7 @@ class LoginView(auth_views.LoginView):
     """Django's login view, answering 429 while the account or the address is locked out, and
     503 while the limits cannot be counted (no password is checked then)."""
 
-    def form_invalid(self, form):  # type: ignore[no-untyped-def]
+    def form_invalid(self, form):
         response = super().form_invalid(form)
         code = _throttled(form)
         if code is not None:
@@ -80,7 +81,7 @@ class PasswordResetView(auth_views.PasswordResetView):
     """Django's reset view; each request with a valid email counts against the limits, and a
     request past them sends nothing."""
 
-    def form_valid(self, form):  # type: ignore[no-untyped-def]
+    def form_valid(self, form):
         try:
             throttle.take("password_reset", self.request, email=form.cleaned_data["email"])
         except throttle.Throttled as refusal:
@@ -91,11 +92,11 @@ class PasswordResetView(auth_views.PasswordResetView):
         return super().form_valid(form)
 
 
-def _project(request: HttpRequest) -> Project:
+def _project(request: ProjectRequest) -> Project:
     return require_project(request)
 
 
-def _next_url(request: HttpRequest) -> str:
+def _next_url(request: ProjectRequest) -> str:
     """A page of this site to return to after adding a key, or ""."""
     next_url = request.POST.get("next") or request.GET.get("next") or ""
     safe = url_has_allowed_host_and_scheme(
@@ -104,9 +105,9 @@ def _next_url(request: HttpRequest) -> str:
     return next_url if safe else ""
 
 
-def _render_account(request: HttpRequest, partial: str, **extra: object) -> HttpResponse:
+def _render_account(request: ProjectRequest, partial: str, **extra: object) -> HttpResponse:
     """The account page, or only one of its sections when htmx asks for it."""
-    project = request.project  # type: ignore[attr-defined]
+    project = request.project
     context: dict[str, object] = {
         "project": project,
         "next": _next_url(request),
@@ -123,12 +124,12 @@ def _render_account(request: HttpRequest, partial: str, **extra: object) -> Http
 
 
 @login_required
-def account(request: HttpRequest) -> HttpResponse:
+def account(request: ProjectRequest) -> HttpResponse:
     return _render_account(request, "api_keys")
 
 
 @login_required
-def ssh_keys(request: HttpRequest) -> HttpResponse:
+def ssh_keys(request: ProjectRequest) -> HttpResponse:
     """The SSH keys section; `?next=` (e.g. the create-cluster page) is where adding returns."""
     next_url = _next_url(request)
     query = f"?{urlencode({'next': next_url})}" if next_url else ""
@@ -138,7 +139,7 @@ def ssh_keys(request: HttpRequest) -> HttpResponse:
 @never_cache  # the response holds the one copy of the new key: no cache may keep it
 @login_required
 @require_POST
-def create_api_key(request: HttpRequest) -> HttpResponse:
+def create_api_key(request: ProjectRequest) -> HttpResponse:
     project = _project(request)
     form = ApiKeyForm(request.POST)
     if form.is_valid():
@@ -158,13 +159,13 @@ def create_api_key(request: HttpRequest) -> HttpResponse:
     return _render_account(request, "api_keys", api_key_form=form)
 
 
-def _confirm(request: HttpRequest, **context: object) -> HttpResponse:
+def _confirm(request: ProjectRequest, **context: object) -> HttpResponse:
     return render(request, "accounts/confirm.html", context)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def revoke_api_key(request: HttpRequest, pk: int) -> HttpResponse:
+def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, ApiKey.objects.all(), pk=pk)
     if request.method == "GET":
         return _confirm(
@@ -187,7 +188,7 @@ def revoke_api_key(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def add_ssh_key(request: HttpRequest) -> HttpResponse:
+def add_ssh_key(request: ProjectRequest) -> HttpResponse:
     project = _project(request)
     form = SshKeyForm(request.POST)
     added = None
@@ -215,7 +216,7 @@ def add_ssh_key(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def remove_ssh_key(request: HttpRequest, pk: int) -> HttpResponse:
+def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, SshKey.objects.all(), pk=pk)
     if request.method == "GET":
         return _confirm(

@@ -3,11 +3,12 @@
 import json
 from datetime import date
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from ninja import Field, Router, Schema, Status
 
 from accounts.api_auth import Scope, needs
 from accounts.projects import get_for_project
+from accounts.requests import ApiRequest
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, QuoteRequest
 from offers.offers import (
     CACHEABLE_SLUG,
@@ -76,7 +77,7 @@ class GpuList(Schema):
     response=GpuList,
     summary="List GPU models and what is on offer",
 )
-def list_gpus(request: HttpRequest, include_community: bool = False) -> dict:
+def list_gpus(request: ApiRequest, include_community: bool = False) -> dict:
     """Every GPU model, with the lowest machine price and the GPU counts of its self-serve
     offers (community hosts included only when asked). The answer may be one tick old."""
     cards = cached(
@@ -274,7 +275,7 @@ def _offers_body(
     summary="List the offers for a GPU and a size",
 )
 def offers(
-    request: HttpRequest,
+    request: ApiRequest,
     gpu: str,
     nodes: str | None = None,
     include_community: bool = False,
@@ -380,7 +381,7 @@ def quote_json(quote: QuoteRequest) -> dict:
     response={201: QuoteCreated, 429: ErrorOut},
     summary="Request a quote",
 )
-def create_quote(request: HttpRequest, payload: QuoteIn) -> Status:
+def create_quote(request: ApiRequest, payload: QuoteIn) -> Status:
     """Ask for reserved capacity, more than 64 machines or InfiniBand/RoCE. The requester
     and the sales team get an email. At most a few requests per project per hour (429)."""
     quote = request_quote(project=request.project, user=request.user, **payload.dict())
@@ -393,7 +394,7 @@ def create_quote(request: HttpRequest, payload: QuoteIn) -> Status:
     response=QuoteList,
     summary="List the project's quote requests",
 )
-def list_quotes(request: HttpRequest) -> dict:
+def list_quotes(request: ApiRequest) -> dict:
     data = [quote_json(quote) for quote in quotes_for(request.project)]
     return list_envelope(data, count=len(data))
 
@@ -404,7 +405,7 @@ def list_quotes(request: HttpRequest) -> dict:
     response=QuoteCreated,
     summary="Get a quote request",
 )
-def get_quote(request: HttpRequest, quote_id: int) -> dict:
+def get_quote(request: ApiRequest, quote_id: int) -> dict:
     try:
         quote = get_for_project(
             request, QuoteRequest.objects.select_related("gpu", "location"), pk=quote_id

@@ -1,4 +1,6 @@
+from collections.abc import Mapping
 from datetime import date
+from typing import Any
 
 from django import forms
 from django.http import QueryDict
@@ -32,7 +34,8 @@ class SizeInput(forms.NumberInput):
     changed; the radio wins if both changed, as it was the last thing clicked, most likely.
     """
 
-    def value_from_datadict(self, data: QueryDict, files: object, name: str) -> str | None:
+    def value_from_datadict(self, data: Mapping[str, Any], files: object, name: str) -> str | None:
+        assert isinstance(data, QueryDict)  # the picker's form is bound to request.GET
         values = [v.strip() for v in data.getlist(name) if v.strip()]
         if not values:
             return None
@@ -43,7 +46,7 @@ class SizeInput(forms.NumberInput):
 class FlagInput(forms.CheckboxInput):
     """A checkbox read from a URL: `1`, `true`, `on` and `yes` are ticked, anything else not."""
 
-    def value_from_datadict(self, data: QueryDict, files: object, name: str) -> bool:
+    def value_from_datadict(self, data: Mapping[str, Any], files: object, name: str) -> bool:
         return str(data.get(name, "")).strip().lower() in {"1", "true", "on", "yes"}
 
 
@@ -162,7 +165,7 @@ class QuoteForm(forms.Form):
         help_text="What you will run, software, budget, anything that helps us price it.",
     )
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["start_date"].widget.attrs["min"] = timezone.localdate().isoformat()
 

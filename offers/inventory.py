@@ -102,7 +102,12 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> _Object:
     obj = _Object(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        obj.duplicates = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+        duplicates = []
+        for k, _ in pairs:
+            if k in seen:
+                duplicates.append(k)
+            seen.add(k)
+        obj.duplicates = tuple(duplicates)
     return obj
 
 
@@ -755,7 +760,7 @@ def _existing(model: type[models.Model], key: str, values: Iterable[str]) -> dic
     """Rows of `model` whose `key` is one of `values`, by that key."""
     found: dict[str, Any] = {}
     for chunk in _chunks(sorted(set(values))):
-        for obj in model.objects.filter(**{f"{key}__in": chunk}):
+        for obj in model._default_manager.filter(**{f"{key}__in": chunk}):
             found[getattr(obj, key)] = obj
     return found
 
@@ -901,12 +906,12 @@ def _upsert(
             changed.update(diff)
         else:
             report.unchanged += 1
-    model.objects.bulk_create(to_create, batch_size=1000)
+    model._default_manager.bulk_create(to_create, batch_size=1000)
     if to_update:
-        model.objects.bulk_update(to_update, sorted(changed), batch_size=500)
+        model._default_manager.bulk_update(to_update, sorted(changed), batch_size=500)
     report.created = len(to_create)
     report.updated = len(to_update)
-    report.not_in_file = model.objects.count() - len(specs)
+    report.not_in_file = model._default_manager.count() - len(specs)
 
 
 def _set_references(
@@ -915,7 +920,7 @@ def _set_references(
     """Point each spec at the row it names (which exists by now) by primary key."""
     ids: dict[str, int] = {}
     for chunk in _chunks(sorted({spec.refs[ref] for spec in specs.values()})):
-        ids.update(model.objects.filter(**{f"{key}__in": chunk}).values_list(key, "pk"))
+        ids.update(model._default_manager.filter(**{f"{key}__in": chunk}).values_list(key, "pk"))
     for spec in specs.values():
         spec.fields[field_name] = ids[spec.refs[ref]]
 

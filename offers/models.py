@@ -114,7 +114,7 @@ class MachineType(models.Model):
     # The Ethernet link a machine is expected to have when `link_mbit` does not say (the
     # private network runs over it, whatever the GPUs' own interconnect): the 1 Gbit/s we
     # sell at the least, and the 10 Gbit/s front end of InfiniBand and RoCE machines.
-    DEFAULT_LINK_MBIT = {
+    DEFAULT_LINK_MBIT: dict[str, int] = {
         Interconnect.ETHERNET: 1_000,
         Interconnect.INFINIBAND: 10_000,
         Interconnect.ROCE: 10_000,

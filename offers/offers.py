@@ -353,7 +353,7 @@ def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> 
     no offers (both give []), which spares the API a query on its hot path. The rows are read
     with `values()`: each offer's machine type is an `OfferMachineType`, not a model.
     """
-    by_gpu = {"gpu__slug": gpu} if isinstance(gpu, str) else {"gpu": gpu}
+    by_gpu: dict[str, object] = {"gpu__slug": gpu} if isinstance(gpu, str) else {"gpu": gpu}
     machine_types = MachineType.objects.filter(
         **by_gpu, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
     )

@@ -1,9 +1,10 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 
 from accounts.projects import require_project
+from accounts.requests import ProjectRequest
 from offers.forms import SIZE_QUICK_PICKS, PickerForm, QuoteForm, quote_initial
 from offers.models import TOO_FEW_NODES
 from offers.offers import (
@@ -19,7 +20,7 @@ from offers.offers import (
 from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
 
 
-def _swaps_region(request: HttpRequest) -> bool:
+def _swaps_region(request: ProjectRequest) -> bool:
     # A history restore asks for the whole page even though htmx sends it.
     return bool(request.htmx) and not request.htmx.history_restore_request
 
@@ -42,7 +43,7 @@ def _too_few(form: PickerForm) -> str:
 
 
 @login_required
-def picker(request: HttpRequest) -> HttpResponse:
+def picker(request: ProjectRequest) -> HttpResponse:
     """Create cluster, step one: a GPU and a size, and the offers that can start now (as they
     were at most one tick ago: the create form checks its offer again)."""
     form = PickerForm(request.GET)
@@ -90,7 +91,7 @@ def picker(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-def quote(request: HttpRequest) -> HttpResponse:
+def quote(request: ProjectRequest) -> HttpResponse:
     """Request a quote: stored, acknowledged by email, sent to sales, listed for the user."""
     if request.method == "POST":
         project = require_project(request)  # a 404 for a user in no project, as on every page
@@ -121,7 +122,7 @@ def quote(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-def quotes(request: HttpRequest) -> HttpResponse:
+def quotes(request: ProjectRequest) -> HttpResponse:
     """The project's quote requests and their status (a 404 for a user in no project)."""
     quotes = quotes_for(require_project(request))
     return render(request, "offers/quotes.html", {"quotes": quotes})

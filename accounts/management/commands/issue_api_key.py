@@ -28,7 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="cli", help="The key's name (default: cli).")
 
     @transaction.atomic
-    def handle(self, *args: object, email: str, create_user: bool, name: str, **options: object):  # type: ignore[no-untyped-def]
+    def handle(self, *args: object, email: str, create_user: bool, name: str, **options: object):
         email = normalize_email(email)
         if not email or "@" not in email:
             raise CommandError(f"'{email}' is not an email address.")
