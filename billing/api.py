@@ -12,9 +12,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
-from accounts.api_auth import Scope, needs
 from accounts.models import Environment
-from billing import budgets, usage
+from billing import balances, budgets, usage
 from billing.access import can_manage_billing
 from billing.meter import HOUR
 from billing.models import LedgerEntry
@@ -23,13 +22,18 @@ from runcrate.api import (
     ErrorOut,
     ListMeta,
     Offset,
+    Scope,
     list_envelope,
     money_str,
+    needs,
     paginated,
     utc_str,
 )
+from runcrate.money import NotAnAmount, read_amount
 
 router = Router(tags=["billing"])
+# The dearest hourly price `/billing/balance` is asked about (a price card's whole cluster).
+MAX_PRICE = Decimal("1000000000")
 BILLING = needs(Scope.BILLING)
 
 
@@ -51,6 +55,13 @@ class BalanceOut(Schema):
     hours_remaining: str | None = Field(
         description="Hours the balance lasts at this burn rate; null while nothing runs."
     )
+    minimum_balance: str = Field(
+        description="USD: the least a balance must hold to create a cluster, however cheap."
+    )
+    balance_needed: str | None = Field(
+        description="USD: what the balance must hold to create a cluster costing the asked "
+        "`price_per_hour` (one hour of it, never less than minimum_balance); null when not asked."
+    )
     currency: str = "USD"
 
 
@@ -64,14 +75,28 @@ class BalanceEnvelope(Schema):
     response={200: BalanceEnvelope, 401: ErrorOut, 403: ErrorOut},
     summary="Balance, burn rate and hours remaining",
 )
-def balance(request: HttpRequest) -> dict:
+def balance(request: HttpRequest, price_per_hour: str | None = None) -> dict:
     project = _billing_project(request)
     summary = usage.summary(project_id=project.pk)
+    needed = None
+    if price_per_hour is not None:
+        try:
+            price = read_amount(price_per_hour, minimum=Decimal("0"), maximum=MAX_PRICE)
+        except NotAnAmount:
+            raise ApiError(
+                422,
+                "invalid_price",
+                f"price_per_hour is USD per hour of a whole cluster, like 40.00, from 0 to "
+                f"{MAX_PRICE:,}; not {price_per_hour!r}.",
+            ) from None
+        needed = balances.balance_needed(price)
     return {
         "data": {
             "balance": money_str(summary.balance),
             "burn_rate": money_str(summary.burn_rate),
             "hours_remaining": money_str(summary.hours_remaining),
+            "minimum_balance": money_str(balances.minimum_balance()),
+            "balance_needed": money_str(needed),
             "currency": "USD",
         }
     }

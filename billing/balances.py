@@ -11,6 +11,7 @@ check_balances`, which can also repair them).
 from dataclasses import dataclass
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Sum
 
@@ -19,7 +20,19 @@ from billing.models import LedgerEntry, balance_of
 from runcrate.sql import update_from_values
 
 ZERO = Decimal("0.00")
-__all__ = ["balance_of", "balances", "check", "move", "repair"]
+__all__ = ["balance_needed", "balance_of", "balances", "check", "minimum_balance", "move", "repair"]
+
+
+def minimum_balance() -> Decimal:
+    """The least a balance must hold to create a cluster, however cheap (RUNCRATE_MIN_BALANCE)."""
+    return settings.RUNCRATE_MIN_BALANCE
+
+
+def balance_needed(price_per_hour: Decimal) -> Decimal:
+    """What the balance must hold to create, or grow to, a cluster costing `price_per_hour`
+    (the whole cluster): one hour of it, never less than `minimum_balance`. The create's
+    refusal, the create page's price card and the API's balance answer all read this."""
+    return max(minimum_balance(), price_per_hour)
 
 
 def move(deltas: dict[int, Decimal]) -> None:

@@ -13,12 +13,12 @@ from datetime import datetime
 from decimal import Decimal
 from urllib.parse import urlencode
 
-from django.conf import settings
+from accounts.requests import ProjectRequest
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
@@ -29,7 +29,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
-from billing import ledger
+from billing import balances, ledger
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, cluster_costs
 from clusters import connect, estimates, getting_started, lifecycle, volumes
@@ -150,7 +150,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
 
 
 @login_required
-def cluster_list(request: HttpRequest) -> HttpResponse:
+def cluster_list(request: ProjectRequest) -> HttpResponse:
     clusters = (
         Cluster.objects.filter(project=require_project(request))
         .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
@@ -190,7 +190,7 @@ def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
     return balance * 3600 / per_hour if per_hour > 0 and balance > 0 else None
 
 
-def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
+def _summary(request: ProjectRequest, offer: Offer, nodes: int) -> dict:
     """The price card: the cluster's price, the balance, and how long the balance runs it
     (docs/clusters.md, "Creating"): alone, and beside what already runs. Only those who see
     billing read the balance and the burn rate (SPEC §5); a developer reads only whether the
@@ -199,7 +199,7 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
     valid = MIN_NODES <= nodes <= MAX_NODES
     cluster_price = machine_price * nodes
     balance = ledger.balance(project=request.project)
-    needed = max(settings.RUNCRATE_MIN_BALANCE, cluster_price)
+    needed = balances.balance_needed(cluster_price)
     running = request_summary(request)  # None for a developer, who does not see billing
     burn = running.burn_rate if running else Decimal(0)
     return {
@@ -214,7 +214,7 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
         "machine_price": machine_price,
         "balance": balance,
         "needed": needed,
-        "min_balance": settings.RUNCRATE_MIN_BALANCE,
+        "min_balance": balances.minimum_balance(),
         "short": valid and balance < needed,
         "too_few": TOO_FEW_NODES if nodes < MIN_NODES else "",
     }
@@ -222,7 +222,7 @@ def _summary(request: HttpRequest, offer: Offer, nodes: int) -> dict:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def cluster_new(request: HttpRequest) -> HttpResponse:
+def cluster_new(request: ProjectRequest) -> HttpResponse:
     # The price card reads the project's balance and the form its keys: a user in no project
     # gets the 404 every project page gives (accounts/projects.py), before any of that.
     project = require_project(request)
@@ -317,7 +317,7 @@ def _clusters_with_details(*, events: bool = True) -> QuerySet[Cluster]:
     ).prefetch_related(*prefetch)
 
 
-def _get_cluster_for_user(request: HttpRequest, pk: int, *, details: bool = False) -> Cluster:
+def _get_cluster_for_user(request: ProjectRequest, pk: int, *, details: bool = False) -> Cluster:
     if details:
         return get_for_project(request, _clusters_with_details(), pk=pk)
     queryset = Cluster.objects.select_related("environment")
@@ -685,7 +685,7 @@ def _count(raw: str | None) -> int | None:
 
 
 @login_required
-def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_detail(request: ProjectRequest, pk: int) -> HttpResponse:
     """The page, and its poll (htmx). A poll that says which version it shows is answered from
     the cluster's version alone while nothing changed (`_poll`); one that does not gets the
     whole answer: the status section, the machines and events out of band, and the connect
@@ -705,7 +705,7 @@ def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return response
 
 
-def _poll(request: HttpRequest, pk: int, shown: int) -> HttpResponse:
+def _poll(request: ProjectRequest, pk: int, shown: int) -> HttpResponse:
     """The page's poll, showing version `shown`. Unchanged: one query (the cluster's version,
     looked up within the user's project) and `204`, which htmx swaps nothing for; `286`, which
     stops the polling, when the cluster is final. Changed: what changed since `shown`."""
@@ -732,7 +732,7 @@ def _poll(request: HttpRequest, pk: int, shown: int) -> HttpResponse:
     return _changes_answer(request, cluster, context, shown)
 
 
-def _still_holds(request: HttpRequest) -> bool:
+def _still_holds(request: ProjectRequest) -> bool:
     """Whether what the page shows holds now, as far as the clock goes (the poll's `until`)."""
     raw = request.GET.get("until")
     if raw is None:
@@ -741,7 +741,7 @@ def _still_holds(request: HttpRequest) -> bool:
     return until is not None and timezone.now().timestamp() < until
 
 
-def _whole_answer(request: HttpRequest, cluster: Cluster, context: dict) -> HttpResponse:
+def _whole_answer(request: ProjectRequest, cluster: Cluster, context: dict) -> HttpResponse:
     """The status section, and the rest out of band."""
     context["oob"] = True
     parts = [
@@ -756,7 +756,7 @@ def _whole_answer(request: HttpRequest, cluster: Cluster, context: dict) -> Http
     return response
 
 
-def _changes_answer(request: HttpRequest, cluster: Cluster, context: dict, shown: int):
+def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, shown: int):
     """What changed since version `shown`: the status section (which carries the new version
     in its poll) and the cluster's reports, then out of band the node rows stamped after
     `shown`, the rows the page lacks (workers added), the events that came after `shown`, and
@@ -787,7 +787,7 @@ def _changes_answer(request: HttpRequest, cluster: Cluster, context: dict, shown
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def cluster_terminate(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST terminates: the confirmation works without JavaScript."""
     cluster = _get_cluster_for_user(request, pk)
     if request.method == "GET":
@@ -807,7 +807,7 @@ def cluster_terminate(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def cluster_retry_install(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
     try:
         lifecycle.retry_install(cluster=cluster)
@@ -820,7 +820,7 @@ def cluster_retry_install(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def cluster_add_workers(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
     try:
         count = int(request.POST.get("count", ""))
@@ -839,7 +839,7 @@ def cluster_add_workers(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def cluster_network_test(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_network_test(request: ProjectRequest, pk: int) -> HttpResponse:
     """Start the network test. Without JavaScript: a message and back to the page; with htmx:
     the page's poll answer at once, so the running test shows and the page polls fast."""
     cluster = _get_cluster_for_user(request, pk)
@@ -865,7 +865,7 @@ def cluster_network_test(request: HttpRequest, pk: int) -> HttpResponse:
 # --- downloads: the SSH config, the hostfile, the kubeconfig -----------------------------------
 
 
-def _connectable(request: HttpRequest, pk: int) -> Cluster:
+def _connectable(request: ProjectRequest, pk: int) -> Cluster:
     """The project's cluster while its machines are up; anything else is a 404."""
     queryset = Cluster.objects.select_related("machine_type__location").prefetch_related(
         "nodes", "volumes"
@@ -884,25 +884,25 @@ def _download(content: str, filename: str, content_type: str) -> HttpResponse:
 
 
 @login_required
-def cluster_ssh_config(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_ssh_config(request: ProjectRequest, pk: int) -> HttpResponse:
     shape = connect.shape_for(_connectable(request, pk))
     return _download(connect.ssh_config(shape), f"{shape.name}.ssh-config", "text/plain")
 
 
 @login_required
-def cluster_known_hosts(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_known_hosts(request: ProjectRequest, pk: int) -> HttpResponse:
     shape = connect.shape_for(_connectable(request, pk))
     return _download(connect.known_hosts(shape), f"{shape.name}.known_hosts", "text/plain")
 
 
 @login_required
-def cluster_hostfile(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_hostfile(request: ProjectRequest, pk: int) -> HttpResponse:
     shape = connect.shape_for(_connectable(request, pk))
     return _download(connect.hostfile(shape), "hostfile", "text/plain")
 
 
 @login_required
-def cluster_kubeconfig(request: HttpRequest, pk: int) -> HttpResponse:
+def cluster_kubeconfig(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _connectable(request, pk)
     if cluster.software != Cluster.Software.KUBERNETES:
         raise Http404("This cluster runs no Kubernetes.")
@@ -917,14 +917,14 @@ def cluster_kubeconfig(request: HttpRequest, pk: int) -> HttpResponse:
 # --- the Storage page: volumes ----------------------------------------------------------------
 
 
-def _get_volume_for_user(request: HttpRequest, pk: int) -> Volume:
+def _get_volume_for_user(request: ProjectRequest, pk: int) -> Volume:
     queryset = Volume.objects.filter(deleted_at__isnull=True).select_related("location", "cluster")
     return get_for_project(request, queryset, pk=pk)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def storage(request: HttpRequest) -> HttpResponse:
+def storage(request: ProjectRequest) -> HttpResponse:
     """The project's volumes, and the form that creates one."""
     project = require_project(request)
     locations = volumes.volume_locations()
@@ -968,7 +968,7 @@ def storage(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def volume_delete(request: HttpRequest, pk: int) -> HttpResponse:
+def volume_delete(request: ProjectRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST deletes: refused while a cluster holds the volume."""
     volume = _get_volume_for_user(request, pk)
     if request.method == "GET":

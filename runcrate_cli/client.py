@@ -306,8 +306,11 @@ class ApiClient:
 
     # --- billing and quotes -------------------------------------------------------------------
 
-    def balance(self) -> dict:
-        return self.data("GET", "/billing/balance")
+    def balance(self, *, price_per_hour: str | None = None) -> dict:
+        """The balance; with `price_per_hour`, also what creating a cluster at that price needs
+        (`balance_needed`: the server's rule, never restated here)."""
+        params = {"price_per_hour": price_per_hour} if price_per_hour is not None else None
+        return self.data("GET", "/billing/balance", params=params)
 
     def usage(self, *, month: str | None = None) -> dict:
         """The month's usage: its clusters (`data`) and totals (`meta`), every page."""

@@ -251,7 +251,7 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
                     f"{', '.join(offer['software'])}."
                 )
             try:
-                balance: dict | None = client.balance()
+                balance: dict | None = client.balance(price_per_hour=offer["price_per_hour"])
             except ApiError as error:
                 if error.status != 403:
                     raise
@@ -267,10 +267,11 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
                 "machine_price_per_hour": offer["machine_price_per_hour"],
                 "currency": "USD",
                 "billing": "Per second for every machine, from the moment all of them joined "
-                "until the cluster is terminated; creating needs at least one hour of "
-                "this price in the balance.",
+                "until the cluster is terminated; creating needs balance_needed in the balance.",
                 "free_machines": offer["nodes_available"],
                 "balance": balance["balance"] if balance else None,
+                # What the create needs, as the API computes it (one rule, on the server).
+                "balance_needed": balance["balance_needed"] if balance else None,
                 "hours_covered": (
                     _hours(balance["balance"], offer["price_per_hour"]) if balance else None
                 ),

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from accounts.models import ApiKey, Environment, Project, SshKey, User
-from billing import budgets, ledger
+from billing import balances, budgets, ledger
 from clusters import connect, volumes
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
@@ -374,15 +373,16 @@ def require_budget(*, environment: Environment, now: datetime) -> None:
 def require_balance(
     *, project: Project, price_per_machine_hour: Decimal, machines: int, doing: str
 ) -> None:
-    """The balance must cover one hour of the whole cluster, and never less than the minimum."""
-    needed = max(settings.RUNCRATE_MIN_BALANCE, price_per_machine_hour * machines)
+    """The balance must cover one hour of the whole cluster, and never less than the minimum
+    (`billing.balances.balance_needed`)."""
+    needed = balances.balance_needed(price_per_machine_hour * machines)
     balance = ledger.balance(project=project)
     if balance < needed:
         raise ClusterRefused(
             "insufficient_balance",
             f"Your balance is {usd(balance)}; {doing} needs at least {usd(needed)} "
             f"(one hour of the whole cluster; never less than "
-            f"{usd(settings.RUNCRATE_MIN_BALANCE)}).",
+            f"{usd(balances.minimum_balance())}).",
         )
 
 

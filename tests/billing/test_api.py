@@ -28,6 +28,8 @@ def test_it_answers_the_balance_burn_rate_and_hours_remaining(owner):
             "balance": "90.00",
             "burn_rate": "10.00",
             "hours_remaining": "9.00",
+            "minimum_balance": "10.00",
+            "balance_needed": None,
             "currency": "USD",
         }
     }
@@ -40,6 +42,8 @@ def test_it_answers_null_hours_remaining_while_nothing_runs(owner):
         "balance": "0.00",
         "burn_rate": "0.00",
         "hours_remaining": None,
+        "minimum_balance": "10.00",
+        "balance_needed": None,
         "currency": "USD",
     }
 
