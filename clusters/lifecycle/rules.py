@@ -50,7 +50,7 @@ LEASE_SECONDS = {
     "prune": 30,
 }
 # The longest one piece of work may run at all: the broker's visibility timeout is set from it
-# (runcrate/settings.py), so an unacknowledged message is handed back only after its work
+# (config/settings.py), so an unacknowledged message is handed back only after its work
 # could no longer be running.
 LONGEST_WORK_SECONDS = 2 * 60 * 60
 # How long a queued advance keeps others from being queued for the same cluster.
