@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
+from accounts.api_auth import Scope, needs
 from accounts.models import Environment
 from billing import balances, budgets, usage
 from billing.access import can_manage_billing
@@ -22,10 +23,8 @@ from runcrate.api import (
     ErrorOut,
     ListMeta,
     Offset,
-    Scope,
     list_envelope,
     money_str,
-    needs,
     paginated,
     utc_str,
 )
