@@ -1,5 +1,6 @@
-"""What a node's agent tells us (DESIGN.md "The agent"). The real agent's HTTP endpoints and
-the simulated driver call these same functions.
+"""What a node's agent tells us (DESIGN.md "The agent"). The real agent's HTTP endpoints call
+these functions, and the lifecycle records through them what a driver that plays the agent
+(the simulated data center) reports.
 
 They only record facts (when the agent checked in and which GPUs it saw; which peers it
 reached) and enqueue the reconciler, which judges them against the node's deadlines.
@@ -15,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters import lifecycle
+from clusters.drivers.base import AgentCheckIn, AgentReport
 from clusters.lifecycle import health as node_health
 from clusters.models import Cluster, Node
 
@@ -218,9 +220,9 @@ def agent_report_network(
     return found
 
 
-# A driver that plays the agent (the simulated data center) reports through these, on a node
-# the write-back of its work has locked and read: the same checks and the same record as the
-# endpoints above, saved with the write-back and followed by its advance.
+# What a driver that plays the agent (the simulated data center) reports is recorded through
+# these, on a node the write-back of its work has locked and read: the same checks and the
+# same record as the endpoints above, saved with the write-back and followed by its advance.
 
 
 def record_check_in(found: Node, *, token: str, gpus: Any, wireguard_key: Any = None) -> list[str]:
@@ -238,6 +240,19 @@ def record_network_report(
     measured = _clean_network_report(reachability, acceptance)
     _require_token(found, token)
     return _network_report(found, reachability=reachability, measured=measured)
+
+
+def record_report(found: Node, *, token: str, report: AgentReport) -> list[str]:
+    """What a driver that plays the agent reported (`Driver.agent_report`), recorded on a
+    locked `found`, unsaved, as the endpoints record the real agent's; returns the fields it
+    changed."""
+    if isinstance(report, AgentCheckIn):
+        return record_check_in(
+            found, token=token, gpus=report.gpus, wireguard_key=report.wireguard_key
+        )
+    return record_network_report(
+        found, token=token, reachability=report.reachability, acceptance=report.acceptance
+    )
 
 
 def _require_token(found: Node, token: str) -> None:

@@ -66,6 +66,9 @@ class InstallPlan:
     nodes: list[PlanNode] = field(default_factory=list)
     # Each node's plan (`clusters.connect.node_plan`) by node name: what the driver applies.
     node_plans: dict[str, dict] = field(default_factory=dict)
+    # Each node's agent token by node name, given with the node plans: a driver that applies
+    # a plan again (the bootstrap before an install) hands the agent the same token.
+    agent_tokens: dict[str, str] = field(default_factory=dict)
 
     @property
     def head(self) -> PlanNode:
@@ -104,6 +107,27 @@ class NetworkTestResult:
 
 
 @dataclass(frozen=True)
+class AgentCheckIn:
+    """What a node's agent reports when it checks in (step `agent`): the GPUs it sees, as
+    `clusters.agent.service` takes them, and its WireGuard public key where it has one."""
+
+    gpus: list[dict]
+    wireguard_key: str | None = None
+
+
+@dataclass(frozen=True)
+class NetworkReport:
+    """What a node's agent reports of the private network (step `network`): peer name ->
+    reached, and what it measured to node-0 (the acceptance report)."""
+
+    reachability: dict[str, bool]
+    acceptance: dict | None = None
+
+
+AgentReport = AgentCheckIn | NetworkReport
+
+
+@dataclass(frozen=True)
 class Released:
     """What a stop left behind. `pristine`: the host may serve the next tenant (it was
     reimaged and verified against its baseline, or it is a simulated machine); otherwise
@@ -135,7 +159,9 @@ class Driver:
     Every driver goes through the same calls; the lifecycle knows no driver by name. A node's
     agent reports on its own over HTTP (`clusters.agent.service`); a driver whose machines have
     no agent of their own (the simulated data center) plays it through `agent_work_due` and
-    `do_agent_work`, which the lifecycle calls for every driver.
+    `agent_report`, which the lifecycle calls for every driver and records as the agent's
+    endpoints do. A driver is given what it needs (plans, the agent's token) and returns what
+    it found; it never writes the lifecycle's rows itself.
     """
 
     name = "base"
@@ -185,13 +211,11 @@ class Driver:
         machines' agents report on their own: never."""
         return False
 
-    def do_agent_work(
-        self, node: Node, *, step: str, agent_token: str, peers: list[str]
-    ) -> list[str]:
+    def agent_report(self, node: Node, *, step: str, peers: list[str]) -> AgentReport:
         """Play the agent of `node` (locked, read in the write-back's transaction) for `step`:
-        record what it reports through `clusters.agent.service`, as the agent's HTTP endpoints
-        do, without saving; return the fields it changed. `peers` are the names of the other
-        nodes its network test reaches for. Quick: it runs with the cluster locked."""
+        what it would report (`AgentCheckIn` for "agent", `NetworkReport` for "network"),
+        which the lifecycle records through `clusters.agent.service`. `peers` are the names of
+        the other nodes its network test reaches for. Quick: it runs with the cluster locked."""
         raise NotImplementedError
 
     def last_heard(self, node: Node, *, now: datetime) -> datetime | None:

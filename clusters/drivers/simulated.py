@@ -24,11 +24,14 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from clusters.drivers.base import (
+    AgentCheckIn,
+    AgentReport,
     CheckResult,
     Driver,
     InstallPlan,
     InstallResult,
     MachineState,
+    NetworkReport,
     NetworkTestResult,
     Observation,
     Released,
@@ -61,8 +64,9 @@ def sim_seconds(boot_seconds: int) -> timedelta:
 
 
 class SimulatedDriver(Driver):
-    """The simulated data center; it also plays each node's agent, calling the same service
-    functions as the real agent's HTTP endpoints (`clusters.agent.service`)."""
+    """The simulated data center; it also plays each node's agent: it reports what the real
+    agent would, which the lifecycle records through the same service functions as the real
+    agent's HTTP endpoints (`clusters.agent.service`)."""
 
     name = "simulated"
     batches_work = True
@@ -110,18 +114,11 @@ class SimulatedDriver(Driver):
             return self.agent_due(node, now=now)
         return self.network_due(node, now=now, last_agent_at=since)
 
-    def do_agent_work(
-        self, node: Node, *, step: str, agent_token: str, peers: list[str]
-    ) -> list[str]:
-        from clusters.agent.service import record_check_in, record_network_report
-
+    def agent_report(self, node: Node, *, step: str, peers: list[str]) -> AgentReport:
         if step == "agent":
-            return record_check_in(node, token=agent_token, gpus=self.agent_gpus(node))
-        return record_network_report(
-            node,
-            token=agent_token,
-            reachability=self.reachability(node, peers=peers),
-            acceptance=self.acceptance(node),
+            return AgentCheckIn(gpus=self.agent_gpus(node))
+        return NetworkReport(
+            reachability=self.reachability(node, peers=peers), acceptance=self.acceptance(node)
         )
 
     def acceptance(self, node: Node) -> dict:

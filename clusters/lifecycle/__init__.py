@@ -39,7 +39,8 @@ from clusters.lifecycle.network_test import (
     network_test_report,
     run_network_test,
 )
-from clusters.lifecycle.reconcile import NODE_FIELDS, Failure, _Pass, advance, step_deadlines
+from clusters.lifecycle.reconcile import advance, step_deadlines
+from clusters.lifecycle.records import Action, ActionKind, Failure, NodeWork, Outcome
 from clusters.lifecycle.reserve import Quoted, create_cluster, key_spend_per_hour, reserve_hosts
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
@@ -55,6 +56,7 @@ from clusters.lifecycle.rules import (
     step_deadline,
     token_hash,
 )
+from clusters.lifecycle.unit import NODE_FIELDS, UnitOfWork
 from clusters.lifecycle.watch import clusters_needing_work, sweep_orphan_hosts, watch_heartbeats
 from clusters.lifecycle.work import do_node_work, do_work, install_plan, node_plan_for
 
@@ -68,10 +70,13 @@ __all__ = [
     "RELEASE_ATTEMPTS",
     "RETRY_AFTER",
     "START_ATTEMPTS",
+    "Action",
+    "ActionKind",
     "CollectingDispatcher",
     "Dispatcher",
     "Failure",
-    "_Pass",
+    "NodeWork",
+    "Outcome",
     "add_workers",
     "advance",
     "advance_pending_key",
@@ -100,5 +105,6 @@ __all__ = [
     "sweep_orphan_hosts",
     "terminate",
     "token_hash",
+    "UnitOfWork",
     "watch_heartbeats",
 ]

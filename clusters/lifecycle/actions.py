@@ -14,7 +14,7 @@ from accounts.models import ApiKey, User
 from billing.models import UsageRecord
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.reconcile import _Pass, charge_on_commit
+from clusters.lifecycle.reconcile import charge_on_commit
 from clusters.lifecycle.reserve import (
     new_nodes,
     require_balance,
@@ -22,6 +22,7 @@ from clusters.lifecycle.reserve import (
     reserve_hosts,
 )
 from clusters.lifecycle.rules import TERMINABLE, lock_cluster, set_needs_work
+from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
 from runcrate.money import usd
@@ -61,8 +62,8 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         # No meter run charges this cluster between its end and the terminate's own charge,
         # which refunds anything charged past the end (billing.meter, "past its end").
         meter.lock_marks([locked.pk])
-        nodes = list(locked.nodes.select_related("host").order_by("index"))
-        work = _Pass(cluster=locked, nodes=nodes, now=now)
+        work = UnitOfWork.load(locked, now=now)
+        nodes = work.nodes
         work.set_status(Status.TERMINATING)
         locked.ended_at = now
         locked.stop_reason = stop_reason
@@ -104,8 +105,8 @@ def retry_install(*, cluster: Cluster) -> Cluster:
                 f"degraded because {locked.failure_message or 'of a machine'} Terminate it "
                 "when you are done.",
             )
-        nodes = list(locked.nodes.select_related("host").order_by("index"))
-        work = _Pass(cluster=locked, nodes=nodes, now=now)
+        work = UnitOfWork.load(locked, now=now)
+        nodes = work.nodes
         work.set_status(Status.INSTALLING)
         locked.install_attempts += 1
         # The last failure no longer explains the cluster: a new one is written if this fails.
@@ -197,11 +198,11 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         locked = lock_cluster(cluster_id) if cluster_id else None
         if locked is None or locked.status not in (Status.READY, Status.DEGRADED):
             return False
-        nodes = list(locked.nodes.select_related("host").order_by("index"))
+        work = UnitOfWork.load(locked, now=now)
+        nodes = work.nodes
         node = next((n for n in nodes if n.pk == node_id), None)
         if node is None or node.status != NodeStatus.JOINED:
             return False
-        work = _Pass(cluster=locked, nodes=nodes, now=now)
         refunded = _end_usage_at(node=node, cluster=locked, at=last_heard)
         work.end_node(node, NodeStatus.LOST, at=last_heard)
         work.replan_others(node)  # the others stop naming it in /etc/hosts and the hostfile

@@ -176,7 +176,7 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     """Compare what the reports show with what was announced, on the locked `cluster` and its
     `nodes` (all of them, read with the lock): events for what is new and what is gone, the
     cluster degraded or ready again. Returns whether anything was written."""
-    from clusters.lifecycle.reconcile import _Pass
+    from clusters.lifecycle.unit import UnitOfWork
 
     if cluster.status not in (Status.READY, Status.DEGRADED):
         return False
@@ -197,7 +197,7 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     if stored == (cluster.health_problems or {}) and not new and not gone:
         return False
     by_name = {n.name: n for n in nodes}
-    work = _Pass(cluster=cluster, nodes=nodes, now=now)
+    work = UnitOfWork(cluster=cluster, nodes=nodes, now=now)
     cluster.health_problems = stored
     work.cluster_dirty = True
     ours = cluster.status == Status.READY or cluster.failure_reason == Reason.NODE_UNHEALTHY

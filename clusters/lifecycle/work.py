@@ -7,19 +7,32 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django import db
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from clusters import connect
+from clusters.agent import service as agent_service
 from clusters.drivers import InstallPlan, PlanNode, get_driver
 from clusters.drivers.base import DriverError
-from clusters.lifecycle.reconcile import advance_locked, read_nodes
+from clusters.lifecycle.reconcile import advance_locked
+from clusters.lifecycle.records import (
+    OUTPUT_CHARS,
+    Action,
+    ActionKind,
+    CheckOutcome,
+    NodeWork,
+    Outcome,
+    StartOutcome,
+    StopOutcome,
+    outcome_type,
+)
 from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster, running_deadline
+from clusters.lifecycle.unit import read_nodes
 from clusters.models import Cluster, Node
 from runcrate.sql import update_rows
 
@@ -52,9 +65,13 @@ def node_plans(cluster_id: int) -> dict[int, dict]:
 def install_plan(
     cluster: Cluster, nodes: Iterable[Node], *, with_node_plans: bool = False
 ) -> InstallPlan:
+    """What an install or a check needs of the cluster; `with_node_plans`, what an install
+    applies first: every node's plan and its agent's token (`rules.agent_token`)."""
     machine_type = cluster.machine_type
-    node_plans = {}
+    nodes = list(nodes)
+    node_plans, agent_tokens = {}, {}
     if with_node_plans:
+        agent_tokens = {n.name: agent_token(n) for n in nodes}
         shape = connect.shape_for(
             Cluster.objects.select_related("machine_type__location")
             .prefetch_related("nodes", "volumes")
@@ -79,52 +96,68 @@ def install_plan(
             if n.status == NodeStatus.JOINED
         ],
         node_plans=node_plans,
+        agent_tokens=agent_tokens,
     )
 
 
-def _run(node: Node, action: str, now: datetime, plans: _Plans) -> dict:
+def _run(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
     """The slow part of one piece of work: the driver's call for it."""
     driver = get_driver(node.host)
-    kind, _, key = action.partition(":")
-    if kind == "start":
-        state = driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
-        return {"ok": True, "state": state}
-    if kind == "replan":
+    kind, key = action.kind, action.key
+    if kind is ActionKind.START:
+        machine = driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
+        return Ran(StartOutcome(ok=True), machine=machine)
+    if kind is ActionKind.REPLAN:
         # The same start, on a machine that runs: only the plan's changes land (idempotent);
         # what the driver first recorded about the machine stays.
         driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
-        return {"ok": True, "key": key}
-    if kind == "prune":
+        return Ran(Outcome(ok=True, key=key))
+    if kind is ActionKind.PRUNE:
         # A node left: the plan without it and, on a Slurm cluster's head, its installer again
         # with the nodes that are left, which hands every node the slurm.conf without it.
         driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
         if node.index == 0 and node.cluster.software == Cluster.Software.SLURM:
             result = driver.install(node, plan=plans.install(with_node_plans=True))
-            return {"ok": result.ok, "key": key, "output": result.output[-20_000:]}
-        return {"ok": True, "key": key}
-    if kind in ("agent", "network"):
+            return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
+        return Ran(Outcome(ok=True, key=key))
+    if kind in (ActionKind.AGENT, ActionKind.NETWORK):
         # The agent's report is recorded with the write-back, in its transaction.
-        return {"ok": True}
-    if kind == "install":
+        return Ran(Outcome(ok=True))
+    if kind is ActionKind.INSTALL:
         result = driver.install(node, plan=plans.install(with_node_plans=True))
-        return {"ok": result.ok, "key": key, "output": result.output[-20_000:]}
-    if kind == "check":
-        result = driver.check(node, plan=plans.install(), now=now)
-        return {
-            "ok": True,
-            "key": key,
-            "state": str(result.state),
-            "ready": sorted(result.ready_nodes),
-            "problems": result.problems,
-            "output": result.output[-20_000:],
-        }
-    if kind == "stop":
-        released = driver.stop(node)
-        result = {"ok": True, "pristine": released.pristine, "why": released.why[:4000]}
-        if released.warning:  # e.g. the volume could not be synced back: the release went on
-            result |= {"warning": released.warning[:500], "output": released.output[-20_000:]}
-        return result
-    raise ValueError(f"unknown node work {action!r}")
+        return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
+    if kind is ActionKind.CHECK:
+        verdict = driver.check(node, plan=plans.install(), now=now)
+        return Ran(
+            CheckOutcome(
+                ok=True,
+                key=key,
+                state=verdict.state,
+                ready=tuple(sorted(verdict.ready_nodes)),
+                problems=verdict.problems,
+                output=verdict.output[-OUTPUT_CHARS:],
+            )
+        )
+    released = driver.stop(node)  # ActionKind.STOP
+    # A warning (e.g. the volume could not be synced back) did not stop the release.
+    return Ran(
+        StopOutcome(
+            ok=True,
+            pristine=released.pristine,
+            why=released.why[:4000],
+            warning=released.warning[:500],
+            output=released.output[-OUTPUT_CHARS:] if released.warning else "",
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What one piece of work came back with, before it is written back: its outcome and,
+    for a start, what the driver keeps about the machine."""
+
+    outcome: Outcome
+    machine: dict | None = None
 
 
 class _Plans:
@@ -196,12 +229,13 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
 
 
 def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
-    """Do the same handed-off work on a batch of nodes of one cluster (a driver that batches
-    hands a cluster's nodes over together; others one node at a time), each only while its
-    token still holds its lease; write the results back together, in one transaction that
-    also advances the cluster. Returns how many results were written."""
+    """Do the same handed-off work (`action` as the task queue carries it, `Action.to_task`)
+    on a batch of nodes of one cluster (a driver that batches hands a cluster's nodes over
+    together; others one node at a time), each only while its token still holds its lease;
+    write the results back together, in one transaction that also advances the cluster.
+    Returns how many results were written."""
+    work = Action.from_task(action)
     tokens = dict(leases)
-    kind = action.partition(":")[0]
     now = timezone.now()
     found = Node.objects.select_related(
         "cluster__machine_type__gpu", "cluster__machine_type__location", "host"
@@ -211,7 +245,7 @@ def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
         for n in found.order_by("index")
         if n.lease_token == tokens[n.pk] and n.lease_expires_at and n.lease_expires_at > now
     ]
-    if kind != "stop":
+    if work.kind is not ActionKind.STOP:
         # Work handed off before its node ended (a terminate, a failure) and not yet begun:
         # never begun now. Its lease is given back, so the stop (which waits for work in
         # flight, `end_node`) is handed off at the next pass instead of when the lease ends.
@@ -229,42 +263,37 @@ def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
         node.cluster = cluster  # one cluster object for the batch: its plans are made once
     plans = _Plans(cluster)
     results = {}
-    with renewing_leases([(n.pk, n.lease_token) for n in nodes], LEASE_SECONDS[kind]):
+    with renewing_leases([(n.pk, n.lease_token) for n in nodes], LEASE_SECONDS[work.kind]):
         for node in nodes:
-            results[node.pk] = _result(node, action, now, plans)
-            if kind == "start":
-                results[node.pk]["began"] = now.isoformat()  # when the driver was handed it
+            ran = _result(node, work, now, plans)
+            if isinstance(ran.outcome, StartOutcome):
+                # When the driver was handed it.
+                ran = Ran(replace(ran.outcome, began=now), machine=ran.machine)
+            results[node.pk] = ran
     return _write_back(
         cluster_id=cluster.pk,
-        action=action,
+        action=work,
         tokens={n.pk: n.lease_token for n in nodes},
         results=results,
     )
 
 
-def _result(node: Node, action: str, now: datetime, plans: _Plans) -> dict:
+def _result(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
+    failed = outcome_type(action.kind).failed
     try:
         return _run(node, action, now, plans)
     except DriverError as error:  # the driver says what went wrong: no traceback needed
         log.warning("node %s: %s failed: %s", node.pk, action, error.message)
-        return {
-            "ok": False,
-            "key": action.partition(":")[2],
-            "error": error.message[:500],
-            "reason": error.reason,
-            "output": error.output[-20_000:],
-        }
+        return Ran(
+            failed(key=action.key, error=error.message, reason=error.reason, output=error.output)
+        )
     except Exception as error:  # the work failed; record it and let the reconciler decide
         log.exception("node %s: %s failed", node.pk, action)
-        return {
-            "ok": False,
-            "key": action.partition(":")[2],
-            "error": f"{type(error).__name__}: {error}"[:500],
-        }
+        return Ran(failed(key=action.key, error=f"{type(error).__name__}: {error}"))
 
 
 def _write_back(
-    *, cluster_id: int, action: str, tokens: dict[int, str], results: dict[int, dict]
+    *, cluster_id: int, action: Action, tokens: dict[int, str], results: dict[int, Ran]
 ) -> int:
     """Land each result whose token still holds its node, then advance the cluster on what
     landed, in the same transaction: one lock, one read and one write of the nodes, instead of
@@ -282,11 +311,11 @@ def _write_back(
         raise
 
 
-def _count_from_start(node: Node, result: dict, cluster: Cluster) -> bool:
+def _count_from_start(node: Node, start: StartOutcome, cluster: Cluster) -> bool:
     """The first start of a node to land: its `running` step counts from when that start was
     handed to the driver, not from the reservation (the time the start waited for a worker
     of the `machines` queue is ours). Returns whether the deadline moved."""
-    began = parse_datetime(result.get("began") or "")
+    began = start.began
     if node.status != NodeStatus.STARTING or node.step != Node.Step.RUNNING or began is None:
         return False
     if began <= node.step_started_at:
@@ -296,16 +325,26 @@ def _count_from_start(node: Node, result: dict, cluster: Cluster) -> bool:
     return True
 
 
+def _agent_report(node: Node, kind: ActionKind, peers: list[str]) -> list[str]:
+    """The driver plays the node's agent: what it reports is recorded through the agent's
+    own service, on the locked node, unsaved (saved with the write-back). Returns the fields
+    it changed."""
+    report = get_driver(node.host).agent_report(
+        node, step=kind, peers=[p for p in peers if p != node.name]
+    )
+    return agent_service.record_report(node, token=agent_token(node), report=report)
+
+
 def _land(
     cluster_id: int,
-    action: str,
+    action: Action,
     tokens: dict[int, str],
-    results: dict[int, dict],
+    results: dict[int, Ran],
     *,
     now: datetime,
     then_advance: bool,
 ) -> int:
-    kind = action.split(":")[0]
+    kind = action.kind
     cluster = lock_cluster(cluster_id)
     if cluster is None:
         return 0
@@ -316,31 +355,23 @@ def _land(
     peers = [n.name for n in nodes if n.status in Node.LIVE]
     changed = {"driver_state", "lease_token", "lease_expires_at"}
     for node in landed:
-        result = dict(results[node.pk])
-        if kind in ("agent", "network") and result["ok"]:
-            # The driver plays the node's agent: its report is recorded now, under the lock,
-            # with the rest of the write-back.
+        ran = results[node.pk]
+        outcome = ran.outcome
+        if kind in (ActionKind.AGENT, ActionKind.NETWORK) and outcome.ok:
             try:
-                changed.update(
-                    get_driver(node.host).do_agent_work(
-                        node,
-                        step=kind,
-                        agent_token=agent_token(node),
-                        peers=[p for p in peers if p != node.name],
-                    )
-                )
+                changed.update(_agent_report(node, kind, peers))
             except Exception as error:
                 log.exception("node %s: %s failed", node.pk, action)
-                result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
-        previous = node.driver_state.get(kind) or {}
-        if kind == "start" and not previous and _count_from_start(node, result, cluster):
+                outcome = Outcome.failed(error=f"{type(error).__name__}: {error}")
+        done = NodeWork.of(node)
+        if (
+            isinstance(outcome, StartOutcome)
+            and done.start is None
+            and _count_from_start(node, outcome, cluster)
+        ):
             changed.update({"step_started_at", "step_deadline"})
-        state = result.pop("state", None) if kind == "start" else None
-        if isinstance(state, dict):
-            node.driver_state.update(state)
-        result["at"] = now.isoformat()
-        result["attempts"] = previous.get("attempts", 0) + 1
-        node.driver_state[kind] = result
+        done.land(kind, outcome, at=now, machine=ran.machine)
+        node.driver_state = done.to_state()
         node.lease_token = ""
         node.lease_expires_at = None
     if then_advance:

@@ -10,6 +10,7 @@ import pytest
 from billing.models import UsageRecord
 from clusters import lifecycle
 from clusters.drivers.simulated import SimulatedDriver
+from clusters.lifecycle.steps import join
 from clusters.models import Cluster, Event, Node
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node
 
@@ -22,17 +23,17 @@ class WorkerKilled(Exception):
 
 def test_it_carries_on_after_advance_dies_between_two_steps(project, clock, monkeypatch):
     machine_type = inventory(hosts=3, boot_seconds=BOOT)
-    real_start_billing = lifecycle._Pass.start_billing
+    real_start_billing = join.start_billing
 
-    def killed(self, nodes):
-        real_start_billing(self, nodes)  # the usage rows are built, the nodes marked joined…
+    def killed(work, nodes):
+        real_start_billing(work, nodes)  # the usage rows are built, the nodes marked joined…
         raise WorkerKilled  # …and the worker dies before anything is flushed
 
     with Sim() as sim:
         cluster = create(project, machine_type, nodes=3)
         sim.run_until(clock, at(BOOT * 1.5 - 1))
         clock.move_to(at(BOOT * 1.5))
-        monkeypatch.setattr(lifecycle._Pass, "start_billing", killed)
+        monkeypatch.setattr(join, "start_billing", killed)
         with pytest.raises(WorkerKilled):
             sim.tick()
 
@@ -43,7 +44,7 @@ def test_it_carries_on_after_advance_dies_between_two_steps(project, clock, monk
         assert not cluster.nodes.filter(status=Node.Status.JOINED).exists()
         assert not cluster.events.filter(reason="joined").exists()
 
-        monkeypatch.setattr(lifecycle._Pass, "start_billing", real_start_billing)
+        monkeypatch.setattr(join, "start_billing", real_start_billing)
         sim.dispatcher.advances.clear()
         sim.dispatcher.work.clear()
         clock.shift(timedelta(seconds=2))  # the next tick

@@ -1,0 +1,134 @@
+"""Step `install`: the software is installed on every joined node, then checked from the
+head until the check finds every node ready, or the install's time runs out."""
+
+from __future__ import annotations
+
+from clusters.drivers.base import CheckState
+from clusters.lifecycle.records import Action, ActionKind, Failure
+from clusters.lifecycle.rules import CHECK_EVERY, INSTALL_SECONDS, duration
+from clusters.lifecycle.unit import UnitOfWork
+from clusters.models import Cluster, Event, Node
+from clusters.software.checks import installer_verdict
+
+Status = Cluster.Status
+Step = Node.Step
+NodeStatus = Node.Status
+Reason = Event.Reason
+
+
+def install_key(work: UnitOfWork, targets: list[Node]) -> str:
+    """Which install the work is for: the cluster's n-th, or the workers up to the last one
+    added; a result for another install is not this one's."""
+    if work.cluster.status == Status.INSTALLING:
+        return f"install-{work.cluster.install_attempts}"
+    return f"workers-{max(n.index for n in targets)}"
+
+
+def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[Node]]:
+    """Install on every target, then check from the head; returns failures and the nodes
+    whose software became ready in this pass."""
+    key = install_key(work, targets)
+    software = work.cluster.get_software_display()
+    failures, installed = [], []
+    for node in targets:
+        result = work.work_of(node).install
+        if result is None or result.key != key:
+            work.hand_off(node, Action(ActionKind.INSTALL, key))
+        elif not result.ok:
+            said = result.error or installer_verdict(result.output)
+            failures.append(
+                Failure(
+                    Reason.INSTALL_FAILED,
+                    node,
+                    Step.INSTALL,
+                    f"Installing {software} failed on {node.name}"
+                    + (f": {said}." if said else "."),
+                    output=result.output or result.error,
+                )
+            )
+        else:
+            if node.installed_at is None:
+                node.installed_at = result.at
+                work.touch(node)
+            installed.append(node)
+    if failures:
+        return failures, []
+    head = work.head
+    check = work.work_of(head).check
+    this_check = check if check is not None and check.key == key else None
+    became_ready = []
+    if len(installed) == len(targets):
+        if this_check is not None:
+            for node in targets:
+                if node.name in this_check.ready and node.step == Step.INSTALL:
+                    work.finish_node(node)
+                    became_ready.append(node)
+            if this_check.state == CheckState.FAILED:
+                return [
+                    Failure(
+                        Reason.INSTALL_FAILED,
+                        head,
+                        Step.INSTALL,
+                        "The readiness check could not be read: "
+                        f"{'; '.join(this_check.problems.values())}",
+                        output=this_check.output,
+                    )
+                ], []
+        stale = this_check is None or (
+            this_check.state != CheckState.READY and work.now >= this_check.at + CHECK_EVERY
+        )
+        if stale and any(n.step == Step.INSTALL for n in targets):
+            work.hand_off(head, Action(ActionKind.CHECK, key))
+    for node in targets:
+        if node.step == Step.INSTALL and work.now >= work.deadline(node, work.now):
+            problems = this_check.problems if this_check is not None else {}
+            why = problems.get(node.name) or "its software never became ready"
+            failures.append(
+                Failure(
+                    Reason.INSTALL_TIMEOUT,
+                    node,
+                    Step.INSTALL,
+                    f"{software} was not ready on {node.name} within "
+                    f"{duration(INSTALL_SECONDS)}: {why}.",
+                    output=this_check.output if this_check is not None else "",
+                )
+            )
+    return failures, became_ready
+
+
+def installing(work: UnitOfWork) -> None:
+    """An installing cluster: ready once every node's software is; degraded (its machines
+    up and billed) at the first install that fails."""
+    targets = [n for n in work.nodes if n.status == NodeStatus.JOINED]
+    failures, _ = install(work, targets)
+    if failures:
+        failure = failures[0]
+        work.set_status(Status.DEGRADED)
+        # What the page's banner says: which node, at which step, and what the installer
+        # said there; and every other node it failed on, each with what its installer said.
+        message = " ".join(f.message for f in failures)
+        output = (
+            "\n".join(f"--- {f.node.name}\n{f.output}" for f in failures)
+            if len(failures) > 1
+            else failure.output
+        )
+        work.cluster.failure_reason = failure.reason
+        work.cluster.failure_node = failure.node.name
+        work.cluster.failure_step = Step.INSTALL
+        work.cluster.failure_message = work.for_user(message)
+        for node in targets:
+            if node.step == Step.INSTALL:
+                node.step_deadline = None
+                work.touch(node)
+        work.event(
+            failure.reason,
+            f"{message} The cluster is degraded: its machines stay up, reachable "
+            "and billed. Retry the install or terminate the cluster.",
+            node=failure.node,
+            step=Step.INSTALL,
+            output=output,
+        )
+        return
+    if all(n.step == Step.DONE for n in targets):
+        work.event(Reason.INSTALLED, f"{work.cluster.get_software_display()} is ready.")
+        work.mark_ready()

@@ -1,0 +1,101 @@
+"""Step `network`: once every agent of a batch checked in, each node reports reaching every
+peer over the private network, with figures that pass the acceptance check, in time."""
+
+from __future__ import annotations
+
+from clusters.drivers import get_driver
+from clusters.lifecycle.records import Action, ActionKind, Failure
+from clusters.lifecycle.rules import (
+    MEASURE_TURN_SECONDS,
+    acceptance_problem,
+    duration,
+    measured_note,
+    node_give_up_at,
+    reachability_matrix,
+    step_deadline,
+)
+from clusters.lifecycle.unit import UnitOfWork
+from clusters.models import Event, Node
+
+Step = Node.Step
+Reason = Event.Reason
+
+
+def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) -> list[Failure]:
+    """The batch's network step; starts only once every agent of the batch checked in."""
+    if any(n.step != Step.NETWORK for n in batch):
+        return []
+    last = max(n.agent_at for n in batch)
+    # The workers measure to node-0 one after another: each gets its turn's time.
+    turns = MEASURE_TURN_SECONDS * sum(1 for n in batch if n.index > 0)
+    failures = []
+    for node in batch:
+        if node.step_deadline is None:
+            node.step_started_at = last
+            node.step_deadline = step_deadline(
+                start=last,
+                seconds=work.boot + turns,
+                cap=node_give_up_at(node, work.machine_type),
+            )
+            work.touch(node)
+        if node.network_at is not None:
+            continue
+        peers = peers_of[node.pk]
+        reached = node.reachability or {}
+        unreachable = [p for p in peers if reached.get(p) is False]
+        if unreachable:
+            failures.append(
+                Failure(
+                    Reason.NETWORK_UNREACHABLE,
+                    node,
+                    Step.NETWORK,
+                    f"{node.name} cannot reach {', '.join(unreachable)} over the private network.",
+                    output=reachability_matrix(work.nodes),
+                )
+            )
+            continue
+        if (
+            all(reached.get(p) is True for p in peers)
+            and node.network_reported_at is not None
+            and node.network_reported_at <= work.deadline(node, node.network_reported_at)
+        ):
+            problem = acceptance_problem(node, work.machine_type)
+            if problem:
+                failures.append(Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem))
+                continue
+            node.network_at = node.network_reported_at
+            work.touch(node)
+            work.event(
+                Reason.NETWORK_OK,
+                f"{node.name} reaches every other node{measured_note(node)}.",
+                node=node,
+                step=Step.NETWORK,
+            )
+            continue
+        if work.now >= work.deadline(node, work.now):
+            allowed = (node.step_deadline - last).total_seconds()
+            missing = [p for p in peers if p not in reached]
+            turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
+            turn_note = turn_note if turns else ""
+            failures.append(
+                Failure(
+                    Reason.NETWORK_TIMEOUT,
+                    node,
+                    Step.NETWORK,
+                    f"{node.name} did not report reaching "
+                    f"{', '.join(missing) or 'its peers'} within {duration(allowed)} of the "
+                    f"last agent checking in ({work.limit_note(node, 1)}{turn_note}"
+                    f"{work.downtime_note(node)}).",
+                    output=reachability_matrix(work.nodes),
+                )
+            )
+            continue
+        if (
+            any(p not in reached for p in peers)
+            and get_driver(node.host).agent_work_due(
+                node, step=Step.NETWORK, now=work.now, since=last
+            )
+            and not work.backing_off(work.work_of(node).get(ActionKind.NETWORK))
+        ):
+            work.hand_off(node, Action(ActionKind.NETWORK))
+    return failures

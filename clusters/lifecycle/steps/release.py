@@ -1,0 +1,82 @@
+"""Machines that no longer serve the cluster (ended, failed, lost) are stopped and wiped; a
+host goes back to the pool only found pristine, and offline when it cannot be wiped."""
+
+from __future__ import annotations
+
+import logging
+
+from clusters.lifecycle.records import Action, ActionKind
+from clusters.lifecycle.rules import RELEASE_ATTEMPTS
+from clusters.lifecycle.unit import UnitOfWork
+from clusters.models import Event, Node
+from offers.models import Host
+
+log = logging.getLogger(__name__)
+
+Reason = Event.Reason
+
+
+def release(work: UnitOfWork) -> None:
+    freed = []
+    for node in work.nodes:
+        if not node.holds_host or node.status not in Node.RELEASED:
+            continue
+        done = work.work_of(node)
+        stop, start = done.stop, done.start
+        if stop is not None and stop.ok:
+            if stop.warning:
+                work.event(Reason.VOLUME_SYNC_FAILED, stop.warning, node=node, output=stop.output)
+            node.holds_host = False
+            work.touch(node)
+            # A host goes back to the pool only reimaged and found pristine; otherwise it
+            # is dirty, offered to no one until staff reimage it (docs/inventory.md).
+            if stop.pristine:
+                work.set_host(node, Host.State.FREE)
+            else:
+                work.set_host(node, Host.State.DIRTY)
+                work.host_reports[node.host_id] = stop.why
+            freed.append(node)
+        elif start is not None and start.reason == Reason.HOST_KEY_MISMATCH:
+            # Never connected to, so nothing to wipe; and it must not serve anyone until
+            # staff know why it offers another key (re-imaged, or not the machine at all).
+            take_offline(
+                work,
+                node,
+                f"The machine for {node.name} offered a host key that is not the pinned one; "
+                "it was never touched and is offline until staff check it.",
+                start.error,
+            )
+        elif stop is not None and stop.attempts >= RELEASE_ATTEMPTS:
+            take_offline(
+                work,
+                node,
+                f"The machine that served {node.name} could not be wiped after "
+                f"{RELEASE_ATTEMPTS} attempts ({stop.error or 'no reason given'}); it is "
+                "offline until staff look at it.",
+                stop.error,
+            )
+        elif not work.backing_off(stop):
+            work.hand_off(node, Action(ActionKind.STOP))
+    if freed:
+        still_held = any(n.holds_host for n in work.nodes)
+        names = ", ".join(n.name for n in freed)
+        work.event(
+            Reason.HOST_RELEASED,
+            f"Released {names}: stopped, and reimaged before anyone else uses "
+            f"{'them' if len(freed) > 1 else 'it'}."
+            + ("" if still_held else " Every machine of this cluster is released."),
+        )
+
+
+def take_offline(work: UnitOfWork, node: Node, message: str, why: str) -> None:
+    node.holds_host = False
+    work.touch(node)
+    work.set_host(node, Host.State.OFFLINE)
+    work.event(Reason.RELEASE_FAILED, message, node=node)
+    log.error(
+        "host %s (cluster %s, %s) could not be released; now offline: %s",
+        node.host.name,
+        work.cluster.pk,
+        node.name,
+        why,
+    )
