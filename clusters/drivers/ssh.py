@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import json
 import logging
 import re
@@ -41,6 +39,7 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from clusters import secrets
 from clusters.connect import SHARED_DIR, kube_ca, kube_token, shape_for
 from clusters.drivers import pristine, storage
 from clusters.drivers.base import (
@@ -669,10 +668,12 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
 
 
 def cluster_secret(node: Node, purpose: str) -> bytes:
-    """32 bytes derived from the secret key, the cluster and `purpose`: the same on every node
-    and every call, stored nowhere."""
-    message = f"{purpose}:{node.cluster_id}:{node.cluster.created_at.isoformat()}"
-    return hmac.new(settings.SECRET_KEY.encode(), message.encode(), hashlib.sha256).digest()
+    """32 bytes derived from the key the cluster was created under, the cluster and
+    `purpose`: the same on every node and every call, after a key rotation too, stored nowhere
+    (clusters/secrets.py)."""
+    founder = node if node.index == 0 else node.cluster.nodes.filter(index=0).first()
+    context = f"{node.cluster_id}:{node.cluster.created_at.isoformat()}"
+    return secrets.cluster_secret(secrets.cluster_key(founder), purpose, context)
 
 
 def cluster_keys(node: Node) -> tuple[str, str]:
