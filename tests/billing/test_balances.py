@@ -33,7 +33,7 @@ def test_every_kind_of_line_moves_the_stored_balance_and_the_check_agrees(db):
     bill_cluster(other, size=1, price="3.60", at=T0)
     charge_accrued(now=T0 + timedelta(seconds=100))  # 2.00 and 0.10
     end_cluster(cluster, at=T0 + timedelta(seconds=150))
-    charge_usage(cluster=cluster)  # 1.00 more
+    charge_usage(cluster_id=cluster.pk)  # 1.00 more
     charge_accrued(now=T0 + timedelta(hours=2, seconds=5))  # 3.60 × 2 h 5 s on `other`
 
     assert stored(project) == Decimal("100.00") - Decimal("2.50") - Decimal("3.00")

@@ -108,7 +108,7 @@ def test_it_charges_an_ended_cluster_up_to_its_end_and_no_further(db):
     charge_accrued(now=T0 + timedelta(seconds=60))
     end_cluster(cluster, at=T0 + timedelta(seconds=100))
 
-    charge_usage(cluster=cluster)
+    charge_usage(cluster_id=cluster.pk)
     charge_accrued(now=T0 + timedelta(hours=5))
 
     assert usage_total(cluster=cluster) == Decimal("2.00")  # 2 × 36 USD/h × 100 s
@@ -221,7 +221,7 @@ def test_it_charges_exactly_the_rounded_price_of_every_second_whatever_the_meter
                 cluster, _, _, _, charged_at_end = next(c for c in clusters if c[0] is cluster_and)
                 end_cluster(cluster, at=moment)
                 if charged_at_end:
-                    charge_usage(cluster=cluster, until=moment)
+                    charge_usage(cluster_id=cluster.pk, until=moment)
         charge_accrued(now=final)
 
         expected_total = Decimal("0.00")

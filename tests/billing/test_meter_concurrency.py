@@ -100,7 +100,7 @@ def test_it_charges_once_when_the_meter_and_a_terminate_charge_the_same_cluster(
 
     def charge_at_the_end():
         started.wait(timeout=10)
-        meter.charge_usage(cluster=cluster, until=T0 + timedelta(seconds=50))
+        meter.charge_usage(cluster_id=cluster.pk, until=T0 + timedelta(seconds=50))
 
     errors = _in_threads(
         lambda: meter.charge_accrued(now=T0 + timedelta(minutes=5)),

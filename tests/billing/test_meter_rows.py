@@ -10,7 +10,7 @@ from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from bench.billing import build_billed_clusters
-from billing import meter
+from billing import meter, metering
 from billing.models import LedgerEntry, MeterMark, UsageRecord, balance_of
 from billing.usage import Month, machine_rows
 from tests.billing.conftest import bill_cluster, end_cluster
@@ -91,7 +91,7 @@ def test_it_writes_a_running_machines_row_when_first_charged_at_an_hour_and_at_i
 
     meter.charge_accrued(now=T0 + timedelta(hours=1, minutes=6))
     end_cluster(cluster, at=T0 + timedelta(hours=1, minutes=10))
-    meter.charge_usage(cluster=cluster)  # ended: written, charged to its end
+    meter.charge_usage(cluster_id=cluster.pk)  # ended: written, charged to its end
     assert rows(cluster) == [(T0 + timedelta(hours=1, minutes=10), Decimal("42.00"))] * 2
     assert usage_total() == Decimal("84.00") == -balance_of(project.pk)
 
@@ -126,15 +126,19 @@ def test_the_machine_rows_show_what_the_meter_charged_since_a_row_was_written(db
 
 
 def test_a_lost_machines_refund_counts_what_the_meter_charged_since_its_row_was_written(db):
-    from clusters.lifecycle.actions import _end_usage_at
-
     project = ProjectFactory()
     cluster = bill_cluster(project, size=2, price="36.00", at=T0)
     meter.charge_accrued(now=T0 + timedelta(minutes=1))
     meter.charge_accrued(now=T0 + timedelta(minutes=10))  # rows still say 1 minute
     node = cluster.nodes.order_by("index").last()
 
-    refunded = _end_usage_at(node=node, cluster=cluster, at=T0 + timedelta(minutes=4))
+    refunded = metering.close_machine(
+        cluster_id=cluster.pk,
+        node_id=node.pk,
+        project_id=project.pk,
+        at=T0 + timedelta(minutes=4),
+        refund_note="Refund: lost",
+    )
 
     assert refunded == Decimal("3.60")  # 6 minutes at 36 USD/h charged past its last word
     record = UsageRecord.objects.get(node=node)

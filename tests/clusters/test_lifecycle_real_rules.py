@@ -211,7 +211,7 @@ def test_a_ready_cluster_whose_agent_falls_silent_is_degraded_and_stops_paying_f
     assert lifecycle.watch_heartbeats() == []  # not silent long enough
     # (The meter charges up to the database's clock, which time_machine does not move: the
     # test says the moment.)
-    meter.charge_usage(cluster=cluster, until=clock_now())
+    meter.charge_usage(cluster_id=cluster.pk, until=clock_now())
     before = ledger.balance(project=project)
     clock.move_to(last_heartbeat + timedelta(seconds=settings.RUNCRATE_HEARTBEAT_LOST_SECONDS))
     with sim:
