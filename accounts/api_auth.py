@@ -6,12 +6,15 @@ with every scope the default of every operation as it mounts the routers, so one
 its scope fails closed.
 """
 
+from typing import cast
+
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer
 
 from accounts.keys import find_api_key
 from accounts.models import ApiKey
+from accounts.requests import ApiRequest
 from runcrate import money
 from runcrate.api import ApiError
 from runcrate.errors import Refused
@@ -58,7 +61,8 @@ class ApiKeyAuth(HttpBearer):
                 "API. Ask an owner of the project to add them again, or use another key.",
             )
         request.user = key.user
-        request.project = key.project  # type: ignore[attr-defined]
+        # What ApiRequest declares (accounts/requests.py); Django Ninja then sets `auth`.
+        cast(ApiRequest, request).project = key.project
         self.check(request, key)
         return key
 

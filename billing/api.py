@@ -8,12 +8,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
 from accounts.api_auth import Scope, needs
 from accounts.models import Environment
+from accounts.requests import ApiRequest
 from billing import balances, budgets, usage
 from billing.access import can_manage_billing
 from billing.meter import HOUR
@@ -36,8 +36,8 @@ MAX_PRICE = Decimal("1000000000")
 BILLING = needs(Scope.BILLING)
 
 
-def _billing_project(request: HttpRequest):
-    project = request.project  # type: ignore[attr-defined]
+def _billing_project(request: ApiRequest):
+    project = request.project
     if not can_manage_billing(user=request.user, project=project):
         raise ApiError(
             403, "forbidden", "Only the project's owners and managers see and manage billing."
@@ -74,7 +74,7 @@ class BalanceEnvelope(Schema):
     response={200: BalanceEnvelope, 401: ErrorOut, 403: ErrorOut},
     summary="Balance, burn rate and hours remaining",
 )
-def balance(request: HttpRequest, price_per_hour: str | None = None) -> dict:
+def balance(request: ApiRequest, price_per_hour: str | None = None) -> dict:
     project = _billing_project(request)
     summary = usage.summary(project_id=project.pk)
     needed = None
@@ -141,7 +141,7 @@ class UsageList(Schema):
     summary="Usage of a month, per cluster and per machine",
 )
 def usage_of_month(
-    request: HttpRequest,
+    request: ApiRequest,
     month: Annotated[
         str | None, Query(description="YYYY-MM; the current month if omitted.")
     ] = None,
@@ -217,7 +217,7 @@ class TransactionList(Schema):
     summary="The ledger, newest first",
 )
 def transactions(
-    request: HttpRequest,
+    request: ApiRequest,
     type: Annotated[  # noqa: A002 - the API's documented parameter name
         Literal["topup", "usage", "adjustment", "storage"] | None,
         Query(description="Only lines of this type."),
@@ -301,7 +301,7 @@ class EnvironmentBudgetEnvelope(Schema):
     },
     summary="Set or clear an environment's monthly budget",
 )
-def put_budget(request: HttpRequest, name: str, payload: BudgetIn) -> dict:
+def put_budget(request: ApiRequest, name: str, payload: BudgetIn) -> dict:
     project = _billing_project(request)
     environment = Environment.objects.filter(project=project, name=name).first()
     if environment is None:

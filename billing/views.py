@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.models import Environment
 from accounts.projects import get_for_project, require_project
+from accounts.requests import ProjectRequest
 from billing import budgets, payments, usage
 from billing.access import can_manage_billing
 from billing.charts import spend_chart
@@ -38,7 +39,7 @@ def billing_view(view):
 
     @login_required
     @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    def wrapper(request: ProjectRequest, *args, **kwargs) -> HttpResponse:
         project = require_project(request)
         if not can_manage_billing(user=request.user, project=project):
             raise PermissionDenied("Only the project's owners and managers see billing.")
@@ -47,7 +48,7 @@ def billing_view(view):
     return wrapper
 
 
-def _month(request: HttpRequest) -> tuple[usage.Month, str]:
+def _month(request: ProjectRequest) -> tuple[usage.Month, str]:
     """The month asked for (`?month=YYYY-MM`, default the current one), and "" ; or, for a
     month that is not one, the current month and a sentence saying so: a bad link shows the
     page with a message, never a 404 (docs/billing.md)."""
@@ -62,13 +63,13 @@ def _month(request: HttpRequest) -> tuple[usage.Month, str]:
         )
 
 
-def _page_number(request: HttpRequest) -> int:
+def _page_number(request: ProjectRequest) -> int:
     raw = request.GET.get("page", "1")
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
-def _month_context(request: HttpRequest, month: usage.Month) -> dict:
-    project = request.project  # type: ignore[attr-defined]
+def _month_context(request: ProjectRequest, month: usage.Month) -> dict:
+    project = request.project
     now = timezone.now()
     paginator = Paginator(usage.statement(project_id=project.pk, month=month), LINES_PER_PAGE)
     page = paginator.get_page(_page_number(request))
@@ -89,7 +90,7 @@ def _month_context(request: HttpRequest, month: usage.Month) -> dict:
 @billing_view
 @require_GET
 @never_cache  # the balance, and a fresh Idempotency-Key in the Add credit form
-def index(request: HttpRequest) -> HttpResponse:
+def index(request: ProjectRequest) -> HttpResponse:
     month, notice = _month(request)
     context = _month_context(request, month)
     context["month_notice"] = notice
@@ -100,8 +101,8 @@ def index(request: HttpRequest) -> HttpResponse:
     return render(request, "billing/index.html", context, status=status)
 
 
-def _top_context(request: HttpRequest, form: TopUpForm | None = None) -> dict:
-    project = request.project  # type: ignore[attr-defined]
+def _top_context(request: ProjectRequest, form: TopUpForm | None = None) -> dict:
+    project = request.project
     return {
         "summary": usage.summary(project_id=project.pk),
         "payments_configured": payments.payments_configured(),
@@ -111,7 +112,7 @@ def _top_context(request: HttpRequest, form: TopUpForm | None = None) -> dict:
     }
 
 
-def _billed_cluster(request: HttpRequest, cluster_id: int) -> Model:
+def _billed_cluster(request: ProjectRequest, cluster_id: int) -> Model:
     # The project's clusters through its relation: billing does not import clusters.
     clusters = require_project(request).clusters.select_related("machine_type")
     return get_for_project(request, clusters, pk=cluster_id)
@@ -119,7 +120,7 @@ def _billed_cluster(request: HttpRequest, cluster_id: int) -> Model:
 
 @billing_view
 @require_GET
-def cluster_usage(request: HttpRequest, cluster_id: int) -> HttpResponse:
+def cluster_usage(request: ProjectRequest, cluster_id: int) -> HttpResponse:
     """A cluster line opened: one row per machine for the month (htmx), or a page of its own."""
     cluster = _billed_cluster(request, cluster_id)
     month, notice = _month(request)
@@ -142,7 +143,7 @@ def cluster_usage(request: HttpRequest, cluster_id: int) -> HttpResponse:
 
 @billing_view
 @require_GET
-def export_csv(request: HttpRequest) -> HttpResponse:
+def export_csv(request: ProjectRequest) -> HttpResponse:
     month, notice = _month(request)
     if notice:  # a file of the wrong month would mislead: back to the page, which says why
         messages.error(request, notice.replace(f" Showing {month.label}.", ""))
@@ -150,7 +151,7 @@ def export_csv(request: HttpRequest) -> HttpResponse:
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="runcrate-billing-{month.param}.csv"'
     writer = csv.writer(response)
-    for row in usage.csv_rows(project_id=request.project.pk, month=month):  # type: ignore[attr-defined]
+    for row in usage.csv_rows(project_id=request.project.pk, month=month):
         writer.writerow(row)
     return response
 
@@ -160,7 +161,7 @@ def export_csv(request: HttpRequest) -> HttpResponse:
 
 @billing_view
 @require_POST
-def add_credit(request: HttpRequest) -> HttpResponse:
+def add_credit(request: ProjectRequest) -> HttpResponse:
     if not payments.payments_configured():
         messages.error(request, "Card payments are not configured.")
         return redirect("billing:index")
@@ -171,7 +172,7 @@ def add_credit(request: HttpRequest) -> HttpResponse:
         return render(request, "billing/index.html", context, status=422)
     try:
         payment = payments.start_checkout(
-            project=request.project,  # type: ignore[attr-defined]
+            project=request.project,
             user=request.user,
             amount=form.cleaned_data["amount"],
             idempotency_key=form.cleaned_data["idempotency_key"],
@@ -179,7 +180,7 @@ def add_credit(request: HttpRequest) -> HttpResponse:
     except payments.PaymentRefused as refusal:
         messages.error(request, refusal.message)
         payment = Payment.objects.filter(
-            project=request.project,  # type: ignore[attr-defined]
+            project=request.project,
             idempotency_key=form.cleaned_data["idempotency_key"],
         ).first()
         if payment is None:
@@ -188,13 +189,13 @@ def add_credit(request: HttpRequest) -> HttpResponse:
     return redirect(payment.checkout_url, permanent=False)
 
 
-def _payment_for_user(request: HttpRequest, pk: int) -> Payment:
+def _payment_for_user(request: ProjectRequest, pk: int) -> Payment:
     return get_for_project(request, Payment.objects.all(), pk=pk)
 
 
 @billing_view
 @require_GET
-def payment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def payment_detail(request: ProjectRequest, pk: int) -> HttpResponse:
     """Where Stripe sends the user back: pending until the webhook has credited the payment."""
     payment = _payment_for_user(request, pk)
     pending = payments.is_pending(payment)
@@ -215,7 +216,7 @@ def payment_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @billing_view
 @require_POST
-def payment_retry(request: HttpRequest, pk: int) -> HttpResponse:
+def payment_retry(request: ProjectRequest, pk: int) -> HttpResponse:
     payment = _payment_for_user(request, pk)
     try:
         payment = payments.retry_checkout(payment=payment)
@@ -244,8 +245,8 @@ def stripe_webhook(request: HttpRequest) -> HttpResponse:
 # ---- environments and budgets ------------------------------------------------------------------
 
 
-def _environments_context(request: HttpRequest, **extra: object) -> dict:
-    project = request.project  # type: ignore[attr-defined]
+def _environments_context(request: ProjectRequest, **extra: object) -> dict:
+    project = request.project
     rows = budgets.environment_budgets(project=project)
     forms = extra.pop("forms", {})
     return {
@@ -267,14 +268,14 @@ def _environments_context(request: HttpRequest, **extra: object) -> dict:
 
 @billing_view
 @require_http_methods(["GET", "POST"])
-def environments(request: HttpRequest) -> HttpResponse:
+def environments(request: ProjectRequest) -> HttpResponse:
     """The project's environments with their budgets; POST creates one."""
     if request.method == "POST":
         form = EnvironmentForm(request.POST)
         if form.is_valid():
             try:
                 environment = budgets.create_environment(
-                    project=request.project,  # type: ignore[attr-defined]
+                    project=request.project,
                     name=form.cleaned_data["name"],
                     monthly_budget=form.cleaned_data["monthly_budget"],
                 )
@@ -290,7 +291,7 @@ def environments(request: HttpRequest) -> HttpResponse:
 
 @billing_view
 @require_POST
-def set_budget(request: HttpRequest, name: str) -> HttpResponse:
+def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
     environment = get_for_project(request, Environment.objects.all(), name=name)
     form = BudgetForm(request.POST, prefix=f"env-{environment.pk}")
     if not form.is_valid():

@@ -11,12 +11,13 @@ from datetime import datetime
 from typing import Annotated
 
 from django.db.models import Prefetch, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
 
 from accounts.api_auth import Scope, needs
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
+from accounts.requests import ApiRequest
 from clusters import connect, idempotency, lifecycle, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from offers.models import MAX_NODES, MIN_NODES
@@ -230,10 +231,10 @@ class WorkersIn(Schema):
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _clusters(request: HttpRequest) -> QuerySet[Cluster]:
+def _clusters(request: ApiRequest) -> QuerySet[Cluster]:
     """The project's clusters with what their objects show, in a fixed number of queries."""
     return (
-        Cluster.objects.filter(project=request.project)  # type: ignore[attr-defined]
+        Cluster.objects.filter(project=request.project)
         .select_related("environment", "machine_type__location", "machine_type__gpu")
         .prefetch_related(Prefetch("nodes", queryset=Node.objects.order_by("index")), "volumes")
     )
@@ -244,7 +245,7 @@ def _with_events(queryset: QuerySet[Cluster]) -> QuerySet[Cluster]:
     return queryset.prefetch_related(Prefetch("events", queryset=events))
 
 
-def _get_cluster(request: HttpRequest, cluster_id: int) -> Cluster:
+def _get_cluster(request: ApiRequest, cluster_id: int) -> Cluster:
     cluster = _with_events(_clusters(request)).filter(pk=cluster_id).first()
     if cluster is None:
         raise ApiError(404, "not_found", f"There is no cluster {cluster_id} in your project.")
@@ -338,7 +339,7 @@ REFUSAL_CODES = (
     summary="List clusters",
 )
 def list_clusters(
-    request: HttpRequest,
+    request: ApiRequest,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Offset = 0,
 ) -> dict:
@@ -356,8 +357,8 @@ IDEMPOTENCY = (
 )
 
 
-def _create(request: HttpRequest, payload: ClusterIn) -> idempotency.Answer:
-    project = request.project  # type: ignore[attr-defined]
+def _create(request: ApiRequest, payload: ClusterIn) -> idempotency.Answer:
+    project = request.project
     environment = Environment.objects.filter(project=project, name=payload.environment).first()
     if environment is None:
         raise ApiError(
@@ -375,7 +376,7 @@ def _create(request: HttpRequest, payload: ClusterIn) -> idempotency.Answer:
         software=payload.software,
         ssh_key_ids=payload.ssh_key_ids,
         volume_id=payload.volume_id,
-        api_key=request.auth,  # type: ignore[attr-defined]
+        api_key=request.auth,
     )
     # Committed (outside Idempotency-Key's transaction): a connection lost now still answers 201.
     body = outages.after_commit(lambda: {"data": _detail(_get_cluster(request, cluster.pk))})
@@ -399,7 +400,7 @@ def _create(request: HttpRequest, payload: ClusterIn) -> idempotency.Answer:
     description="Reserves every machine at once, or none. " + REFUSAL_CODES + IDEMPOTENCY,
 )
 def create_cluster(
-    request: HttpRequest,
+    request: ApiRequest,
     payload: ClusterIn,
     idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
 ) -> HttpResponse:
@@ -407,8 +408,8 @@ def create_cluster(
         answer = _create(request, payload)
     else:
         answer = idempotency.once(
-            project=request.project,  # type: ignore[attr-defined]
-            api_key=request.auth,  # type: ignore[attr-defined]
+            project=request.project,
+            api_key=request.auth,
             key=idempotency_key,
             body=payload.dict(),
             run=lambda: _create(request, payload),
@@ -422,7 +423,7 @@ def create_cluster(
     response={200: ClusterEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Read a cluster",
 )
-def get_cluster(request: HttpRequest, cluster_id: int) -> dict:
+def get_cluster(request: ApiRequest, cluster_id: int) -> dict:
     """Its status, failure, machines and events, in a fixed number of queries."""
     return {"data": _detail(_get_cluster(request, cluster_id))}
 
@@ -445,7 +446,7 @@ ACTION_RESPONSES = {
     description="Stops every machine together and ends billing for all of them now; "
     "409 `invalid_state` when the cluster has already ended.",
 )
-def terminate_cluster(request: HttpRequest, cluster_id: int) -> Status:
+def terminate_cluster(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     lifecycle.terminate(cluster=cluster, user=request.user)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
@@ -458,7 +459,7 @@ def terminate_cluster(request: HttpRequest, cluster_id: int) -> Status:
     summary="Retry the software install",
     description="Only for a degraded cluster; otherwise 409 `invalid_state`.",
 )
-def retry_install(request: HttpRequest, cluster_id: int) -> Status:
+def retry_install(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     lifecycle.retry_install(cluster=cluster)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
@@ -473,12 +474,12 @@ def retry_install(request: HttpRequest, cluster_id: int) -> Status:
     "all (422 `invalid_count`) and within the key's limits (403 `key_limit_exceeded`); each "
     "worker is billed from the moment it is up.",
 )
-def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> Status:
+def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)
     lifecycle.add_workers(
         cluster=cluster,
         count=payload.count,
-        api_key=request.auth,  # type: ignore[attr-defined]
+        api_key=request.auth,
     )
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
@@ -495,7 +496,7 @@ def add_workers(request: HttpRequest, cluster_id: int, payload: WorkersIn) -> St
     "another status (or without node-0 and another machine up), 409 `network_test_running` "
     "while one runs.",
 )
-def run_network_test(request: HttpRequest, cluster_id: int) -> Status:
+def run_network_test(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     started = lifecycle.run_network_test(cluster=cluster, user=request.user)
     return Status(202, {"data": lifecycle.network_test_report(started)})
@@ -508,7 +509,7 @@ def run_network_test(request: HttpRequest, cluster_id: int) -> Status:
     summary="Terminate one machine (not possible)",
     description="A cluster starts, runs and stops whole: this answers 405 `terminate_cluster`.",
 )
-def delete_machine(request: HttpRequest, cluster_id: int, name: str) -> None:
+def delete_machine(request: ApiRequest, cluster_id: int, name: str) -> None:
     cluster = _get_cluster(request, cluster_id)
     raise ApiError(
         405,
@@ -578,11 +579,11 @@ class ConnectEnvelope(Schema):
     data: ConnectOut
 
 
-def _get_connectable(request: HttpRequest, cluster_id: int) -> Cluster:
+def _get_connectable(request: ApiRequest, cluster_id: int) -> Cluster:
     """The project's cluster with what its connection details read, while its machines are up
     (installing, ready or degraded); 404 or 409 otherwise."""
     cluster = (
-        Cluster.objects.filter(project=request.project, pk=cluster_id)  # type: ignore[attr-defined]
+        Cluster.objects.filter(project=request.project, pk=cluster_id)
         .select_related("machine_type__location")
         .prefetch_related("nodes", "volumes")
         .first()
@@ -608,7 +609,7 @@ def _get_connectable(request: HttpRequest, cluster_id: int) -> Cluster:
     "environment, shared storage and the software's examples (the kubeconfig for Kubernetes), "
     "as on the cluster page. 409 `invalid_state` while the machines are not up.",
 )
-def cluster_connect(request: HttpRequest, cluster_id: int) -> dict:
+def cluster_connect(request: ApiRequest, cluster_id: int) -> dict:
     cluster = _get_connectable(request, cluster_id)
     shape = connect.shape_for(cluster)
     return {"data": {"cluster_id": cluster.pk, "status": cluster.status, **connect.details(shape)}}
@@ -676,12 +677,12 @@ def _volume(volume: Volume) -> dict:
     summary="List volumes",
 )
 def list_volumes(
-    request: HttpRequest,
+    request: ApiRequest,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Offset = 0,
 ) -> dict:
     """The project's volumes (deleted ones are gone), by name."""
-    queryset = volumes.live_volumes(request.project)  # type: ignore[attr-defined]
+    queryset = volumes.live_volumes(request.project)
     return paginated(queryset, limit=limit, offset=offset, render=_volume)
 
 
@@ -694,9 +695,9 @@ def list_volumes(
     "409 `name_taken`, 422 `unknown_location`, 422 `location_cannot_attach` (no offer there can "
     "attach a volume), 422 `invalid_size`.",
 )
-def create_volume(request: HttpRequest, payload: VolumeIn) -> Status:
+def create_volume(request: ApiRequest, payload: VolumeIn) -> Status:
     volume = volumes.create_volume(
-        project=request.project,  # type: ignore[attr-defined]
+        project=request.project,
         name=payload.name,
         location=payload.location,
         size_gb=payload.size_gb,
@@ -712,8 +713,8 @@ def create_volume(request: HttpRequest, payload: VolumeIn) -> Status:
     description="Deletes it and its files, and ends its billing; 409 `volume_in_use` while it "
     "is attached to a cluster.",
 )
-def delete_volume(request: HttpRequest, volume_id: int) -> Status:
-    volume = volumes.live_volumes(request.project).filter(pk=volume_id).first()  # type: ignore[attr-defined]
+def delete_volume(request: ApiRequest, volume_id: int) -> Status:
+    volume = volumes.live_volumes(request.project).filter(pk=volume_id).first()
     if volume is None:
         raise ApiError(404, "not_found", f"There is no volume {volume_id} in your project.")
     volumes.delete_volume(volume=volume)
