@@ -39,6 +39,7 @@ from clusters.models import Cluster, Event, Node, Volume, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, MachineType
 from offers.offers import Offer, get_offer, list_offers, same_shape_first
 from offers.quotes import quotes_for
+from runcrate import durations
 from runcrate.money import usd
 
 CLUSTERS_PER_PAGE = 50
@@ -79,31 +80,9 @@ STEP_NAMES = {
 }
 
 
-def _duration(seconds: int) -> str:
-    """`2m 10s`, `45s`, `1h 5m`: a countdown a person reads at a glance."""
-    hours, rest = divmod(max(0, seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
-
-
 def _instant(at: datetime) -> str:
     """An instant as the page's script reads it (static/js/app.js): ISO 8601, in milliseconds."""
     return at.isoformat(timespec="milliseconds")
-
-
-def _age(since: datetime, now: datetime) -> str:
-    seconds = int((now - since).total_seconds())
-    if seconds < 60:
-        return "just now"
-    if seconds < 3600:
-        return f"{seconds // 60} min"
-    if seconds < 86400:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} d"
 
 
 def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
@@ -142,7 +121,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
                 machines=machines,
                 price_per_hour=cluster.price_per_hour(machines),
                 badge=STATUS_BADGES[cluster.status],
-                age=_age(cluster.created_at, now),
+                age=durations.age(cluster.created_at, now),
                 cost=costs[cluster.pk],
             )
         )
@@ -431,7 +410,7 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
                 steps_total=total,
                 percent=round(100 * done / total),
                 tone=tone,
-                time_left=f"{_duration(left)} left" if left is not None else "",
+                time_left=f"{durations.countdown(left)} left" if left is not None else "",
                 deadline=_instant(deadline) if deadline else "",
             )
         )
@@ -577,6 +556,7 @@ def _detail_context(cluster: Cluster) -> dict:
         "now": now,
         "nodes": nodes,
         "server_now": _instant(now),
+        "countdown_format": json.dumps(durations.COUNTDOWN_FORMAT),
         "machine_type": machine_type,
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines,
@@ -651,7 +631,7 @@ def _ready_by(cluster: Cluster, nodes: list[Node], now: datetime) -> dict | None
     if at is None:
         return None
     left = int((at - now).total_seconds())
-    return {"at": _instant(at), "left": _duration(left), "overdue": left <= 0}
+    return {"at": _instant(at), "left": durations.countdown(left), "overdue": left <= 0}
 
 
 def _with_every_row(context: dict) -> dict:

@@ -1,7 +1,11 @@
-"""Spans of time as a person reads them beside an amount: an uptime, what a balance covers, an
-estimate. `45 s`, `12 min`, `5 h 20 min`, `3 days 4 h` (docs/clusters.md, docs/billing.md)."""
+"""Durations for people, in one place: spans beside an amount (an uptime, what a balance
+covers, an estimate: `45 s`, `12 min`, `5 h 20 min`, `3 days 4 h`), a countdown that ticks on
+the cluster page (`2m 10s`), an age in a list (`12 min`), and a limit in a sentence
+(`90 seconds`, `6 minutes`) (docs/clusters.md, docs/billing.md). Templates read them through
+`{% load durations %}`, the API and emails call them, and the page's script fills the
+countdown's own shapes, which the server hands it (`COUNTDOWN_FORMAT`)."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 MINUTE = 60
@@ -33,6 +37,42 @@ def span(seconds: Seconds) -> str:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     days, hours = divmod(total // HOUR, 24)
     return f"{days} days {hours} h" if hours else f"{days} days"
+
+
+# A countdown's shapes, by the largest unit left, filled with whole hours `h`, minutes `m` and
+# seconds `s` (each rounded down; `ss` is `s` in two digits). The cluster page hands them to its
+# script (`data-countdown-format`, static/js/app.js), so the clock that ticks there says what
+# the server says.
+COUNTDOWN_FORMAT = {"hours": "{h}h {m}m", "minutes": "{m}m {ss}s", "seconds": "{s}s"}
+
+
+def countdown(seconds: float | int) -> str:
+    """`2m 10s`, `45s`, `1h 5m`: the time left to a deadline, read at a glance."""
+    hours, rest = divmod(max(0, int(seconds)), HOUR)
+    minutes, secs = divmod(rest, MINUTE)
+    shape = "hours" if hours else "minutes" if minutes else "seconds"
+    return COUNTDOWN_FORMAT[shape].format(h=hours, m=minutes, s=secs, ss=f"{secs:02d}")
+
+
+def age(since: datetime, now: datetime) -> str:
+    """How long ago, as a list shows it: `just now`, `12 min`, `5 h`, `3 d`."""
+    seconds = int((now - since).total_seconds())
+    if seconds < MINUTE:
+        return "just now"
+    if seconds < HOUR:
+        return f"{seconds // MINUTE} min"
+    if seconds < DAY:
+        return f"{seconds // HOUR} h"
+    return f"{seconds // DAY} d"
+
+
+def in_words(seconds: float) -> str:
+    """A limit in a sentence: `90 seconds` under two minutes, else `6 minutes`, `7.5 minutes`."""
+    seconds = round(seconds)
+    if seconds < 2 * MINUTE:
+        return f"{seconds} seconds"
+    minutes = seconds / MINUTE
+    return f"{minutes:.0f} minutes" if minutes == int(minutes) else f"{minutes:.1f} minutes"
 
 
 def about(seconds: Seconds) -> str:

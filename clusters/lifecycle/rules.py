@@ -11,6 +11,7 @@ from django.conf import settings
 from clusters import secrets
 from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
+from runcrate import durations
 
 Status = Cluster.Status
 NodeStatus = Node.Status
@@ -64,11 +65,8 @@ TERMINABLE = Cluster.TERMINABLE
 
 
 def duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 120:
-        return f"{seconds} seconds"
-    minutes = seconds / 60
-    return f"{minutes:.0f} minutes" if minutes == int(minutes) else f"{minutes:.1f} minutes"
+    """A limit in a sentence (`runcrate.durations.in_words`), the lifecycle's name for it."""
+    return durations.in_words(seconds)
 
 
 def step_deadline(*, start: datetime, seconds: float, cap: datetime) -> datetime:

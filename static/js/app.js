@@ -15,18 +15,21 @@ document.addEventListener("click", (event) => {
 // moves every second on its own, so no poll is needed to move a clock. The count is in the
 // server's clock: `data-server-now` says what time the server had when it rendered the page
 // (or the poll's answer), and the difference to this browser's clock is kept (a clock set
-// wrong must not show a deadline minutes off). The format is clusters/views.py's `_duration`.
+// wrong must not show a deadline minutes off). The words are the server's: the same element's
+// `data-countdown-format` holds runcrate/durations.py's COUNTDOWN_FORMAT, which this fills with
+// the same rounding (whole units, down), so the clock says what the server would.
 (() => {
   let skew = 0; // the server's clock minus this browser's, in milliseconds
   let stamp = null;
+  let format = null;
 
   function duration(seconds) {
-    const hours = Math.floor(seconds / 3600);
-    const minutes = Math.floor((seconds % 3600) / 60);
-    const secs = seconds % 60;
-    if (hours) return `${hours}h ${minutes}m`;
-    if (minutes) return `${minutes}m ${String(secs).padStart(2, "0")}s`;
-    return `${secs}s`;
+    const h = Math.floor(seconds / 3600);
+    const m = Math.floor((seconds % 3600) / 60);
+    const s = seconds % 60;
+    const shape = format[h ? "hours" : m ? "minutes" : "seconds"];
+    const values = { h, m, s, ss: String(s).padStart(2, "0") };
+    return shape.replace(/\{(\w+)\}/g, (_, name) => String(values[name]));
   }
 
   function tick() {
@@ -35,6 +38,10 @@ document.addEventListener("click", (event) => {
       stamp = rendered.dataset.serverNow;
       skew = Date.parse(stamp) - Date.now();
     }
+    if (rendered && rendered.dataset.countdownFormat) {
+      format = JSON.parse(rendered.dataset.countdownFormat);
+    }
+    if (!format) return; // nothing says how to word the time left: keep the server's text
     const now = Date.now() + skew;
     for (const element of document.querySelectorAll("[data-deadline]")) {
       const left = Math.max(0, Math.floor((Date.parse(element.dataset.deadline) - now) / 1000));
