@@ -13,7 +13,6 @@ from datetime import datetime
 from decimal import Decimal
 from urllib.parse import urlencode
 
-from accounts.requests import ProjectRequest
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -29,6 +28,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
+from accounts.requests import ProjectRequest
 from billing import balances, ledger
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, cluster_costs
