@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from accounts.models import ApiKey, User
-from billing.models import UsageRecord
+from billing import metering
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
-from clusters.lifecycle.reconcile import charge_on_commit
 from clusters.lifecycle.reserve import (
     new_nodes,
     require_balance,
@@ -47,8 +45,6 @@ def stop(*, cluster: Cluster, reason: str) -> Cluster:
 
 
 def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
-    from billing import meter
-
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
@@ -59,9 +55,9 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
                 f"This cluster is {status}; only a provisioning, installing, ready or degraded "
                 "cluster can be terminated.",
             )
-        # No meter run charges this cluster between its end and the terminate's own charge,
-        # which refunds anything charged past the end (billing.meter, "past its end").
-        meter.lock_marks([locked.pk])
+        # Billing ends for every machine now; no meter run charges this cluster between that
+        # end and the charge once this commits (billing.metering.close_cluster).
+        metering.close_cluster(cluster_id=locked.pk, at=now)
         work = UnitOfWork.load(locked, now=now)
         nodes = work.nodes
         work.set_status(Status.TERMINATING)
@@ -69,7 +65,6 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         locked.stop_reason = stop_reason
         # A degraded cluster ended by its owner did not fail: its events keep what went wrong.
         locked.clear_failure()
-        UsageRecord.objects.filter(cluster=locked, ended_at__isnull=True).update(ended_at=now)
         for node in nodes:
             if node.status in (NodeStatus.STARTING, NodeStatus.JOINED):
                 work.end_node(node, NodeStatus.ENDED)
@@ -83,7 +78,6 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         work.event(reason, message)
         work.flush()
         dispatch.current().advance(locked.pk)
-        charge_on_commit(cluster_id=locked.pk)
     return locked
 
 
@@ -203,7 +197,16 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         node = next((n for n in nodes if n.pk == node_id), None)
         if node is None or node.status != NodeStatus.JOINED:
             return False
-        refunded = _end_usage_at(node=node, cluster=locked, at=last_heard)
+        # Billed until its last heartbeat: what was charged past it is refunded.
+        refunded = metering.close_machine(
+            cluster_id=locked.pk,
+            node_id=node.pk,
+            project_id=locked.project_id,
+            at=last_heard,
+            refund_note=(
+                f"Refund: {locked.name} {node.name} was lost; billed past its last heartbeat"
+            ),
+        )
         work.end_node(node, NodeStatus.LOST, at=last_heard)
         work.replan_others(node)  # the others stop naming it in /etc/hosts and the hostfile
         left = [n for n in nodes if n.status == NodeStatus.JOINED]
@@ -232,31 +235,3 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         dispatch.current().advance(locked.pk)
     log.warning("cluster %s: %s lost (%s)", locked.pk, node.name, why)
     return True
-
-
-def _end_usage_at(*, node: Node, cluster: Cluster, at: datetime) -> Decimal:
-    """End the node's usage at `at`; refund (an adjustment on the ledger) what the meter had
-    already charged past it. Returns the refund."""
-    from billing import meter
-
-    refunded = Decimal("0.00")
-    meter.lock_marks([cluster.pk])  # no meter charges this cluster until the refund commits
-    records = meter.settled(
-        UsageRecord.objects.select_for_update().filter(node=node, ended_at__isnull=True)
-    )
-    for record in records:
-        end = max(at, record.started_at)
-        if record.charged_until > end:
-            over = meter.cost_between(record, end, record.charged_until)
-            if meter.refund_line(
-                project_id=cluster.project_id,
-                amount=over,
-                note=f"Refund: {cluster.name} {node.name} was lost; billed past its last heartbeat",
-            ):
-                refunded += over
-            record.charged_amount -= over
-            record.charged_until = end
-        record.ended_at = end
-        record.save(update_fields=["ended_at", "charged_until", "charged_amount"])
-    charge_on_commit(record_ids=[r.pk for r in records])
-    return refunded

@@ -27,7 +27,6 @@ __all__ = [
     "Failure",
     "advance",
     "advance_locked",
-    "charge_on_commit",
     "read_nodes",
     "step_deadlines",
 ]
@@ -86,18 +85,3 @@ def advance_locked(
         # when nothing is left to do (the tick would not pick the cluster either).
         dispatch.current().advance(cluster.pk)
     return work.done
-
-
-def charge_on_commit(*, cluster_id: int | None = None, record_ids: list[int] | None = None):
-    """Bill ended machines up to their end now rather than at the meter's next run."""
-
-    def charge() -> None:
-        from billing import meter
-
-        if cluster_id is not None:
-            meter.charge_usage(cluster=Cluster(pk=cluster_id))
-        else:
-            meter.charge_usage(record_ids=record_ids)
-
-    # robust: a failed charge is logged and left to the meter; it never undoes the end.
-    transaction.on_commit(charge, robust=True)

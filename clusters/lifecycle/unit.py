@@ -17,7 +17,7 @@ from functools import cached_property
 
 from django.conf import settings
 
-from billing.models import UsageRecord
+from billing import metering
 from clusters import volumes
 from clusters.drivers import get_driver
 from clusters.lifecycle import dispatch
@@ -311,18 +311,13 @@ class UnitOfWork:
             Host.objects.filter(pk__in=host_ids).update(state=state, state_changed_at=self.now)
         for host_id, report in self.host_reports.items():
             Host.objects.filter(pk=host_id).update(pristine_report=report)
-        if self.billed:
-            UsageRecord.objects.bulk_create(
-                UsageRecord(
-                    project_id=self.cluster.project_id,
-                    cluster=self.cluster,
-                    node=node,
-                    price_per_hour=self.cluster.price_per_machine_hour,
-                    started_at=self.now,
-                    charged_until=self.now,
-                )
-                for node in self.billed
-            )
+        metering.open_machines(
+            project_id=self.cluster.project_id,
+            cluster_id=self.cluster.pk,
+            node_ids=[node.pk for node in self.billed],
+            price_per_hour=self.cluster.price_per_machine_hour,
+            at=self.now,
+        )
         if self.events:
             Event.objects.bulk_create(self.events)
         if set_needs_work(self.cluster, needs_work(self.cluster, self.nodes)):
