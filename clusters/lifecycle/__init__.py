@@ -19,8 +19,11 @@ SPEC is silent are written down in docs/lifecycle.md.
 
 The package, by concern: `rules` (limits, deadlines, tokens, the cluster lock, the judgements on
 what agents report), `dispatch` (handing work to Celery or to memory), `reserve` (create and
-reservation), `reconcile` (`advance` and its one pass over a cluster), `work` (per-node work
-under a lease, talking to drivers), `actions` (terminate, stop, retry, add workers),
+reservation), `unit` (the unit of work: a locked cluster loaded once, its changes collected and
+written back once), `steps` (what each step decides on it), `records` (what it carries, typed:
+`Action`, the `Outcome` of each kind of work, a node's `NodeWork`), `reconcile` (`advance`: one
+unit over a cluster), `work` (per-node work under a lease, talking to drivers),
+`actions` (terminate, stop, retry, add workers),
 `network_test` (the network test a user asks for: the action, its task, how it reads), `watch`
 (what the periodic tasks look at). Callers import this package, never its modules.
 """
