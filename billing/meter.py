@@ -832,7 +832,6 @@ def charge_usage(
     cluster_id: int | None = None,
     record_ids: Iterable[int] | None = None,
     until: datetime | None = None,
-    cluster: Model | None = None,  # TODO(issue 20): gone once the lifecycle calls metering
 ) -> ChargeResult:
     """Charge one cluster's records (or the given ones) up to `until`, or to their end.
 
@@ -841,8 +840,6 @@ def charge_usage(
     min(`until`, the database's now, its `ended_at`), and what the ledger holds past its end is
     refunded. It waits for a meter holding the same cluster.
     """
-    if cluster is not None:
-        cluster_id = cluster.pk
     if (cluster_id is None) == (record_ids is None):
         raise ValueError("charge_usage needs either a cluster or record_ids.")
     with transaction.atomic():
