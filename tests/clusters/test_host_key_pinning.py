@@ -196,3 +196,17 @@ def test_it_never_connects_to_a_host_without_a_pinned_key(server):
     assert refused.value.reason == "host_key_mismatch"
     assert "no pinned host key" in refused.value.message
     assert server.seen == Seen()
+
+
+def test_a_host_whose_name_finds_no_pinned_key_is_refused_not_trusted(server, monkeypatch):
+    # paramiko asks the missing-host-key policy only when it knows no key for the host's name.
+    # The driver always pins under the name paramiko looks up, so make that lookup miss: the
+    # policy must refuse the key offered, never add or accept it (AutoAddPolicy, WarningPolicy).
+    monkeypatch.setattr("clusters.drivers.ssh._known_name", lambda address, port: "elsewhere")
+
+    with pytest.raises(DriverError) as refused, connect_to(server, public_line(server.host_key)):
+        pass
+
+    assert refused.value.reason == "host_key_mismatch"
+    assert f"offered host key {server.host_key.fingerprint}" in refused.value.message
+    assert server.seen == Seen()
