@@ -22,7 +22,7 @@ from billing.models import UsageRecord
 from clusters import connect, lifecycle
 from clusters.drivers import get_driver
 from clusters.drivers.base import DriverError
-from clusters.lifecycle import reconcile
+from clusters.lifecycle import unit
 from clusters.models import Cluster, Event, Node
 from lab import hostlab
 from offers.models import Host, Location, MachineType
@@ -36,7 +36,7 @@ WAIT = 180  # seconds any one test waits for a cluster to move
 
 @pytest.fixture
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(reconcile, "RETRY_AFTER", timedelta(seconds=1))
+    monkeypatch.setattr(unit, "RETRY_AFTER", timedelta(seconds=1))
 
 
 def project_with(user_key: Path):
