@@ -19,7 +19,7 @@ from clusters.lifecycle.reserve import (
     require_key_limits,
     reserve_hosts,
 )
-from clusters.lifecycle.rules import TERMINABLE, lock_cluster, set_needs_work
+from clusters.lifecycle.rules import lock_cluster, set_needs_work
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
@@ -48,13 +48,9 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
-        if locked is None or locked.status not in TERMINABLE:
+        if locked is None or not locked.can_terminate:
             status = locked.status if locked else "gone"
-            raise ClusterRefused(
-                "invalid_state",
-                f"This cluster is {status}; only a provisioning, installing, ready or degraded "
-                "cluster can be terminated.",
-            )
+            raise ClusterRefused("invalid_state", Cluster.terminate_refusal(status))
         # Billing ends for every machine now; no meter run charges this cluster between that
         # end and the charge once this commits (billing.metering.close_cluster).
         metering.close_cluster(cluster_id=locked.pk, at=now)
@@ -66,7 +62,7 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         # A degraded cluster ended by its owner did not fail: its events keep what went wrong.
         locked.clear_failure()
         for node in nodes:
-            if node.status in (NodeStatus.STARTING, NodeStatus.JOINED):
+            if node.status in Node.LIVE:
                 work.end_node(node, NodeStatus.ENDED)
         if stop_reason:
             reason = Reason.STOPPED_BALANCE if stop_reason == "balance" else Reason.STOPPED_BUDGET
@@ -130,21 +126,21 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
-        if locked is None or locked.status != Status.READY:
+        if locked is None or not locked.can_add_workers:
+            if locked is not None and locked.status == Status.READY:  # ready, but quoted
+                raise ClusterRefused(
+                    "invalid_state",
+                    "A quoted cluster's size is part of the terms agreed with our team: request "
+                    "a quote to change it.",
+                    field="count",
+                )
             raise ClusterRefused(
                 "invalid_state",
                 f"Workers can be added to a ready cluster; this one is "
                 f"{locked.status if locked else 'gone'}.",
             )
-        if locked.is_quoted:
-            raise ClusterRefused(
-                "invalid_state",
-                "A quoted cluster's size is part of the terms agreed with our team: request a "
-                "quote to change it.",
-                field="count",
-            )
         nodes = locked.nodes.all()
-        live = nodes.filter(status__in=[NodeStatus.STARTING, NodeStatus.JOINED]).count()
+        live = nodes.filter(status__in=Node.LIVE).count()
         if live + count > MAX_NODES:
             raise ClusterRefused(
                 "invalid_count",

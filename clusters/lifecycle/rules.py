@@ -11,7 +11,6 @@ from django.conf import settings
 from clusters import secrets
 from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
-from runcrate import durations
 
 Status = Cluster.Status
 NodeStatus = Node.Status
@@ -56,17 +55,9 @@ LEASE_SECONDS = {
 LONGEST_WORK_SECONDS = 2 * 60 * 60
 # How long a queued advance keeps others from being queued for the same cluster.
 ADVANCE_PENDING_SECONDS = 30
-# TODO(issue 20): a plain alias of `Cluster.TERMINABLE` for clusters/lifecycle/actions.py until
-# it asks `cluster.can_terminate`; remove it then.
-TERMINABLE = Cluster.TERMINABLE
 
 
 # --- small rules -------------------------------------------------------------------------------
-
-
-def duration(seconds: float) -> str:
-    """A limit in a sentence (`runcrate.durations.in_words`), the lifecycle's name for it."""
-    return durations.in_words(seconds)
 
 
 def step_deadline(*, start: datetime, seconds: float, cap: datetime) -> datetime:

@@ -28,7 +28,6 @@ from clusters.lifecycle.rules import (
     RETRY_AFTER,
     Downtime,
     deadline_with_downtime,
-    duration,
     needs_work,
     node_give_up_at,
     set_needs_work,
@@ -36,6 +35,7 @@ from clusters.lifecycle.rules import (
 )
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.models import Host, MachineType
+from runcrate.durations import in_words
 from runcrate.models import our_downtime
 from runcrate.sql import update_rows
 
@@ -212,7 +212,7 @@ class UnitOfWork:
         moved = (self.deadline(node, self.now) - node.step_deadline).total_seconds()
         if moved < 1:
             return ""
-        return f"; not counting {duration(moved)} in which our own services did not run"
+        return f"; not counting {in_words(moved)} in which our own services did not run"
 
     def limit_note(self, node: Node, factor: int) -> str:
         """Which limit a step's time came from, for a timeout's message."""
@@ -223,7 +223,7 @@ class UnitOfWork:
         if seconds < settings.RUNCRATE_MIN_STEP_SECONDS:
             return f"at least {settings.RUNCRATE_MIN_STEP_SECONDS} seconds for any step"
         times = "" if factor == 1 else f"{factor} × "
-        return f"{times}the {duration(self.boot)} boot time of {self.machine_type.slug}"
+        return f"{times}the {in_words(self.boot)} boot time of {self.machine_type.slug}"
 
     def cap_minutes(self) -> int:
         return int(give_up_after(self.machine_type.slow_boot).total_seconds() // 60)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from clusters.lifecycle.rules import duration
 from runcrate import durations
 from tests.factories import ClusterFactory
 
@@ -24,8 +23,6 @@ def test_it_words_a_countdown(seconds, text):
 
 
 def test_it_words_a_limit_in_a_sentence_for_the_lifecycle():
-    for seconds in (30, 119.6, 120, 360, 450):
-        assert duration(seconds) == durations.in_words(seconds)
     assert [durations.in_words(s) for s in (90, 360, 450)] == [
         "90 seconds",
         "6 minutes",

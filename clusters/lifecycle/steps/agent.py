@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from clusters.drivers import get_driver
 from clusters.lifecycle.records import Action, ActionKind, Failure
-from clusters.lifecycle.rules import duration, gpu_line, hardware_problem
+from clusters.lifecycle.rules import gpu_line, hardware_problem
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Event, Node
+from runcrate.durations import in_words
 
 Step = Node.Step
 Reason = Event.Reason
@@ -41,7 +42,7 @@ def step(work: UnitOfWork, node: Node) -> Failure | None:
             Reason.AGENT_TIMEOUT,
             node,
             Step.AGENT,
-            f"{node.name}'s agent did not check in within {duration(allowed)} of the "
+            f"{node.name}'s agent did not check in within {in_words(allowed)} of the "
             f"machine running ({work.limit_note(node, 1)}{work.downtime_note(node)}).",
         )
     due = get_driver(node.host).agent_work_due(

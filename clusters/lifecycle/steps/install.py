@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from clusters.drivers.base import CheckState
 from clusters.lifecycle.records import Action, ActionKind, Failure
-from clusters.lifecycle.rules import CHECK_EVERY, INSTALL_SECONDS, duration
+from clusters.lifecycle.rules import CHECK_EVERY, INSTALL_SECONDS
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Cluster, Event, Node
 from clusters.software.checks import installer_verdict
+from runcrate.durations import in_words
 
 Status = Cluster.Status
 Step = Node.Step
@@ -89,7 +90,7 @@ def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[
                     node,
                     Step.INSTALL,
                     f"{software} was not ready on {node.name} within "
-                    f"{duration(INSTALL_SECONDS)}: {why}.",
+                    f"{in_words(INSTALL_SECONDS)}: {why}.",
                     output=this_check.output if this_check is not None else "",
                 )
             )

@@ -87,7 +87,7 @@ def fail_cluster(work: UnitOfWork, failure: Failure) -> None:
     cluster.failure_message = work.for_user(failure.message)
     cluster.ended_at = work.now
     for node in work.nodes:
-        if node.status in (NodeStatus.STARTING, NodeStatus.JOINED):
+        if node.status in Node.LIVE:
             work.end_node(node, NodeStatus.FAILED if node is failure.node else NodeStatus.ENDED)
     work.event(
         failure.reason,

@@ -8,7 +8,6 @@ from clusters.lifecycle.records import Action, ActionKind, Failure
 from clusters.lifecycle.rules import (
     MEASURE_TURN_SECONDS,
     acceptance_problem,
-    duration,
     measured_note,
     node_give_up_at,
     reachability_matrix,
@@ -16,6 +15,7 @@ from clusters.lifecycle.rules import (
 )
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Event, Node
+from runcrate.durations import in_words
 
 Step = Node.Step
 Reason = Event.Reason
@@ -83,7 +83,7 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
                     node,
                     Step.NETWORK,
                     f"{node.name} did not report reaching "
-                    f"{', '.join(missing) or 'its peers'} within {duration(allowed)} of the "
+                    f"{', '.join(missing) or 'its peers'} within {in_words(allowed)} of the "
                     f"last agent checking in ({work.limit_note(node, 1)}{turn_note}"
                     f"{work.downtime_note(node)}).",
                     output=reachability_matrix(work.nodes),

@@ -6,9 +6,10 @@ from __future__ import annotations
 from clusters.drivers import get_driver
 from clusters.drivers.base import MachineState
 from clusters.lifecycle.records import Action, ActionKind, Failure, StartOutcome
-from clusters.lifecycle.rules import START_ATTEMPTS, duration, node_give_up_at, step_deadline
+from clusters.lifecycle.rules import START_ATTEMPTS, node_give_up_at, step_deadline
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Event, Node
+from runcrate.durations import in_words
 
 Step = Node.Step
 Reason = Event.Reason
@@ -75,7 +76,7 @@ def step(work: UnitOfWork, node: Node) -> Failure | None:
             Reason.BOOT_TIMEOUT,
             node,
             Step.RUNNING,
-            f"{node.name}'s machine did not come up within {duration(allowed)} "
+            f"{node.name}'s machine did not come up within {in_words(allowed)} "
             f"({work.limit_note(node, 2)}{work.downtime_note(node)}).",
         )
     return None
