@@ -1,5 +1,9 @@
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, TypedDict
+
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import InlineModelAdmin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
 from django.db.models import Count, QuerySet
@@ -13,6 +17,9 @@ from accounts.models import ApiKey, Environment, Membership, Project, SshKey, Us
 from accounts.projects import create_project
 from accounts.signup import normalize_email, project_name_for
 from runcrate.admin import money_column
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 # The admin's login page counts failures like the dashboard's (accounts/throttle.py).
 admin.site.login_form = AdminLoginForm
@@ -91,8 +98,8 @@ class ProjectMembershipsFormSet(BaseInlineFormSet):
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
-    autocomplete_fields = ("user", "project")
-    formset = UserMembershipsFormSet
+    autocomplete_fields: ClassVar[tuple[str, ...]] = ("user", "project")
+    formset: type[BaseInlineFormSet] = UserMembershipsFormSet
 
 
 @admin.register(User)
@@ -127,15 +134,21 @@ class UserAdmin(DjangoUserAdmin):
     readonly_fields = ("last_login", "date_joined")
     inlines = (MembershipInline,)
 
-    def get_inlines(self, request: HttpRequest, obj: User | None):  # type: ignore[no-untyped-def]
-        return self.inlines if obj is not None else ()
+    def get_inlines(
+        self, request: HttpRequest, obj: User | None
+    ) -> tuple[type[InlineModelAdmin], ...]:
+        return tuple(self.inlines) if obj is not None else ()
 
-    def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:  # type: ignore[no-untyped-def]
+    def save_model(
+        self, request: HttpRequest, obj: User, form: forms.ModelForm, change: bool
+    ) -> None:
         super().save_model(request, obj, form, change)
         if not change and not obj.memberships.exists():
             create_project(owner=obj, name=project_name_for(obj))
 
-    def get_deleted_objects(self, objs, request: HttpRequest):  # type: ignore[no-untyped-def]
+    def get_deleted_objects(
+        self, objs: Sequence[User] | QuerySet[User], request: HttpRequest
+    ) -> tuple[list[str], dict[str, int], set[str], list[str]]:
         """Django's delete screens refuse while anything is "protected": the reasons a user
         may not go (live clusters, a project left with no owner) are listed there."""
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
@@ -160,6 +173,10 @@ class ProjectMembershipInline(MembershipInline):
     formset = ProjectMembershipsFormSet
 
 
+class _MemberCount(TypedDict):
+    member_count: int  # ProjectAdmin.get_queryset's annotation
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     """Billing registers it again with its "Add credit" action (billing/admin.py): an app adds to
@@ -173,8 +190,8 @@ class ProjectAdmin(admin.ModelAdmin):
         return super().get_queryset(request).annotate(member_count=Count("memberships"))
 
     @admin.display(ordering="member_count")
-    def members(self, obj: Project) -> int:
-        return obj.member_count  # type: ignore[attr-defined]
+    def members(self, obj: "WithAnnotations[Project, _MemberCount]") -> int:
+        return obj.member_count
 
 
 @admin.register(ApiKey)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, cast
 
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from django.conf import settings
@@ -438,6 +439,18 @@ KEY_PROJECT_FIELDS = ("project__id", "project__name")
 TRUST = "apikey-trust"
 
 
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class KeyMembership(TypedDict):
+    is_member: bool  # whether the key's user is still in the key's project
+
+
+# What find_api_key returns: the key, with `is_member` annotated by its query.
+FoundKey: TypeAlias = "WithAnnotations[ApiKey, KeyMembership]"
+
+
 def _cache_key(key_hash: str) -> str:
     return f"apikey:{key_hash}"
 
@@ -481,7 +494,7 @@ def settle_failed_forgets(*, now: datetime) -> bool:
     return True
 
 
-def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
+def find_api_key(token: str, *, now: datetime) -> "FoundKey | None":
     """The working key `token` is, with its user and project, or None (unknown, revoked, or of
     a deactivated user). `key.is_member` says whether its user is still in its project.
 
@@ -500,7 +513,8 @@ def find_api_key(token: str, *, now: datetime) -> ApiKey | None:
     held, until = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
     fresh = until is not None and now < until
     if fresh and isinstance(held, ApiKey) and trusted:
-        return held
+        # The cache gives back the key _remember kept: found below, with its is_member.
+        return cast("FoundKey", held)
     try:
         key = (
             ApiKey.objects.select_related("project", "user")

@@ -8,6 +8,7 @@ into the same folder. Production sets DATABASE_URL, REDIS_URL, SECRET_KEY and DE
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -111,6 +112,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "runcrate.context_processors.navigation",
+                "offers.context_processors.cluster_sizes",
                 "billing.context_processors.balance",
             ],
         },
@@ -119,12 +121,17 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
+# Django's own type (global_settings), a plain dict for both: dj_database_url's TypedDict
+# would refuse the laptop's Path-valued NAME, which Django accepts.
+DATABASES: dict[str, dict[str, Any]]
 if DATABASE_URL:
     # Connections are kept a minute, and checked before a request reuses one: a connection the
     # server dropped meanwhile (a restart, a killed backend, a failover) is replaced, not
     # handed to the request to fail on. Losing it mid-request is a 503 (runcrate/outages.py).
     DATABASES = {
-        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+        "default": dict(
+            dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+        )
     }
 else:
     DATABASES = {
@@ -194,6 +201,7 @@ REDIS_URL = env_str("REDIS_URL")
 # database, queued tasks included): the broker on REDIS_URL's database, the cache on the next
 # one unless REDIS_CACHE_URL names another.
 REDIS_CACHE_URL = env_str("REDIS_CACHE_URL") or (redis_database(REDIS_URL, 1) if REDIS_URL else "")
+CACHES: dict[str, dict[str, Any]]  # Django's type (global_settings): any backend's keys
 if REDIS_URL:
     CACHES = {
         "default": {

@@ -5,6 +5,8 @@ looking around and for single edits. A host's state belongs to the cluster lifec
 read-only here, and the two actions only move hosts between free and offline.
 """
 
+from typing import TYPE_CHECKING, TypedDict
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet
@@ -23,6 +25,23 @@ from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest, T
 from offers.offers import inventory_changed
 from runcrate.admin import ReadOnlyAdmin, money_column
 from runcrate.money import usd_rate
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+# What each list's get_queryset annotates its rows with.
+class _MachineTypeCount(TypedDict):
+    machine_type_count: int
+
+
+class _HostCount(TypedDict):
+    host_count: int
+
+
+class _HostCounts(TypedDict):
+    free_hosts: int
+    host_count: int
 
 
 def _sentence(problem: str) -> str:
@@ -54,7 +73,7 @@ class GpuModelAdmin(ChangesOffers):
         return super().get_queryset(request).annotate(machine_type_count=Count("machine_types"))
 
     @admin.display(description="machine types", ordering="machine_type_count")
-    def machine_type_count(self, gpu: GpuModel) -> int:
+    def machine_type_count(self, gpu: "WithAnnotations[GpuModel, _MachineTypeCount]") -> int:
         return gpu.machine_type_count
 
 
@@ -96,7 +115,7 @@ class LocationAdmin(ChangesOffers):
         return super().get_queryset(request).annotate(host_count=Count("machine_types__hosts"))
 
     @admin.display(description="hosts", ordering="host_count")
-    def host_count(self, location: Location) -> int:
+    def host_count(self, location: "WithAnnotations[Location, _HostCount]") -> int:
         return location.host_count
 
 
@@ -165,11 +184,11 @@ class MachineTypeAdmin(ChangesOffers):
         return machine_type.location.code
 
     @admin.display(description="free", ordering="free_hosts")
-    def free_hosts(self, machine_type: MachineType) -> int:
+    def free_hosts(self, machine_type: "WithAnnotations[MachineType, _HostCounts]") -> int:
         return machine_type.free_hosts
 
     @admin.display(description="hosts", ordering="host_count")
-    def host_count(self, machine_type: MachineType) -> int:
+    def host_count(self, machine_type: "WithAnnotations[MachineType, _HostCounts]") -> int:
         return machine_type.host_count
 
 

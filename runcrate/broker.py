@@ -22,7 +22,9 @@ SCHEME = "runcrate-fs"
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: dict, **kwargs: object) -> None:
+    # kombu's filesystem Channel names the message `payload`, its AbstractChannel `message`:
+    # an override matches one of the two, never both.
+    def _put(self, queue: str, payload: dict, **kwargs: object) -> None:  # type: ignore[override]
         # The same name kombu gives a message (its time orders the queue), reached by a rename.
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         # "partial-<uuid>.tmp": a consumer matches the part after the first dot against

@@ -33,7 +33,7 @@ def send_templated(
     if not to:
         return 0
     context = {"site_url": settings.SITE_URL, **context}
-    subject = render_to_string(f"emails/{template}-subject.html", context)
+    subject: str = render_to_string(f"emails/{template}-subject.html", context)
     subject = " ".join(line.strip() for line in subject.splitlines() if line.strip())
     text = render_to_string(f"emails/{template}-body-text.html", context)
     html = render_to_string(f"emails/{template}-body-html.html", context)

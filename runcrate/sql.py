@@ -46,7 +46,7 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
     if not rows:
         return 0
     model = type(rows[0])
-    columns = [model._meta.get_field(name) for name in fields]
+    columns = [_column(model, name) for name in fields]
     values = [
         (row.pk, *(c.get_db_prep_save(getattr(row, c.attname), connection) for c in columns))
         for row in rows
@@ -54,9 +54,21 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
     return update_from_values(
         model,
         {column.column: f"v.c{index}" for index, column in enumerate(columns, 1)},
-        [column.db_type(connection) for column in columns],
+        [_column_type(column) for column in columns],
         values,
     )
+
+
+def _column(model: type[Model], name: str) -> Field:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field), f"{name} is a relation's other side, not a column"
+    return field
+
+
+def _column_type(field: Field) -> str:
+    kind = field.db_type(connection)
+    assert kind is not None, f"{field.name} has no column (a many-to-many)"
+    return kind
 
 
 @ForeignObject.register_lookup

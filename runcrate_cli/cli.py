@@ -35,7 +35,9 @@ class RuncrateGroup(TyperGroup):
     """Turns every `ApiError` of every command into the API's message and exit code 1: one
     place, so no command can leak a traceback for a refusal."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    # TyperGroup.invoke takes the Context of typer's private, vendored click (typer._click),
+    # which typer exports only as its subclass typer.Context: what it passes here.
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         _json_mode.clear()
         try:
             return super().invoke(ctx)
