@@ -175,7 +175,7 @@ def _summary(request: ProjectRequest, offer: Offer, nodes: int) -> dict:
     billing read the balance and the burn rate (SPEC §5); a developer reads only whether the
     balance covers the cluster."""
     machine_price = offer.machine_price_per_hour
-    valid = MIN_NODES <= nodes <= MAX_NODES
+    valid = lifecycle.size_refusal(nodes) is None
     cluster_price = machine_price * nodes
     balance = ledger.balance(project=request.project)
     needed = balances.balance_needed(cluster_price)

@@ -44,7 +44,13 @@ from clusters.lifecycle.network_test import (
 )
 from clusters.lifecycle.reconcile import advance, step_deadlines
 from clusters.lifecycle.records import Action, ActionKind, Failure, NodeWork, Outcome
-from clusters.lifecycle.reserve import Quoted, create_cluster, key_spend_per_hour, reserve_hosts
+from clusters.lifecycle.reserve import (
+    Quoted,
+    create_cluster,
+    key_spend_per_hour,
+    reserve_hosts,
+    size_refusal,
+)
 from clusters.lifecycle.rules import (
     CHECK_EVERY,
     INSTALL_SECONDS,
@@ -100,6 +106,7 @@ __all__ = [
     "node_plan_for",
     "reachability_matrix",
     "reserve_hosts",
+    "size_refusal",
     "retry_install",
     "run_network_test",
     "step_deadline",

@@ -205,6 +205,21 @@ def _quoted_type(*, quoted: Quoted, project: Project, offer_slug: str) -> Machin
     return machine_type
 
 
+def size_refusal(nodes: object, *, max_nodes: int = MAX_NODES) -> ClusterRefused | None:
+    """Why `nodes` is not a size a cluster may have (None when it is): MIN_NODES to `max_nodes`
+    machines (MAX_NODES self-serve, QUOTED_MAX_NODES on a quote). The create's rule, which the
+    create page asks too."""
+    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes < MIN_NODES:
+        return ClusterRefused("invalid_nodes", TOO_FEW_NODES, field="nodes")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= max_nodes:
+        return ClusterRefused(
+            "invalid_nodes",
+            f"A cluster has {MIN_NODES} to {max_nodes} machines; {nodes!r} is not in that range.",
+            field="nodes",
+        )
+    return None
+
+
 def create_cluster(
     *,
     project: Project,
@@ -232,15 +247,9 @@ def create_cluster(
     now = timezone.now()
     if environment.project_id != project.pk:
         raise ClusterRefused("unknown_environment", "No such environment in this project.")
-    max_nodes = MAX_NODES if quoted is None else QUOTED_MAX_NODES
-    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes < MIN_NODES:
-        raise ClusterRefused("invalid_nodes", TOO_FEW_NODES, field="nodes")
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not MIN_NODES <= nodes <= max_nodes:
-        raise ClusterRefused(
-            "invalid_nodes",
-            f"A cluster has {MIN_NODES} to {max_nodes} machines; {nodes!r} is not in that range.",
-            field="nodes",
-        )
+    refusal = size_refusal(nodes, max_nodes=MAX_NODES if quoted is None else QUOTED_MAX_NODES)
+    if refusal is not None:
+        raise refusal
     if quoted is None:
         machine_type = _self_serve_type(offer_slug=offer_slug, nodes=nodes)
         price_per_machine_hour = machine_type.price_per_hour
