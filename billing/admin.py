@@ -13,7 +13,7 @@ from django.shortcuts import render
 from django.urls import reverse
 
 from accounts.admin import ProjectAdmin as AccountsProjectAdmin
-from accounts.models import Project
+from accounts.models import Project, User
 from billing import ledger
 from billing.models import LedgerEntry
 from runcrate.admin import ReadOnlyAdmin, money_column
@@ -63,6 +63,7 @@ class LedgerEntryAdmin(admin.ModelAdmin):
         if request.method == "POST":
             form = CreditForm(request.POST)
             if form.is_valid():
+                assert isinstance(request.user, User)  # the admin is for signed-in staff
                 project = form.cleaned_data["project"]
                 entry = ledger.credit(
                     project=project,
@@ -102,7 +103,9 @@ def add_credit(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Que
 class ProjectAdmin(AccountsProjectAdmin):
     """Accounts' Project admin with billing's "Add credit" action."""
 
-    actions = (*AccountsProjectAdmin.actions, add_credit)
+    # django-stubs declare ModelAdmin.actions per instance, generic in the model (Django reads
+    # it from the class), and an unparameterised admin's class attribute is "ambiguous".
+    actions = (*(AccountsProjectAdmin.actions or ()), add_credit)  # type: ignore[misc]
 
 
 admin.site.unregister(Project)

@@ -6,7 +6,7 @@ Owners and managers only (developers see no billing, SPEC §5), with a key that 
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, TypedDict
 
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
@@ -29,6 +29,9 @@ from runcrate.api import (
     utc_str,
 )
 from runcrate.money import NotAnAmount, read_amount
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 router = Router(tags=["billing"])
 # The dearest hourly price `/billing/balance` is asked about (a price card's whole cluster).
@@ -237,7 +240,11 @@ def transactions(
     )
 
 
-def _transaction(entry: LedgerEntry, *, now: datetime) -> dict:
+class _Billed(TypedDict):
+    billed: bool  # usage.still_billed(), annotated by the transactions' query
+
+
+def _transaction(entry: "WithAnnotations[LedgerEntry, _Billed]", *, now: datetime) -> dict:
     is_usage = entry.kind == LedgerEntry.Kind.USAGE
     return {
         "id": entry.pk,
@@ -246,7 +253,7 @@ def _transaction(entry: LedgerEntry, *, now: datetime) -> dict:
         "note": entry.note,
         "created_at": utc_str(entry.created_at),
         "cluster_id": entry.cluster_id,
-        "cluster_name": entry.cluster.name if entry.cluster_id else None,
+        "cluster_name": entry.cluster.name if entry.cluster is not None else None,
         "volume_id": entry.volume_id,
         "period_start": utc_str(entry.period_start),
         "machine_seconds": entry.machine_seconds if is_usage else None,

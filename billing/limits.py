@@ -70,7 +70,9 @@ class BudgetStanding:
         return {
             env_id: env
             for env_id, env in self.environments.items()
-            if env_id not in self.over and self.spend[env_id] >= env.monthly_budget * WARNING_SHARE
+            if env_id not in self.over
+            and env.monthly_budget is not None  # those here have a budget
+            and self.spend[env_id] >= env.monthly_budget * WARNING_SHARE
         }
 
 
@@ -162,6 +164,7 @@ def warn_budgets(
     month = month_start(now)
     sent = 0
     for env_id, env in sorted(environments.items()):
+        assert env.monthly_budget is not None  # BudgetStanding.warned: those with a budget
         # Once per environment, month and budget: raising the budget arms the warning again.
         key = f"{env_id}:{month:%Y-%m}:{env.monthly_budget}"
         if not _claim_notice(

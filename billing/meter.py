@@ -28,10 +28,11 @@ Clusters open and close what is metered through billing/metering.py.
 """
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
+from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import (
@@ -183,7 +184,9 @@ class Debit:
     machine_seconds: int = 0
 
 
-def _chargeable(queryset: QuerySet[UsageRecord], now: datetime) -> QuerySet[UsageRecord]:
+def _chargeable(
+    queryset: QuerySet[UsageRecord], now: datetime | Now | Least
+) -> QuerySet[UsageRecord]:
     """Running records, and ended ones the meter has not charged to their end yet."""
     return queryset.filter(
         Q(ended_at__isnull=True) | Q(charged_until__lt=F("ended_at")), charged_until__lt=now
@@ -493,6 +496,7 @@ def _charge_clusters(
     cluster_ids = locked.cluster_ids
     if not cluster_ids:
         return ChargeResult()
+    assert locked.clock is not None  # read by the query that locked them
     now = locked.clock if until is None else min(until, locked.clock)
     refunded = Decimal("0.00")
     if locked.past_end:
@@ -538,7 +542,7 @@ def _past_end_query(sql: _Statement, where: str) -> str:
     id, cluster, project, cluster name, cents charged past the end, cents up to the end."""
     usage = UsageRecord._meta.db_table
     marks = MeterMark._meta.db_table
-    clusters = UsageRecord._meta.get_field("cluster").related_model._meta.db_table
+    clusters = _related(UsageRecord, "cluster")._meta.db_table
     return f"""
         WITH x AS (
             SELECT u.id, u.cluster_id, u.project_id, u.started_at AS s, u.ended_at AS e,
@@ -663,7 +667,7 @@ class _LineKind:
     def names(self, owner_ids: set[int]) -> dict[int, str]:
         column = f"{self.owner}_id"
         return dict(
-            self.record.objects.filter(**{f"{column}__among": owner_ids})
+            self.record._default_manager.filter(**{f"{column}__among": owner_ids})
             .order_by()
             .values_list(column, f"{self.owner}__name")
             .distinct()
@@ -884,11 +888,16 @@ def storage_per_day(per_month: Decimal) -> Decimal:
     return storage_for_days(per_month, 1)
 
 
-def burn_rate_columns() -> dict[str, Subquery]:
+class BurnRateColumns(NamedTuple):
+    machines: Subquery
+    stored: Subquery
+
+
+def burn_rate_columns() -> BurnRateColumns:
     """What a project runs and stores per hour, as two columns to annotate projects with:
     `machines` (USD/h of every machine billed now) and `stored` (GB-month price × GB of every
     kept volume, which `burn_rate_of` turns into USD/h)."""
-    money = DecimalField(max_digits=24, decimal_places=4)
+    money: DecimalField[Decimal, Decimal] = DecimalField(max_digits=24, decimal_places=4)
     machines = (
         UsageRecord.objects.filter(project_id=OuterRef("pk"), ended_at__isnull=True)
         .order_by()
@@ -897,18 +906,26 @@ def burn_rate_columns() -> dict[str, Subquery]:
         .values("total")
     )
     # The volumes through the projects' relation: billing does not import clusters.
-    volume = Project._meta.get_field("volumes").related_model
+    volume = _related(Project, "volumes")
     stored = (
-        volume.objects.filter(project_id=OuterRef("pk"), deleted_at__isnull=True)
+        volume._default_manager.filter(project_id=OuterRef("pk"), deleted_at__isnull=True)
         .order_by()
         .values("project_id")
         .annotate(total=Sum(F("price_per_gb_month") * F("size_gb"), output_field=money))
         .values("total")
     )
-    return {
-        "machines": Subquery(machines, output_field=money),
-        "stored": Subquery(stored, output_field=money),
-    }
+    return BurnRateColumns(
+        machines=Subquery(machines, output_field=money),
+        stored=Subquery(stored, output_field=money),
+    )
+
+
+def _related(model: type[Model], name: str) -> type[Model]:
+    """The model at the other end of `model`'s relation `name` (another app's model, which
+    billing does not import)."""
+    related = model._meta.get_field(name).related_model
+    assert isinstance(related, type)  # "self" and labels are resolved once the apps are ready
+    return related
 
 
 def burn_rate_of(machines: Decimal | None, stored: Decimal | None) -> Decimal:
@@ -919,9 +936,10 @@ def burn_rate_of(machines: Decimal | None, stored: Decimal | None) -> Decimal:
 def burn_rates(project_ids: set[int]) -> dict[int, Decimal]:
     """USD per hour of what each project runs and stores: the price of every machine billed now
     and the storage of every volume it keeps (SPEC §4's burn rate). One query."""
+    columns = burn_rate_columns()
     rows = (
         Project.objects.filter(pk__in=project_ids)
-        .annotate(**burn_rate_columns())
+        .annotate(machines=columns.machines, stored=columns.stored)
         .values_list("pk", "machines", "stored")
     )
     rates = {project_id: Decimal("0.00") for project_id in project_ids}
@@ -979,7 +997,7 @@ def _storage_debits(
     return dict(lines), changed
 
 
-def _charge_storage_records(records: list[StorageRecord], now: datetime) -> ChargeResult:
+def _charge_storage_records(records: Sequence[StorageRecord], now: datetime) -> ChargeResult:
     """Charge these locked storage records up to `now` (or their end) onto their per-day
     storage lines; the caller holds the transaction and the records' locks."""
     lines, changed = _storage_debits(records, now)

@@ -5,6 +5,7 @@ from django.db import models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from accounts.models import Project
 from runcrate.money import signed_usd, usd
 
 
@@ -91,20 +92,18 @@ class LedgerEntry(models.Model):
         if not self._state.adding:
             super().save(*args, **kwargs)
             return
-        project = self._meta.get_field("project").related_model
         with transaction.atomic():
             super().save(*args, **kwargs)
             if self.amount:
-                project.objects.filter(pk=self.project_id).update(
+                Project.objects.filter(pk=self.project_id).update(
                     balance=F("balance") + self.amount
                 )
 
 
 def balance_of(project_id: "int | models.Model") -> Decimal:
     """The project's (or the project id's) running balance: one row, however long its ledger."""
-    project = LedgerEntry._meta.get_field("project").related_model
-    pk = getattr(project_id, "pk", project_id)
-    found = project.objects.filter(pk=pk).values_list("balance", flat=True).first()
+    pk = project_id.pk if isinstance(project_id, models.Model) else project_id
+    found = Project.objects.filter(pk=pk).values_list("balance", flat=True).first()
     return found if found is not None else Decimal("0.00")
 
 

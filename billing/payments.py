@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import stripe
 from django.conf import settings
@@ -28,6 +29,9 @@ from accounts.models import Project, User
 from billing.models import LedgerEntry, Payment
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount, usd
+
+if TYPE_CHECKING:
+    from stripe.params.checkout import SessionCreateParams
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +92,10 @@ def parse_amount(raw: object) -> Decimal:
 
 
 def _client() -> stripe.StripeClient:
-    base = {"api": settings.STRIPE_API_BASE} if settings.STRIPE_API_BASE else None
     return stripe.StripeClient(
-        settings.STRIPE_SECRET_KEY, base_addresses=base, max_network_retries=NETWORK_RETRIES
+        settings.STRIPE_SECRET_KEY,
+        base_addresses={"api": settings.STRIPE_API_BASE} if settings.STRIPE_API_BASE else None,
+        max_network_retries=NETWORK_RETRIES,
     )
 
 
@@ -136,13 +141,13 @@ def retry_checkout(*, payment: Payment) -> Payment:
         return payment
     if not payments_configured():
         raise PaymentRefused("payments_not_configured", "Card payments are not configured.")
-    email = payment.created_by.email if payment.created_by_id else None
+    email = payment.created_by.email if payment.created_by is not None else None
     return _create_session(payment, email=email)
 
 
 def _create_session(payment: Payment, *, email: str | None) -> Payment:
     page = settings.SITE_URL + reverse("billing:payment", args=[payment.pk])
-    params: dict = {
+    params: SessionCreateParams = {
         "mode": "payment",
         "line_items": [
             {
@@ -208,6 +213,7 @@ def verify_event(*, payload: bytes, signature: str | None) -> dict:
         raise WebhookRejected(str(error).split(".")[0]) from None
     except (ValueError, UnicodeDecodeError):
         raise WebhookRejected("The body is not a JSON event.") from None
+    assert signature  # verify_header refuses a missing or empty one
     if signed_at(signature) > time.time() + FUTURE_TOLERANCE_SECONDS:
         raise WebhookRejected("The signature's timestamp is in the future")
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
@@ -277,11 +283,12 @@ def _payment_for(session: dict) -> Payment | None:
     # checked against the project in the metadata.
     reference = str(session.get("client_reference_id") or "")
     metadata = session.get("metadata") or {}
-    if not reference.isdigit():
+    project_id = str(metadata.get("project_id", ""))
+    if not reference.isdigit() or not project_id:
         return None
     return Payment.objects.filter(
         pk=int(reference),
-        project_id=str(metadata.get("project_id", "")) or None,
+        project_id=project_id,
         stripe_session_id__isnull=True,
     ).first()
 

@@ -182,14 +182,16 @@ def summary(*, project_id: int) -> Summary:
     return Summary.of(balance=balance, burn_rate=burn_rates({project_id})[project_id])
 
 
-def summary_for_member(*, project: Model, user: Model) -> Summary | None:
+def summary_for_member(*, project: Project, user: Model) -> Summary | None:
     """The summary of a project row in hand (its `balance` is the running total) for `user`,
     or None when the user may not see billing (a developer: billing/access.py). One query:
     the burn rate and the user's role together; what the top bar of every page costs."""
+    columns = burn_rate_columns()
     row = (
         Project.objects.filter(pk=project.pk)
         .annotate(
-            **burn_rate_columns(),
+            machines=columns.machines,
+            stored=columns.stored,
             sees_billing=Exists(
                 Membership.objects.filter(
                     project_id=OuterRef("pk"), user_id=user.pk, role__in=BILLING_ROLES
@@ -258,7 +260,7 @@ def cluster_costs(cluster_ids: Iterable[int], *, now: datetime) -> dict[int, Clu
         )
         first = min(start for _, start, _ in machines)
         running = any(end is None for _, _, end in machines)
-        last = None if running else max(end for _, _, end in machines)
+        last = None if running else max(end for _, _, end in machines if end is not None)
         costs[cluster_id] = ClusterCost(
             cost=cents(cents_total),
             billed_from=first,
@@ -637,19 +639,19 @@ def cluster_usage(
     queryset = _cluster_lines(project_id, month).order_by("-at", "-entry_id")
     total = queryset.count()
     lines = to_lines(list(queryset[offset : offset + limit]), now=now)
-    machines = machine_rows_by_cluster(
-        project_id=project_id, month=month, cluster_ids=[line.cluster_id for line in lines]
-    )
+    cluster_ids = [line.cluster_id for line in lines if line.cluster_id is not None]
+    assert len(cluster_ids) == len(lines)  # _cluster_lines: every line is a cluster's
+    machines = machine_rows_by_cluster(project_id=project_id, month=month, cluster_ids=cluster_ids)
     return total, [
         ClusterUsage(
-            cluster_id=line.cluster_id,
+            cluster_id=cluster_id,
             name=line.title,
             machine_seconds=line.machine_seconds,
             total=-line.amount,
             accumulating=line.accumulating,
-            machines=machines.get(line.cluster_id, []),
+            machines=machines.get(cluster_id, []),
         )
-        for line in lines
+        for cluster_id, line in zip(cluster_ids, lines, strict=True)
     ]
 
 

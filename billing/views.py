@@ -52,7 +52,7 @@ def _month(request: ProjectRequest) -> tuple[usage.Month, str]:
     """The month asked for (`?month=YYYY-MM`, default the current one), and "" ; or, for a
     month that is not one, the current month and a sentence saying so: a bad link shows the
     page with a message, never a 404 (docs/billing.md)."""
-    raw = request.GET.get("month")
+    raw = request.GET.get("month", "")
     try:
         return usage.Month.parse(raw), ""
     except usage.MonthInvalid:
@@ -179,13 +179,13 @@ def add_credit(request: ProjectRequest) -> HttpResponse:
         )
     except payments.PaymentRefused as refusal:
         messages.error(request, refusal.message)
-        payment = Payment.objects.filter(
+        kept = Payment.objects.filter(
             project=request.project,
             idempotency_key=form.cleaned_data["idempotency_key"],
         ).first()
-        if payment is None:
+        if kept is None:
             return redirect("billing:index")
-        return redirect("billing:payment", pk=payment.pk)
+        return redirect("billing:payment", pk=kept.pk)
     return redirect(payment.checkout_url, permanent=False)
 
 
@@ -245,10 +245,15 @@ def stripe_webhook(request: HttpRequest) -> HttpResponse:
 # ---- environments and budgets ------------------------------------------------------------------
 
 
-def _environments_context(request: ProjectRequest, **extra: object) -> dict:
+def _environments_context(
+    request: ProjectRequest,
+    *,
+    forms: dict[int, BudgetForm] | None = None,
+    create_form: EnvironmentForm | None = None,
+) -> dict:
     project = request.project
     rows = budgets.environment_budgets(project=project)
-    forms = extra.pop("forms", {})
+    forms = forms or {}
     return {
         "rows": [
             (
@@ -260,9 +265,8 @@ def _environments_context(request: ProjectRequest, **extra: object) -> dict:
             )
             for row in rows
         ],
-        "create_form": extra.pop("create_form", None) or EnvironmentForm(),
+        "create_form": create_form or EnvironmentForm(),
         "month_start": budgets.month_start(),
-        **extra,
     }
 
 

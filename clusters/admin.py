@@ -9,6 +9,7 @@ function the hosts' own admin uses. docs/inventory.md describes these screens.
 """
 
 from decimal import Decimal
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from django import forms
 from django.contrib import admin, messages
@@ -19,7 +20,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from accounts.models import Environment
+from accounts.models import Environment, User
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import hosts, lifecycle
 from clusters.errors import ClusterRefused
@@ -31,7 +32,8 @@ from offers.models import MIN_NODES, Host, MachineType, QuoteRequest
 from runcrate.admin import ReadOnlyAdmin, money_column
 from runcrate.money import usd, usd_per_hour, usd_rate
 
-MACHINES_UP = (Node.Status.STARTING, Node.Status.JOINED)
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 
 # ---- the quoted-cluster form -----------------------------------------------------------------
@@ -143,7 +145,8 @@ class NodeInline(ReadOnlyAdmin, admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = False
-    fields = [
+    # A tuple of names, which both fields and readonly_fields may be.
+    fields: ClassVar[tuple[str, ...]] = (
         "index",
         "status",
         "step",
@@ -154,7 +157,7 @@ class NodeInline(ReadOnlyAdmin, admin.TabularInline):
         "step_deadline",
         "heartbeat_at",
         "ended_at",
-    ]
+    )
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -174,7 +177,7 @@ class EventInline(ReadOnlyAdmin, admin.TabularInline):
     model = Event
     extra = 0
     can_delete = False
-    fields = ["at", "reason", "node", "step", "message", "output"]
+    fields: ClassVar[tuple[str, ...]] = ("at", "reason", "node", "step", "message", "output")
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -194,6 +197,10 @@ class QuotedFilter(admin.SimpleListFilter):
         if self.value() == "no":
             return queryset.filter(quote__isnull=True)
         return queryset
+
+
+class _MachinesUp(TypedDict):
+    machines_up: int  # ClusterAdmin.get_queryset's annotation
 
 
 @admin.register(Cluster)
@@ -262,7 +269,7 @@ class ClusterAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=MACHINES_UP)))
+            .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=Node.LIVE)))
         )
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
@@ -279,7 +286,7 @@ class ClusterAdmin(admin.ModelAdmin):
         return cluster.machine_type.location.code
 
     @admin.display(description="machines")
-    def machines(self, cluster: Cluster) -> str:
+    def machines(self, cluster: "WithAnnotations[Cluster, _MachinesUp]") -> str:
         return f"{cluster.machines_up} of {cluster.size}" if cluster.is_live else str(cluster.size)
 
     @admin.display(description="per machine-hour")
@@ -292,6 +299,7 @@ class ClusterAdmin(admin.ModelAdmin):
 
     @admin.action(description="Terminate the selected clusters", permissions=["terminate"])
     def terminate(self, request: HttpRequest, queryset: QuerySet) -> None:
+        assert isinstance(request.user, User)  # the admin is for signed-in staff
         done, refused = [], []
         for cluster in queryset.order_by("pk"):
             try:
@@ -390,7 +398,7 @@ class QuoteRequestAdmin(OffersQuoteRequestAdmin):
     """Offers' quote requests with clusters' action: offers sits below clusters, so clusters
     registers offers' admin again with what it adds."""
 
-    actions = (*OffersQuoteRequestAdmin.actions, create_quoted_cluster)
+    actions = [*OffersQuoteRequestAdmin.actions, create_quoted_cluster]
 
 
 admin.site.unregister(QuoteRequest)
@@ -431,8 +439,8 @@ class HostAdmin(OffersHostAdmin):
     """Offers' host admin with what clusters know of a host: the actions that connect to it
     (clusters/hosts.py) and the staff events of its nodes."""
 
-    actions = (*OffersHostAdmin.actions, mark_free, reimage, record_baseline)
-    readonly_fields = (*OffersHostAdmin.readonly_fields, "what_went_wrong")
+    actions = [*OffersHostAdmin.actions, mark_free, reimage, record_baseline]
+    readonly_fields = [*OffersHostAdmin.readonly_fields, "what_went_wrong"]
 
     # Events for staff about this host: a host key it offered instead of the pinned one, a
     # wipe that failed. The newest few, with their output (the offered key, the leftovers).

@@ -13,6 +13,7 @@ from typing import Annotated
 from django.db.models import Prefetch, QuerySet
 from django.http import HttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
+from pydantic.config import JsonDict
 
 from accounts.api_auth import Scope, needs
 from accounts.models import Environment
@@ -196,7 +197,10 @@ class ClusterList(Schema):
 
 # What the OpenAPI document says of a name and a size. Only said, not enforced by the schema:
 # the lifecycle refuses them with their own codes (invalid_name, invalid_nodes, …).
-NAME_SCHEMA = {"pattern": "^" + NAME_RE.pattern.removesuffix(r"\Z") + "$", "maxLength": 63}
+NAME_SCHEMA: JsonDict = {
+    "pattern": "^" + NAME_RE.pattern.removesuffix(r"\Z") + "$",
+    "maxLength": 63,
+}
 
 
 class ClusterIn(Schema):
@@ -470,9 +474,9 @@ def retry_install(request: ApiRequest, cluster_id: int) -> Status:
     auth=needs(Scope.CREATE),
     response=ACTION_RESPONSES,
     summary="Add workers",
-    description="Only for a ready cluster (409 `invalid_state` otherwise), up to 64 machines in "
-    "all (422 `invalid_count`) and within the key's limits (403 `key_limit_exceeded`); each "
-    "worker is billed from the moment it is up.",
+    description="Only for a ready cluster (409 `invalid_state` otherwise), up to "
+    f"{MAX_NODES} machines in all (422 `invalid_count`) and within the key's limits (403 "
+    "`key_limit_exceeded`); each worker is billed from the moment it is up.",
 )
 def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)

@@ -114,7 +114,7 @@ def send_stop_emails(*, now: datetime | None = None) -> int:
         clusters = [event.cluster for event in events]
         to = list(recipients.get(project_id, []))
         for cluster in clusters:
-            creator = cluster.created_by.email if cluster.created_by_id else None
+            creator = cluster.created_by.email if cluster.created_by is not None else None
             if creator and creator not in to:
                 to.append(creator)
         try:

@@ -7,6 +7,7 @@ no amount may be (no number, NaN, Infinity, too precise, too large) is judged he
 """
 
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
+from typing import overload
 
 NOT_A_NUMBER = "not_a_number"
 TOO_PRECISE = "too_precise"
@@ -124,6 +125,12 @@ def usd_compact(value: Amount) -> str:
     return usd(amount)
 
 
+@overload
+def plain(value: Decimal | int | float | str) -> str: ...
+@overload
+def plain(value: None) -> None: ...
+@overload
+def plain(value: Amount) -> str | None: ...
 def plain(value: Amount) -> str | None:
     """An amount as data: `1234.50`, `-12.34` (the API's money strings, the CSV's columns)."""
     return None if value is None else f"{_cents(value):.2f}"

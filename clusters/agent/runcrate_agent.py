@@ -512,6 +512,8 @@ def measure_acceptance(head: str | None, settings: Settings) -> dict[str, Any]:
 class _SinkHandler(socketserver.BaseRequestHandler):
     """Reads until the client shuts its side, then answers how many bytes came."""
 
+    server: _SinkServer
+
     def handle(self) -> None:
         self.request.settimeout(self.server.stall_seconds)
         received = 0
@@ -695,13 +697,13 @@ def answers_within(path: str, seconds: float = SHARED_SECONDS) -> tuple[bool, st
     except OSError as error:
         return False, str(error)
     try:
-        _, error = child.communicate(timeout=seconds)
+        _, stderr = child.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
         child.kill()
         _STUCK.append(child)
         return False, f"listing it took more than {seconds:g} s"
     if child.returncode != 0:
-        words = error.decode(errors="replace").strip().splitlines()
+        words = stderr.decode(errors="replace").strip().splitlines()
         return False, words[-1] if words else f"exit {child.returncode}"
     return True, None
 

@@ -130,7 +130,7 @@ def parse_all_reduce_perf(output: str) -> dict:
                 f"all_reduce_perf's row has {len(tokens)} fields, not {len(columns)}: {line}"
             )
         out, into = times
-        wrong = [_wrong(tokens[out + 3], line), _wrong(tokens[into + 3], line)]
+        wrong_out, wrong_in = _wrong(tokens[out + 3], line), _wrong(tokens[into + 3], line)
         sizes.append(
             {
                 "bytes": int(tokens[0]),
@@ -141,7 +141,7 @@ def parse_all_reduce_perf(output: str) -> dict:
                 "algbw_gbs": _number(tokens[out + 1], line),
                 "busbw_gbs": _number(tokens[out + 2], line),
                 "in_place_busbw_gbs": _number(tokens[into + 2], line),
-                "wrong": None if None in wrong else sum(wrong),
+                "wrong": None if wrong_out is None or wrong_in is None else wrong_out + wrong_in,
             }
         )
     if not sizes:

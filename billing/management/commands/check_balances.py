@@ -45,7 +45,7 @@ class Command(BaseCommand):
         for charge in past:
             where = (
                 f"past its end {charge.ended_at.isoformat()}"
-                if charge.past_end
+                if charge.past_end and charge.ended_at is not None
                 else "past the database's now"
             )
             self.stdout.write(
