@@ -188,10 +188,11 @@ class Driver:
         """Run the software's readiness check on `node` (the head) for the whole plan."""
         raise NotImplementedError
 
-    def stop(self, node: Node) -> Released:
+    def stop(self, node: Node, *, attempt: int = 1) -> Released:
         """Stop the machine and make it fit for the next tenant: reimage and verify it where
         it can be, else wipe it (then it is not pristine: it waits for staff). Raises
-        DriverError when that failed and should be tried again. Idempotent."""
+        DriverError when that failed and should be tried again; `attempt` counts the tries
+        (1 the first). Idempotent."""
         raise NotImplementedError
 
     def network_test(

@@ -31,7 +31,7 @@ class UnavailableDriver(Driver):
             message=f"The {self.driver_name!r} driver is not available on this installation.",
         )
 
-    def stop(self, node: Node) -> Released:
+    def stop(self, node: Node, *, attempt: int = 1) -> Released:
         # Never started (start does nothing): no tenant ever reached it, so it is as it was
         # registered.
         return Released(pristine=True)

@@ -87,21 +87,22 @@ class SimulatedDriver(Driver):
 
     def observe(self, node: Node, *, now: datetime) -> Observation:
         up_at = self._up_at(node)
-        if up_at is None or node.host.fault == "boot" or now < up_at:
+        host = node.reserved_host
+        if up_at is None or host.fault == "boot" or now < up_at:
             return Observation(MachineState.BOOTING)
         crash_at = up_at + self._s(node) / 8
-        if node.host.fault == "crash" and now >= crash_at:
+        if host.fault == "crash" and now >= crash_at:
             return Observation(
                 MachineState.FAILED,
                 since=crash_at,
-                message=f"{node.host.name} stopped responding (kernel panic, machine check).",
+                message=f"{host.name} stopped responding (kernel panic, machine check).",
             )
         # Behind the location's SSH gateway a machine has no address of its own.
         gateway = node.cluster.machine_type.location.ssh_gateway
-        address = "" if gateway else simulated_public_address(node.host)
+        address = "" if gateway else simulated_public_address(host)
         return Observation(MachineState.RUNNING, since=up_at, public_address=address)
 
-    def stop(self, node: Node) -> Released:
+    def stop(self, node: Node, *, attempt: int = 1) -> Released:
         # A simulated machine has nothing to wipe, and no tenant ever had root on it: the
         # simulated data center reimages it as it stops. The lifecycle still passes it
         # through `cleaning`, exactly as it does a real one.
@@ -144,18 +145,19 @@ class SimulatedDriver(Driver):
 
     def agent_due(self, node: Node, *, now: datetime) -> bool:
         up_at = self._up_at(node)
-        if up_at is None or node.host.fault in ("boot", "crash", "agent"):
+        if up_at is None or node.reserved_host.fault in ("boot", "crash", "agent"):
             return False
         return now >= up_at + self._s(node) / 4
 
     def agent_gpus(self, node: Node) -> list[dict]:
         machine_type = node.cluster.machine_type
         gpu = machine_type.gpu
+        host = node.reserved_host
         return [
             {
                 "name": f"NVIDIA {gpu.name}",
                 "memory_total_mib": gpu.memory_gib * 1024 - 421,
-                "uuid": "GPU-" + hashlib.sha256(f"{node.host.name}/{i}".encode()).hexdigest()[:32],
+                "uuid": "GPU-" + hashlib.sha256(f"{host.name}/{i}".encode()).hexdigest()[:32],
                 "driver_version": DRIVER_VERSION,
             }
             for i in range(machine_type.gpus_per_machine)
@@ -168,7 +170,7 @@ class SimulatedDriver(Driver):
         """What the agent's N×N test finds from this node: a `network` fault cannot reach one
         peer, the next node after it."""
         result = dict.fromkeys(peers, True)
-        if node.host.fault == "network" and peers:
+        if node.reserved_host.fault == "network" and peers:
             index = {name: int(name.split("-")[1]) for name in peers}
             after = [p for p in peers if index[p] > node.index]
             result[(after or peers)[0]] = False
@@ -180,7 +182,7 @@ class SimulatedDriver(Driver):
         # A real driver applies `plan.node_plans[node.name]` again before installing (a worker
         # added since the start changes /etc/hosts and the hostfile); a simulated machine has
         # nothing to apply.
-        ok = node.host.fault != "install"
+        ok = node.reserved_host.fault != "install"
         return InstallResult(
             ok=ok, output=outputs.install_log(software=plan.software, node=node.name, ok=ok)
         )

@@ -360,7 +360,7 @@ class SshDriver(Driver):
     name = "ssh"
 
     def start(self, node: Node, *, agent_token: str, plan: dict) -> dict:
-        host = node.host
+        host = node.reserved_host
         _require_root(host)
         files = bootstrap_files(node, agent_token=agent_token, plan=plan)
         with host_session(host) as session:
@@ -404,7 +404,7 @@ class SshDriver(Driver):
             return Observation(MachineState.BOOTING)
         # The address users reach: the host's own, or (behind a gateway) the one the gateway
         # forwards to.
-        host = node.host
+        host = node.reserved_host
         return Observation(
             MachineState.RUNNING,
             since=up,
@@ -432,7 +432,7 @@ class SshDriver(Driver):
             "installer.sh": ((SCRIPTS / "installer.sh").read_text(), 0o600),
             script.name: (script.read_text(), 0o700),
         }
-        with host_session(node.host) as session:
+        with host_session(node.reserved_host) as session:
             session.upload(files, SOFTWARE_INCOMING)
             status, output = session.run(f"sh {SOFTWARE_INCOMING}/{script.name}")
         last = last_line(output)
@@ -442,18 +442,18 @@ class SshDriver(Driver):
         """The software's own readiness check, run on the head (`node`), read by the same
         parsers as everywhere (`clusters/software/checks.py`)."""
         expected = [checks.ExpectedNode(n.name, n.private_ip, n.gpus) for n in plan.nodes]
-        with host_session(node.host) as session:
+        with host_session(node.reserved_host) as session:
             # stderr too: "Unable to contact slurm controller" is how a starting one answers.
             _, output = session.run(f"{checks.COMMANDS[plan.software]} 2>&1", timeout=60)
         return checks.run_check(plan.software, output, expected)
 
-    def stop(self, node: Node) -> Released:
+    def stop(self, node: Node, *, attempt: int = 1) -> Released:
         """Sync the volume back (node-0), then make the host fit for the next tenant: where
         its location or the host has a reimage command, reimage it and verify it against its
         baseline (clusters/drivers/pristine.py); otherwise wipe what the product wrote and
         verify that over a new connection, and the host is not pristine: a tenant was root on
         it, so it waits, dirty, for staff to reimage it (docs/inventory.md)."""
-        host = node.host
+        host = node.reserved_host
         _require_root(host)
         command = host.reimage_command
         user = shlex.quote(host.user or "root")
@@ -463,12 +463,13 @@ class SshDriver(Driver):
         # reimaged all the same, unless node-0 still holds a volume's files to sync back.
         with host_session(host) if synced or not command else nullcontext() as session:
             if synced:
+                assert session is not None  # opened for the sync
                 warning = storage.push(node, session, cluster_keys(node)[1], synced) or warning
-                tried = (node.driver_state.get("stop") or {}).get("attempts", 0) + 1
-                if warning[0] and tried < storage.SYNC_ATTEMPTS:
+                if warning[0] and attempt < storage.SYNC_ATTEMPTS:
                     # node-0 keeps the files: the stop is tried again before anything is wiped.
                     raise DriverError(f"{warning[0]} It is tried again.", output=warning[1])
             if not command:
+                assert session is not None  # opened for the wipe
                 status, output = session.run(f"sh -s {user}", stdin=host_script("wipe.sh"))
                 if status != 0:
                     raise DriverError(f"the wipe of {host.name} failed", output=output[-20_000:])
@@ -490,7 +491,7 @@ class SshDriver(Driver):
     def _verify_wipe(self, node: Node) -> None:
         """verify.sh over a new connection: what is checked is what the next cluster would
         find of the product's own files and processes."""
-        host = node.host
+        host = node.reserved_host
         user = shlex.quote(host.user or "root")
         original = shlex.quote(node.driver_state.get("original_hostname") or "")
         with host_session(host) as session:
@@ -511,7 +512,7 @@ class SshDriver(Driver):
         two share the head's link). Every remote command is bounded on the host itself
         (`timeout`) and by the session (clusters/software/network_test.py)."""
         head, workers = nodes[0], nodes[1:]
-        with host_session(head.host) as session:
+        with host_session(head.reserved_host) as session:
             _, found = session.run(network_test.FIND_NCCL, timeout=30)
             path = network_test.found_nccl(found)
             if path:
@@ -535,7 +536,7 @@ class SshDriver(Driver):
         pairs = []
         for worker in workers:
             try:
-                with host_session(worker.host) as session:
+                with host_session(worker.reserved_host) as session:
                     _, output = session.run(command, stdin=source, timeout=bound)
             except DriverError as error:
                 pairs.append(network_test.unmeasured_pair(worker.name, head.name, error.message))
@@ -592,7 +593,7 @@ def kubernetes_env(node: Node) -> str:
     return "".join(
         [
             _env_line("KUBE_ADMIN_TOKEN", kube_token(shape)),
-            _env_line("KUBE_API_ADDRESS", "" if shape.gateway else node.host.address),
+            _env_line("KUBE_API_ADDRESS", "" if shape.gateway else node.reserved_host.address),
             _env_line("KUBE_CA_CERT_B64", base64.b64encode(ca.certificate.encode()).decode()),
             _env_line("KUBE_CA_KEY_B64", base64.b64encode(ca.key.encode()).decode()),
         ]

@@ -102,7 +102,7 @@ def install_plan(
 
 def _run(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
     """The slow part of one piece of work: the driver's call for it."""
-    driver = get_driver(node.host)
+    driver = get_driver(node.reserved_host)
     kind, key = action.kind, action.key
     if kind is ActionKind.START:
         machine = driver.start(node, agent_token=agent_token(node), plan=plans.node(node))
@@ -138,7 +138,9 @@ def _run(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
                 output=verdict.output[-OUTPUT_CHARS:],
             )
         )
-    released = driver.stop(node)  # ActionKind.STOP
+    # ActionKind.STOP: the driver is told which attempt this is (a volume's sync is retried).
+    tried = NodeWork.of(node).get(ActionKind.STOP)
+    released = driver.stop(node, attempt=(tried.attempts if tried else 0) + 1)
     # A warning (e.g. the volume could not be synced back) did not stop the release.
     return Ran(
         StopOutcome(
@@ -329,7 +331,7 @@ def _agent_report(node: Node, kind: ActionKind, peers: list[str]) -> list[str]:
     """The driver plays the node's agent: what it reports is recorded through the agent's
     own service, on the locked node, unsaved (saved with the write-back). Returns the fields
     it changed."""
-    report = get_driver(node.host).agent_report(
+    report = get_driver(node.reserved_host).agent_report(
         node, step=kind, peers=[p for p in peers if p != node.name]
     )
     return agent_service.record_report(node, token=agent_token(node), report=report)

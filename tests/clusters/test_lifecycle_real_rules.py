@@ -349,10 +349,10 @@ def test_when_every_machine_is_lost_it_says_none_is_left(project, clock):
 def test_terminate_names_the_machine_that_could_not_be_wiped(project, clock, monkeypatch):
     """D2: never 'every machine was stopped and wiped' when one went offline instead."""
 
-    def cannot_wipe(self, n):
+    def cannot_wipe(self, n, *, attempt):
         if n.index == 1:
             raise DriverError("the wipe of the host failed")
-        return original(self, n)
+        return original(self, n, attempt=attempt)
 
     original = SimulatedDriver.stop
     cluster, machine_type, sim = ready(project, clock)

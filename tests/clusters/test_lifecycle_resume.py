@@ -171,7 +171,10 @@ def test_it_degrades_a_cluster_whose_installer_raises(project, clock, monkeypatc
 
 
 def test_it_takes_a_host_that_cannot_be_wiped_offline_for_staff(project, clock, monkeypatch):
-    def stuck(self, node):
+    tries: dict[int, list[int]] = {}
+
+    def stuck(self, node, *, attempt):
+        tries.setdefault(node.index, []).append(attempt)
         raise TimeoutError("wipe timed out")
 
     machine_type = inventory(hosts=2, boot_seconds=BOOT)
@@ -190,3 +193,5 @@ def test_it_takes_a_host_that_cannot_be_wiped_offline_for_staff(project, clock, 
     event = cluster.events.filter(reason="release_failed").first()
     assert "could not be wiped after 3 attempts (TimeoutError: wipe timed out)" in event.message
     assert event.notification is None
+    # The driver is told which try each stop is (it retries a volume's sync on fewer).
+    assert tries == {0: [1, 2, 3], 1: [1, 2, 3]}
