@@ -1,12 +1,16 @@
 import re
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from offers.models import Host
 
 # A cluster's name is a DNS label: lowercase letters, digits and hyphens, 1-63 characters,
 # starting and ending with a letter or digit. `\Z`, not `$`: `$` also matches before a
@@ -56,7 +60,7 @@ class Cluster(models.Model):
     NETWORK_TESTABLE = {Status.READY, Status.DEGRADED}
 
     # Every legal move; anything else is a bug and raises (`move_to`).
-    TRANSITIONS = {
+    TRANSITIONS: ClassVar[dict[str, set[Status]]] = {
         Status.PROVISIONING: {Status.INSTALLING, Status.READY, Status.FAILED, Status.TERMINATING},
         Status.INSTALLING: {Status.READY, Status.DEGRADED, Status.TERMINATING},
         Status.READY: {Status.DEGRADED, Status.TERMINATING},  # degraded: a machine was lost
@@ -343,11 +347,11 @@ class Node(models.Model):
     # The steps that gate joining, in order.
     JOIN_STEPS = (Step.RUNNING, Step.AGENT, Step.NETWORK)
     # Every legal move of a node's status and of its step; anything else raises (`move_to`).
-    TRANSITIONS = {
+    TRANSITIONS: ClassVar[dict[str, set[Status]]] = {
         Status.STARTING: {Status.JOINED, Status.FAILED, Status.ENDED},
         Status.JOINED: {Status.FAILED, Status.ENDED, Status.LOST},
     }
-    STEP_TRANSITIONS = {
+    STEP_TRANSITIONS: ClassVar[dict[str, set[Step]]] = {
         Step.RUNNING: {Step.AGENT},
         Step.AGENT: {Step.NETWORK},
         Step.NETWORK: {Step.INSTALL, Step.DONE},
@@ -460,6 +464,13 @@ class Node(models.Model):
     @property
     def name(self) -> str:
         return f"node-{self.index}"
+
+    @property
+    def reserved_host(self) -> "Host":
+        """Its host, for the work on a node (reserved with one: drivers, steps, the agent);
+        a node without one there is a bug."""
+        assert self.host is not None, f"node {self.pk} ({self.name}) has no host"
+        return self.host
 
     @property
     def private_ip(self) -> str:

@@ -58,9 +58,9 @@ def _agent_context(node: NodeTokenRow) -> str:
 
 def _node_key(node: NodeTokenRow | None) -> str | None:
     """The key whose agent token for `node` matches the hash it keeps, or None."""
-    kept = node.agent_token_hash if node is not None else ""
-    if not kept:
+    if node is None or not node.agent_token_hash:
         return None
+    kept = node.agent_token_hash
     context = _agent_context(node)
     # Not an authentication (both sides are ours, derived and stored): a plain comparison.
     for key in keys():

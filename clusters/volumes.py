@@ -227,6 +227,7 @@ def delete_volume(*, volume: Volume, now: datetime | None = None) -> Volume:
         volume.refresh_from_db()
         if volume.deleted_at is not None:
             return volume  # deleted already: deleting twice changes nothing
+        assert volume.cluster is not None  # not deleted and not deletable: attached
         raise VolumeRefused(
             "volume_in_use",
             f"Volume {volume.name} is attached to cluster {volume.cluster.name}: it cannot be "
@@ -248,7 +249,7 @@ def why_not_attachable(volume: Volume, machine_type: MachineType) -> str:
             f"{volume.name} is in {volume.location.code}; this offer is in "
             f"{machine_type.location.code}."
         )
-    if volume.cluster_id is not None:
+    if volume.cluster is not None:
         return f"{volume.name} is attached to {volume.cluster.name}."
     return ""
 

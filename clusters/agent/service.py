@@ -64,6 +64,7 @@ def _locked_node(node: Node | int, token: str) -> Node:
     found = Node.objects.filter(pk=node_id).first() if locked is not None else None
     if found is None or found.agent_token_hash != expected:
         raise AgentRefused("bad_token", NOT_THIS_NODE)
+    assert locked is not None  # a node is looked for only under its locked cluster
     found.cluster = locked  # the locked row: the health judgement and the answer read it
     if found.status in (Node.Status.FAILED, Node.Status.ENDED):
         raise AgentRefused("node_released", "This node was released; stop the agent.")
@@ -378,6 +379,7 @@ def _judge_health(found: Node, report: dict[str, Any] | None) -> None:
     if not node_health.report_has_problem(report) and not open_problems:
         return
     nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    assert found.health_at is not None  # stamped with the report
     node_health.judge_health(cluster, nodes, now=found.health_at)
 
 

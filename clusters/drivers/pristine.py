@@ -273,7 +273,7 @@ def _programs(sftp: paramiko.SFTPClient) -> set[str]:
     """The executables of the running processes (kernel threads have none), but our own
     session's. A program whose file was replaced or deleted since it started reads
     "PATH (deleted)": never one of the baseline's."""
-    found = set()
+    found: set[str] = set()
     try:
         pids = [name for name in sftp.listdir("/proc") if name.isdigit()]
     except OSError:
@@ -292,7 +292,7 @@ def _cluster_processes(sftp: paramiko.SFTPClient) -> list[str]:
     """Every process of a cluster still running ("812 uses a cluster's key: ssh -i …"), read
     from /proc, but our own session's."""
     private = private_sockets(_text(sftp, "/proc/net/tcp"))
-    found = []
+    found: list[str] = []
     try:
         pids = [name for name in sftp.listdir("/proc") if name.isdigit()]
     except OSError:

@@ -34,7 +34,7 @@ NodeStatus = Node.Status
 Reason = Event.Reason
 
 # The daemons each software runs, on every node and on the head alone (clusters/software/host).
-SERVICES = {
+SERVICES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Cluster.Software.NONE: ((), ()),
     Cluster.Software.SLURM: (("slurmd", "munged"), ("slurmctld",)),
     Cluster.Software.RAY: (("raylet",), ("gcs_server",)),

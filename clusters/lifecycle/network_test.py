@@ -98,7 +98,7 @@ def _measure(cluster: Cluster, nodes: list[Node]) -> NetworkTestResult:
             ok=False, error="node-0 and at least one other machine must be up to be measured."
         )
     try:
-        driver = get_driver(nodes[0].host)
+        driver = get_driver(nodes[0].reserved_host)
         return driver.network_test(cluster, nodes=nodes, plan=install_plan(cluster, nodes))
     except DriverError as error:  # the driver says what went wrong: no traceback needed
         log.warning("cluster %s: the network test failed: %s", cluster.pk, error.message)
@@ -117,6 +117,7 @@ def _write_back(*, cluster_id: int, token: str, result: NetworkTestResult) -> bo
         test = (locked.network_test or {}) if locked else {}
         if test.get("token") != token or test.get("state") != "running":
             return False  # another test took its place, or this one was written already
+        assert locked is not None  # else `test` was empty
         test = {
             **test,
             "state": "done" if result.ok else "failed",

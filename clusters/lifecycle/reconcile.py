@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import transaction
@@ -60,8 +61,8 @@ def advance_locked(
     nodes: list[Node],
     *,
     now: datetime,
-    landed: list[Node] = (),
-    fields: list[str] = (),
+    landed: Sequence[Node] = (),
+    fields: Sequence[str] = (),
 ) -> list[str]:
     """`advance` on a cluster already locked, its nodes read: what a per-node task's write-back
     calls with the nodes whose results `landed` (changed in memory, `fields` beyond

@@ -159,6 +159,7 @@ def _self_serve_type(*, offer_slug: str, nodes: int) -> MachineType:
             "unknown_offer", f"There is no self-serve offer {offer_slug!r}.", field="offer"
         )
     machine_type = offer.machine_type
+    assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
     if offer.availability is Availability.RESERVED_AHEAD:
         raise ClusterRefused(
             "invalid_nodes",

@@ -165,6 +165,7 @@ class UnitOfWork:
         self.cluster_dirty = True
 
     def set_host(self, node: Node, state: Host.State) -> None:
+        assert node.host_id is not None  # reserved with its host
         self.hosts.setdefault(state, set()).add(node.host_id)
 
     def hand_off(self, node: Node, action: Action) -> None:
@@ -196,6 +197,7 @@ class UnitOfWork:
         it; once it is not, moved back by the time our own machinery did not run since the
         step began (the node's cap by that since its reservation), so a step measures the
         machine, never our outages (docs/lifecycle.md, "Steps and deadlines")."""
+        assert node.step_deadline is not None  # set when the step began
         if at < node.step_deadline:
             return node.step_deadline
         capped = node.step != Step.INSTALL  # an install's own 15 minutes, never the cap
@@ -209,7 +211,9 @@ class UnitOfWork:
 
     def downtime_note(self, node: Node) -> str:
         """What a timeout's message adds when its deadline was moved back by our downtime."""
-        moved = (self.deadline(node, self.now) - node.step_deadline).total_seconds()
+        deadline = self.deadline(node, self.now)
+        assert node.step_deadline is not None  # self.deadline read it
+        moved = (deadline - node.step_deadline).total_seconds()
         if moved < 1:
             return ""
         return f"; not counting {in_words(moved)} in which our own services did not run"
@@ -300,7 +304,8 @@ class UnitOfWork:
         if self.cluster_dirty or self.dirty or self.events:
             # What the cluster page shows changed: its poll answers with these rows and events.
             version = self.cluster.bump_version()
-            for row in [*self.dirty.values(), *self.events]:
+            rows: list[Node | Event] = [*self.dirty.values(), *self.events]
+            for row in rows:
                 row.version = version
             self.cluster_dirty = True
         if self.dirty:
@@ -334,7 +339,7 @@ class UnitOfWork:
         batches: dict[Action, list[tuple[int, str]]] = {}
         for handoff in self.handoffs:
             lease = (handoff.node_id, handoff.token)
-            if get_driver(nodes[handoff.node_id].host).batches_work:
+            if get_driver(nodes[handoff.node_id].reserved_host).batches_work:
                 batches.setdefault(handoff.action, []).append(lease)
             else:
                 dispatch.current().node_work(handoff.action.to_task(), [lease])

@@ -62,7 +62,7 @@ def watch_heartbeats(*, now: datetime | None = None) -> list[str]:
     )
     lost = []
     for node in stale:
-        driver = get_driver(node.host)
+        driver = get_driver(node.reserved_host)
         observation = driver.observe(node, now=now)
         heard = driver.last_heard(node, now=now)
         if observation.state is MachineState.GONE:

@@ -37,6 +37,7 @@ def step(work: UnitOfWork, node: Node) -> Failure | None:
         )
         return None
     if work.now >= work.deadline(node, work.now):
+        assert node.step_deadline is not None  # work.deadline read it
         allowed = (node.step_deadline - node.step_started_at).total_seconds()
         return Failure(
             Reason.AGENT_TIMEOUT,
@@ -45,7 +46,7 @@ def step(work: UnitOfWork, node: Node) -> Failure | None:
             f"{node.name}'s agent did not check in within {in_words(allowed)} of the "
             f"machine running ({work.limit_note(node, 1)}{work.downtime_note(node)}).",
         )
-    due = get_driver(node.host).agent_work_due(
+    due = get_driver(node.reserved_host).agent_work_due(
         node, step=Step.AGENT, now=work.now, since=node.step_started_at
     )
     if due and not work.backing_off(work.work_of(node).get(ActionKind.AGENT)):

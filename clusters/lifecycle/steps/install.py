@@ -75,9 +75,10 @@ def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[
                         output=this_check.output,
                     )
                 ], []
-        stale = this_check is None or (
-            this_check.state != CheckState.READY and work.now >= this_check.at + CHECK_EVERY
-        )
+        stale = this_check is None
+        if this_check is not None and this_check.state != CheckState.READY:
+            assert this_check.at is not None  # written back with its time
+            stale = work.now >= this_check.at + CHECK_EVERY
         if stale and any(n.step == Step.INSTALL for n in targets):
             work.hand_off(head, Action(ActionKind.CHECK, key))
     for node in targets:

@@ -25,7 +25,9 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
     """The batch's network step; starts only once every agent of the batch checked in."""
     if any(n.step != Step.NETWORK for n in batch):
         return []
-    last = max(n.agent_at for n in batch)
+    checked_in = [n.agent_at for n in batch if n.agent_at is not None]
+    assert len(checked_in) == len(batch)  # a node reaches this step once its agent checked in
+    last = max(checked_in)
     # The workers measure to node-0 one after another: each gets its turn's time.
     turns = MEASURE_TURN_SECONDS * sum(1 for n in batch if n.index > 0)
     failures = []
@@ -73,6 +75,7 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
             )
             continue
         if work.now >= work.deadline(node, work.now):
+            assert node.step_deadline is not None  # set above
             allowed = (node.step_deadline - last).total_seconds()
             missing = [p for p in peers if p not in reached]
             turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
@@ -92,7 +95,7 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
             continue
         if (
             any(p not in reached for p in peers)
-            and get_driver(node.host).agent_work_due(
+            and get_driver(node.reserved_host).agent_work_due(
                 node, step=Step.NETWORK, now=work.now, since=last
             )
             and not work.backing_off(work.work_of(node).get(ActionKind.NETWORK))

@@ -34,6 +34,7 @@ def release(work: UnitOfWork) -> None:
                 work.set_host(node, Host.State.FREE)
             else:
                 work.set_host(node, Host.State.DIRTY)
+                assert node.host_id is not None  # set_host: reserved with its host
                 work.host_reports[node.host_id] = stop.why
             freed.append(node)
         elif start is not None and start.reason == Reason.HOST_KEY_MISMATCH:
@@ -75,7 +76,7 @@ def take_offline(work: UnitOfWork, node: Node, message: str, why: str) -> None:
     work.event(Reason.RELEASE_FAILED, message, node=node)
     log.error(
         "host %s (cluster %s, %s) could not be released; now offline: %s",
-        node.host.name,
+        node.reserved_host.name,
         work.cluster.pk,
         node.name,
         why,

@@ -21,7 +21,7 @@ def observe(work: UnitOfWork, node: Node) -> Failure | None:
     start = work.work_of(node).start
     if start is None or not start.ok:
         return None
-    observation = get_driver(node.host).observe(node, now=work.now)
+    observation = get_driver(node.reserved_host).observe(node, now=work.now)
     if observation.state in (MachineState.FAILED, MachineState.GONE):
         gone = observation.state is MachineState.GONE
         return Failure(
@@ -71,6 +71,7 @@ def step(work: UnitOfWork, node: Node) -> Failure | None:
     if not started and not work.backing_off(start):
         work.hand_off(node, Action(ActionKind.START))
     if node.step == Step.RUNNING and work.now >= work.deadline(node, work.now):
+        assert node.step_deadline is not None  # work.deadline read it
         allowed = (node.step_deadline - node.step_started_at).total_seconds()
         return Failure(
             Reason.BOOT_TIMEOUT,
