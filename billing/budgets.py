@@ -8,12 +8,14 @@ environment's clusters (clusters/stops.py) and refuses new ones
 """
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any, Protocol
 
 from django.db import IntegrityError, transaction
-from django.db.models import Model, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from accounts.models import Environment, Project
@@ -107,13 +109,20 @@ def parse_budget(raw: object) -> Decimal | None:
         raise BudgetRefused("invalid_budget", message) from None
 
 
+class NamedRow(Protocol):
+    """A cluster as billing reads it (billing does not import clusters): a row with a name."""
+
+    pk: Any
+    name: str
+
+
 @dataclass(frozen=True)
 class BudgetStops:
     """What a budget would stop: the month's spend and, when the budget is at or below it, the
     environment's clusters that the meter's next run stops (clusters/stops.py)."""
 
     spent: Decimal
-    clusters: list[Model]
+    clusters: Sequence[NamedRow]
 
 
 def budget_stops(
@@ -124,7 +133,7 @@ def budget_stops(
         return BudgetStops(spent=spent, clusters=[])
     # Through the environment's relation (billing does not import clusters), in the statuses
     # that the clusters' stops end (clusters/stops.py).
-    clusters = environment.clusters  # type: ignore[attr-defined]
+    clusters = environment.clusters
     running = clusters.filter(status__in=clusters.model.TERMINABLE)
     return BudgetStops(spent=spent, clusters=list(running.order_by("name", "pk")))
 
@@ -168,6 +177,7 @@ def create_environment(
 ) -> Environment:
     name = (name or "").strip()
     field = Environment._meta.get_field("name")
+    assert field.max_length is not None  # a CharField
     if not name:
         raise BudgetRefused("invalid_name", "Give the environment a name.", field="name")
     if len(name) > field.max_length or not _is_slug(name):

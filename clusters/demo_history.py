@@ -28,7 +28,9 @@ FAILURES = [
 
 
 def _acceptance(rng: random.Random, nodes: int, at: datetime) -> dict:
-    rows = [{"name": "node-0", "bandwidth_mbit": None, "latency_ms": None}]
+    rows: list[dict[str, str | float | None]] = [
+        {"name": "node-0", "bandwidth_mbit": None, "latency_ms": None}
+    ]
     rows += [
         {
             "name": f"node-{i}",

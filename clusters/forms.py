@@ -12,7 +12,7 @@ from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import volumes
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, Cluster
-from offers.models import MAX_NODES, MIN_NODES, Location
+from offers.models import MAX_NODES, MIN_NODES, Location, MachineType
 from offers.offers import Offer
 from runcrate.money import usd_rate
 
@@ -27,7 +27,7 @@ REFUSAL_FIELDS = {
     "volume": "volume",
 }
 
-SOFTWARE_HELP = {
+SOFTWARE_HELP: dict[str, str] = {
     Cluster.Software.NONE: "Plain machines with the hostfile, SSH between nodes and /shared.",
     Cluster.Software.SLURM: "One Slurm partition, gpu, with every node; submit jobs with sbatch.",
     Cluster.Software.KUBERNETES: "Every node joins one Kubernetes cluster with its GPUs.",
@@ -91,15 +91,26 @@ class ClusterForm(forms.Form):
 
     def __init__(self, *args, project: Project, offer: Offer, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.offer = offer
+        self.chosen_offer = offer  # `offer` is the form's field
         self.project = project
-        self.fields["environment"].queryset = project.environments.all()
-        self.fields["ssh_keys"].queryset = project.ssh_keys.all()
+        self._model_field("environment").queryset = project.environments.all()
+        self._model_field("ssh_keys").queryset = project.ssh_keys.all()
         if offer.max_nodes >= MIN_NODES:
             self.fields["nodes"].widget.attrs["max"] = offer.max_nodes
         if not self.is_bound:
             self.initial.setdefault("environment", DEFAULT_ENVIRONMENT)
-            self.initial.setdefault("ssh_keys", list(self.fields["ssh_keys"].queryset))
+            keys = self._model_field("ssh_keys").queryset
+            assert keys is not None  # set above
+            self.initial.setdefault("ssh_keys", list(keys))
+
+    def _model_field(self, name: str) -> forms.ModelChoiceField:
+        field = self.fields[name]
+        assert isinstance(field, forms.ModelChoiceField)  # a multiple-choice one is one too
+        return field
+
+    @property
+    def has_ssh_keys(self) -> bool:
+        return bool(self._model_field("ssh_keys").queryset)
 
     def software_choices(self) -> list[dict]:
         """The radios, with Kubernetes disabled (and why) where the offer cannot run it."""
@@ -107,7 +118,7 @@ class ClusterForm(forms.Form):
         choices = []
         for value, label in Cluster.Software.choices:
             disabled_reason = ""
-            if value not in self.offer.software:
+            if value not in self.chosen_offer.software:
                 disabled_reason = (
                     "Not on container machines: Kubernetes needs a virtual machine or bare metal."
                 )
@@ -125,7 +136,7 @@ class ClusterForm(forms.Form):
     @property
     def volumes_blocked(self) -> str:
         """Why no volume can go on this offer at all, or ""."""
-        if not self.offer.machine_type.supports_volumes:
+        if not self.chosen_offer.machine_type.supports_volumes:
             return (
                 "Volumes cannot be attached on community hosts: their machines are run by "
                 "independent operators."
@@ -136,7 +147,8 @@ class ClusterForm(forms.Form):
         """The project's volumes, each disabled with its reason where it cannot be attached to
         this offer (another location, attached to another cluster)."""
         chosen = str(self["volume"].value() or "")
-        machine_type = self.offer.machine_type
+        machine_type = self.chosen_offer.machine_type
+        assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
         choices = []
         for volume in volumes.live_volumes(self.project):
             reason = volumes.why_not_attachable(volume, machine_type)
@@ -200,7 +212,9 @@ class VolumeForm(forms.Form):
         """`locations`: every location with why no volume can be created there, or ""
         (`clusters.volumes.volume_locations`); those that cannot are disabled, with the reason."""
         super().__init__(*args, **kwargs)
-        self.fields["location"].choices = [
+        location_field = self.fields["location"]
+        assert isinstance(location_field, forms.ChoiceField)
+        location_field.choices = [
             (
                 location.code,
                 f"{location.code} · {location.name} · "

@@ -27,7 +27,7 @@ from runcrate.money import usd
 log = logging.getLogger(__name__)
 
 BATCH = 100
-STEP_NAMES = {
+STEP_NAMES: dict[str, str] = {
     Node.Step.RUNNING: "machine running",
     Node.Step.AGENT: "agent check-in",
     Node.Step.NETWORK: "private network",

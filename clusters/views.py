@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -46,7 +47,7 @@ CLUSTERS_PER_PAGE = 50
 # htmx stops polling when a poll is answered with this status.
 STOP_POLLING = 286
 
-STATUS_BADGES = {
+STATUS_BADGES: dict[str, str] = {
     Cluster.Status.PROVISIONING: "info",
     Cluster.Status.INSTALLING: "info",
     Cluster.Status.READY: "ok",
@@ -57,14 +58,14 @@ STATUS_BADGES = {
     Cluster.Status.STOPPED: "warn",
 }
 # What a node is doing while it is on a step (the step names what it waits for).
-NODE_STEP_PHRASES = {
+NODE_STEP_PHRASES: dict[str, str] = {
     Node.Step.RUNNING: "Booting",
     Node.Step.AGENT: "Agent checking in",
     Node.Step.NETWORK: "Testing the network",
     Node.Step.INSTALL: "Installing software",
     Node.Step.DONE: "Ready",
 }
-FAILED_AT = {
+FAILED_AT: dict[str, str] = {
     Node.Step.RUNNING: "boot",
     Node.Step.AGENT: "agent check-in",
     Node.Step.NETWORK: "network test",
@@ -72,7 +73,7 @@ FAILED_AT = {
 }
 # The tail of a failure's output the page's banner shows; the event keeps it whole.
 FAILURE_OUTPUT_LINES = 40
-STEP_NAMES = {
+STEP_NAMES: dict[str, str] = {
     Node.Step.RUNNING: "Machines running",
     Node.Step.AGENT: "Agents",
     Node.Step.NETWORK: "Network",
@@ -209,7 +210,7 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
     nodes = _requested_nodes(data.get("nodes"))
     offer = get_offer(slug=data.get("offer", ""), nodes=nodes)
     if offer is None:
-        context = {"offer_slug": data.get("offer", "")}
+        context: dict[str, Any] = {"offer_slug": data.get("offer", "")}
         return render(request, "clusters/new.html", context, status=404)
 
     if request.htmx and request.method == "GET":  # the price summary follows the nodes field
@@ -220,18 +221,18 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
     if request.method == "POST":
         form = ClusterForm(request.POST, project=project, offer=offer)
         if form.is_valid():
-            data = form.cleaned_data
+            cleaned = form.cleaned_data
             try:
                 cluster = lifecycle.create_cluster(
                     project=project,
                     user=request.user,
-                    environment=data["environment"],
+                    environment=cleaned["environment"],
                     offer_slug=offer.id,
-                    nodes=data["nodes"],
-                    name=data["name"],
-                    software=data["software"],
-                    ssh_key_ids=[key.pk for key in data["ssh_keys"]],
-                    volume_id=data["volume"],
+                    nodes=cleaned["nodes"],
+                    name=cleaned["name"],
+                    software=cleaned["software"],
+                    ssh_key_ids=[key.pk for key in cleaned["ssh_keys"]],
+                    volume_id=cleaned["volume"],
                 )
             except ClusterRefused as refusal:
                 form.add_refusal(refusal)
@@ -248,17 +249,19 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
             initial["name"] = suggested = suggest_name(project=project, offer=offer, nodes=nodes)
         form = ClusterForm(initial=initial, project=project, offer=offer)
 
-    boot = offer.machine_type.boot_seconds
+    machine_type = offer.machine_type
+    assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
+    boot = machine_type.boot_seconds
     context = {
         "offer": offer,
         "form": form,
-        "has_keys": bool(form.fields["ssh_keys"].queryset),
+        "has_keys": form.has_ssh_keys,
         "summary": _summary(request, offer, nodes),
         "min_nodes": MIN_NODES,
         "ready_estimate": {
             "bare": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.NONE),
             "software": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.SLURM),
-            "give_up_after": give_up_after(offer.machine_type.slow_boot),
+            "give_up_after": give_up_after(machine_type.slow_boot),
         },
         "name_suggested": bool(suggested),
     }
@@ -551,7 +554,7 @@ def _detail_context(cluster: Cluster) -> dict:
     up = Cluster.machines_up_in(nodes) if cluster.is_live else 0
     machines = cluster.machines_priced(up)
     machine_type = cluster.machine_type
-    context = {
+    context: dict[str, Any] = {
         "cluster": cluster,
         "now": now,
         "nodes": nodes,
