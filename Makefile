@@ -66,6 +66,7 @@ bench: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # mypy with django-stubs over the product packages (pyproject.toml [tool.mypy]).
 typecheck: install
