@@ -227,7 +227,9 @@ def delete_volume(*, volume: Volume, now: datetime | None = None) -> Volume:
         volume.refresh_from_db()
         if volume.deleted_at is not None:
             return volume  # deleted already: deleting twice changes nothing
-        assert volume.cluster is not None  # not deleted and not deletable: attached
+        if volume.cluster is None:
+            # Its cluster ended and let it go since the update: it can be deleted now.
+            return delete_volume(volume=volume, now=now)
         raise VolumeRefused(
             "volume_in_use",
             f"Volume {volume.name} is attached to cluster {volume.cluster.name}: it cannot be "

@@ -482,6 +482,26 @@ def test_it_refuses_to_delete_a_volume_attached_meanwhile(owner, ohio):
     assert Volume.objects.get(pk=datasets.pk).deleted_at is None
 
 
+def test_it_deletes_a_volume_whose_cluster_let_it_go_while_it_was_refused(owner, ohio, monkeypatch):
+    # The delete's update finds the volume attached; before it reads why, the cluster ends and
+    # detaches it: the volume is deletable then, and is deleted (never a crash, never "in use").
+    datasets = volume(owner, ohio)
+    cluster = ClusterFactory(project=owner.project, name="train", status=Cluster.Status.READY)
+    Volume.objects.filter(pk=datasets.pk).update(cluster=cluster)
+    attached = Volume.objects.get(pk=datasets.pk)
+    reread = Volume.refresh_from_db
+
+    def detached_meanwhile(self, *args, **kwargs):
+        Volume.objects.filter(pk=self.pk).update(cluster=None)
+        reread(self, *args, **kwargs)
+
+    monkeypatch.setattr(Volume, "refresh_from_db", detached_meanwhile)
+    deleted = volumes.delete_volume(volume=attached)
+
+    assert deleted.deleted_at is not None
+    assert Volume.objects.get(pk=datasets.pk).deleted_at == deleted.deleted_at
+
+
 # --- the create form ---------------------------------------------------------------------------
 
 
