@@ -200,7 +200,11 @@ def test_nothing_of_a_cluster_answers_outsiders_and_its_dashboard_comes_through_
         assert get(jobs, {"Authorization": f"Bearer {token}"})[0] == 200
     finally:
         tunnel.terminate()
-        tunnel.wait(10)
+        try:
+            tunnel.wait(10)
+        except subprocess.TimeoutExpired:  # our own client, slow to leave: it is killed
+            tunnel.kill()
+            tunnel.wait(10)
 
     # /shared's session is there before terminate, and gone after it, on both hosts.
     assert lab.exec(worker.name, "pgrep -af '[s]shfs'").stdout.strip()

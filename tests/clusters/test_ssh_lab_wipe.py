@@ -94,7 +94,7 @@ def test_the_wipes_verification_fails_on_a_process_using_the_clusters_key(fleet)
     name = lab.hosts[0].name
     stray_processes(lab, name)
     host = Host.objects.get(name=name)
-    node = SimpleNamespace(host=host, driver_state={"original_hostname": name})
+    node = SimpleNamespace(host=host, reserved_host=host, driver_state={"original_hostname": name})
 
     with pytest.raises(DriverError) as failed:
         SshDriver()._verify_wipe(node)
