@@ -657,12 +657,14 @@ def _aware(moment: datetime | str) -> datetime:
 class _LineKind:
     """A kind of metered line on the ledger: one per item (`owner`: a cluster, a volume) per
     period (a clock hour, a day), `period_start` its start; `record` is the metered row that
-    names the item (billing does not import clusters: the name comes through its relation)."""
+    names the item (billing does not import clusters: the name comes through its relation);
+    `days`: whether its debits also add up in the per-day rollup (`UsageDay`: machines)."""
 
     kind: str
     owner: str
     record: type[Model]
     note: str
+    days: bool
 
     def names(self, owner_ids: set[int]) -> dict[int, str]:
         column = f"{self.owner}_id"
@@ -674,8 +676,12 @@ class _LineKind:
         )
 
 
-USAGE_LINES = _LineKind(LedgerEntry.Kind.USAGE, "cluster", UsageRecord, "Cluster usage — {}")
-STORAGE_LINES = _LineKind(LedgerEntry.Kind.STORAGE, "volume", StorageRecord, "Volume storage — {}")
+USAGE_LINES = _LineKind(
+    LedgerEntry.Kind.USAGE, "cluster", UsageRecord, "Cluster usage — {}", days=True
+)
+STORAGE_LINES = _LineKind(
+    LedgerEntry.Kind.STORAGE, "volume", StorageRecord, "Volume storage — {}", days=False
+)
 
 
 def _find_lines(
@@ -731,7 +737,7 @@ def _post_lines(
         ("numeric", "bigint"),
         [(entries[key], cents(line.cents), line.machine_seconds) for key, line in lines.items()],
     )
-    if kind is USAGE_LINES:
+    if kind.days:
         _post_days(lines)
     _move_balances(lines)
     return cents(sum(line.cents for line in lines.values()))
@@ -881,11 +887,6 @@ def storage_for_days(per_month: Decimal, days: int) -> Decimal:
     (clusters/volumes.py)."""
     cost = per_month * days * Decimal(DAY.total_seconds()) / STORAGE_MONTH_SECONDS
     return cost.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
-
-
-def storage_per_day(per_month: Decimal) -> Decimal:
-    """USD a day of storage that costs `per_month` USD a storage month, rounded up to the cent."""
-    return storage_for_days(per_month, 1)
 
 
 class BurnRateColumns(NamedTuple):

@@ -670,10 +670,6 @@ class Volume(models.Model):
         return self.name
 
     @property
-    def is_deleted(self) -> bool:
-        return self.deleted_at is not None
-
-    @property
     def price_per_month(self) -> Decimal:
         return (self.price_per_gb_month * self.size_gb).quantize(Decimal("0.01"))
 

@@ -288,7 +288,6 @@ class UnitOfWork:
     def mark_ready(self) -> None:
         self.set_status(Status.READY)
         self.cluster.ready_at = self.now
-        self.cluster_dirty = True
         count = sum(1 for n in self.nodes if n.status == NodeStatus.JOINED)
         software = self.cluster.software
         what = "" if software == "none" else f" with {self.cluster.get_software_display()}"
