@@ -527,7 +527,11 @@ def delete_machine(request: ApiRequest, cluster_id: int, name: str) -> None:
 
 
 class SshOut(Schema):
-    node: str
+    node: str = Field(description="Its name inside the cluster (hostfile, /etc/hosts): node-i.")
+    hosts: list[str] = Field(
+        description="Its names in ssh_config, on your computer: NAME-node-i, and NAME first "
+        "for the head; never a bare node-i, so two clusters' configs never collide."
+    )
     role: str = Field(description="head (node-0) or worker.")
     private_ip: str
     address: str | None = Field(description="Its public address; null behind a gateway.")
@@ -563,7 +567,10 @@ class ConnectOut(Schema):
     ssh_user: str
     gateway: str | None = Field(description="host:port of the location's SSH gateway, or null.")
     ssh: list[SshOut]
-    ssh_config: str = Field(description="An OpenSSH config with a Host entry per node.")
+    ssh_config: str = Field(
+        description="An OpenSSH config with a Host entry per node, named as `ssh[].hosts`."
+    )
+    ssh_names: str = Field(description="How the config names the machines, in a sentence.")
     known_hosts: str = Field(
         description="known_hosts lines for the machines' pinned host keys (under each node's "
         "HostKeyAlias) and the gateway's; empty where none is pinned."

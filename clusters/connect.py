@@ -10,6 +10,7 @@ node with neither an address of its own nor a gateway in front of it has no SSH 
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -40,6 +41,11 @@ LOCAL_HOSTFILE = "/etc/runcrate/hostfile"
 VOLUME_DIR = f"{SHARED_DIR}/volume"
 NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"
 ETHERNET_GBITS = "1-2 Gbit/s"
+
+
+# `NAME-node-i` always ends in `-node-` and digits; a cluster's own name that ends so (or is
+# `node-N`) is not declared for its head, so names of different clusters never meet.
+_NODE_NAME_ENDING = re.compile(r"(?:^|-)node-[0-9]+\Z")
 
 
 class NoRoute(ValueError):
@@ -115,6 +121,21 @@ class ClusterShape:
         """The name users' known_hosts keep a node's key under: one per cluster and node, so a
         second cluster's node-0 (behind the same gateway, at the same address) never clashes."""
         return f"runcrate-c{self.cluster_id}-{node.name}"
+
+    def ssh_host(self, node: NodeAccess) -> str:
+        """The node's name in the SSH config on the user's computer: `NAME-node-i`, scoped by
+        the cluster, so two clusters' configs included together never share a name. Inside the
+        cluster (hostfile, /etc/hosts, MASTER_ADDR) the node stays `node-i`."""
+        return f"{self.name}-{node.name}"
+
+    def ssh_hosts(self, node: NodeAccess) -> tuple[str, ...]:
+        """Every name the SSH config declares for `node`: `NAME-node-i`, and for the head the
+        cluster's own name too, unless that name ends in `node-N` itself (a cluster called
+        `node-1`, or `train-node-1`, which is another cluster's worker), so no name is ever
+        a bare `node-N` nor another cluster's node."""
+        if node.index == 0 and not _NODE_NAME_ENDING.search(self.name):
+            return (self.name, self.ssh_host(node))
+        return (self.ssh_host(node),)
 
     def reachable(self, node: NodeAccess) -> bool:
         """Whether `node` can be reached over SSH: through the gateway, or at its address."""
@@ -212,15 +233,16 @@ def ssh_command(shape: ClusterShape, node: NodeAccess, *, options: str = "") -> 
 
 
 def ssh_config(shape: ClusterShape) -> str:
-    """A config with a Host entry per node, so `ssh node-0` works from the user's computer.
-
-    Each entry also answers to `CLUSTER-node-i`, for when the configs of two clusters are
-    included (the first `node-0` wins), and keeps its host key under its own alias
-    (`HostKeyAlias`), which `known_hosts` gives. A node with no route yet is a comment, not an
-    entry."""
+    """A config with a Host entry per node for the user's computer: `ssh NAME` (or
+    `ssh NAME-node-0`) reaches the head, `ssh NAME-node-i` each node (`ClusterShape.ssh_hosts`).
+    No entry is a bare `node-i`: with two clusters' configs included, a `Host node-0` in each
+    had ssh take the address from one and the ProxyJump from the other. Each entry keeps its
+    host key under its own alias (`HostKeyAlias`), which `known_hosts` gives. A node with no
+    route yet is a comment, not an entry."""
     lines = [
         f"# Runcrate cluster {shape.name}: save as ~/.ssh/config.d/{shape.name} and put",
         "# `Include config.d/*` at the top of ~/.ssh/config (or append this file to it).",
+        f"# {ssh_names(shape)}",
     ]
     if any(node.host_key for node in shape.nodes):
         lines.append(
@@ -233,7 +255,7 @@ def ssh_config(shape: ClusterShape) -> str:
             continue
         lines += [
             "",
-            f"Host {node.name} {shape.name}-{node.name}",
+            f"Host {' '.join(shape.ssh_hosts(node))}",
             f"    HostName {node.address or node.name}",
             f"    User {SSH_USER}",
         ]
@@ -243,6 +265,22 @@ def ssh_config(shape: ClusterShape) -> str:
         if shape.gateway:
             lines.append(f"    ProxyJump {shape.jump}")
     return "\n".join(lines) + "\n"
+
+
+def ssh_names(shape: ClusterShape) -> str:
+    """How the SSH config names the machines, in one plain sentence: the config's header, the
+    ready email, the CLI and the connect API (`ssh_names`) say the same."""
+    if not shape.nodes:
+        return "Each machine gets its entry here once it starts."
+    head, *others = shape.ssh_hosts(shape.head)
+    also = f" (or ssh {others[0]})" if others else ""
+    sentence = f"Then ssh {head}{also} reaches node-0, the head"
+    if shape.size == 1:
+        return f"{sentence}."
+    workers = f"ssh {shape.ssh_host(shape.nodes[1])}"
+    if shape.size > 2:
+        workers += f" … ssh {shape.ssh_host(shape.nodes[-1])}"
+    return f"{sentence}, and {workers} the other nodes."
 
 
 def known_hosts(shape: ClusterShape) -> str:
@@ -655,6 +693,7 @@ def details(shape: ClusterShape) -> dict:
         ssh.append(
             {
                 "node": node.name,
+                "hosts": list(shape.ssh_hosts(node)),
                 "role": "head" if node.index == 0 else "worker",
                 "private_ip": node.private_ip,
                 "address": node.address,
@@ -666,6 +705,7 @@ def details(shape: ClusterShape) -> dict:
         "gateway": shape.gateway,
         "ssh": ssh,
         "ssh_config": ssh_config(shape),
+        "ssh_names": ssh_names(shape),
         "known_hosts": known_hosts(shape),
         "hostfile": {"path": shape.hostfile_path, "content": hostfile(shape)},
         "commands": launch_commands(shape) if shape.nodes else {},

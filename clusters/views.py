@@ -848,15 +848,21 @@ def cluster_network_test(request: ProjectRequest, pk: int) -> HttpResponse:
 # --- downloads: the SSH config, the hostfile, the kubeconfig -----------------------------------
 
 
-def _connectable(request: ProjectRequest, pk: int) -> Cluster:
-    """The project's cluster while its machines are up; anything else is a 404."""
+def _connectable(request: ProjectRequest, pk: int, what: str) -> Cluster | HttpResponse:
+    """The project's cluster while its machines are up. Once they are gone (or going) the
+    owner is sent to the cluster's page, saying why: the ready email's links outlive the
+    cluster. Before they are up, and for another project's cluster, a 404."""
     queryset = Cluster.objects.select_related("machine_type__location").prefetch_related(
         "nodes", "volumes"
     )
     cluster = get_for_project(request, queryset, pk=pk)
-    if cluster.status not in Cluster.BILLED:
+    if cluster.status in Cluster.BILLED:
+        return cluster
+    if cluster.status == Cluster.Status.PROVISIONING:
         raise Http404("This cluster's machines are not up.")
-    return cluster
+    ended = "has ended" if cluster.is_final else "is terminating"
+    messages.info(request, f"This cluster {ended}; its {what} is gone with it.")
+    return redirect("clusters:detail", cluster.pk)
 
 
 def _download(content: str, filename: str, content_type: str) -> HttpResponse:
@@ -868,25 +874,35 @@ def _download(content: str, filename: str, content_type: str) -> HttpResponse:
 
 @login_required
 def cluster_ssh_config(request: ProjectRequest, pk: int) -> HttpResponse:
-    shape = connect.shape_for(_connectable(request, pk))
+    cluster = _connectable(request, pk, "SSH config")
+    if isinstance(cluster, HttpResponse):
+        return cluster
+    shape = connect.shape_for(cluster)
     return _download(connect.ssh_config(shape), f"{shape.name}.ssh-config", "text/plain")
 
 
 @login_required
 def cluster_known_hosts(request: ProjectRequest, pk: int) -> HttpResponse:
-    shape = connect.shape_for(_connectable(request, pk))
+    cluster = _connectable(request, pk, "known_hosts")
+    if isinstance(cluster, HttpResponse):
+        return cluster
+    shape = connect.shape_for(cluster)
     return _download(connect.known_hosts(shape), f"{shape.name}.known_hosts", "text/plain")
 
 
 @login_required
 def cluster_hostfile(request: ProjectRequest, pk: int) -> HttpResponse:
-    shape = connect.shape_for(_connectable(request, pk))
-    return _download(connect.hostfile(shape), "hostfile", "text/plain")
+    cluster = _connectable(request, pk, "hostfile")
+    if isinstance(cluster, HttpResponse):
+        return cluster
+    return _download(connect.hostfile(connect.shape_for(cluster)), "hostfile", "text/plain")
 
 
 @login_required
 def cluster_kubeconfig(request: ProjectRequest, pk: int) -> HttpResponse:
-    cluster = _connectable(request, pk)
+    cluster = _connectable(request, pk, "kubeconfig")
+    if isinstance(cluster, HttpResponse):
+        return cluster
     if cluster.software != Cluster.Software.KUBERNETES:
         raise Http404("This cluster runs no Kubernetes.")
     shape = connect.shape_for(cluster)

@@ -376,9 +376,9 @@ def _node_name(node: str) -> str:
 @app.command("ssh")
 def ssh_command(
     cluster: ClusterRef,
-    node: Annotated[str, typer.Argument(help="node-0 (the head) … node-N-1, or its number.")] = (
-        "node-0"
-    ),
+    node: Annotated[
+        str, typer.Argument(help="node-0 (the head) … node-N-1, or its number; default the head.")
+    ] = "node-0",
     command: Annotated[
         list[str] | None, typer.Argument(help="A command to run there (after --).")
     ] = None,
@@ -388,8 +388,8 @@ def ssh_command(
 ) -> None:
     """Log in to a machine with your own ssh and the cluster's SSH config.
 
-    The config and known_hosts are written to ~/.config/runcrate/ssh/ID/ (private); run a
-    command with `runcrate ssh CLUSTER node-1 -- nvidia-smi`.
+    The config and known_hosts are written to ~/.config/runcrate/ssh/ID/ (private), where
+    the machine is `NAME-node-i`; run a command with `runcrate ssh CLUSTER 1 -- nvidia-smi`.
     """
     out, client = _session(json_flag)
     with client:
@@ -409,7 +409,7 @@ def ssh_command(
         )
     written = ssh.private_copy(cluster_id, connect)
     program = shutil.which("ssh")
-    argv = ["ssh", "-F", str(written.config), target, *(command or [])]
+    argv = ["ssh", "-F", str(written.config), entries[target]["hosts"][0], *(command or [])]
     if json_flag:  # only when asked: `runcrate ssh c -- hostname | grep …` must run ssh
         output.print_json(
             {
@@ -430,7 +430,8 @@ def ssh_config(cluster: ClusterRef, json_flag: Json = False) -> None:
     """Save the cluster's SSH config under ~/.ssh/config.d/ for your own ssh.
 
     Written as ~/.ssh/config.d/runcrate-NAME; add the `Include` line it prints to
-    ~/.ssh/config, then `ssh node-0` (or `ssh NAME-node-0`) works.
+    ~/.ssh/config, then `ssh NAME` reaches the head and `ssh NAME-node-1` … each node (never a
+    bare `node-1`, so two clusters' configs never collide).
     """
     out, client = _session(json_flag)
     with client:
@@ -443,6 +444,7 @@ def ssh_config(cluster: ClusterRef, json_flag: Json = False) -> None:
         "known_hosts": str(written.known_hosts) if written.known_hosts else None,
         "include": include,
         "included": included,
+        "ssh_names": connect["ssh_names"],
     }
 
     def show(console: Any, r: dict) -> None:
@@ -452,7 +454,7 @@ def ssh_config(cluster: ClusterRef, json_flag: Json = False) -> None:
         else:
             console.print("Add this line at the top of ~/.ssh/config:", markup=False)
             console.print(f"    {r['include']}", markup=False)
-        console.print(f"Then: ssh node-0, or ssh {name}-node-0", markup=False)
+        console.print(r["ssh_names"], markup=False)
 
     out.emit(result, show)
 

@@ -395,7 +395,9 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
     @server.tool(
         description="How to connect and run on a cluster whose machines are up: SSH per node, "
         "the SSH config and known_hosts, the hostfile, torchrun/mpirun/deepspeed commands, "
-        "each node's environment, storage and the software's examples (kubeconfig). Free."
+        "each node's environment, storage and the software's examples (kubeconfig). Free. "
+        "From the user's computer a machine is NAME-node-i in the SSH config (the head also "
+        "NAME; ssh[].hosts), never a bare node-i; inside the cluster it is node-i."
     )
     def get_connect_info(ctx: Context, cluster: ClusterRef) -> Any:
         return call(ctx, lambda c: {"connect": c.connect(c.resolve_cluster(cluster))})

@@ -40,12 +40,12 @@ def test_ssh_runs_the_system_ssh_with_the_clusters_config(fake_ssh, tmp_path, ac
 
     assert result.code == 7  # ssh's own exit code: runcrate became ssh
     config_path = tmp_path / "home" / ".config" / "runcrate" / "ssh" / str(cluster.pk) / "config"
-    assert result.stdout.splitlines()[0] == f"ARGS -F {config_path} node-1 nvidia-smi -L"
+    assert result.stdout.splitlines()[0] == f"ARGS -F {config_path} train-node-1 nvidia-smi -L"
     assert stat.S_IMODE(config_path.stat().st_mode) == 0o600
     assert stat.S_IMODE(config_path.parent.stat().st_mode) == 0o700
     connect = account.api_data(f"/clusters/{cluster.pk}/connect")
     assert config_path.read_text() == connect["ssh_config"]  # no pinned keys: as the API gave it
-    parsed = paramiko.SSHConfig.from_text(config_path.read_text()).lookup("node-1")
+    parsed = paramiko.SSHConfig.from_text(config_path.read_text()).lookup("train-node-1")
     assert parsed["hostname"] == connect["ssh"][1]["address"]
     assert parsed["user"] == "root"
 
@@ -68,7 +68,7 @@ def test_ssh_json_prints_the_command_instead_of_running_it(fake_ssh, tmp_path, a
 
     assert result.code == 0, result.stderr
     printed = result.json()
-    assert printed["argv"] == ["ssh", "-F", printed["config"], "node-0"]
+    assert printed["argv"] == ["ssh", "-F", printed["config"], "train"]
 
 
 def test_ssh_config_points_each_host_at_the_pinned_keys(env, tmp_path, account, ticker):

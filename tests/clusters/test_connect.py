@@ -74,13 +74,15 @@ def test_it_connects_directly_where_hosts_have_a_public_address():
     assert ssh_config(s) == (
         "# Runcrate cluster train: save as ~/.ssh/config.d/train and put\n"
         "# `Include config.d/*` at the top of ~/.ssh/config (or append this file to it).\n"
+        "# Then ssh train (or ssh train-node-0) reaches node-0, the head, and ssh train-node-1 "
+        "the other nodes.\n"
         "\n"
-        "Host node-0 train-node-0\n"
+        "Host train train-node-0\n"
         "    HostName 203.0.113.10\n"
         "    User root\n"
         "    HostKeyAlias runcrate-c42-node-0\n"
         "\n"
-        "Host node-1 train-node-1\n"
+        "Host train-node-1\n"
         "    HostName 203.0.113.11\n"
         "    User root\n"
         "    HostKeyAlias runcrate-c42-node-1\n"
@@ -153,7 +155,7 @@ def test_it_jumps_through_the_gateway_where_hosts_have_no_address():
     assert config.count("\nHost ") == 16
     assert (
         "\n"
-        "Host node-0 train-node-0\n"
+        "Host train train-node-0\n"
         "    HostName node-0\n"
         "    User root\n"
         "    HostKeyAlias runcrate-c42-node-0\n"
@@ -162,7 +164,7 @@ def test_it_jumps_through_the_gateway_where_hosts_have_no_address():
     ) in config
     assert config.endswith(
         "\n"
-        "Host node-15 train-node-15\n"
+        "Host train-node-15\n"
         "    HostName node-15\n"
         "    User root\n"
         "    HostKeyAlias runcrate-c42-node-15\n"
@@ -216,9 +218,9 @@ def test_it_writes_an_ssh_config_that_paramiko_reads_as_intended():
     for s in shapes:
         config = paramiko.SSHConfig()
         config.parse(io.StringIO(ssh_config(s)))
-        assert config.get_hostnames() >= {n.name for n in s.nodes}
+        assert config.get_hostnames() - {"*"} == {"train"} | {f"train-{n.name}" for n in s.nodes}
         for node in s.nodes:
-            for alias in (node.name, f"train-{node.name}"):
+            for alias in (f"train-{node.name}",) + (("train",) if node.index == 0 else ()):
                 entry = config.lookup(alias)
                 assert entry["user"] == "root"
                 assert entry["hostname"] == (node.name if s.gateway else node.address)
@@ -393,11 +395,17 @@ def test_it_gathers_everything_for_the_panel_and_the_api():
     connect = details(shape(nodes=2, gpus=1, software="ray"))
     assert connect["ssh"][1] == {
         "node": "node-1",
+        "hosts": ["train-node-1"],
         "role": "worker",
         "private_ip": "10.77.0.2",
         "address": "203.0.113.11",
         "command": "ssh root@203.0.113.11",
     }
+    assert connect["ssh"][0]["hosts"] == ["train", "train-node-0"]
+    assert connect["ssh_names"] == (
+        "Then ssh train (or ssh train-node-0) reaches node-0, the head, and ssh train-node-1 "
+        "the other nodes."
+    )
     assert connect["hostfile"] == {
         "path": "/shared/hostfile",
         "content": "node-0 slots=1\nnode-1 slots=1\n",
@@ -514,7 +522,7 @@ def test_the_real_ssh_client_reads_the_config_as_meant(tmp_path):
         )
         return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
 
-    node1 = options("node-1")
+    node1 = options("train-node-1")
     assert (node1["hostname"], node1["port"], node1["user"]) == ("203.0.113.11", "2222", "root")
     assert node1["hostkeyalias"] == "runcrate-c42-node-1"
     assert node1["proxyjump"] == "c42@gw.fra-1.runcrate.net:2222"

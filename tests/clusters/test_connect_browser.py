@@ -67,9 +67,10 @@ def test_it_copies_a_command_and_downloads_the_ssh_config(page, live_server, own
         content = saved.read()
     config = paramiko.SSHConfig()
     config.parse(io.StringIO(content))
-    assert config.lookup("node-0")["hostname"] == "203.0.113.10"
+    assert config.lookup("train")["hostname"] == "203.0.113.10"
     assert config.lookup("train-node-1")["hostname"] == "203.0.113.11"
-    assert config.lookup("node-1")["user"] == "root"
+    assert config.lookup("train-node-1")["user"] == "root"
+    assert "node-1" not in config.get_hostnames()
 
 
 def test_it_keeps_the_panel_through_the_pages_polls(page, owner, ready):

@@ -238,7 +238,7 @@ def test_it_downloads_an_ssh_config_that_paramiko_reads(owner):
     assert response["Content-Disposition"] == 'attachment; filename="train.ssh-config"'
     config = paramiko.SSHConfig()
     config.parse(io.StringIO(response.content.decode()))
-    entry = config.lookup("node-1")
+    entry = config.lookup("train-node-1")
     assert (entry["hostname"], entry["user"]) == ("node-1", "root")
     assert entry["proxyjump"] == f"c{cluster.pk}@{GATEWAY}"
 
@@ -310,6 +310,41 @@ def test_it_has_nothing_to_download_before_the_machines_are_up(owner, download):
     assert owner.browser_client().get(f"/clusters/{cluster.pk}/{download}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("download", "what"),
+    [
+        ("ssh-config", "SSH config"),
+        ("known-hosts", "known_hosts"),
+        ("hostfile", "hostfile"),
+        ("kubeconfig", "kubeconfig"),
+    ],
+)
+def test_it_sends_the_owner_of_an_ended_cluster_to_its_page_saying_why(
+    owner, stranger, download, what
+):
+    # The ready email's links outlive the cluster: one clicked after the end is no 404.
+    cluster = running_cluster(owner, software="kubernetes", status=Cluster.Status.TERMINATED)
+    client = owner.browser_client()
+
+    response = client.get(f"/clusters/{cluster.pk}/{download}")
+
+    assert response.status_code == 302
+    assert response["Location"] == f"/clusters/{cluster.pk}/"
+    page = text_of(client.get(response["Location"]))
+    assert f"This cluster has ended; its {what} is gone with it." in page
+    assert stranger.browser_client().get(f"/clusters/{cluster.pk}/{download}").status_code == 404
+
+
+def test_it_says_a_terminating_cluster_is_ending(owner):
+    cluster = running_cluster(owner, status=Cluster.Status.TERMINATING)
+    client = owner.browser_client()
+
+    response = client.get(f"/clusters/{cluster.pk}/ssh-config", follow=True)
+
+    assert response.redirect_chain == [(f"/clusters/{cluster.pk}/", 302)]
+    assert "This cluster is terminating; its SSH config is gone with it." in text_of(response)
+
+
 def test_it_asks_an_anonymous_visitor_to_log_in_before_downloading(owner, client):
     cluster = running_cluster(owner)
 
@@ -333,6 +368,7 @@ def test_it_gives_everything_in_the_connect_api(owner):
     assert data["ssh"] == [
         {
             "node": "node-0",
+            "hosts": ["train", "train-node-0"],
             "role": "head",
             "private_ip": "10.77.0.1",
             "address": "203.0.113.10",
@@ -340,13 +376,14 @@ def test_it_gives_everything_in_the_connect_api(owner):
         },
         {
             "node": "node-1",
+            "hosts": ["train-node-1"],
             "role": "worker",
             "private_ip": "10.77.0.2",
             "address": "203.0.113.11",
             "command": "ssh root@203.0.113.11",
         },
     ]
-    assert "Host node-0 train-node-0\n    HostName 203.0.113.10\n" in data["ssh_config"]
+    assert "Host train train-node-0\n    HostName 203.0.113.10\n" in data["ssh_config"]
     assert data["hostfile"] == {
         "path": "/shared/hostfile",
         "content": "node-0 slots=8\nnode-1 slots=8\n",
@@ -417,8 +454,16 @@ def test_it_puts_the_connect_panel_in_the_ready_email(owner, settings):
     assert "torchrun --nnodes=3 --nproc-per-node=8" in body
     assert "sbatch --partition=gpu --nodes=3" in body
     assert "Every node mounts /shared" in body
+    # From the user's computer the machines have cluster-scoped names only (issue 21).
+    names = (
+        "Then ssh train (or ssh train-node-0) reaches node-0, the head, and ssh train-node-1 "
+        "… ssh train-node-2 the other nodes."
+    )
+    assert names in body and '"ssh node-0"' not in body
     html = mail.outbox[0].alternatives[0][0]
     assert "mpirun --allow-run-as-root -np 24 --hostfile /shared/hostfile" in html
+    assert html_module.escape(names, quote=False) in html and "ssh node-0" not in html
+    assert "word-break:break-all" not in html  # commands wrap at spaces ("pytho / n")
 
 
 def test_the_ray_panel_copies_the_head_address_and_tunnels_the_dashboard(owner):

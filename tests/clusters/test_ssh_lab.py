@@ -143,8 +143,16 @@ def ssh_config_file(cluster: Cluster, tmp_path: Path, user_key: Path, lab) -> Pa
 
 
 def ssh(config: Path, target: str, command: str) -> str:
+    """Run `command` on `target`, a node's name inside the cluster (node-i), by the name the
+    cluster's SSH config gives it on the user's computer (NAME-node-i: never a bare node-i)."""
+    hosts = [
+        name for line in config.read_text().splitlines() if line.startswith("Host ")
+        for name in line.split()[1:]
+    ]  # fmt: skip
+    assert target not in hosts, f"the SSH config declares a bare {target}"
+    (host,) = [name for name in hosts if name.endswith(f"-{target}")]
     done = subprocess.run(
-        ["ssh", "-F", str(config), target, command],
+        ["ssh", "-F", str(config), host, command],
         capture_output=True,
         text=True,
         timeout=60,
