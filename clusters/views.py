@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Case, Count, Prefetch, Q, QuerySet, Value, When
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -129,18 +129,73 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
     return rows
 
 
+# The list's filter (docs/clusters.md, "The list"): live or ended by the model's own groups
+# (Cluster.LIVE, Cluster.TERMINAL); "all" is the default and shows the live ones first.
+CLUSTER_SHOWS: dict[str, str] = {"all": "All", "live": "Live", "ended": "Ended"}
+# The longest name search kept: a cluster's name is shorter still.
+CLUSTER_SEARCH_MAX = 100
+
+
+@dataclass(frozen=True)
+class ClusterFilter:
+    show: str  # a key of CLUSTER_SHOWS
+    query: str  # a part of the name, "" for none
+    total: int  # the project's clusters, whatever the filter
+    counts: dict[str, int]  # per key of CLUSTER_SHOWS, within the search
+
+    @property
+    def active(self) -> bool:
+        return self.show != "all" or bool(self.query)
+
+    def links(self) -> list[tuple[str, str, int, str]]:
+        """(key, label, count, url) for each choice, keeping the search."""
+        links = []
+        for key, label in CLUSTER_SHOWS.items():
+            query = {"q": self.query} if self.query else {}
+            if key != "all":
+                query["show"] = key
+            links.append((key, label, self.counts[key], f"?{urlencode(query)}"))
+        return links
+
+
+def _cluster_filter(request: ProjectRequest, clusters: QuerySet[Cluster]) -> ClusterFilter:
+    show = request.GET.get("show", "all")
+    query = request.GET.get("q", "").strip()[:CLUSTER_SEARCH_MAX]
+    found = Q(name__icontains=query) if query else Q()
+    counts = clusters.aggregate(  # one query, however many clusters
+        total=Count("pk"),
+        all=Count("pk", filter=found),
+        live=Count("pk", filter=found & Q(status__in=Cluster.LIVE)),
+        ended=Count("pk", filter=found & Q(status__in=Cluster.TERMINAL)),
+    )
+    total = counts.pop("total")
+    return ClusterFilter(show if show in CLUSTER_SHOWS else "all", query, total, counts)
+
+
+def _filtered(clusters: QuerySet[Cluster], shown: ClusterFilter) -> QuerySet[Cluster]:
+    if shown.query:
+        clusters = clusters.filter(name__icontains=shown.query)
+    if shown.show == "live":
+        clusters = clusters.filter(status__in=Cluster.LIVE)
+    elif shown.show == "ended":
+        clusters = clusters.filter(status__in=Cluster.TERMINAL)
+    ended = Case(When(status__in=Cluster.TERMINAL, then=Value(1)), default=Value(0))
+    return clusters.alias(ended=ended).order_by("ended", "-created_at", "-pk")
+
+
 @login_required
 def cluster_list(request: ProjectRequest) -> HttpResponse:
+    project = require_project(request)
+    shown = _cluster_filter(request, Cluster.objects.filter(project=project))
     clusters = (
-        Cluster.objects.filter(project=require_project(request))
+        _filtered(Cluster.objects.filter(project=project), shown)
         .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
         .annotate(machines_up=Count("nodes", filter=Q(nodes__status__in=Node.LIVE)))
-        .order_by("-created_at", "-pk")
     )
     page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
     rows = _cluster_rows(page, timezone.now())
     polling = any(row.cluster.is_live for row in rows)
-    context = {"page": page, "rows": rows, "polling": polling}
+    context = {"page": page, "rows": rows, "polling": polling, "shown": shown}
     if request.htmx:
         response = render(request, "clusters/list.html#rows", context)
         if not polling:
@@ -148,7 +203,7 @@ def cluster_list(request: ProjectRequest) -> HttpResponse:
     else:
         context["quotes"] = list(quotes_for(request.project))
         context["getting_started"] = getting_started.steps(
-            project=request.project, user=request.user, has_clusters=page.paginator.count > 0
+            project=request.project, user=request.user, has_clusters=shown.total > 0
         )
         response = render(request, "clusters/list.html", context)
     patch_vary_headers(response, ("HX-Request",))
