@@ -288,6 +288,21 @@ class HostAdmin(ChangesOffers):
             )
 
 
+class QuoteStatusForm(forms.ModelForm):
+    """A row of the quote list's editable status: its select is named for the request it
+    changes (the column's header is no label of it: axe's select-name)."""
+
+    class Meta:
+        model = QuoteRequest
+        fields = ["status"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        quote = self.instance
+        who = quote.contact_name or quote.contact_email
+        self.fields["status"].widget.attrs["aria-label"] = f"Status of {who}'s quote request"
+
+
 @admin.register(QuoteRequest)
 class QuoteRequestAdmin(admin.ModelAdmin):
     list_display = [
@@ -311,6 +326,9 @@ class QuoteRequestAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     readonly_fields = ["project", "requested_by", "created_at"]
     actions = ["mark_contacted", "mark_won", "mark_lost"]
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs) -> type[forms.ModelForm]:
+        return super().get_changelist_form(request, form=QuoteStatusForm, **kwargs)
 
     def _set_status(self, request: HttpRequest, queryset: QuerySet, status: str) -> None:
         changed = queryset.update(status=status)
