@@ -5,11 +5,27 @@ def test_it_serves_the_api_docs_from_our_own_static_files(client, db):
     response = client.get("/api/v1/docs")
 
     assert response.status_code == 200
-    assets = re.findall(r'(?:src|href)="([^"]+)"', response.content.decode())
+    # What the page loads (scripts, styles, icons), not the links of the frame it sits in.
+    html = response.content.decode()
+    assets = re.findall(r'<script[^>]* src="([^"]+)"', html) + re.findall(
+        r'<link[^>]* href="([^"]+)"', html
+    )
     assert any(asset.endswith("swagger-ui-bundle.js") for asset in assets)
+    assert any(asset.endswith("swagger-ui.css") for asset in assets)
     assert [asset for asset in assets if not asset.startswith("/static/")] == []
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+def test_it_shows_the_api_docs_in_the_dashboards_frame_in_the_readers_scheme(owner):
+    html = owner.browser_client().get("/api/v1/docs").content.decode()
+
+    assert '<nav class="nav nav-wide" aria-label="Main">' in html  # the way back
+    assert '<a class="skip-link" href="#main">' in html
+    assert '<div id="swagger-ui"' in html and "<h1>API docs</h1>" in html
+    assert 'href="/api/v1/openapi.json"' in html
+    # Swagger UI's own dark theme, turned on when the reader's system is dark.
+    assert "/static/js/swagger-scheme.js" in html
 
 
 def test_it_describes_the_api_in_openapi(client, db):
