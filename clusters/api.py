@@ -40,7 +40,7 @@ router = Router(tags=["clusters"])
 
 class FailureOut(Schema):
     reason: str = Field(description="boot_timeout, agent_timeout, install_failed, …")
-    node: str | None = Field(description="The node that failed (node-i), or null.")
+    node: str | None = Field(description="The machine that failed (node-i), or null.")
     step: str | None = Field(description="running, agent, network or install, or null.")
     message: str
 
@@ -616,9 +616,9 @@ def _get_connectable(request: ApiRequest, cluster_id: int) -> Cluster:
     auth=needs(Scope.READ),
     response={200: ConnectEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
     summary="How to connect and run",
-    description="SSH per node, the SSH config, the hostfile, the launch commands, each node's "
-    "environment, shared storage and the software's examples (the kubeconfig for Kubernetes), "
-    "as on the cluster page. 409 `invalid_state` while the machines are not up.",
+    description="SSH per machine, the SSH config, the hostfile, the launch commands, each "
+    "machine's environment, shared storage and the software's examples (the kubeconfig for "
+    "Kubernetes), as on the cluster page. 409 `invalid_state` while the machines are not up.",
 )
 def cluster_connect(request: ApiRequest, cluster_id: int) -> dict:
     cluster = _get_connectable(request, cluster_id)

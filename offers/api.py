@@ -117,7 +117,7 @@ class TrackRecordOut(Schema):
         "agent, network, install)."
     )
     bandwidth_median_mbit: float | None = Field(
-        description="The median bandwidth between machines (each node to node-0) in the "
+        description="The median bandwidth between machines (each machine to node-0) in the "
         "clusters' acceptance reports, Mbit/s; null until there are any."
     )
     computed_at: str
@@ -132,7 +132,9 @@ class OfferOut(Schema):
     machine_kind: str
     community: bool
     machine_price_per_hour: str
-    price_per_hour: str = Field(description="The whole cluster: machine price × nodes.")
+    price_per_hour: str = Field(
+        description="The whole cluster: machine price × machines (`nodes`)."
+    )
     gpus_total: int = Field(description="Every GPU of the cluster: nodes × gpus_per_machine.")
     gpu_memory_total_gib: int = Field(description="GPU memory in all: gpus_total × the GPU's GiB.")
     price_per_gpu_hour: str = Field(

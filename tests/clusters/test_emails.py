@@ -82,7 +82,7 @@ def test_it_names_the_node_step_and_reason_in_the_failed_email(owner):
 
     message = mail.outbox[0]
     assert message.subject == "Cluster train failed to start (node-2, agent check-in)"
-    assert "Node:    node-2" in message.body
+    assert "Machine: node-2" in message.body
     assert "Step:    agent check-in" in message.body
     assert "Reason:  agent_timeout" in message.body
     assert "did not check in within 3 minutes" in message.body
@@ -113,7 +113,7 @@ def test_it_sends_the_degraded_email_with_retry_and_terminate_links(owner):
 
     message = mail.outbox[0]
     assert message.subject == "Cluster train is degraded: Slurm did not install"
-    assert "Node:    node-1" in message.body and "sinfo shows node-1 down." in message.body
+    assert "Machine: node-1" in message.body and "sinfo shows node-1 down." in message.body
     assert f"https://runcrate.example/clusters/{cluster.pk}/terminate/" in message.body
     assert "billed at $40.00 per hour" in message.body
 

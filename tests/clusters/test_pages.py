@@ -48,7 +48,7 @@ def test_it_lists_the_projects_clusters_with_size_location_and_price(owner, stra
 
     assert "train" in page
     assert "someone-elses" not in page
-    assert "4 machines × 8× H100 SXM 80GB" in page
+    assert "4 machines 8× H100 SXM 80GB each" in page
     assert "Columbus, Ohio" in page
     assert "$95.68" in page
 
