@@ -142,3 +142,19 @@ def test_it_offers_create_cluster_and_request_a_quote_once_each_on_an_empty_page
     assert main.count('href="/offers/quote/"') == 1
     assert main.count("Request a quote") == 1
     assert "Search by name" not in main  # nothing to filter yet
+
+
+def test_it_keeps_the_filter_and_the_search_across_pages(owner, monkeypatch):
+    monkeypatch.setattr("clusters.views.CLUSTERS_PER_PAGE", 2)
+    for index in range(3):
+        ClusterFactory(project=owner.project, name=f"train-{index}", status=Cluster.Status.READY)
+    ClusterFactory(project=owner.project, name="eval", status=Cluster.Status.READY)
+    client = owner.browser_client()
+
+    first = client.get("/clusters/?show=live&q=train").content.decode()
+    second = client.get("/clusters/?show=live&q=train&page=2").content.decode()
+
+    assert names_in(first) == ["train-2", "train-1"]
+    assert 'href="?show=live&amp;q=train&amp;page=2">Older' in first
+    assert names_in(second) == ["train-0"]
+    assert 'href="?show=live&amp;q=train&amp;page=1">Newer' in second
