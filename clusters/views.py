@@ -8,7 +8,7 @@ request's project, so another project's cluster is a 404.
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -140,12 +140,9 @@ CLUSTER_SEARCH_MAX = 100
 class ClusterFilter:
     show: str  # a key of CLUSTER_SHOWS
     query: str  # a part of the name, "" for none
-    total: int  # the project's clusters, whatever the filter
-    counts: dict[str, int]  # per key of CLUSTER_SHOWS, within the search
-
-    @property
-    def active(self) -> bool:
-        return self.show != "all" or bool(self.query)
+    # Counted for the full page only (`_counted`); the rows' poll needs neither.
+    total: int = 0  # the project's clusters, whatever the filter
+    counts: dict[str, int] = field(default_factory=dict)  # per key of CLUSTER_SHOWS, searched
 
     def links(self) -> list[tuple[str, str, int, str]]:
         """(key, label, count, url) for each choice, keeping the search."""
@@ -158,18 +155,21 @@ class ClusterFilter:
         return links
 
 
-def _cluster_filter(request: ProjectRequest, clusters: QuerySet[Cluster]) -> ClusterFilter:
+def _cluster_filter(request: ProjectRequest) -> ClusterFilter:
     show = request.GET.get("show", "all")
     query = request.GET.get("q", "").strip()[:CLUSTER_SEARCH_MAX]
-    found = Q(name__icontains=query) if query else Q()
+    return ClusterFilter(show if show in CLUSTER_SHOWS else "all", query)
+
+
+def _counted(shown: ClusterFilter, clusters: QuerySet[Cluster]) -> ClusterFilter:
+    found = Q(name__icontains=shown.query) if shown.query else Q()
     counts = clusters.aggregate(  # one query, however many clusters
         total=Count("pk"),
         all=Count("pk", filter=found),
         live=Count("pk", filter=found & Q(status__in=Cluster.LIVE)),
         ended=Count("pk", filter=found & Q(status__in=Cluster.TERMINAL)),
     )
-    total = counts.pop("total")
-    return ClusterFilter(show if show in CLUSTER_SHOWS else "all", query, total, counts)
+    return replace(shown, total=counts.pop("total"), counts=counts)
 
 
 def _filtered(clusters: QuerySet[Cluster], shown: ClusterFilter) -> QuerySet[Cluster]:
@@ -186,7 +186,7 @@ def _filtered(clusters: QuerySet[Cluster], shown: ClusterFilter) -> QuerySet[Clu
 @login_required
 def cluster_list(request: ProjectRequest) -> HttpResponse:
     project = require_project(request)
-    shown = _cluster_filter(request, Cluster.objects.filter(project=project))
+    shown = _cluster_filter(request)
     clusters = (
         _filtered(Cluster.objects.filter(project=project), shown)
         .select_related("environment", "machine_type__location", "machine_type__gpu", "quote")
@@ -195,12 +195,13 @@ def cluster_list(request: ProjectRequest) -> HttpResponse:
     page = Paginator(clusters, CLUSTERS_PER_PAGE).get_page(request.GET.get("page"))
     rows = _cluster_rows(page, timezone.now())
     polling = any(row.cluster.is_live for row in rows)
-    context = {"page": page, "rows": rows, "polling": polling, "shown": shown}
+    context: dict[str, Any] = {"page": page, "rows": rows, "polling": polling}
     if request.htmx:
         response = render(request, "clusters/list.html#rows", context)
         if not polling:
             response.status_code = STOP_POLLING
     else:
+        context["shown"] = shown = _counted(shown, Cluster.objects.filter(project=project))
         context["quotes"] = list(quotes_for(request.project))
         context["getting_started"] = getting_started.steps(
             project=request.project, user=request.user, has_clusters=shown.total > 0

@@ -158,3 +158,17 @@ def test_it_keeps_the_filter_and_the_search_across_pages(owner, monkeypatch):
     assert 'href="?show=live&amp;q=train&amp;page=2">Older' in first
     assert names_in(second) == ["train-0"]
     assert 'href="?show=live&amp;q=train&amp;page=1">Newer' in second
+
+
+def test_it_polls_the_filtered_rows_without_counting_them_again(owner):
+    some_clusters(owner.project)
+    client = owner.browser_client()
+    poll = {"HX-Request": "true"}
+
+    with CaptureQueriesContext(connection) as plain:
+        client.get("/clusters/", headers=poll)
+    with CaptureQueriesContext(connection) as filtered:
+        fragment = client.get("/clusters/?show=live&q=eval", headers=poll)
+
+    assert len(filtered) == len(plain)
+    assert names_in(fragment.content.decode()) == ["eval-starting"]
