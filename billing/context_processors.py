@@ -1,18 +1,24 @@
 """The balance in the top bar of every page, and its banner (templates/billing/balance_*.html,
 docs/billing.md "The top bar").
 
-Read lazily: the query runs when a template reads `topbar_balance`, which only base.html's top bar
-does, so htmx fragments and polls (which render no top bar) pay nothing for it."""
+Read lazily: the query runs when a template reads `topbar_balance` or `balance_banner`, which
+only base.html's top bar does, so htmx fragments and polls (which render no top bar) pay nothing
+for it."""
 
 from weakref import WeakKeyDictionary
 
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
 from billing.usage import Summary, summary_for_member
 
 # Each request's summary, for as long as the request lives.
 _summaries: WeakKeyDictionary[HttpRequest, Summary | None] = WeakKeyDictionary()
+
+# The banner dismissed: the cookie holds the state it was dismissed in (`banner_state`).
+BANNER_COOKIE = "balance_banner_dismissed"
+BANNER_COOKIE_SECONDS = 86_400
 
 
 def request_summary(request: HttpRequest) -> Summary | None:
@@ -28,5 +34,38 @@ def request_summary(request: HttpRequest) -> Summary | None:
     return _summaries[request]
 
 
+def banner_level(summary: Summary) -> str | None:
+    """How short the balance runs: `out` (nothing left), `low` (under an hour of what runs),
+    `short` (under a day); None when the banner has nothing to say."""
+    if not summary.runs_short:
+        return None
+    if summary.balance <= 0:
+        return "out"
+    return "low" if summary.low else "short"
+
+
+def banner_state(request: HttpRequest) -> str | None:
+    """The banner's state for this request: the project, the level and the day (UTC). A
+    dismissed banner stays away while this stays the same, so it comes back when the balance
+    runs shorter (or recovers and runs short again) and the next day."""
+    summary = request_summary(request)
+    level = banner_level(summary) if summary is not None else None
+    if level is None:
+        return None
+    project = getattr(request, "project", None)
+    return f"{getattr(project, 'pk', '')}.{level}.{timezone.now():%Y%m%d}"
+
+
+def banner_summary(request: HttpRequest) -> Summary | None:
+    """The summary the banner shows; None when it has nothing to say or was dismissed."""
+    state = banner_state(request)
+    if state is None or request.COOKIES.get(BANNER_COOKIE) == state:
+        return None
+    return request_summary(request)
+
+
 def balance(request: HttpRequest) -> dict[str, object]:
-    return {"topbar_balance": SimpleLazyObject(lambda: request_summary(request))}
+    return {
+        "topbar_balance": SimpleLazyObject(lambda: request_summary(request)),
+        "balance_banner": SimpleLazyObject(lambda: banner_summary(request)),
+    }

@@ -9,8 +9,15 @@
    payment per session (unique), and one top-up line per payment (a unique constraint on
    `LedgerEntry.payment`), written in the transaction that marks the payment paid. Only a
    positive amount in USD credits.
+3. The demo that `make run` starts (`RUNCRATE_DEMO`), with no Stripe keys at all, has demo
+   payments instead: the same `Payment`, a demo page in place of Stripe's, and a confirmation
+   that builds the event Stripe would send, signs it with the demo secret (derived from
+   SECRET_KEY) and hands it to `handle_webhook`, the path that credits a real payment. Its
+   ledger line is a demo top-up; with any Stripe key set there are no demo payments.
 """
 
+import hashlib
+import hmac
 import json
 import logging
 import time
@@ -49,6 +56,10 @@ FUTURE_TOLERANCE_SECONDS = 60
 
 PENDING = {Payment.Status.CREATED, Payment.Status.OPEN, Payment.Status.PROCESSING}
 
+CARD_TOPUP_NOTE = "Card top-up"
+DEMO_TOPUP_NOTE = "Demo top-up (no card charged)"
+DEMO_SESSION_PREFIX = "cs_demo_"
+
 
 class PaymentRefused(Refused):
     """A top-up refused before anything was asked of Stripe."""
@@ -63,6 +74,36 @@ class WebhookRejected(Refused):
 
 def payments_configured() -> bool:
     return bool(settings.STRIPE_SECRET_KEY and settings.STRIPE_WEBHOOK_SECRET)
+
+
+def demo_payments() -> bool:
+    """Demo top-ups: only in the demo (`RUNCRATE_DEMO`), and only while no Stripe key at all is
+    set, so a real key never sits beside the demo secret."""
+    return bool(
+        settings.RUNCRATE_DEMO
+        and not settings.STRIPE_SECRET_KEY
+        and not settings.STRIPE_WEBHOOK_SECRET
+    )
+
+
+def can_add_credit() -> bool:
+    """The Billing page offers its Add credit form: by card, or the demo's payment."""
+    return payments_configured() or demo_payments()
+
+
+def demo_webhook_secret() -> str:
+    """The demo's signing secret: derived from SECRET_KEY, so it is the same in every process
+    of one installation and never written anywhere."""
+    digest = hmac.new(
+        settings.SECRET_KEY.encode(), b"runcrate demo webhook secret", hashlib.sha256
+    ).hexdigest()
+    return f"whsec_demo_{digest}"
+
+
+def _webhook_secret() -> str:
+    if settings.STRIPE_WEBHOOK_SECRET:
+        return settings.STRIPE_WEBHOOK_SECRET
+    return demo_webhook_secret() if demo_payments() else ""
 
 
 def new_idempotency_key() -> str:
@@ -107,8 +148,8 @@ def start_checkout(
     Raises PaymentRefused when card payments are not configured or Stripe does not answer;
     in the latter case the payment stays, with its key, for `retry_checkout`.
     """
-    if not payments_configured():
-        raise PaymentRefused("payments_not_configured", "Card payments are not configured.")
+    if not can_add_credit():
+        raise PaymentRefused("payments_not_configured", "Card payments are not available here.")
     amount = parse_amount(amount)
     idempotency_key = (idempotency_key or "").strip()[:64] or new_idempotency_key()
     # Committed before Stripe is called: a retry finds it and sends the same key.
@@ -132,6 +173,8 @@ def start_checkout(
         )
     if payment.checkout_url:
         return payment
+    if demo_payments():
+        return _create_demo_session(payment)
     return _create_session(payment, email=user.email)
 
 
@@ -139,8 +182,10 @@ def retry_checkout(*, payment: Payment) -> Payment:
     """Ask Stripe again for the session of a payment it did not answer for, same key."""
     if payment.checkout_url or payment.status != Payment.Status.CREATED:
         return payment
-    if not payments_configured():
-        raise PaymentRefused("payments_not_configured", "Card payments are not configured.")
+    if not can_add_credit():
+        raise PaymentRefused("payments_not_configured", "Card payments are not available here.")
+    if demo_payments():
+        return _create_demo_session(payment)
     email = payment.created_by.email if payment.created_by is not None else None
     return _create_session(payment, email=email)
 
@@ -189,6 +234,72 @@ def _create_session(payment: Payment, *, email: str | None) -> Payment:
     return payment
 
 
+# ---- the demo's payments ----------------------------------------------------------------------
+
+
+def _create_demo_session(payment: Payment) -> Payment:
+    """The demo's stand-in for a Checkout Session: its page is ours (`billing:demo_checkout`)."""
+    session_id = DEMO_SESSION_PREFIX + uuid.uuid4().hex
+    Payment.objects.filter(pk=payment.pk, status=Payment.Status.CREATED).update(
+        status=Payment.Status.OPEN,
+        stripe_session_id=session_id,
+        checkout_url=reverse("billing:demo_checkout", args=[payment.pk]),
+        last_error="",
+    )
+    payment.refresh_from_db()
+    return payment
+
+
+def is_demo(payment: Payment) -> bool:
+    return (payment.stripe_session_id or "").startswith(DEMO_SESSION_PREFIX)
+
+
+def demo_event(payment: Payment) -> bytes:
+    """The `checkout.session.completed` event Stripe would send once this payment is paid."""
+    event = {
+        "id": f"evt_demo_{uuid.uuid4().hex}",
+        "object": "event",
+        "type": "checkout.session.completed",
+        "created": int(time.time()),
+        "livemode": False,
+        "data": {
+            "object": {
+                "id": payment.stripe_session_id,
+                "object": "checkout.session",
+                "mode": "payment",
+                "payment_status": "paid",
+                "status": "complete",
+                "amount_total": int(payment.amount * 100),
+                "currency": CURRENCY,
+                "client_reference_id": str(payment.pk),
+                "metadata": {
+                    "payment_id": str(payment.pk),
+                    "project_id": str(payment.project_id),
+                },
+            }
+        },
+    }
+    return json.dumps(event).encode()
+
+
+def sign(payload: bytes, *, secret: str, at: int | None = None) -> str:
+    """A Stripe-Signature header for `payload`, as Stripe computes it (`t=`, `v1=`)."""
+    timestamp = int(time.time()) if at is None else at
+    signed = f"{timestamp}.".encode() + payload
+    digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def confirm_demo_payment(*, payment: Payment) -> "WebhookResult":
+    """The demo page's Pay button: the signed event Stripe would send, through the webhook's
+    own path, so the demo credits the way a card does (exactly once: a second confirmation is a
+    `duplicate`)."""
+    if not demo_payments() or not is_demo(payment):
+        raise PaymentRefused("not_a_demo_payment", "This is not a demo payment.")
+    payload = demo_event(payment)
+    return handle_webhook(payload=payload, signature=sign(payload, secret=demo_webhook_secret()))
+
+
 # ---- the webhook ------------------------------------------------------------------------------
 
 
@@ -203,7 +314,7 @@ class WebhookResult:
 def verify_event(*, payload: bytes, signature: str | None) -> dict:
     """The event, when the payload is signed with our secret, at most TOLERANCE_SECONDS old and
     not dated more than FUTURE_TOLERANCE_SECONDS ahead; else WebhookRejected."""
-    secret = settings.STRIPE_WEBHOOK_SECRET
+    secret = _webhook_secret()
     if not secret:
         raise WebhookRejected("No webhook signing secret is configured.")
     try:
@@ -353,7 +464,8 @@ def _credit(payment: Payment, session: dict) -> str:
                 kind=LedgerEntry.Kind.TOPUP,
                 payment=payment,
                 amount=amount,
-                note="Card top-up",
+                # In the demo, the one secret that verifies is the demo's.
+                note=DEMO_TOPUP_NOTE if demo_payments() else CARD_TOPUP_NOTE,
                 created_by_id=payment.created_by_id,
                 created_at=now,
             )

@@ -11,7 +11,10 @@ urlpatterns = [
     path("credit/", views.add_credit, name="add_credit"),
     path("payments/<int:pk>/", views.payment_detail, name="payment"),
     path("payments/<int:pk>/retry/", views.payment_retry, name="payment_retry"),
+    path("payments/<int:pk>/demo/", views.demo_checkout, name="demo_checkout"),
+    path("payments/<int:pk>/demo/pay/", views.demo_pay, name="demo_pay"),
     path("stripe/webhook/", views.stripe_webhook, name="stripe_webhook"),
+    path("banner/dismiss/", views.dismiss_banner, name="dismiss_banner"),
     path("environments/", views.environments, name="environments"),
     path("environments/<slug:name>/budget/", views.set_budget, name="set_budget"),
 ]

@@ -6,15 +6,17 @@ import logging
 from decimal import Decimal
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Model
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -25,6 +27,7 @@ from accounts.requests import ProjectRequest
 from billing import budgets, payments, usage
 from billing.access import can_manage_billing
 from billing.charts import spend_chart
+from billing.context_processors import BANNER_COOKIE, BANNER_COOKIE_SECONDS, banner_state
 from billing.forms import BudgetForm, EnvironmentForm, TopUpForm
 from billing.models import Payment
 from runcrate.money import usd
@@ -105,7 +108,9 @@ def _top_context(request: ProjectRequest, form: TopUpForm | None = None) -> dict
     project = request.project
     return {
         "summary": usage.summary(project_id=project.pk),
-        "payments_configured": payments.payments_configured(),
+        "can_add_credit": payments.can_add_credit(),
+        "demo_payments": payments.demo_payments(),
+        "support_email": settings.RUNCRATE_SUPPORT_EMAIL,
         "topup_form": form
         or TopUpForm(initial={"idempotency_key": payments.new_idempotency_key()}),
         "min_topup": payments.MIN_TOPUP,
@@ -162,8 +167,11 @@ def export_csv(request: ProjectRequest) -> HttpResponse:
 @billing_view
 @require_POST
 def add_credit(request: ProjectRequest) -> HttpResponse:
-    if not payments.payments_configured():
-        messages.error(request, "Card payments are not configured.")
+    if not payments.can_add_credit():
+        messages.error(
+            request,
+            f"Card payments are not available here; contact {settings.RUNCRATE_SUPPORT_EMAIL}.",
+        )
         return redirect("billing:index")
     form = TopUpForm(request.POST)
     if not form.is_valid():
@@ -204,7 +212,12 @@ def payment_detail(request: ProjectRequest, pk: int) -> HttpResponse:
         "pending": pending,
         "cancelled": request.GET.get("cancelled") == "1",
         "back_from_stripe": bool(request.GET.get("session_id")),
-        "polling": pending and not payment.last_error and payment.status != Payment.Status.CREATED,
+        "demo": payments.is_demo(payment),
+        # A demo payment waits for its Pay button, not for Stripe: nothing to poll for.
+        "polling": pending
+        and not payment.last_error
+        and payment.status != Payment.Status.CREATED
+        and not payments.is_demo(payment),
     }
     if request.htmx:
         response = render(request, "billing/payment.html#status", context)
@@ -225,6 +238,63 @@ def payment_retry(request: ProjectRequest, pk: int) -> HttpResponse:
         return redirect("billing:payment", pk=payment.pk)
     if payment.checkout_url and payments.is_pending(payment):
         return redirect(payment.checkout_url, permanent=False)
+    return redirect("billing:payment", pk=payment.pk)
+
+
+@login_required
+@require_POST
+def dismiss_banner(request: ProjectRequest) -> HttpResponse:
+    """The low-balance banner's Dismiss: a cookie with the state it was dismissed in, so it
+    comes back when that changes (billing/context_processors.py `banner_state`)."""
+    state = banner_state(request)
+    if request.htmx:
+        response = HttpResponse("")
+    else:
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(
+            back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            back = reverse("billing:index")
+        response = redirect(back)
+    if state is not None:
+        response.set_cookie(
+            BANNER_COOKIE,
+            state,
+            max_age=BANNER_COOKIE_SECONDS,
+            samesite="Lax",
+            httponly=True,
+            secure=request.is_secure(),
+        )
+    return response
+
+
+def _demo_payment_for_user(request: ProjectRequest, pk: int) -> Payment:
+    """A demo payment of the user's project; a 404 outside the demo or with Stripe keys set."""
+    if not payments.demo_payments():
+        raise Http404("There are no demo payments here.")
+    payment = _payment_for_user(request, pk)
+    if not payments.is_demo(payment):
+        raise Http404("This is not a demo payment.")
+    return payment
+
+
+@billing_view
+@require_GET
+def demo_checkout(request: ProjectRequest, pk: int) -> HttpResponse:
+    """The demo's stand-in for Stripe's payment page: an amount and a Pay button, no card."""
+    payment = _demo_payment_for_user(request, pk)
+    if not payments.is_pending(payment):
+        return redirect("billing:payment", pk=payment.pk)
+    return render(request, "billing/demo_checkout.html", {"payment": payment})
+
+
+@billing_view
+@require_POST
+def demo_pay(request: ProjectRequest, pk: int) -> HttpResponse:
+    """The demo page's Pay: the signed event Stripe would send, through the webhook's path."""
+    payment = _demo_payment_for_user(request, pk)
+    result = payments.confirm_demo_payment(payment=payment)
+    logger.info("demo payment %s: %s", payment.pk, result.outcome)
     return redirect("billing:payment", pk=payment.pk)
 
 

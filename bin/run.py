@@ -193,6 +193,14 @@ def listening_at(env: dict[str, str], *, host: str, port: str) -> None:
         env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{host}")
 
 
+def the_demo(env: dict[str, str]) -> None:
+    """`make run` is the demo (docs/settings.md, RUNCRATE_DEMO): without Stripe keys, a demo
+    payment page adds credit. Only with DEBUG on, like the demo user itself: never free credit
+    on a deployment. What the environment sets wins."""
+    if env_bool("DEBUG", True):
+        env.setdefault("RUNCRATE_DEMO", "true")
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -203,6 +211,7 @@ def main() -> int:
     # The demo's simulated machines boot in their real boot time divided by this: a 600 s
     # bare-metal boot takes 20 s at 30x, so the demo is lively.
     env.setdefault("RUNCRATE_SIM_SPEED", "30")
+    the_demo(env)
     try:
         ipaddress.IPv4Address(HOST)
     except ValueError:

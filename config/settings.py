@@ -380,9 +380,23 @@ RUNCRATE_MIN_BALANCE = env_decimal("RUNCRATE_MIN_BALANCE", "10.00")
 RUNCRATE_QUOTE_RATE_LIMIT = env_int("RUNCRATE_QUOTE_RATE_LIMIT", 5, minimum=1)  # per hour
 RUNCRATE_FERNET_KEYS = env_list("RUNCRATE_FERNET_KEYS")
 
+# Where customers are told to write about payments (and anything else) when card payments
+# are not available here (docs/billing.md, "Adding credit").
+RUNCRATE_SUPPORT_EMAIL = env_str("RUNCRATE_SUPPORT_EMAIL", "support@runcrate.localhost")
+
 STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE")  # tests point this at a local fake server
+
+# The demo that `make run` starts (bin/run.py sets it, with DEBUG on): without Stripe keys, a
+# demo payment page credits the balance through the signed-webhook path (billing/payments.py),
+# signed with a secret derived from SECRET_KEY. Never on a deployment: it is free credit.
+RUNCRATE_DEMO = env_bool("RUNCRATE_DEMO", False)
+if RUNCRATE_DEMO and not DEBUG:
+    raise ImproperlyConfigured(
+        "RUNCRATE_DEMO is for the demo that make run starts (DEBUG on): its demo payments add "
+        "credit without a card. Unset it, or set DEBUG=true."
+    )
 
 # --- email ------------------------------------------------------------------------------------
 # With no email service configured, mail is written as files under $RUNCRATE_VAR_DIR/mail/.

@@ -105,18 +105,40 @@ def test_it_refuses_an_amount_that_is_not_one(owner, stripe_server, amount):
     assert Payment.objects.count() == 0
 
 
-def test_it_says_card_payments_are_not_configured_without_stripe_keys(owner, settings):
+def test_it_tells_a_customer_whom_to_contact_without_stripe_keys(owner, settings):
+    # Not the demo: no demo payments either. A customer reads whom to write to, never the
+    # installation's variable names or commands (issue 21).
+    settings.RUNCRATE_DEMO = False
     settings.STRIPE_SECRET_KEY = ""
     settings.STRIPE_WEBHOOK_SECRET = ""
+    settings.RUNCRATE_SUPPORT_EMAIL = "help@operator.test"
     client = owner.browser_client()
 
     page = client.get("/billing/").content.decode()
     refused = add_credit(client)
 
-    assert "Card payments are not configured." in page
-    assert "manage.py credit EMAIL AMOUNT" in page and 'href="/admin/"' in page
+    assert "Card payments are not available here;" in page
+    assert 'href="mailto:help@operator.test"' in page
+    for internal in ("STRIPE_", "manage.py", 'href="/admin/"'):
+        assert internal not in page
+    assert 'action="/billing/credit/"' not in page
     assert refused.status_code == 302
     assert Payment.objects.count() == 0
+    flash = client.get("/billing/").content.decode()
+    assert "contact help@operator.test" in flash
+
+
+def test_it_shows_staff_how_to_credit_in_admin_without_stripe_keys(owner, settings):
+    settings.RUNCRATE_DEMO = False
+    settings.STRIPE_SECRET_KEY = ""
+    settings.STRIPE_WEBHOOK_SECRET = ""
+    owner.user.is_staff = True
+    owner.user.save(update_fields=["is_staff"])
+
+    page = owner.browser_client().get("/billing/").content.decode()
+
+    assert "Card payments are not available here;" in page
+    assert 'href="/admin/"' in page and "ledger adjustment" in page
 
 
 def test_it_shows_pending_until_the_webhook_credits_the_payment(owner, stripe_server):
