@@ -53,6 +53,12 @@ class OfferLocation:
     country: str
     capacity_reporting: str
 
+    @property
+    def short_name(self) -> str:
+        """The city alone ("Montréal" of "Montréal, Quebec"), so the picker's location column
+        stays one line wide; the full name goes in its title."""
+        return self.name.split(",", 1)[0].strip() or self.name
+
 
 @dataclass(frozen=True)
 class OfferGpu:
@@ -220,6 +226,51 @@ class Offer:
             s for s in SOFTWARE_ALL if s != "kubernetes" or self.machine_type.supports_kubernetes
         ]
 
+    @property
+    def features(self) -> frozenset[str]:
+        """The keys of the `FEATURES` this offer has: its software and whether it takes volumes."""
+        keys = {s for s in self.software if s != "none"}
+        if self.machine_type.supports_volumes:
+            keys.add("volumes")
+        return frozenset(keys)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """What an offer runs or takes, as the picker compares offers by it."""
+
+    key: str
+    label: str
+    missing_because: str  # why an offer lacks it, for its struck-through chip and the legend
+
+
+FEATURES = (
+    Feature("slurm", "Slurm", "Slurm runs on every machine"),
+    Feature("kubernetes", "Kubernetes", "Kubernetes runs on VMs and bare metal, not containers"),
+    Feature("ray", "Ray", "Ray runs on every machine"),
+    Feature("volumes", "Volumes", "No volumes on community hosts"),
+)
+
+
+@dataclass(frozen=True)
+class FeatureComparison:
+    """The `FEATURES` over a list of offers: `shared` by every offer (said once, above the
+    table), `differing` (some have it, some not: a chip on each row), `absent` (none has it)."""
+
+    shared: tuple[Feature, ...]
+    differing: tuple[Feature, ...]
+    absent: tuple[Feature, ...]
+
+
+def compare_features(offers: list[Offer]) -> FeatureComparison:
+    """Which features tell `offers` apart: the picker shows a chip only where offers differ."""
+    counts = {f.key: sum(f.key in o.features for o in offers) for f in FEATURES}
+    return FeatureComparison(
+        shared=tuple(f for f in FEATURES if offers and counts[f.key] == len(offers)),
+        differing=tuple(f for f in FEATURES if 0 < counts[f.key] < len(offers)),
+        absent=tuple(f for f in FEATURES if offers and counts[f.key] == 0),
+    )
+
 
 def same_shape_first(offers: list[Offer], *, like: MachineType | OfferMachineType) -> list[Offer]:
     """`offers` with the machines shaped like `like` first (as many GPUs per machine, the same
@@ -281,6 +332,12 @@ class SortBy(TextChoices):
 
     PRICE = "price", "Cluster price"
     PRICE_PER_GPU_HOUR = "price_per_gpu_hour", "Price per GPU-hour"
+
+    @property
+    def in_sentence(self) -> str:
+        """The label inside a sentence ("sorted by price per GPU-hour"): only its first letter
+        is lowered, so GPU stays upper case."""
+        return self.label[:1].lower() + self.label[1:]
 
 
 SORT_KEYS: dict[SortBy, Callable[[Offer], tuple]] = {
@@ -411,6 +468,8 @@ class GpuCard:
     gpu_counts: tuple[int, ...]
     community_only: bool
     lowest_price_per_gpu_hour: Decimal | None = None
+    # The lowest per GPU-hour over every self-serve offer, community or not: the picker's order.
+    any_price_per_gpu_hour: Decimal | None = None
 
     @property
     def has_offers(self) -> bool:
@@ -476,9 +535,24 @@ def gpu_cards(*, include_community: bool) -> list[GpuCard]:
                 lowest_price_per_gpu_hour=min(
                     (price / count for count, _, price in shown), default=None
                 ),
+                any_price_per_gpu_hour=min(
+                    (price / count for count, _, price in options), default=None
+                ),
             )
         )
     return cards
+
+
+def buyer_order(cards: list[GpuCard]) -> list[GpuCard]:
+    """The picker's order of the GPU cards: what a buyer compares first, the GPU memory (which
+    model fits), largest first; between GPUs with as much memory, the dearer GPU-hour first
+    (the newer generation, as H100 before A100), over every self-serve offer so the order does
+    not move when community hosts are shown; then by name. `gpu_cards` (and the API) keep the
+    order by name."""
+    return sorted(
+        cards,
+        key=lambda c: (-c.gpu.memory_gib, -(c.any_price_per_gpu_hour or 0), c.gpu.name),
+    )
 
 
 # --- one tick in the cache -----------------------------------------------------------------

@@ -11,9 +11,11 @@ from offers.offers import (
     GPUS_PER_MACHINE,
     GpuCard,
     SortBy,
+    buyer_order,
     cached,
     cached_offers,
     cards_key,
+    compare_features,
     gpu_cards,
     narrow_offers,
 )
@@ -53,7 +55,7 @@ def picker(request: ProjectRequest) -> HttpResponse:
     every_card = cached(
         cards_key(include_community=community), lambda: gpu_cards(include_community=community)
     )
-    cards = [card for card in every_card if card.listed]
+    cards = buyer_order([card for card in every_card if card.listed])
     card, gpu_error = _choose_card(cards, form.cleaned_data.get("gpu") or "")
     offers = every_offer = []
     if card is not None and nodes is not None:
@@ -84,7 +86,7 @@ def picker(request: ProjectRequest) -> HttpResponse:
         "available": available,
         "unavailable": [o for o in offers if not o.is_available],
         "shows_community": any(o.machine_type.community for o in offers),
-        "shows_containers": any("kubernetes" not in o.software for o in offers),
+        "features": compare_features(offers),
     }
     template = "offers/picker.html#offers" if _swaps_region(request) else "offers/picker.html"
     return render(request, template, context)

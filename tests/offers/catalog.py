@@ -56,6 +56,14 @@ def offer_row(html: str, slug: str) -> str:
     return match.group(0)
 
 
+def cell(row: str, name: str) -> str:
+    """The text of the cell of class `name` (`loc`, `machine`, `track`, `gpus-total`, `free`,
+    `price-gpu`, `price`) in one offer's row."""
+    match = re.search(rf'<td class="[^"]*\b{re.escape(name)}\b[^"]*"[^>]*>(.*?)</td>', row, re.S)
+    assert match, f"no {name} cell"
+    return text(match.group(1))
+
+
 def text(html: str) -> str:
     """The page's text with tags dropped and whitespace collapsed, for reading sentences."""
     words = " ".join(re.sub(r"<[^>]+>", " ", html).split())

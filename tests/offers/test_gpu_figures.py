@@ -7,7 +7,7 @@ import pytest
 
 from offers.offers import SortBy, narrow_offers
 from tests.factories import MachineTypeFactory
-from tests.offers.catalog import offer_row, offer_rows, offer_type, text
+from tests.offers.catalog import cell, offer_row, offer_rows, offer_type, text
 
 PICKER = "/offers/"
 
@@ -49,24 +49,25 @@ def test_it_shows_gpus_memory_and_price_per_gpu_hour_exactly(
     owner, shapes, slug, nodes, gpus, memory, per_gpu_api, per_gpu_page
 ):
     (offer,) = [o for o in api(owner, f"gpu=h100-sxm&nodes={nodes}")["data"] if o["id"] == slug]
-    row = text(offer_row(get(owner, f"gpu=h100-sxm&nodes={nodes}"), slug))
+    row = offer_row(get(owner, f"gpu=h100-sxm&nodes={nodes}"), slug)
 
     assert offer["gpus_total"] == gpus
     assert offer["gpu_memory_total_gib"] == memory
     assert offer["price_per_gpu_hour"] == per_gpu_api
-    assert f"{gpus} GPUs in all · {memory:,} GiB GPU memory" in row
-    assert f"{per_gpu_page} per GPU-hour" in row
+    # Columns of their own beside the cluster price (issue 21): GPUs, per GPU-hour.
+    assert cell(row, "gpus-total") == f"{gpus} {memory:,} GiB"
+    assert cell(row, "price-gpu") == per_gpu_page
 
 
 def test_it_keeps_the_price_per_gpu_hour_exact(owner, h100):
     offer_type(gpu=h100, slug="odd", price="2.49", gpus_per_machine=8)
 
     (offer,) = api(owner, "gpu=h100-sxm&nodes=2")["data"]
-    row = text(offer_row(get(owner, "gpu=h100-sxm&nodes=2"), "odd"))
+    row = offer_row(get(owner, "gpu=h100-sxm&nodes=2"), "odd")
 
     assert offer["price_per_gpu_hour"] == "0.31125"
     assert Decimal(offer["price_per_gpu_hour"]) * 8 == Decimal(offer["machine_price_per_hour"])
-    assert "$0.31 per GPU-hour" in row
+    assert cell(row, "price-gpu") == "$0.31"
 
 
 def test_it_says_from_what_per_gpu_hour_on_each_card(owner, shapes):

@@ -1,10 +1,12 @@
 """The offer picker page (SPEC §1): GPU cards, size, community hosts, the offers table."""
 
+import re
+
 import pytest
 
 from offers.models import Location, MachineType
 from tests.factories import GpuModelFactory, HostFactory, MachineTypeFactory
-from tests.offers.catalog import add_hosts, offer_row, offer_rows, offer_type, text
+from tests.offers.catalog import add_hosts, cell, offer_row, offer_rows, offer_type, text
 
 BOOLEAN = Location.CapacityReporting.BOOLEAN
 PICKER = "/offers/"
@@ -138,7 +140,7 @@ def test_it_shows_volumes_as_unavailable_on_community_hosts(owner, h100):
     assert 'aria-disabled="true" title="No volumes on community hosts">Volumes' in community
     assert "No volumes on community hosts" in text(community)
     datacenter = offer_row(html, "dc-vm")
-    assert '<span class="soft soft-extra">Volumes</span>' in datacenter
+    assert '<span class="soft">Volumes</span>' in datacenter
     assert "No volumes" not in datacenter
 
 
@@ -190,12 +192,105 @@ def test_it_shows_each_rows_location_interconnect_kind_and_gpus(owner, h100):
         gpu=h100, slug="x", location="us-east-2", gpus_per_machine=8, machine_kind="bare_metal"
     )
 
-    row = text(offer_row(get(owner, "gpu=h100-sxm&nodes=2"), "x"))
+    html = get(owner, "gpu=h100-sxm&nodes=2")
+    row = offer_row(html, "x")
 
-    assert "Site us-east-2 us-east-2 · US" in row
-    assert "8 GPUs per machine 16 GPUs in all · 1,280 GiB GPU memory Bare metal" in row
-    assert "Ethernet" in row
-    assert "None Slurm Kubernetes Ray" in row
+    assert cell(row, "loc") == "Site us-east-2 us-east-2 · US"
+    assert cell(row, "machine") == "8 GPUs per machine Bare metal · Ethernet"
+    assert cell(row, "gpus-total") == "16 1,280 GiB"
+    # One offer has what every offer has: said once above the table, no chip on the row.
+    assert "Every offer: Slurm Kubernetes Ray Volumes" in text(html)
+    assert "soft" not in row
+
+
+# --- built for comparison (issue 21) -------------------------------------------------------
+
+
+def test_it_heads_the_table_with_machines_times_the_gpu(owner, h100):
+    offer_type(gpu=h100, slug="x", gpus_per_machine=8)
+
+    page = text(get(owner, "gpu=h100-sxm&nodes=4"))
+
+    assert "3 4 machines × H100 SXM 80GB" in page  # 4 machines, not 4 GPUs: 32 GPUs in all
+    assert "4 × H100" not in page
+
+
+def test_it_says_the_software_every_offer_shares_once_and_chips_only_what_differs(owner, h100):
+    offer_type(gpu=h100, slug="a-ctr", machine_kind=MachineType.Kind.CONTAINER)
+    offer_type(gpu=h100, slug="b-vm", location="eu-central-1", machine_kind=MachineType.Kind.VM)
+
+    html = get(owner, "gpu=h100-sxm&nodes=2")
+
+    assert "Every offer: Slurm Ray Volumes" in text(html)
+    assert html.count('<span class="soft">Slurm</span>') == 1  # above the table, not per row
+    assert cell(offer_row(html, "a-ctr"), "machine").endswith(
+        "Kubernetes: Kubernetes runs on VMs and bare metal, not containers"
+    )
+    assert cell(offer_row(html, "b-vm"), "machine").endswith(
+        "Virtual machine · Ethernet Kubernetes"
+    )
+
+
+def test_it_names_what_no_offer_has_above_the_table(owner, h100):
+    offer_type(gpu=h100, slug="cm-ctr", location="cm-us", community=True, machine_kind="container")
+
+    html = get(owner, "gpu=h100-sxm&nodes=2&community=1")
+
+    assert (
+        "Every offer: Slurm Ray No offer here: Kubernetes: Kubernetes runs on VMs and bare metal, "
+        "not containers Volumes: No volumes on community hosts" in text(html)
+    )
+    assert "soft" not in offer_row(html, "cm-ctr")
+
+
+def test_it_shows_the_city_and_keeps_the_full_location_name_in_its_title(owner, h100):
+    offer_type(gpu=h100, slug="x", location="ca-central-1")
+    Location.objects.filter(code="ca-central-1").update(name="Montréal, Quebec")
+
+    row = offer_row(get(owner, "gpu=h100-sxm&nodes=2"), "x")
+
+    assert '<div class="loc-name" title="Montréal, Quebec">Montréal</div>' in row
+
+
+def test_it_names_the_offers_and_their_table_apart(owner, h100):
+    offer_type(gpu=h100, slug="x")
+
+    html = get(owner, "gpu=h100-sxm&nodes=4")
+
+    # axe landmark-unique: the live section and the scrolling region inside it differ.
+    assert '<section id="offers" class="offers" aria-live="polite" aria-label="Offers">' in html
+    assert 'role="region" tabindex="0" aria-label="Offers for 4 machines × H100 SXM 80GB"' in html
+
+
+def test_it_says_the_order_with_gpu_in_capitals(owner, h100):
+    offer_type(gpu=h100, slug="x")
+
+    assert "sorted by cluster price" in text(get(owner, "gpu=h100-sxm&nodes=2"))
+    by_gpu = text(get(owner, "gpu=h100-sxm&nodes=2&sort=price_per_gpu_hour"))
+    assert "sorted by price per GPU-hour" in by_gpu
+    assert "gpu-hour" not in by_gpu
+
+
+def test_it_orders_the_gpu_cards_by_memory_then_the_dearer_gpu_hour(owner):
+    """Not by name: the largest memory first; as much memory, the dearer GPU-hour (the newer
+    generation) first, judged over community offers too so showing them moves no card."""
+    cheap_80 = GpuModelFactory(slug="a100", name="A100 80GB", memory_gib=80)
+    dear_80 = GpuModelFactory(slug="h100", name="H100 80GB", memory_gib=80)
+    small = GpuModelFactory(slug="l4", name="L4 24GB", memory_gib=24)
+    big = GpuModelFactory(slug="b200", name="B200 180GB", memory_gib=180)
+    offer_type(gpu=cheap_80, slug="a", price="1.39", gpus_per_machine=1)
+    offer_type(gpu=dear_80, slug="h", location="eu-1", price="2.39", gpus_per_machine=1)
+    # community only, dearer per GPU-hour than every other: still ordered by memory first
+    offer_type(gpu=small, slug="l", location="cm-us", price="9.00", gpus_per_machine=1,
+               community=True)  # fmt: skip
+    offer_type(gpu=big, slug="b", location="us-west-1", price="45.52", gpus_per_machine=8)
+
+    def order(html: str) -> list[str]:
+        return re.findall(r'<input type="radio" name="gpu" value="([^"]+)"', html)
+
+    assert order(get(owner)) == ["b200", "h100", "a100", "l4"]
+    assert order(get(owner, "community=1")) == ["b200", "h100", "a100", "l4"]
+    assert 'value="b200" checked' in get(owner)  # the first card with offers is the default
 
 
 # --- the cards and the controls ------------------------------------------------------------

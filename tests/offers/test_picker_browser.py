@@ -102,7 +102,7 @@ def test_it_sorts_by_price_per_gpu_hour_and_narrows_by_gpus_in_place(page, owner
 
     page.select_option("#id_sort", "price_per_gpu_hour")
     page.wait_for_url(re.compile(r"sort=price_per_gpu_hour"))
-    page.wait_for_selector("#offers .offers-head >> text=by price per gpu-hour")
+    page.wait_for_selector("#offers .offers-head >> text=sorted by price per GPU-hour")
     # $0.28625, $0.31125, $0.35 per GPU-hour
     assert [slug for slug, _ in rows(page)] == ["h100-bool", "h100-vm", "h100-x1"]
 
