@@ -42,6 +42,7 @@ def test_it_sends_the_user_to_a_labelled_demo_payment_page(owner, demo):
 
     assert "no card is charged" in billing
     assert "Card payments are not available" not in billing
+    assert "Stripe" not in billing  # the demo pays on no Stripe page
     assert (payment.status, payment.amount) == (Payment.Status.OPEN, Decimal("50.00"))
     assert payment.stripe_session_id.startswith("cs_demo_")
     assert "Demo payment of $50.00" in page

@@ -1,11 +1,13 @@
 """`manage.py seed_demo`: the demo inventory and user, into an empty database only, with a ready
 cluster and a month of history."""
 
+from datetime import timedelta
 from decimal import Decimal
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from accounts.models import Environment, Membership, Project, SshKey, User
 from billing.models import LedgerEntry, UsageRecord
@@ -154,6 +156,8 @@ def test_it_gives_the_demo_user_a_month_of_history_with_usage_lines():
     project = demo_project()
     ended = Cluster.objects.filter(project=project, status=Cluster.Status.TERMINATED)
     assert sorted(ended.values_list("name", flat=True)) == ["bert-sweep", "eval-h100"]
+    month_ago = timezone.now() - timedelta(days=30)
+    assert all(c.created_at > month_ago and c.ended_at < timezone.now() for c in ended)
     for cluster in ended:
         records = UsageRecord.objects.filter(cluster_id=cluster.pk)
         assert records.count() == cluster.size

@@ -37,7 +37,7 @@ LIVE_MACHINES = 2
 # The ended ones, in the last month: (name, offer, machines, days ago it started, hours run).
 ENDED = (
     ("bert-sweep", "euc1-a100x2-vm", 2, 12, 5),
-    ("eval-h100", "cac1-h100x2-vm", 2, 4, 3),
+    ("eval-h100", "cac1-h100x2-vm", 2, 1, 3),
 )
 # The simulated machines of the ready cluster boot in their boot time divided by this while
 # the command drives them (the worker is not running yet): a 600 s boot takes a second.
@@ -180,7 +180,8 @@ def _ready_cluster(project: Project, user: User, key: SshKey) -> Cluster:
     settings.RUNCRATE_SIM_SPEED = max(speed, SEED_SIM_SPEED)
     deadline = time.monotonic() + READY_WITHIN_SECONDS
     try:
-        with lifecycle.dispatching_to(lifecycle.CollectingDispatcher()) as work:
+        work = lifecycle.CollectingDispatcher()
+        with lifecycle.dispatching_to(work):
             while time.monotonic() < deadline:
                 work.run()
                 lifecycle.advance(cluster_id=cluster.pk)
