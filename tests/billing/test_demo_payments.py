@@ -49,6 +49,9 @@ def test_it_sends_the_user_to_a_labelled_demo_payment_page(owner, demo):
     assert "No card is charged: this is the demo" in page
     assert f'action="/billing/payments/{payment.pk}/demo/pay/"' in page
     assert balance_of(owner.project.pk) == Decimal("0.00")  # nothing before the confirmation
+    waiting = client.get(f"/billing/payments/{payment.pk}/").content.decode()
+    assert "not paid" in waiting and 'hx-trigger="every 2s"' not in waiting  # no Stripe to wait for
+    assert f'href="/billing/payments/{payment.pk}/demo/"' in waiting
 
 
 def test_it_credits_a_demo_top_up_once_however_often_it_is_confirmed(owner, demo):
