@@ -784,11 +784,11 @@ def _whole_answer(request: ProjectRequest, cluster: Cluster, context: dict) -> H
     """The status section, and the rest out of band."""
     context["oob"] = True
     parts = [
-        render_to_string("clusters/detail.html#status", context, request),
-        render_to_string("clusters/detail.html#activity", context, request),
+        render_to_string("clusters/parts/status.html", context, request),
+        render_to_string("clusters/parts/activity.html", context, request),
     ]
     if request.GET.get("connect", "") != context["connect_version"]:
-        parts.append(render_to_string("clusters/detail.html#connect", context, request))
+        parts.append(render_to_string("clusters/tabs/connect.html", context, request))
     response = HttpResponse("".join(parts))
     if cluster.is_final:
         response.status_code = STOP_POLLING
@@ -812,12 +812,12 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
     )
     context["oob"] = context["reports_oob"] = True
     parts = [
-        render_to_string("clusters/detail.html#status", context, request),
-        render_to_string("clusters/detail.html#changes", context, request),
-        render_to_string("clusters/detail.html#reports", context, request),
+        render_to_string("clusters/parts/status.html", context, request),
+        render_to_string("clusters/parts/changes.html", context, request),
+        render_to_string("clusters/parts/reports.html", context, request),
     ]
     if request.GET.get("connect", "") != context["connect_version"]:
-        parts.append(render_to_string("clusters/detail.html#connect", context, request))
+        parts.append(render_to_string("clusters/tabs/connect.html", context, request))
     return HttpResponse("".join(parts))
 
 
