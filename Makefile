@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 export PORT
 
-.PHONY: install axe run serve serve-check test bench lint typecheck clean lab lab-down
+.PHONY: install axe chromium run serve serve-check test bench lint typecheck clean lab lab-down
 
 $(BIN)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
@@ -31,6 +31,28 @@ $(AXE_STAMP): $(BIN)/.installed
 	@rm -rf $(AXE_DIR)
 	@$(BIN)/python bin/fetch_axe.py --version $(AXE_VERSION) --integrity $(AXE_INTEGRITY) --into $(AXE_DIR)
 	@touch $@
+
+# Debian's Chromium, which the browser tests drive through Playwright (tests/conftest.py reads
+# it at /usr/bin/chromium). `make test` checks for it first: as root it installs it with apt;
+# anyone else is stopped at once with the one command to run. CHROMIUM and APT_GET are here so
+# a test can point them elsewhere (tests/runcrate/test_make_chromium.py).
+CHROMIUM ?= /usr/bin/chromium
+APT_GET ?= apt-get
+
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "make test needs Chromium at $(CHROMIUM) for the browser tests. Install it with:"; \
+			echo ""; \
+			echo "    sudo apt-get install -y chromium"; \
+			echo ""; \
+			exit 2; \
+		fi; \
+		echo "Installing Chromium for the browser tests (apt-get install chromium)..."; \
+		$(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium >/dev/null \
+			|| { echo "apt-get could not install chromium: install Chromium at $(CHROMIUM)"; exit 2; }; \
+		test -x "$(CHROMIUM)" || { echo "apt-get installed chromium, but $(CHROMIUM) is still missing"; exit 2; }; \
+	fi
 
 install: $(BIN)/.installed
 
@@ -57,7 +79,7 @@ serve-check:
 	@test -n "$$DATABASE_URL" || { echo "make serve needs DATABASE_URL, e.g. postgres://user:password@127.0.0.1:5432/runcrate"; exit 2; }
 	@test -n "$$REDIS_URL" || echo "make serve: no REDIS_URL, so the broker is files in $(or $(RUNCRATE_VAR_DIR),var)/broker: every process must run on this machine"
 
-test: install axe
+test: chromium install axe
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install
