@@ -345,6 +345,18 @@ def test_it_says_a_terminating_cluster_is_ending(owner):
     assert "This cluster is terminating; its SSH config is gone with it." in text_of(response)
 
 
+def test_the_panel_names_the_machines_by_their_cluster_scoped_names(owner):
+    cluster = running_cluster(owner, size=3)
+
+    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/"))
+
+    assert (
+        "then ssh train reaches node-0, the head, and ssh train-node-1 … ssh train-node-2 the "
+        "other nodes."
+    ) in page
+    assert "ssh node-0 works" not in page
+
+
 def test_it_asks_an_anonymous_visitor_to_log_in_before_downloading(owner, client):
     cluster = running_cluster(owner)
 
