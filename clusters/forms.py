@@ -225,9 +225,11 @@ class VolumeForm(forms.Form):
         reasons = {location.code: why for location, why in locations if why}
         self.fields["location"].widget.reasons = reasons
         self.unavailable_locations = reasons
-        usable = [location.code for location, why in locations if not why]
+        # The cheapest usable location is the default, never merely the first by code.
+        usable = [location for location, why in locations if not why]
         if not self.is_bound and usable:
-            self.initial.setdefault("location", usable[0])
+            cheapest = min(usable, key=lambda location: location.volume_price_per_gb_month)
+            self.initial.setdefault("location", cheapest.code)
 
     def add_refusal(self, refusal: ClusterRefused) -> None:
         field = refusal.field if refusal.field in self.fields else None

@@ -367,6 +367,15 @@ def test_it_shows_the_offer_and_prefills_the_form(owner):
     assert "Community" not in page
 
 
+def test_the_new_cluster_form_highlights_create_cluster_in_the_navigation(owner):
+    machine_type = machine_type_with_hosts(free=2)
+
+    html = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}").content.decode()
+
+    assert 'aria-current="page">Create cluster</a>' in html
+    assert 'aria-current="page">Clusters</a>' not in html
+
+
 def test_it_disables_kubernetes_on_a_container_offer_and_says_why(owner):
     machine_type = machine_type_with_hosts(free=2, machine_kind=MachineType.Kind.CONTAINER)
 

@@ -686,3 +686,11 @@ def test_it_refuses_a_volume_where_no_offer_can_attach_it(owner, request, where)
     assert error_of(api) == (422, "location_cannot_attach")
     assert location.code in api.json()["error"]["message"]
     assert snapshot() == before
+
+
+def test_the_storage_form_defaults_to_the_cheapest_usable_location(owner, ohio, tokyo):
+    # ap-northeast-1 comes first by code, but Ohio's 0.08 USD per GB-month is the cheaper.
+    html = owner.browser_client().get("/storage/").content.decode()
+    options = dict(re.findall(r'<option value="([^"]+)"([^>]*)>', html))
+    assert "selected" in options["us-east-2"]
+    assert "selected" not in options["ap-northeast-1"]
