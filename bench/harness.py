@@ -1137,6 +1137,14 @@ def billing_section(ctx: Context) -> None:
             rows,
         )
     )
+    if len(results) > 1:  # the page stays flat: its largest size beside its smallest
+        small, large = results[0], results[-1]
+        ctx.emit(
+            f"Billing page, {large['clusters']:,} clusters vs {small['clusters']:,}: "
+            f"{large['page'].median_ms / small['page'].median_ms:.2f}× "
+            f"({large['page'].median_ms:.1f} ms vs {small['page'].median_ms:.1f} ms median; "
+            "docs/billing.md allows 1.5×)"
+        )
 
 
 def ledger_section(ctx: Context) -> None:

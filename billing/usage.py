@@ -7,6 +7,7 @@ rounding rule (`billing.meter.cost_between`), so the two agree to the cent.
 """
 
 import calendar
+import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    Subquery,
     Sum,
     Value,
 )
 from django.db.models.functions import Now, TruncDate
+from django.db.models.lookups import IsNull
 from django.utils import timezone
 
 from accounts.models import Membership, Project
@@ -218,6 +221,7 @@ class ClusterCost:
     billed_from: datetime | None  # None: never billed
     billed_until: datetime | None  # the last machine's end; None while one is billed
     uptime_seconds: int
+    machines: int = 0  # the machines billed (a usage record each), ended ones included
 
     @property
     def billed(self) -> bool:
@@ -266,6 +270,7 @@ def cluster_costs(cluster_ids: Iterable[int], *, now: datetime) -> dict[int, Clu
             billed_from=first,
             billed_until=last,
             uptime_seconds=billed_seconds(first, last or now),
+            machines=len(machines),
         )
     return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
 
@@ -322,30 +327,44 @@ _LINE_FIELDS = (
 )
 
 
-def still_billed() -> Exists:
+def still_billed() -> IsNull:
     """Whether the row's cluster is still billed: one of its machines runs (billing's own
     record of it, instead of the cluster's status, which is the clusters' business)."""
-    return Exists(
-        UsageRecord.objects.filter(cluster_id=OuterRef("cluster_id"), ended_at__isnull=True)
-    )
+    # A scalar subquery, not EXISTS: PostgreSQL may answer an EXISTS for many rows with one
+    # hashed scan of every running machine, which is what a page of lines must not cost.
+    running = UsageRecord.objects.filter(cluster_id=OuterRef("cluster_id"), ended_at__isnull=True)
+    return IsNull(Subquery(running.values("pk")[:1]), False)
+
+
+def _days_in(month: Month) -> QuerySet[UsageDay]:
+    return UsageDay.objects.filter(day__gte=month.first_day, day__lt=month.next.first_day)
+
+
+def _of_line(month: Month, column: str, aggregate: type[Sum] | type[Max]) -> Subquery:
+    """`aggregate` of `column` over the month's days of the outer row's cluster (≤ 31 rows)."""
+    days = _days_in(month).filter(cluster_id=OuterRef("cluster_id")).order_by()
+    return Subquery(days.values("cluster_id").annotate(total=aggregate(column)).values("total")[:1])
 
 
 def _cluster_lines(project_id: int, month: Month) -> QuerySet:
-    # From the per-day rollup of the hourly lines: a month of a cluster is ≤ 31 rows.
+    """One line per cluster billed in the month: its first day's row of the per-day rollup
+    (no earlier day of the cluster in the month), its sums read from its own days. Ordered by
+    that row's day and id, which an index holds (`usage_day_project`), so a page of lines reads
+    a page of rows whatever the number of clusters, not one aggregate over all of them."""
+    earlier = _days_in(month).filter(cluster_id=OuterRef("cluster_id"), day__lt=OuterRef("day"))
     return (
-        UsageDay.objects.filter(
-            project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
-        )
-        .values("cluster_id")
+        _days_in(month)
+        .filter(project_id=project_id)
+        .filter(~Exists(earlier))
         .annotate(
             line_kind=Value(LedgerEntry.Kind.USAGE.value, output_field=CharField()),
-            at=Min("day"),
-            last_period=Max("last_hour"),
+            at=F("day"),
+            last_period=_of_line(month, "last_hour", Max),
             title=F("cluster__name"),
             billed=still_billed(),
-            line_amount=Sum("amount"),
-            seconds=Sum("machine_seconds"),
-            entry_id=Min("pk"),
+            line_amount=_of_line(month, "amount", Sum),
+            seconds=_of_line(month, "machine_seconds", Sum),
+            entry_id=F("pk"),
         )
         .values_list(*_LINE_FIELDS)
     )
@@ -406,20 +425,72 @@ def _storage_lines(project_id: int, month: Month) -> QuerySet:
     )
 
 
-def statement(*, project_id: int, month: Month) -> QuerySet:
-    """The month's lines, newest first, as one query (slice it to paginate): one line per
-    top-up or adjustment, one per cluster that was billed in the month, and one per volume
-    whose storage was charged in it."""
-    # The parts of a UNION cannot be ordered on their own (SQLite): the whole is.
-    return (
-        _cluster_lines(project_id, month)
-        .order_by()
-        .union(
-            _credit_lines(project_id, month).order_by(),
-            _storage_lines(project_id, month).order_by(),
-            all=True,
+LINES_PER_PAGE = 25
+MAX_PAGE = 10_000  # a page number past this reads as this (a huge one must not reach SQL)
+
+
+@dataclass(frozen=True)
+class StatementPage:
+    """A page of the month's statement: its lines, and whether pages come before and after it.
+    It holds no count of all the lines (that would read every cluster of the month): the page
+    links to the first, the previous and the next page."""
+
+    number: int
+    lines: list[Line]
+    has_next: bool
+
+    @property
+    def has_previous(self) -> bool:
+        return self.number > 1
+
+    @property
+    def has_other_pages(self) -> bool:
+        return self.has_previous or self.has_next
+
+    @property
+    def previous_page_number(self) -> int:
+        return self.number - 1
+
+    @property
+    def next_page_number(self) -> int:
+        return self.number + 1
+
+
+def _statement_key(row: tuple) -> tuple[date, int]:
+    at = row[1]
+    if isinstance(at, str):  # SQLite hands dates back as text
+        at = date.fromisoformat(at[:10])
+    return at, row[-1]
+
+
+def statement_page(
+    *,
+    project_id: int,
+    month: Month,
+    number: int = 1,
+    per_page: int = LINES_PER_PAGE,
+    now: datetime | None = None,
+) -> StatementPage:
+    """Page `number` of the month's lines, newest first: one line per top-up or adjustment, one
+    per cluster billed in the month and one per volume whose storage was charged in it. Three
+    queries, each reading at most the lines up to the end of the page (each part in its own
+    order, merged here), so the page costs the same for 30 clusters and for 5,000."""
+    number = min(max(1, number), MAX_PAGE)
+    wanted = number * per_page + 1  # one more than the page: is there a next one?
+    parts = [
+        list(part.order_by("-at", "-entry_id")[:wanted])
+        for part in (
+            _cluster_lines(project_id, month),
+            _credit_lines(project_id, month),
+            _storage_lines(project_id, month),
         )
-        .order_by("-at", "-entry_id")
+    ]
+    rows = list(heapq.merge(*parts, key=_statement_key, reverse=True))[:wanted]
+    first = (number - 1) * per_page
+    return StatementPage(
+        number=number,
+        lines=to_lines(rows[first : first + per_page], now=now),
+        has_next=len(rows) > first + per_page,
     )
 
 

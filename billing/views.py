@@ -10,7 +10,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -27,14 +26,17 @@ from accounts.requests import ProjectRequest
 from billing import budgets, payments, usage
 from billing.access import can_manage_billing
 from billing.charts import spend_chart
-from billing.context_processors import BANNER_COOKIE, BANNER_COOKIE_SECONDS, banner_state
+from billing.context_processors import (
+    BANNER_COOKIE,
+    BANNER_COOKIE_SECONDS,
+    banner_state,
+    request_summary,
+)
 from billing.forms import BudgetForm, EnvironmentForm, TopUpForm
 from billing.models import Payment
 from runcrate.money import usd
 
 logger = logging.getLogger(__name__)
-
-LINES_PER_PAGE = 25
 
 
 def billing_view(view):
@@ -74,8 +76,9 @@ def _page_number(request: ProjectRequest) -> int:
 def _month_context(request: ProjectRequest, month: usage.Month) -> dict:
     project = request.project
     now = timezone.now()
-    paginator = Paginator(usage.statement(project_id=project.pk, month=month), LINES_PER_PAGE)
-    page = paginator.get_page(_page_number(request))
+    page = usage.statement_page(
+        project_id=project.pk, month=month, number=_page_number(request), now=now
+    )
     months = usage.months_since(project.created_at, now=now)
     if month not in months:
         months = sorted({*months, month}, reverse=True)
@@ -86,7 +89,7 @@ def _month_context(request: ProjectRequest, month: usage.Month) -> dict:
         "totals": usage.month_totals(project_id=project.pk, month=month),
         "chart": spend_chart(usage.spend_per_day(project_id=project.pk, month=month)),
         "page": page,
-        "lines": usage.to_lines(list(page.object_list), now=now),
+        "lines": page.lines,
     }
 
 
@@ -107,7 +110,8 @@ def index(request: ProjectRequest) -> HttpResponse:
 def _top_context(request: ProjectRequest, form: TopUpForm | None = None) -> dict:
     project = request.project
     return {
-        "summary": usage.summary(project_id=project.pk),
+        # The top bar's summary when it has one (one burn rate a request), else the project's.
+        "summary": request_summary(request) or usage.summary(project_id=project.pk),
         "can_add_credit": payments.can_add_credit(),
         "demo_payments": payments.demo_payments(),
         "support_email": settings.RUNCRATE_SUPPORT_EMAIL,
@@ -137,7 +141,7 @@ def cluster_usage(request: ProjectRequest, cluster_id: int) -> HttpResponse:
         "collapsed": collapsed,
         "rows": rows,
         "total": sum((row.cost for row in rows), Decimal("0.00")),
-        "total_hours": usage.hours(sum(row.seconds for row in rows)),
+        "total_seconds": sum(row.seconds for row in rows),
         "month_notice": notice,
     }
     status = 400 if notice else 200

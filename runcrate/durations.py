@@ -1,7 +1,8 @@
 """Durations for people, in one place: spans beside an amount (an uptime, what a balance
 covers, an estimate: `45 s`, `12 min`, `5 h 20 min`, `3 days 4 h`), a countdown that ticks on
-the cluster page (`2m 10s`), an age in a list (`12 min`), and a limit in a sentence
-(`90 seconds`, `6 minutes`) (docs/clusters.md, docs/billing.md). Templates read them through
+the cluster page (`2m 10s`), an age in a list (`12 min`), a limit in a sentence (`90 seconds`,
+`6 minutes`), and machine time to the second (`12:04:09`) (docs/clusters.md, docs/billing.md).
+Templates read them through
 `{% load durations %}`, the API and emails call them, and the page's script fills the
 countdown's own shapes, which the server hands it (`COUNTDOWN_FORMAT`)."""
 
@@ -37,6 +38,17 @@ def span(seconds: Seconds) -> str:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     days, hours = divmod(total // HOUR, 24)
     return f"{days} days {hours} h" if hours else f"{days} days"
+
+
+def clock(seconds: Seconds) -> str:
+    """Hours, minutes and seconds, exact: `0:00:55`, `12:04:09`, `1,250:00:00`. What the
+    Billing page writes machine time in, so four machines' times add up to their line's, as
+    hours rounded one by one would not (docs/billing.md)."""
+    if seconds is None:
+        return "—"
+    hours, rest = divmod(_seconds(seconds), HOUR)
+    minutes, secs = divmod(rest, MINUTE)
+    return f"{hours:,}:{minutes:02d}:{secs:02d}"
 
 
 # A countdown's shapes, by the largest unit left, filled with whole hours `h`, minutes `m` and

@@ -8,3 +8,4 @@ register = template.Library()
 
 register.filter("span", durations.span)
 register.filter("about", durations.about)
+register.filter("clock", durations.clock)

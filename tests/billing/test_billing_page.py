@@ -237,5 +237,6 @@ def test_it_runs_the_same_queries_for_2_clusters_and_for_1000(owner, django_asse
         with django_assert_num_queries(len(small)):
             response = client.get("/billing/")
 
-    assert response.context["page"].paginator.count == 1001  # 1,000 clusters and the credit
+    # 1,000 clusters and the credit: a page of 25 lines, more after it (the page counts none).
+    assert response.context["page"].has_next
     assert len(response.context["lines"]) == 25

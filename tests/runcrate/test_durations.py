@@ -36,3 +36,19 @@ def test_an_estimate_rounds_to_the_nearest_minute():
     assert durations.about(timedelta(seconds=281)) == "5 min"
     assert durations.about(45) == "45 s"
     assert durations.about(3570) == "1 h"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0:00:00"),
+        (55, "0:00:55"),
+        (220, "0:03:40"),
+        (43_449, "12:04:09"),
+        (4_500_000, "1,250:00:00"),
+        (timedelta(minutes=90), "1:30:00"),
+        (None, "—"),
+    ],
+)
+def test_clock_writes_machine_time_exactly(seconds, text):
+    assert durations.clock(seconds) == text
