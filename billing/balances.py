@@ -17,10 +17,20 @@ from django.db.models import F, Sum
 
 from accounts.models import Project
 from billing.models import LedgerEntry, balance_of
+from runcrate.money import usd
 from runcrate.sql import update_from_values
 
 ZERO = Decimal("0.00")
-__all__ = ["balance_needed", "balance_of", "balances", "check", "minimum_balance", "move", "repair"]
+__all__ = [
+    "balance_needed",
+    "balance_of",
+    "balances",
+    "check",
+    "minimum_balance",
+    "move",
+    "repair",
+    "short_of_balance",
+]
 
 
 def minimum_balance() -> Decimal:
@@ -33,6 +43,17 @@ def balance_needed(price_per_hour: Decimal) -> Decimal:
     (the whole cluster): one hour of it, never less than `minimum_balance`. The create's
     refusal, the create page's price card and the API's balance answer all read this."""
     return max(minimum_balance(), price_per_hour)
+
+
+def short_of_balance(*, balance: Decimal, needed: Decimal, doing: str, staff: bool = False) -> str:
+    """Why `doing` (a create, a larger cluster) is refused: the balance is below `needed`
+    (`balance_needed`). Worded for who reads it: the customer ("Your balance …"), or staff
+    acting for the project in the admin ("The project's balance …")."""
+    whose = "The project's balance" if staff else "Your balance"
+    return (
+        f"{whose} is {usd(balance)}; {doing} needs at least {usd(needed)} (one hour of the "
+        f"whole cluster; never less than {usd(minimum_balance())})."
+    )
 
 
 def move(deltas: dict[int, Decimal]) -> None:

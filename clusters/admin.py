@@ -117,7 +117,7 @@ class QuotedClusterForm(forms.Form):
 
     def show_refusal(self, refused: ClusterRefused) -> None:
         field = self.REFUSAL_FIELDS.get(refused.field or "", refused.field)
-        self.add_error(field if field in self.fields else None, refused.message)
+        self.add_error(field if field in self.fields else None, refused.message_for(staff=True))
 
 
 def initial_for(quote: QuoteRequest | None) -> dict:
@@ -305,7 +305,7 @@ class ClusterAdmin(admin.ModelAdmin):
             try:
                 lifecycle.terminate(cluster=cluster, user=request.user)
             except ClusterRefused as refusal:
-                refused.append(f"{cluster.name}: {refusal.message}")
+                refused.append(f"{cluster.name}: {refusal.message_for(staff=True)}")
             else:
                 done.append(cluster.name)
                 self.log_change(request, cluster, "Terminated from admin.")

@@ -390,9 +390,10 @@ def require_balance(
     if balance < needed:
         raise ClusterRefused(
             "insufficient_balance",
-            f"Your balance is {usd(balance)}; {doing} needs at least {usd(needed)} "
-            f"(one hour of the whole cluster; never less than "
-            f"{usd(balances.minimum_balance())}).",
+            balances.short_of_balance(balance=balance, needed=needed, doing=doing),
+            staff_message=balances.short_of_balance(
+                balance=balance, needed=needed, doing=doing, staff=True
+            ),
         )
 
 
