@@ -172,3 +172,24 @@ def test_an_empty_month_says_so_instead_of_drawing_an_empty_chart(owner):
 
     assert "No spend in February 2026." in empty and "<svg" not in empty.split("Spend per day")[1]
     assert '<svg class="spend-chart"' in spent and "No spend in" not in spent
+
+
+def test_billing_says_machines_never_nodes(owner):
+    cluster = bill_cluster(owner.project, size=2, at=NOW - timedelta(hours=1), name="words")
+    charge_accrued(now=NOW)
+    client = owner.browser_client()
+
+    with time_machine.travel(NOW, tick=False):
+        pages = [
+            client.get("/billing/").content.decode(),
+            client.get(f"/billing/clusters/{cluster.pk}/").content.decode(),
+            client.get(
+                f"/billing/clusters/{cluster.pk}/", headers={"HX-Request": "true"}
+            ).content.decode(),
+        ]
+
+    assert '<th scope="col">Machine</th>' in pages[1]
+    for page in pages:
+        main = page.split("<main", 1)[-1]
+        words = re.sub(r"node-\d+", "", main)  # a machine's own name stays node-N
+        assert not re.search(r"\bnodes?\b", words, re.IGNORECASE)
