@@ -333,7 +333,7 @@ def still_billed() -> IsNull:
     # A scalar subquery, not EXISTS: PostgreSQL may answer an EXISTS for many rows with one
     # hashed scan of every running machine, which is what a page of lines must not cost.
     running = UsageRecord.objects.filter(cluster_id=OuterRef("cluster_id"), ended_at__isnull=True)
-    return IsNull(Subquery(running.values("pk")[:1]), False)
+    return IsNull(Subquery(running.order_by().values("pk")[:1]), False)
 
 
 def _days_in(month: Month) -> QuerySet[UsageDay]:
