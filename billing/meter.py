@@ -27,6 +27,7 @@ same step (`_post_lines`); the meter's run, billing.metering.charge_accrued, cha
 Clusters open and close what is metered through billing/metering.py.
 """
 
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 from typing import NamedTuple
 
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import (
     Case,
@@ -808,6 +810,23 @@ def _find_days(keys: set[tuple[int, date]]) -> dict[tuple[int, date], tuple[int,
     return {key: value for key, value in found.items() if key in keys}
 
 
+# The cache key where each meter run leaves its stamp (`stamp_run`): a page that shows a
+# balance polls it, a cache read and no query, and asks for the balance again once it moved.
+RUN_STAMP_KEY = "billing:meter-run"
+
+
+def stamp_run() -> str:
+    """Say that the meter ran (the stamp: new on each run, whatever the clock says)."""
+    stamp = secrets.token_hex(6)
+    cache.set(RUN_STAMP_KEY, stamp, timeout=None)
+    return stamp
+
+
+def last_run_stamp() -> str:
+    """The last meter run's stamp, or "" when the cache has none (one cache read)."""
+    return str(cache.get(RUN_STAMP_KEY) or "")
+
+
 def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> ChargeResult:
     """Charge every running or not-yet-fully-charged machine's usage record up to the
     database's now (or an earlier `now`: tests and the bench replay the past), `batch_size`
@@ -834,6 +853,7 @@ def charge_accrued(*, now: datetime | None = None, batch_size: int = BATCH_SIZE)
             locked = _lock_marks(batch, skip_locked=True)
             if locked:
                 result.add(_charge_clusters(locked, now))
+    stamp_run()
     return result
 
 

@@ -497,6 +497,17 @@ class Node(models.Model):
         )
 
 
+# Each step's one name, wherever a page, an email or the API's text names it (the stepper, a
+# failure, the machine rows, the events): "Failed at boot", the step "Boot".
+STEP_NAMES: dict[str, str] = {
+    Node.Step.RUNNING: "Boot",
+    Node.Step.AGENT: "Agent check-in",
+    Node.Step.NETWORK: "Private network",
+    Node.Step.INSTALL: "Software install",
+    Node.Step.DONE: "Ready",
+}
+
+
 class Event(models.Model):
     class Reason(models.TextChoices):
         # progress
@@ -593,6 +604,11 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
+
+    @property
+    def step_name(self) -> str:
+        """The step's one name (`STEP_NAMES`), or "" for an event of no step."""
+        return STEP_NAMES.get(self.step, self.step) if self.step else ""
 
     @property
     def is_failure(self) -> bool:

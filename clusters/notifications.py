@@ -20,19 +20,13 @@ from django.utils import timezone
 
 from accounts.models import Membership, User
 from clusters import connect
-from clusters.models import Cluster, Event, Node
+from clusters.models import STEP_NAMES, Cluster, Event, Node
 from runcrate.emails import send_templated
 from runcrate.money import usd
 
 log = logging.getLogger(__name__)
 
 BATCH = 100
-STEP_NAMES: dict[str, str] = {
-    Node.Step.RUNNING: "machine running",
-    Node.Step.AGENT: "agent check-in",
-    Node.Step.NETWORK: "private network",
-    Node.Step.INSTALL: "software install",
-}
 
 
 def notifying_reasons() -> list[str]:
@@ -99,7 +93,7 @@ def email_context(event: Event) -> dict:
         ),
         "price_per_hour": usd(cluster.price_per_machine_hour * cluster.size),
         "node_name": event.node.name if event.node else cluster.failure_node,
-        "step_name": STEP_NAMES.get(event.step, event.step),
+        "step_name": STEP_NAMES.get(event.step, event.step).lower(),
         "cluster_url": detail,
         "terminate_url": site + reverse("clusters:terminate", args=[cluster.pk]),
         "offers_url": site + reverse("offers:picker") + f"?gpu={machine_type.gpu.slug}",

@@ -16,4 +16,7 @@ urlpatterns = [
     path("<int:pk>/known-hosts", views.cluster_known_hosts, name="known_hosts"),
     path("<int:pk>/hostfile", views.cluster_hostfile, name="hostfile"),
     path("<int:pk>/kubeconfig", views.cluster_kubeconfig, name="kubeconfig"),
+    # The cluster page's other tabs (clusters/views.py `TABS`), each its own URL: Connect,
+    # Machines, Events, Billing; an unknown tab is a 404.
+    path("<int:pk>/<slug:tab>/", views.cluster_detail, name="tab"),
 ]

@@ -30,13 +30,13 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.projects import get_for_project, in_project, require_project
 from accounts.requests import ProjectRequest
-from billing import balances, ledger
+from billing import balances, ledger, meter
 from billing.context_processors import request_summary
-from billing.usage import ClusterCost, cluster_costs
+from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
 from clusters import connect, estimates, getting_started, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm, suggest_name
-from clusters.models import Cluster, Event, Node, Volume, give_up_after
+from clusters.models import STEP_NAMES, Cluster, Event, Node, Volume, give_up_after
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, MachineType
 from offers.offers import Offer, get_offer, list_offers, same_shape_first
 from offers.quotes import quotes_for
@@ -65,20 +65,39 @@ NODE_STEP_PHRASES: dict[str, str] = {
     Node.Step.INSTALL: "Installing software",
     Node.Step.DONE: "Ready",
 }
-FAILED_AT: dict[str, str] = {
-    Node.Step.RUNNING: "boot",
-    Node.Step.AGENT: "agent check-in",
-    Node.Step.NETWORK: "network test",
-    Node.Step.INSTALL: "install",
-}
 # The tail of a failure's output the page's banner shows; the event keeps it whole.
 FAILURE_OUTPUT_LINES = 40
-STEP_NAMES: dict[str, str] = {
-    Node.Step.RUNNING: "Machines running",
-    Node.Step.AGENT: "Agents",
-    Node.Step.NETWORK: "Network",
-    Node.Step.INSTALL: "Installing",
-}
+# How the stepper ends once the cluster has (its status, as the badge says it).
+END_STEPS = (Cluster.Status.TERMINATED, Cluster.Status.STOPPED, Cluster.Status.FAILED)
+
+
+@dataclass(frozen=True)
+class Tab:
+    """A tab of the cluster page: its own URL (`clusters:detail` for the first, `clusters:tab`
+    for the others), its body's template, and the id of the heading that names its panel."""
+
+    slug: str
+    label: str
+    template: str
+    heading: str
+
+    def url(self, cluster: Cluster) -> str:
+        if self is TABS[0]:
+            return reverse("clusters:detail", args=[cluster.pk])
+        return reverse("clusters:tab", args=[cluster.pk, self.slug])
+
+
+# The cluster page's tabs, in order (a Metrics tab goes here).
+TABS: tuple[Tab, ...] = (
+    Tab("overview", "Overview", "clusters/tabs/overview.html", "overview-title"),
+    Tab("connect", "Connect", "clusters/tabs/connect_tab.html", "connect-title"),
+    Tab("machines", "Machines", "clusters/tabs/machines.html", "machines-title"),
+    Tab("events", "Events", "clusters/tabs/events.html", "events-title"),
+    Tab("billing", "Billing", "clusters/tabs/billing.html", "billing-title"),
+)
+TABS_BY_SLUG = {tab.slug: tab for tab in TABS}
+# The htmx target a tab link swaps (templates/clusters/parts/tab_nav.html).
+TAB_PANEL = "cluster-tab"
 
 
 def _instant(at: datetime) -> str:
@@ -382,7 +401,8 @@ class NodeRow:
 
 
 def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
-    """Reserved → Machines running → Agents → Network → (Installing) → Ready.
+    """Reserved → Boot → Agent check-in → Private network → (Software install) → Ready, then
+    how it ended (terminated, stopped, failed) once it has.
 
     A step is done when every original node has passed it; a failed cluster marks the step it
     failed at (or, with no step named, the first one not done) red.
@@ -421,6 +441,9 @@ def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
         else:
             state = "todo"
         result.append(Step(key=key, label=label, state=state))
+    if cluster.status in END_STEPS:
+        # An ended cluster's stepper says how it ended, after the steps it passed.
+        result.append(Step(key="end", label=cluster.get_status_display(), state="ended"))
     return result
 
 
@@ -447,7 +470,7 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
         doing = NODE_STEP_PHRASES.get(node.step, node.step)
         if node.status == Node.Status.FAILED:
             tone = "bad"
-            doing = f"Failed at {FAILED_AT.get(node.step, node.step)}"
+            doing = f"Failed at {STEP_NAMES.get(node.step, node.step).lower()}"
         elif node.status == Node.Status.LOST:
             tone = "bad"
             heard = node.heartbeat_at or node.ended_at
@@ -602,13 +625,16 @@ def _acceptance(cluster: Cluster) -> dict | None:
     return {"measured_at": measured, "expected": report.get("expected", {}), "nodes": rows}
 
 
-def _detail_context(cluster: Cluster) -> dict:
+def _detail_context(cluster: Cluster, tab: Tab = TABS[0]) -> dict:
     """What the page shows of the cluster itself: everything but its node rows and events,
     which the page reads whole (`_with_every_row`) and a poll only where they changed."""
     now = timezone.now()
     nodes = list(cluster.nodes.all())
     up = Cluster.machines_up_in(nodes) if cluster.is_live else 0
-    machines = cluster.machines_priced(up)
+    cost = cluster_costs([cluster.pk], now=now)[cluster.pk]
+    # An ended cluster is priced for the machines it was billed for (a worker added counts),
+    # a live one for those up (or the size it starts with).
+    machines = cost.machines if cluster.is_final and cost.machines else cluster.machines_priced(up)
     machine_type = cluster.machine_type
     context: dict[str, Any] = {
         "cluster": cluster,
@@ -620,7 +646,9 @@ def _detail_context(cluster: Cluster) -> dict:
         "badge": STATUS_BADGES[cluster.status],
         "machines": machines,
         "price_per_hour": cluster.price_per_hour(machines),
-        "cost": cluster_costs([cluster.pk], now=now)[cluster.pk],
+        "cost": cost,
+        "tab": tab,
+        "tabs": [{"tab": t, "url": t.url(cluster), "current": t is tab} for t in TABS],
         "ready_by": _ready_by(cluster, nodes, now),
         "steps": _stepper(cluster, nodes),
         "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
@@ -662,8 +690,24 @@ def _detail_context(cluster: Cluster) -> dict:
             }
             for offer in same_shape_first([o for o in offers if o.is_available], like=machine_type)
         ]
-    context["poll_url"] = _poll_url(cluster, nodes, context["connect_version"], now)
+    if tab.slug == "billing":
+        context["billed_machines"] = _billed_machines(cluster, cost, now)
+    context["meter_run"] = meter.last_run_stamp()
+    context["poll_url"] = _poll_url(cluster, context, now)
     return context
+
+
+def _billed_machines(cluster: Cluster, cost: ClusterCost, now: datetime) -> list[MachineRow]:
+    """Every machine billed for the cluster, a row per machine and calendar month it ran in,
+    as the Billing page's statement shows them (billing.usage.machine_rows)."""
+    if cost.billed_from is None:
+        return []
+    month, last = Month.of(cost.billed_from), Month.of(cost.billed_until or now)
+    rows: list[MachineRow] = []
+    while month.start <= last.start:
+        rows += machine_rows(cluster=cluster, month=month)
+        month = month.next
+    return rows
 
 
 def _other_shape(offer: Offer, machine_type: MachineType) -> str:
@@ -701,19 +745,21 @@ def _with_every_row(context: dict) -> dict:
     return context
 
 
-def _poll_url(cluster: Cluster, nodes: list[Node], connect_version: str, now: datetime) -> str:
-    """Where the page polls, saying what it shows (docs/clusters.md, "The poll"): the cluster's
-    version, how many node rows, the connect panel's version, and, while a network test runs,
-    until when what it shows holds: a test past its time reads as failed with nothing written."""
+def _poll_url(cluster: Cluster, context: dict, now: datetime) -> str:
+    """Where the page polls (its tab's own URL), saying what it shows (docs/clusters.md, "The
+    poll"): the cluster's version, how many node rows, the connect panel's version, the meter
+    run its balance is from, and, while a network test runs, until when what it shows holds: a
+    test past its time reads as failed with nothing written."""
     query: dict[str, str | int] = {
         "version": cluster.version,
-        "nodes": len(nodes),
-        "connect": connect_version,
+        "nodes": len(context["nodes"]),
+        "connect": context["connect_version"],
+        "meter": context["meter_run"],
     }
     if cluster.network_test_running(now):
         expires = datetime.fromisoformat(cluster.network_test["expires_at"])
         query["until"] = math.ceil(expires.timestamp())
-    return f"{reverse('clusters:detail', args=[cluster.pk])}?{urlencode(query)}"
+    return f"{context['tab'].url(cluster)}?{urlencode(query)}"
 
 
 def _count(raw: str | None) -> int | None:
@@ -724,36 +770,63 @@ def _count(raw: str | None) -> int | None:
 
 
 @login_required
-def cluster_detail(request: ProjectRequest, pk: int) -> HttpResponse:
-    """The page, and its poll (htmx). A poll that says which version it shows is answered from
-    the cluster's version alone while nothing changed (`_poll`); one that does not gets the
-    whole answer: the status section, the machines and events out of band, and the connect
-    panel out of band only when it differs from the version the page shows (the poll's
-    `connect`), so a poll never touches a panel the user is selecting or copying from."""
+def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) -> HttpResponse:
+    """The page on one of its tabs (`TABS`, each its own URL), and its poll (htmx). A poll that
+    says which version it shows is answered from the cluster's version alone while nothing
+    changed (`_poll`); one that does not gets the whole answer: the header, and the tab's
+    panel out of band (on the Connect tab, the panel only when it differs from the version the
+    page shows: the poll's `connect`, so a poll never touches a panel the user is selecting or
+    copying from). A tab link (htmx, aimed at the panel) gets the tab's panel, with the header
+    and the tab list out of band."""
+    shown_tab = TABS_BY_SLUG.get(tab)
+    if shown_tab is None:
+        raise Http404("No such tab.")
     shown = _count(request.GET.get("version")) if request.htmx else None
     if shown is not None:
-        response = _poll(request, pk, shown)
+        response = _poll(request, pk, shown, shown_tab)
     else:
         cluster = _get_cluster_for_user(request, pk, details=True)
-        context = _with_every_row(_detail_context(cluster))
-        if request.htmx:
+        context = _with_every_row(_detail_context(cluster, shown_tab))
+        if request.htmx and request.headers.get("HX-Target") == TAB_PANEL:
+            response = _tab_answer(request, context)
+        elif request.htmx:
             response = _whole_answer(request, cluster, context)
         else:
             response = render(request, "clusters/detail.html", context)
-    patch_vary_headers(response, ("HX-Request",))
+    patch_vary_headers(response, ("HX-Request", "HX-Target"))
     return response
 
 
-def _poll(request: ProjectRequest, pk: int, shown: int) -> HttpResponse:
+def _tab_answer(request: ProjectRequest, context: dict) -> HttpResponse:
+    """A tab link's answer: the tab's panel, and the header (its poll now asks for this tab)
+    and the tab list (which says which tab is current) out of band."""
+    parts = [render_to_string("clusters/parts/tab_panel.html", context, request)]
+    context["header_oob"] = True
+    parts.append(render_to_string("clusters/parts/header.html", context, request))
+    parts.append(render_to_string("clusters/parts/tab_nav.html", context, request))
+    return HttpResponse("".join(parts))
+
+
+def _meter_moved(request: ProjectRequest) -> bool:
+    """Whether the meter ran since the page's balance was drawn (the poll's `meter`): a cache
+    read, no query."""
+    return request.GET.get("meter", "") != meter.last_run_stamp()
+
+
+def _poll(request: ProjectRequest, pk: int, shown: int, tab: Tab) -> HttpResponse:
     """The page's poll, showing version `shown`. Unchanged: one query (the cluster's version,
     looked up within the user's project) and `204`, which htmx swaps nothing for; `286`, which
-    stops the polling, when the cluster is final. Changed: what changed since `shown`."""
+    stops the polling, when the cluster is final. Changed, or the meter ran since (which moves
+    the cost and the balance): what changed since `shown`, with the top bar's balance."""
     clusters = in_project(request, Cluster.objects.all()).values_list("version", "status")
     try:
         version, status = clusters.get(pk=pk)
     except Cluster.DoesNotExist:
         raise Http404("No such cluster in your project.") from None
-    if version == shown and _still_holds(request):
+    moved = _meter_moved(request)
+    if status in Cluster.TERMINAL:
+        moved = False  # an ended cluster's page stops polling; its last answer said it all
+    if version == shown and _still_holds(request) and not moved:
         if status in Cluster.TERMINAL:
             response = HttpResponse(status=STOP_POLLING)
             response["HX-Reswap"] = "none"
@@ -761,7 +834,8 @@ def _poll(request: ProjectRequest, pk: int, shown: int) -> HttpResponse:
         return HttpResponse(status=204)
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
-    context = _detail_context(cluster)
+    context = _detail_context(cluster, tab)
+    context["balance_moved"] = moved
     # The last answer once final (the page as it stays, and the polling stops), and the answer
     # to a page ahead of the cluster (a version it never had: nothing can say what changed).
     if cluster.is_final or shown > cluster.version:
@@ -781,43 +855,68 @@ def _still_holds(request: ProjectRequest) -> bool:
 
 
 def _whole_answer(request: ProjectRequest, cluster: Cluster, context: dict) -> HttpResponse:
-    """The status section, and the rest out of band."""
-    context["oob"] = True
-    parts = [
-        render_to_string("clusters/parts/status.html", context, request),
-        render_to_string("clusters/parts/activity.html", context, request),
-    ]
-    if request.GET.get("connect", "") != context["connect_version"]:
-        parts.append(render_to_string("clusters/tabs/connect.html", context, request))
+    """The header, and the tab's panel out of band."""
+    parts: list[str] = [render_to_string("clusters/parts/header.html", context, request)]
+    parts += _tab_parts(request, context)
+    parts += _balance_part(request, context)
     response = HttpResponse("".join(parts))
     if cluster.is_final:
         response.status_code = STOP_POLLING
     return response
 
 
+def _tab_parts(request: ProjectRequest, context: dict) -> list[str]:
+    """The tab's panel, out of band; on the Connect tab only when the page's panel is not the
+    one the cluster has now (the poll's `connect`): the connect panel alone while the machines
+    stay up, the whole tab when they come up or go."""
+    shown_connect = request.GET.get("connect")
+    if context["tab"].slug == "connect" and shown_connect is not None:
+        if shown_connect == context["connect_version"]:
+            return []
+        if shown_connect and context["connect_version"]:
+            context["oob"] = True
+            return [render_to_string("clusters/tabs/connect.html", context, request)]
+    context["panel_oob"] = True
+    return [render_to_string("clusters/parts/tab_panel.html", context, request)]
+
+
+def _balance_part(request: ProjectRequest, context: dict) -> list[str]:
+    """The top bar's balance, out of band, once the meter ran since the page drew it."""
+    if not context.get("balance_moved"):
+        return []
+    balance = {"topbar_balance": request_summary(request), "balance_oob": True}
+    return [render_to_string("billing/topbar_balance.html", balance, request)]
+
+
 def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, shown: int):
-    """What changed since version `shown`: the status section (which carries the new version
-    in its poll) and the cluster's reports, then out of band the node rows stamped after
-    `shown`, the rows the page lacks (workers added), the events that came after `shown`, and
-    the connect panel when its version differs from the page's."""
-    nodes, now = context["nodes"], context["now"]
-    on_page = _count(request.GET.get("nodes"))
-    on_page = len(nodes) if on_page is None else on_page
-    changed = [n for n in nodes if n.index < on_page and n.version > shown]
-    context["changed_rows"] = _node_rows(cluster, changed, now)
-    context["added_rows"] = _node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
-    # Up to the version read: an event written since comes with the next poll, and only then.
-    context["new_events"] = list(
-        _page_events().filter(cluster=cluster, version__gt=shown, version__lte=cluster.version)
-    )
-    context["oob"] = context["reports_oob"] = True
-    parts = [
-        render_to_string("clusters/parts/status.html", context, request),
-        render_to_string("clusters/parts/changes.html", context, request),
-        render_to_string("clusters/parts/reports.html", context, request),
-    ]
-    if request.GET.get("connect", "") != context["connect_version"]:
-        parts.append(render_to_string("clusters/tabs/connect.html", context, request))
+    """What changed since version `shown`: the header (which carries the new version in its
+    poll), then out of band what the tab shows of it: on Machines the node rows stamped after
+    `shown`, the rows the page lacks (workers added), the reports and the machines' actions;
+    on Events the events that came after `shown`; on Connect the panel when its version
+    differs from the page's; on the other tabs their panel whole."""
+    parts: list[str] = [render_to_string("clusters/parts/header.html", context, request)]
+    tab = context["tab"].slug
+    if tab == "machines":
+        nodes, now = context["nodes"], context["now"]
+        on_page = _count(request.GET.get("nodes"))
+        on_page = len(nodes) if on_page is None else on_page
+        changed = [n for n in nodes if n.index < on_page and n.version > shown]
+        context["changed_rows"] = _node_rows(cluster, changed, now)
+        context["added_rows"] = _node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
+        context["oob"] = context["reports_oob"] = True
+        parts.append(render_to_string("clusters/parts/changes.html", context, request))
+        parts.append(render_to_string("clusters/parts/machines_actions.html", context, request))
+        parts.append(render_to_string("clusters/parts/reports.html", context, request))
+    elif tab == "events":
+        # Up to the version read: an event written since comes with the next poll, and only then.
+        context["new_events"] = list(
+            _page_events().filter(cluster=cluster, version__gt=shown, version__lte=cluster.version)
+        )
+        parts.append(render_to_string("clusters/parts/changes.html", context, request))
+    elif shown != cluster.version or tab in ("connect", "billing"):
+        # (Overview, when only the meter ran, has nothing new: the header has the cost.)
+        parts += _tab_parts(request, context)
+    parts += _balance_part(request, context)
     return HttpResponse("".join(parts))
 
 
@@ -873,7 +972,7 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
     else:
         noun = "worker" if count == 1 else "workers"
         messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
-    return redirect("clusters:detail", pk=cluster.pk)
+    return redirect("clusters:tab", pk=cluster.pk, tab="machines")
 
 
 @login_required
@@ -892,9 +991,9 @@ def cluster_network_test(request: ProjectRequest, pk: int) -> HttpResponse:
             messages.error(request, refused)
         else:
             messages.success(request, "Network test started: the result shows on this page.")
-        return redirect("clusters:detail", pk=cluster.pk)
+        return redirect("clusters:tab", pk=cluster.pk, tab="machines")
     cluster = _get_cluster_for_user(request, pk, details=True)
-    context = _with_every_row(_detail_context(cluster))
+    context = _with_every_row(_detail_context(cluster, TABS_BY_SLUG["machines"]))
     context["network_test_refused"] = refused
     response = _whole_answer(request, cluster, context)
     patch_vary_headers(response, ("HX-Request",))

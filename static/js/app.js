@@ -76,3 +76,79 @@ document.addEventListener("click", (event) => {
     if (menu.open && !menu.contains(event.target)) menu.open = false;
   });
 })();
+
+// Times: a `<time datetime data-when>` (runcrate/templatetags/times.py) holds the UTC date and
+// time; here it reads in this browser's zone and language. `data-when="relative"` says "3 min
+// ago" while that is under a day (the full local time in its title), the date and time after.
+(() => {
+  const full = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
+  const relative = typeof Intl.RelativeTimeFormat === "function"
+    ? new Intl.RelativeTimeFormat(undefined, { numeric: "auto" }) : null;
+
+  function ago(seconds) {
+    if (seconds < 60) return relative.format(-seconds, "second");
+    if (seconds < 3600) return relative.format(-Math.floor(seconds / 60), "minute");
+    return relative.format(-Math.floor(seconds / 3600), "hour");
+  }
+
+  function show(root) {
+    for (const element of root.querySelectorAll("time[data-when]")) {
+      const at = new Date(element.getAttribute("datetime"));
+      if (Number.isNaN(at.getTime())) continue;
+      const local = full.format(at);
+      const seconds = Math.max(0, Math.floor((Date.now() - at.getTime()) / 1000));
+      const text = element.dataset.when === "relative" && relative && seconds < 86_400
+        ? ago(seconds) : local;
+      if (element.textContent !== text) element.textContent = text;
+      element.title = local;
+    }
+  }
+
+  show(document);
+  document.body.addEventListener("htmx:afterSettle", () => show(document));
+  setInterval(() => show(document), 30_000);
+})();
+
+// The cost so far and the uptime of a running cluster move every second: the server wrote
+// the cost, the uptime and the price per hour of the machines up (`data-cost`, `data-uptime`,
+// `data-cost-per-hour` on #cluster-cost) at `data-server-now`; the cost grows by the price per
+// second from there, rounded to the cent as the meter rounds (billing/meter.py), and the next
+// poll's answer, the server's figure, replaces it.
+(() => {
+  const usd = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD" });
+
+  function span(total) {
+    // runcrate/durations.py `span`: whole units, rounded down, the two largest that matter.
+    if (total < 60) return `${total} s`;
+    if (total < 3600) return `${Math.floor(total / 60)} min`;
+    if (total < 2 * 86_400) {
+      const hours = Math.floor(total / 3600);
+      const minutes = Math.floor((total % 3600) / 60);
+      return minutes ? `${hours} h ${minutes} min` : `${hours} h`;
+    }
+    const days = Math.floor(total / 86_400);
+    const hours = Math.floor((total % 86_400) / 3600);
+    return hours ? `${days} days ${hours} h` : `${days} days`;
+  }
+
+  let drawn = null; // the element the server drew, and when this browser first saw it
+  function tick() {
+    const element = document.querySelector("#cluster-cost[data-cost]");
+    if (!element) return;
+    if (!drawn || drawn.element !== element) drawn = { element, at: Date.now() };
+    const elapsed = Math.floor((Date.now() - drawn.at) / 1000);
+    const baseCents = Math.round(Number(element.dataset.cost) * 100);
+    const perHourCents = Math.round(Number(element.dataset.costPerHour) * 100);
+    const cents = baseCents + Math.floor((2 * perHourCents * elapsed + 3600) / 7200);
+    const figure = element.querySelector(".cost-figure");
+    const uptime = element.querySelector(".cost-uptime");
+    const text = usd.format(cents / 100);
+    if (figure && figure.textContent !== text) figure.textContent = text;
+    const up = span(Number(element.dataset.uptime) + elapsed);
+    if (uptime && uptime.textContent !== up) uptime.textContent = up;
+  }
+
+  if (!document.querySelector("#cluster-cost")) return;
+  setInterval(tick, 1000);
+  document.body.addEventListener("htmx:afterSettle", tick);
+})();

@@ -29,7 +29,7 @@ def polled_connect(html: str, cluster: Cluster) -> str:
     """The connect panel version the page's poll sends (its `connect`)."""
     url = re.search(r'<section id="cluster-status"[^>]* hx-get="([^"]*)"', html).group(1)
     path, query = html_module.unescape(url).split("?")
-    assert path == f"/clusters/{cluster.pk}/"
+    assert path == f"/clusters/{cluster.pk}/connect/"
     return parse_qs(query, keep_blank_values=True)["connect"][0]
 
 
@@ -82,7 +82,7 @@ def running_cluster(
 def test_it_shows_the_connect_panel_while_the_machines_are_up(owner, status):
     cluster = running_cluster(owner, status=status)
 
-    response = owner.browser_client().get(f"/clusters/{cluster.pk}/")
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/connect/")
     html, page = response.content.decode(), text_of(response)
 
     assert "Connect and run" in page
@@ -117,7 +117,7 @@ def test_it_shows_the_connect_panel_while_the_machines_are_up(owner, status):
 def test_it_shows_no_connect_panel_when_no_machine_is_up_for_use(owner, status):
     cluster = running_cluster(owner, status=status)
 
-    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/connect/").content.decode()
 
     assert "Connect and run" not in html
     assert "ssh-config" not in html
@@ -126,7 +126,7 @@ def test_it_shows_no_connect_panel_when_no_machine_is_up_for_use(owner, status):
 def test_it_jumps_through_the_gateway_behind_one(owner):
     cluster = running_cluster(owner, gateway=GATEWAY)
 
-    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/connect/").content.decode()
 
     assert f"ssh -J c{cluster.pk}@{GATEWAY} root@node-1" in html
     assert "gw.us-east-2.runcrate.net:22</code>, as this cluster's own jump user" in html
@@ -136,7 +136,7 @@ def test_it_jumps_through_the_gateway_behind_one(owner):
 def test_it_says_containers_keep_their_own_disk_and_where_the_hostfile_is(owner):
     cluster = running_cluster(owner, kind=MachineType.Kind.CONTAINER)
 
-    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/"))
+    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/connect/"))
 
     assert "Containers share no folder: each node keeps its own disk" in page
     assert "Hostfile /etc/runcrate/hostfile on each node" in page
@@ -149,9 +149,9 @@ def test_it_shows_the_examples_of_the_clusters_software(owner):
     ray = running_cluster(owner, software="ray", name="r")
     client = owner.browser_client()
 
-    slurm_page = text_of(client.get(f"/clusters/{slurm.pk}/"))
-    kube_html = client.get(f"/clusters/{kubernetes.pk}/").content.decode()
-    ray_page = text_of(client.get(f"/clusters/{ray.pk}/"))
+    slurm_page = text_of(client.get(f"/clusters/{slurm.pk}/connect/"))
+    kube_html = client.get(f"/clusters/{kubernetes.pk}/connect/").content.decode()
+    ray_page = text_of(client.get(f"/clusters/{ray.pk}/connect/"))
 
     assert "partition gpu" in slurm_page
     assert "sbatch --partition=gpu --nodes=2 --ntasks-per-node=8" in slurm_page
@@ -164,27 +164,27 @@ def test_it_shows_the_examples_of_the_clusters_software(owner):
     assert "nvidia.com/gpu: &quot;8&quot;" in kube_html
     assert "node-0:6379" in ray_page
     assert "ray job submit --address http://node-0:8265" in ray_page
-    assert "kubeconfig" not in client.get(f"/clusters/{slurm.pk}/").content.decode()
+    assert "kubeconfig" not in client.get(f"/clusters/{slurm.pk}/connect/").content.decode()
 
 
 def test_it_sends_the_panel_to_a_poll_only_when_what_it_shows_changed(owner):
     cluster = running_cluster(owner)
     client = owner.browser_client()
-    html = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    html = client.get(f"/clusters/{cluster.pk}/connect/").content.decode()
     version = re.search(r'<div id="connect-panel" data-version="([0-9a-f]{12})">', html).group(1)
     assert polled_connect(html, cluster) == version
     # The panel is not inside the polled section.
     section = html.split('<section id="cluster-status"')[1].split("</section>\n\n")[0]
     assert "connect-panel" not in section
 
-    same = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
+    same = client.get(f"/clusters/{cluster.pk}/connect/?connect={version}", headers=HTMX)
     polled = same.content.decode()
     assert polled.lstrip().startswith('<section id="cluster-status"')
-    assert '<div id="cluster-activity" class="cluster-page" hx-swap-oob="true">' in polled
+    assert 'id="cluster-tab"' not in polled  # on the Connect tab the panel is the tab
     assert "connect-panel" not in polled and 'data-copy="ssh-node-0"' not in polled
 
     Node.objects.filter(cluster=cluster, index=1).update(public_address="203.0.113.99")
-    changed = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
+    changed = client.get(f"/clusters/{cluster.pk}/connect/?connect={version}", headers=HTMX)
     body = changed.content.decode()
     fresh = re.search(r'<div id="connect-panel" data-version="(\w+)" hx-swap-oob="true">', body)
     assert fresh and fresh.group(1) != version
@@ -195,22 +195,26 @@ def test_it_sends_the_panel_to_a_poll_only_when_what_it_shows_changed(owner):
 def test_it_brings_the_panel_in_when_the_machines_come_up_and_takes_it_away_after(owner):
     cluster = running_cluster(owner, status=Cluster.Status.PROVISIONING)
     client = owner.browser_client()
-    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    page = client.get(f"/clusters/{cluster.pk}/connect/").content.decode()
     assert '<div id="connect-panel" data-version="">' in page
     assert polled_connect(page, cluster) == ""
     assert (
         "connect-panel"
-        not in client.get(f"/clusters/{cluster.pk}/?connect=", headers=HTMX).content.decode()
+        not in client.get(
+            f"/clusters/{cluster.pk}/connect/?connect=", headers=HTMX
+        ).content.decode()
     )
 
     Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.READY)
-    up = client.get(f"/clusters/{cluster.pk}/?connect=", headers=HTMX).content.decode()
+    up = client.get(f"/clusters/{cluster.pk}/connect/?connect=", headers=HTMX).content.decode()
     assert 'hx-swap-oob="true">' in up and "Connect and run" in up
     version = re.search(r'id="connect-panel" data-version="(\w+)"', up).group(1)
 
     Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.TERMINATING)
-    down = client.get(f"/clusters/{cluster.pk}/?connect={version}", headers=HTMX)
-    assert '<div id="connect-panel" data-version="" hx-swap-oob="true">' in down.content.decode()
+    down = client.get(f"/clusters/{cluster.pk}/connect/?connect={version}", headers=HTMX)
+    # The whole tab, out of band: the empty panel and what it says instead.
+    assert re.search(r'<section id="cluster-tab"[^>]* hx-swap-oob="true">', down.content.decode())
+    assert '<div id="connect-panel" data-version="">' in down.content.decode()
     assert "Connect and run" not in down.content.decode()
 
 
@@ -262,7 +266,7 @@ def test_it_downloads_known_hosts_with_the_machines_pinned_keys(owner):
             else f"[{host}]:{port} ssh-ed25519 AAAAgate\n"
         )
     )
-    page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    page = owner.browser_client().get(f"/clusters/{cluster.pk}/connect/").content.decode()
     assert f'href="/clusters/{cluster.pk}/known-hosts"' in page
 
 
@@ -348,7 +352,7 @@ def test_it_says_a_terminating_cluster_is_ending(owner):
 def test_the_panel_names_the_machines_by_their_cluster_scoped_names(owner):
     cluster = running_cluster(owner, size=3)
 
-    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/"))
+    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/connect/"))
 
     assert (
         "then ssh train reaches node-0, the head, and ssh train-node-1 … ssh train-node-2 the "
@@ -480,7 +484,7 @@ def test_it_puts_the_connect_panel_in_the_ready_email(owner, settings):
 
 def test_the_ray_panel_copies_the_head_address_and_tunnels_the_dashboard(owner):
     cluster = running_cluster(owner, software="ray")
-    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/connect/").content.decode()
     assert '<code id="ray-head">node-0:6379</code>' in html
     assert 'data-copy="ray-head"' in html
     tunnel = re.search(r'<pre id="ray-tunnel">([^<]+)</pre>', html).group(1)

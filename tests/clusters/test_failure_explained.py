@@ -111,7 +111,9 @@ def test_the_user_reads_node_names_never_the_inventorys_host_names(db, clock):
     assert cluster.failure_message.startswith("node-1 stopped responding")
     messages = " ".join(cluster.events.values_list("message", flat=True))
     assert "node-1 stopped responding" in messages
-    page = client_of(user).get(f"/clusters/{cluster.pk}/").content.decode()
+    client = client_of(user)
+    tabs = ("", "connect/", "machines/", "events/", "billing/")
+    page = "".join(client.get(f"/clusters/{cluster.pk}/{tab}").content.decode() for tab in tabs)
     assert "fra1-rack7" not in messages + cluster.failure_message + page
 
 
@@ -123,7 +125,7 @@ def test_the_degraded_banner_names_the_node_the_step_and_the_message_with_the_ou
     page = client_of(user).get(f"/clusters/{cluster.pk}/").content.decode()
     banner = page.split('class="note note-warn"', 1)[1].split("</div>", 1)[0]
     text = text_of(banner)
-    assert "Slurm did not install on node-2, at step Installing." in text
+    assert "Slurm did not install on node-2, at step Software install." in text
     assert "install_failed : Installing Slurm failed on node-2: slurm service exited" in text
     assert "Slurm is not running." in text
     event = cluster.events.get(reason="install_failed")
@@ -137,7 +139,7 @@ def test_the_degraded_banner_names_the_node_the_step_and_the_message_with_the_ou
 
 def test_node_rows_say_the_install_failed_and_count_only_steps_really_done(degraded):
     user, cluster = degraded
-    page = client_of(user).get(f"/clusters/{cluster.pk}/").content.decode()
+    page = client_of(user).get(f"/clusters/{cluster.pk}/machines/").content.decode()
     rows = {
         name: text_of(row)
         for name, row in re.findall(r'<tr id="(node-\d)"[^>]*>(.*?)</tr>', page, re.S)
@@ -151,7 +153,7 @@ def test_node_rows_say_the_install_failed_and_count_only_steps_really_done(degra
 
 def test_the_connect_panel_says_the_software_is_not_running(degraded):
     user, cluster = degraded
-    page = client_of(user).get(f"/clusters/{cluster.pk}/").content.decode()
+    page = client_of(user).get(f"/clusters/{cluster.pk}/connect/").content.decode()
     panel = text_of(page.split('id="connect-panel"', 1)[1])
     assert "Slurm is not running: its install failed on node-2" in panel
 

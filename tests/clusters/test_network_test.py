@@ -326,8 +326,8 @@ def test_the_page_offers_the_button_on_a_ready_cluster_only(owner):
     starting = ClusterFactory(project=owner.project, machines=True)
     client = owner.browser_client()
 
-    page = client.get(f"/clusters/{ready.pk}/").content.decode()
-    other = client.get(f"/clusters/{starting.pk}/").content.decode()
+    page = client.get(f"/clusters/{ready.pk}/machines/").content.decode()
+    other = client.get(f"/clusters/{starting.pk}/machines/").content.decode()
 
     form = re.search(
         r'<form method="post" action="/clusters/\d+/network-test/".*?</form>', page, re.S
@@ -351,7 +351,9 @@ def test_the_button_starts_a_test_and_htmx_gets_the_running_test_and_a_fast_poll
     body = response.content.decode()
     assert body.lstrip().startswith('<section id="cluster-status"')
     assert 'hx-trigger="every 2s"' in body
-    assert "Measuring between node-0, node-1 since 10:00:00 UTC" in text_of(response)
+    assert re.search(r'<section id="cluster-tab"[^>]* data-tab="machines" hx-swap-oob="true"', body)
+    assert "Measuring between node-0, node-1 since 2026-" in text_of(response)
+    assert " 10:00:00 UTC" in text_of(response)
     assert re.search(r"<button class=\"btn\" type=\"submit\" disabled", body)
     cluster.refresh_from_db()
     assert cluster.network_test["state"] == "running"
@@ -364,7 +366,7 @@ def test_the_button_without_javascript_redirects_with_a_message(owner):
     started = client.post(f"/clusters/{cluster.pk}/network-test/", follow=True)
     again = client.post(f"/clusters/{cluster.pk}/network-test/", follow=True)
 
-    assert started.redirect_chain == [(f"/clusters/{cluster.pk}/", 302)]
+    assert started.redirect_chain == [(f"/clusters/{cluster.pk}/machines/", 302)]
     assert "Network test started" in text_of(started)
     assert "A network test is already running on this cluster" in text_of(again)
 
@@ -399,7 +401,7 @@ def test_the_page_shows_the_bus_bandwidth_per_size_beside_what_ethernet_gives(ow
     lifecycle.run_network_test(cluster=cluster)
     work.run()
 
-    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/"))
+    page = text_of(owner.browser_client().get(f"/clusters/{cluster.pk}/machines/"))
 
     assert "Bus bandwidth 0.20 GB/s at its best" in page
     assert "simulated" in page
@@ -416,7 +418,7 @@ def test_the_page_shows_gbit_per_pair_and_a_failed_pair(owner):
     result["results"]["pairs"][1].update(gbit_s=None, latency_ms=None, tool=None, error="timed out")
     cluster = ready_cluster(owner.project, size=3, network_test=result)
 
-    response = owner.browser_client().get(f"/clusters/{cluster.pk}/")
+    response = owner.browser_client().get(f"/clusters/{cluster.pk}/machines/")
 
     page = text_of(response)
     assert "The network test failed. node-2 → node-0: bandwidth to 10.77.0.1:7077" in page
@@ -431,12 +433,12 @@ def test_the_page_shows_the_test_in_the_same_queries_for_2_and_64_machines(
     small = ready_cluster(owner.project, size=2, network_test=agent_result(2))
     large = ready_cluster(owner.project, size=64, network_test=agent_result(64))
     client = owner.browser_client()
-    client.get(f"/clusters/{small.pk}/")
+    client.get(f"/clusters/{small.pk}/machines/")
 
     with CaptureQueriesContext(connection) as queries:
-        page = client.get(f"/clusters/{small.pk}/", headers=HTMX)
+        page = client.get(f"/clusters/{small.pk}/machines/", headers=HTMX)
     with django_assert_num_queries(len(queries)):
-        large_page = client.get(f"/clusters/{large.pk}/", headers=HTMX)
+        large_page = client.get(f"/clusters/{large.pk}/machines/", headers=HTMX)
 
     assert "node-1 node-0 1.71 Gbit/s" in text_of(page)
     assert text_of(large_page).count("1.71 Gbit/s") == 63

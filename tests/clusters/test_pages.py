@@ -135,7 +135,7 @@ def test_it_shows_each_node_with_its_step_progress_and_time_left(owner):
         node.step_deadline = timezone.now() + timedelta(minutes=2, seconds=10)
         node.save()
 
-        page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+        page = owner.browser_client().get(f"/clusters/{cluster.pk}/machines/").content.decode()
 
     row = re.search(r'<tr id="node-1".*?</tr>', page, re.S).group(0)
     assert "10.77.0.2" in row
@@ -162,7 +162,7 @@ def test_time_left_does_not_count_an_outage_of_ours(owner):
             ended_at=timezone.now() - timedelta(seconds=30),
         )
 
-        page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+        page = owner.browser_client().get(f"/clusters/{cluster.pk}/machines/").content.decode()
 
     row = re.search(r'<tr id="node-1".*?</tr>', page, re.S).group(0)
     assert "2m 00s left" in row  # 3 minutes of outage, 1 minute past the stored deadline
@@ -243,9 +243,10 @@ def test_it_says_which_node_and_step_failed_and_offers_what_can_start_now(owner)
     page = text_of(response)
     html = response.content.decode()
 
-    assert "failed to start on node-2, at step Agents" in page
+    assert "failed to start on node-2, at step Agent check-in" in page
     assert "agent_timeout" in page and "did not check in within 3 minutes" in page
-    assert '<li class="failed">Agents</li>' in html
+    assert '<li class="failed">Agent check-in</li>' in html
+    assert '<li class="ended">Failed</li>' in html  # the stepper says how it ended
     assert "Dublin" in page and "$57.00" in page
     assert (
         f'href="/clusters/new/?offer={elsewhere.slug}&amp;nodes=3&amp;name=train&amp;'
@@ -270,8 +271,8 @@ def test_it_marks_the_install_step_red_on_a_degraded_cluster_and_offers_a_retry(
 
     html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
 
-    assert '<li class="done">Network</li>' in html
-    assert '<li class="failed">Installing</li>' in html
+    assert '<li class="done">Private network</li>' in html
+    assert '<li class="failed">Software install</li>' in html
     assert f'action="/clusters/{cluster.pk}/retry-install/"' in html
     assert f'href="/clusters/{cluster.pk}/terminate/"' in html
     assert "Add workers" not in html
@@ -288,10 +289,14 @@ def test_it_offers_add_workers_and_terminate_on_a_ready_cluster(owner):
         machines__status=Node.Status.JOINED,
     )
 
-    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    client = owner.browser_client()
+    html = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    machines = client.get(f"/clusters/{cluster.pk}/machines/").content.decode()
 
-    assert f'action="/clusters/{cluster.pk}/workers/"' in html
-    assert 'name="count"' in html and "hx-preserve" in html
+    assert f'action="/clusters/{cluster.pk}/workers/"' in machines  # on the Machines tab
+    assert 'name="count"' in machines and "hx-preserve" in machines
+    terminate = f'href="/clusters/{cluster.pk}/terminate/"'
+    assert terminate in html and terminate in machines  # the header's, on every tab
     assert "Retry install" not in html
     assert '<li class="done">Ready</li>' in html
 
@@ -309,7 +314,7 @@ def test_it_shows_the_event_log_with_failures_and_their_raw_output(owner):
         output="ping: 10.77.0.2: 100% packet loss",
     )
 
-    html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    html = owner.browser_client().get(f"/clusters/{cluster.pk}/events/").content.decode()
 
     failure_row = re.search(r'<tr class="row-bad">.*?</tr>', html, re.S).group(0)
     assert "node-0 cannot reach node-1." in failure_row
@@ -328,12 +333,12 @@ def test_it_runs_the_status_fragment_in_the_same_queries_for_2_and_64_nodes(
         for node in cluster.nodes.all():
             EventFactory(cluster=cluster, node=node, reason=Event.Reason.MACHINE_RUNNING)
         clusters[size] = cluster
-    client.get(f"/clusters/{clusters[2].pk}/", headers=HTMX)  # warm the session
+    client.get(f"/clusters/{clusters[2].pk}/machines/", headers=HTMX)  # warm the session
 
     with CaptureQueriesContext(connection) as small:
-        client.get(f"/clusters/{clusters[2].pk}/", headers=HTMX)
+        client.get(f"/clusters/{clusters[2].pk}/machines/", headers=HTMX)
     with django_assert_num_queries(len(small)):
-        response = client.get(f"/clusters/{clusters[64].pk}/", headers=HTMX)
+        response = client.get(f"/clusters/{clusters[64].pk}/machines/", headers=HTMX)
 
     assert response.content.decode().count('<tr id="node-') == 64
 
@@ -664,14 +669,16 @@ def test_the_cluster_page_shows_the_acceptance_report_and_a_lost_machine(owner):
     )
     cluster.nodes.filter(index=1).update(status=Node.Status.LOST, heartbeat_at=now)
 
-    page = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
+    client = owner.browser_client()
+    overview = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    page = client.get(f"/clusters/{cluster.pk}/machines/").content.decode()
     assert "Acceptance report" in page
     assert "1,712 Mbit/s" in page and "0.31 ms" in page and "tcp-stream" in page
     assert re.search(r"mounted\s*<span[^>]*>sshfs</span>", page)  # how node-1 mounts /shared
     assert "2 × NVIDIA H100 80GB HBM3" in page
-    assert "A machine was lost: node-1." in page
+    assert "A machine was lost: node-1." in overview
     assert f"Lost: silent since {now:%H:%M:%S} UTC" in page
-    assert "did not install" not in page
+    assert "did not install" not in page + overview
 
 
 # --- a user in no project -----------------------------------------------------------------------

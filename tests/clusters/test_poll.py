@@ -128,13 +128,17 @@ def test_it_answers_odd_poll_parameters_without_an_error(owner, query):
 
 
 def test_it_sends_the_new_version_the_changed_rows_and_the_new_events_only(owner):
+    """Each tab's poll sends what that tab shows of the change: the Machines tab its changed
+    rows and reports, the Events tab its new events."""
     cluster = live_cluster(owner.project, size=4)
     EventFactory(cluster=cluster, message="Reserved 4 machines.")
     client = owner.browser_client()
-    url = poll_url(client.get(f"/clusters/{cluster.pk}/").content.decode())
+    machines = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
+    events = poll_url(client.get(f"/clusters/{cluster.pk}/events/").content.decode())
+    assert urlsplit(machines).path == f"/clusters/{cluster.pk}/machines/"
 
     version = change(cluster, node=cluster.nodes.get(index=2), message="node-2 is running.")
-    response = client.get(url, headers=HTMX)
+    response = client.get(machines, headers=HTMX)
 
     assert response.status_code == 200
     body = response.content.decode()
@@ -143,10 +147,14 @@ def test_it_sends_the_new_version_the_changed_rows_and_the_new_events_only(owner
     rows = re.findall(r'<tr id="(node-\d+)" hx-swap-oob="true">', body)
     assert rows == ["node-2"]
     assert "Agent checking in" in body
+    assert '<div id="cluster-reports" hx-swap-oob="true">' in body
+    assert "event-rows" not in body and "node-2 is running." not in body  # not on this tab
+    assert 'id="cluster-tab"' not in body  # the tables are not sent again whole
+
+    body = client.get(events, headers=HTMX).content.decode()
     assert '<tbody hx-swap-oob="afterbegin:#event-rows">' in body
     assert "node-2 is running." in body and "Reserved 4 machines." not in body
-    assert '<div id="cluster-reports" hx-swap-oob="true">' in body
-    assert "cluster-activity" not in body  # the tables are not sent again whole
+    assert "node-rows" not in body and 'id="cluster-tab"' not in body
 
     # The next poll shows the new version: nothing changed since.
     assert client.get(poll_url(body), headers=HTMX).status_code == 204
@@ -155,7 +163,7 @@ def test_it_sends_the_new_version_the_changed_rows_and_the_new_events_only(owner
 def test_it_appends_the_rows_the_page_lacks(owner):
     cluster = live_cluster(owner.project, size=2, status=Cluster.Status.READY)
     client = owner.browser_client()
-    url = poll_url(client.get(f"/clusters/{cluster.pk}/").content.decode())
+    url = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
     assert query_of(url)["nodes"] == "2"
 
     version = change(cluster, message="Adding 1 worker: node-2.")
@@ -166,7 +174,9 @@ def test_it_appends_the_rows_the_page_lacks(owner):
     assert re.findall(r'<tr id="(node-\d+)"', added) == ["node-2"]
     assert 'hx-swap-oob="true">' not in added
     assert query_of(poll_url(body))["nodes"] == "3"
-    assert "Adding 1 worker: node-2." in body
+    assert '<div id="machines-actions" hx-swap-oob="true"' in body.replace(
+        ' class="machines-actions"', ""
+    )
 
 
 def test_it_sends_the_whole_page_once_the_cluster_is_final_and_stops_the_polling(owner):
@@ -179,7 +189,7 @@ def test_it_sends_the_whole_page_once_the_cluster_is_final_and_stops_the_polling
 
     assert response.status_code == 286
     body = response.content.decode()
-    assert '<div id="cluster-activity" class="cluster-page" hx-swap-oob="true">' in body
+    assert re.search(r'<section id="cluster-tab"[^>]* hx-swap-oob="true">', body)
     assert 'hx-trigger="every' not in body
 
 
@@ -192,7 +202,7 @@ def test_it_sends_the_whole_page_to_a_page_ahead_of_the_cluster(owner):
 
     assert response.status_code == 200
     body = response.content.decode()
-    assert '<div id="cluster-activity" class="cluster-page" hx-swap-oob="true">' in body
+    assert re.search(r'<section id="cluster-tab"[^>]* hx-swap-oob="true">', body)
     assert query_of(poll_url(body))["version"] == "3"
 
 
@@ -211,7 +221,7 @@ def test_it_answers_the_whole_poll_once_a_running_network_test_is_past_its_time(
             },
         )
         client = owner.browser_client()
-        url = poll_url(client.get(f"/clusters/{cluster.pk}/").content.decode())
+        url = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
         assert query_of(url)["until"] == str(int((now + timedelta(minutes=15)).timestamp()))
 
         clock.shift(timedelta(minutes=14))
@@ -229,7 +239,7 @@ def test_it_reads_the_node_rows_without_their_large_json(owner):
     client = owner.browser_client()
 
     with CaptureQueriesContext(connection) as page_queries:
-        url = poll_url(client.get(f"/clusters/{cluster.pk}/").content.decode())
+        url = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
     change(cluster, node=cluster.nodes.get(index=1), message="node-1 moved.")
     with CaptureQueriesContext(connection) as poll_queries:
         assert client.get(url, headers=HTMX).status_code == 200
@@ -248,7 +258,7 @@ def test_it_answers_a_changed_poll_in_the_same_queries_for_2_and_64_nodes(
     urls = {}
     for size in (2, 64):
         cluster = live_cluster(owner.project, size=size)
-        urls[size] = poll_url(client.get(f"/clusters/{cluster.pk}/").content.decode())
+        urls[size] = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
         for node in cluster.nodes.all():
             change(cluster, node=node, message=f"{node.name} moved.")
 
@@ -271,9 +281,11 @@ def client_of(user: User) -> Client:
     return client
 
 
-def poll_from(client: Client, cluster: Cluster, version: int, nodes: int) -> str:
-    """What a page showing `version` and `nodes` rows gets from its poll."""
-    url = f"/clusters/{cluster.pk}/?version={version}&nodes={nodes}&connect="
+def poll_from(client: Client, cluster: Cluster, version: int, nodes: int, tab: str) -> str:
+    """What a page on `tab` (machines, events; "" for the overview) showing `version` and
+    `nodes` rows gets from its poll."""
+    path = f"/clusters/{cluster.pk}/{tab}/" if tab else f"/clusters/{cluster.pk}/"
+    url = f"{path}?version={version}&nodes={nodes}&connect="
     response = client.get(url, headers=HTMX)
     assert response.status_code in (200, 286), response.status_code
     return response.content.decode()
@@ -294,7 +306,8 @@ def test_the_reconciler_moves_the_version_with_the_rows_and_events_it_writes(per
             clock.shift(timedelta(seconds=15))
             sim.tick()
             cluster.refresh_from_db()
-        body = poll_from(client, cluster, seen, nodes)
+        body = poll_from(client, cluster, seen, nodes, "machines")
+        events = poll_from(client, cluster, seen, nodes, "events")
 
     assert cluster.version > seen
     stamped = set(cluster.nodes.filter(version__gt=seen).values_list("index", flat=True))
@@ -302,9 +315,9 @@ def test_the_reconciler_moves_the_version_with_the_rows_and_events_it_writes(per
     sent = re.findall(r'<tr id="node-(\d+)" hx-swap-oob="true">', body)
     assert {int(index) for index in sent} == stamped
     for event in cluster.events.filter(version__gt=seen):
-        assert html.escape(event.message) in body
+        assert html.escape(event.message) in events
     for event in cluster.events.filter(version__lte=seen):
-        assert html.escape(event.message) not in body
+        assert html.escape(event.message) not in events
 
 
 def ready(project, sim, clock, *, hosts: int = 3) -> Cluster:
@@ -348,7 +361,7 @@ def test_every_user_action_moves_the_version_and_its_poll_sends_the_event(person
 
         act(cluster, user)
         cluster.refresh_from_db()
-        body = poll_from(client, cluster, seen, 2)
+        body = poll_from(client, cluster, seen, 2, "events")
 
     assert cluster.version == seen + 1
     event = cluster.events.get(version=seen + 1)
@@ -366,11 +379,13 @@ def test_the_network_test_result_moves_the_version(person, sim):
 
         assert do_network_test(cluster_id=cluster.pk, token=cluster.network_test["token"])
         cluster.refresh_from_db()
-        body = poll_from(client_of(user), cluster, seen, 2)
+        client = client_of(user)
+        events = poll_from(client, cluster, seen, 2, "events")
+        machines = poll_from(client, cluster, seen, 2, "machines")
 
     assert cluster.version == seen + 1
-    assert "Network test done" in body
-    assert 'data-state="done"' in body
+    assert "Network test done" in events
+    assert 'data-state="done"' in machines
 
 
 def test_losing_a_machine_moves_the_version_and_sends_its_row(person, sim):
@@ -383,10 +398,11 @@ def test_losing_a_machine_moves_the_version_and_sends_its_row(person, sim):
 
         assert lifecycle.mark_lost(node_id=lost.pk, last_heard=timezone.now(), why="silent")
         cluster.refresh_from_db()
-        body = poll_from(client, cluster, seen, 2)
+        body = poll_from(client, cluster, seen, 2, "machines")
+        overview = poll_from(client, cluster, seen, 2, "")
 
     assert cluster.version == seen + 1
     assert cluster.status == Cluster.Status.DEGRADED
     # node-1's row, and node-0's: it is handed its plan again, without node-1 (D9).
     assert re.findall(r'<tr id="(node-\d+)" hx-swap-oob="true">', body) == ["node-0", "node-1"]
-    assert "was lost: silent" in body
+    assert "was lost: silent" in overview  # the banner, on the overview tab

@@ -316,7 +316,15 @@ def test_a_ready_infiniband_cluster_describes_its_own_network_not_ethernet(
     assert cluster.status == Cluster.Status.READY
     client = client_of(user)
 
-    detail = client.get(reverse("clusters:detail", args=[cluster.pk])).content.decode()
+    # The overview's facts, the Connect tab's panel and the Machines tab's network test.
+    detail = "".join(
+        client.get(url).content.decode()
+        for url in (
+            reverse("clusters:detail", args=[cluster.pk]),
+            reverse("clusters:tab", args=[cluster.pk, "connect"]),
+            reverse("clusters:tab", args=[cluster.pk, "machines"]),
+        )
+    )
     api = Client(headers={"authorization": f"Bearer {issue_key(user=user, project=project)}"})
     connect = api.get(f"/api/v1/clusters/{cluster.pk}/connect")
 
