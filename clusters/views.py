@@ -90,7 +90,7 @@ class Tab:
 # The cluster page's tabs, in order (a Metrics tab goes here).
 TABS: tuple[Tab, ...] = (
     Tab("overview", "Overview", "clusters/tabs/overview.html", "overview-title"),
-    Tab("connect", "Connect", "clusters/tabs/connect_tab.html", "connect-title"),
+    Tab("connect", "Connect", "clusters/tabs/connect_tab.html", "connect-tab-title"),
     Tab("machines", "Machines", "clusters/tabs/machines.html", "machines-title"),
     Tab("events", "Events", "clusters/tabs/events.html", "events-title"),
     Tab("billing", "Billing", "clusters/tabs/billing.html", "billing-title"),
