@@ -43,7 +43,7 @@ def ready(owner) -> Cluster:
 def test_it_copies_a_command_and_downloads_the_ssh_config(page, live_server, owner, ready):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
     log_in(page, owner)
-    page.goto(f"/clusters/{ready.pk}/")
+    page.goto(f"/clusters/{ready.pk}/connect/")
     panel = page.locator("section.connect")
     expect(panel.get_by_role("heading", name="Connect and run")).to_be_visible()
 
@@ -75,7 +75,7 @@ def test_it_copies_a_command_and_downloads_the_ssh_config(page, live_server, own
 
 def test_it_keeps_the_panel_through_the_pages_polls(page, owner, ready):
     log_in(page, owner)
-    page.goto(f"/clusters/{ready.pk}/")
+    page.goto(f"/clusters/{ready.pk}/connect/")
     panel = page.locator("section.connect")
     expect(panel).to_be_visible()
     # Mark the element and select a command, as a user about to copy it by hand would.
@@ -83,7 +83,7 @@ def test_it_keeps_the_panel_through_the_pages_polls(page, owner, ready):
     page.evaluate("() => getSelection().selectAllChildren(document.getElementById('cmd-mpirun'))")
 
     def changed_poll(response) -> bool:
-        return f"/clusters/{ready.pk}/?version=" in response.url and response.status == 200
+        return f"/clusters/{ready.pk}/connect/?version=" in response.url and response.status == 200
 
     for _ in range(2):  # two polls of a changed cluster, each swapping the section around the panel
         Cluster.objects.filter(pk=ready.pk).update(version=F("version") + 1)

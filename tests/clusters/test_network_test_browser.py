@@ -51,7 +51,7 @@ def test_the_button_runs_the_test_and_the_result_arrives_by_the_poll(page, owner
         machines__step=Node.Step.DONE,
     )
     log_in(page, owner)
-    page.goto(f"/clusters/{cluster.pk}/")
+    page.goto(f"/clusters/{cluster.pk}/machines/")
     section = page.locator("#network-test")
     expect(section.get_by_text("What Ethernet is expected to give")).to_be_visible()
 
@@ -108,7 +108,7 @@ def test_the_agents_result_reads_well_on_a_phone(page, owner):
     )
     log_in(page, owner)
     page.set_viewport_size({"width": 390, "height": 900})
-    page.goto(f"/clusters/{cluster.pk}/")
+    page.goto(f"/clusters/{cluster.pk}/machines/")
 
     rows = page.locator("#network-test table.network-pairs tbody tr")
     expect(rows).to_have_count(3)
