@@ -381,6 +381,16 @@ def test_the_new_cluster_form_highlights_create_cluster_in_the_navigation(owner)
     assert 'aria-current="page">Clusters</a>' not in html
 
 
+def test_the_new_cluster_form_calls_what_the_user_rents_machines(owner):
+    machine_type = machine_type_with_hosts(free=2)
+
+    html = owner.browser_client().get(f"/clusters/new/?offer={machine_type.slug}").content.decode()
+
+    assert '<label for="id_nodes">Machines</label>' in html
+    assert "Machines are called <code>node-0</code>" in html
+    assert ">Nodes<" not in html and "on every node" not in html
+
+
 def test_it_disables_kubernetes_on_a_container_offer_and_says_why(owner):
     machine_type = machine_type_with_hosts(free=2, machine_kind=MachineType.Kind.CONTAINER)
 
