@@ -8,13 +8,13 @@ export PORT
 
 .PHONY: install axe chromium run serve serve-check test bench lint typecheck clean lab lab-down
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml cli/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "Python 3.11 or newer is needed; $(PYTHON) is older"; exit 1; }
 	@echo "Installing into $(VENV) (the first time takes a minute)..."
 	@$(PYTHON) -m venv $(VENV)
-	@$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
+	@$(BIN)/pip install --quiet --disable-pip-version-check -e ./cli -e ".[dev]"
 	@touch $@
 
 # axe-core, for the browser tests' accessibility sweep (docs/accessibility.md): its tarball from
