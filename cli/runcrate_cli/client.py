@@ -181,6 +181,38 @@ class ApiClient:
     def cluster(self, cluster_id: int) -> dict:
         return self.data("GET", f"/clusters/{cluster_id}")
 
+    @staticmethod
+    def cluster_body(
+        *,
+        offer_id: str,
+        nodes: int,
+        name: str,
+        software: str = "none",
+        ssh_key_ids: list[int] | None = None,
+        volume_id: int | None = None,
+        environment: str | None = None,
+    ) -> dict[str, Any]:
+        """The body of a create, which the plan takes too (POST /clusters/plan)."""
+        body: dict[str, Any] = {
+            "offer_id": offer_id,
+            "nodes": nodes,
+            "name": name,
+            "software": software,
+        }
+        if ssh_key_ids:
+            body["ssh_key_ids"] = ssh_key_ids
+        if volume_id is not None:
+            body["volume_id"] = volume_id
+        if environment:
+            body["environment"] = environment
+        return body
+
+    def plan_cluster(self, body: dict[str, Any]) -> dict:
+        """What creating `body` would do, decided by the server with every check the create
+        runs, reserving nothing: the plan (prices, GPUs, hours the balance covers, time to
+        ready, a `plan_token` valid 10 minutes) or the create's own refusal as an ApiError."""
+        return self.data("POST", "/clusters/plan", json=body)
+
     def create_cluster(
         self,
         *,
@@ -192,21 +224,23 @@ class ApiClient:
         volume_id: int | None = None,
         environment: str | None = None,
         idempotency_key: str | None = None,
+        plan_token: str | None = None,
     ) -> dict:
         """Create a cluster. With `idempotency_key`, sending the same create again answers the
-        first one's cluster and reserves nothing twice (the API keeps the key 24 hours)."""
-        payload: dict[str, Any] = {
-            "offer_id": offer_id,
-            "nodes": nodes,
-            "name": name,
-            "software": software,
-        }
-        if ssh_key_ids:
-            payload["ssh_key_ids"] = ssh_key_ids
-        if volume_id is not None:
-            payload["volume_id"] = volume_id
-        if environment:
-            payload["environment"] = environment
+        first one's cluster and reserves nothing twice (the API keeps the key 24 hours). With
+        `plan_token` (from `plan_cluster`), the server refuses a body other than the one
+        planned (`plan_mismatch`) or a plan older than 10 minutes (`plan_expired`)."""
+        payload = self.cluster_body(
+            offer_id=offer_id,
+            nodes=nodes,
+            name=name,
+            software=software,
+            ssh_key_ids=ssh_key_ids,
+            volume_id=volume_id,
+            environment=environment,
+        )
+        if plan_token is not None:
+            payload["plan_token"] = plan_token
         headers = {"idempotency-key": idempotency_key} if idempotency_key else None
         return self.data("POST", "/clusters", json=payload, headers=headers)
 

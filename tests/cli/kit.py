@@ -36,6 +36,10 @@ from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
 from tests.factories import issue_key
 
 REPO = Path(__file__).resolve().parents[2]
+# The interpreter that runs the CLI: this one (the server's .venv, which has the client
+# installed), or with RUNCRATE_CLI_PYTHON the Python of a virtualenv that has only the client
+# (tests/cli/test_package.py runs these tests that way).
+CLI_PYTHON = os.environ.get("RUNCRATE_CLI_PYTHON", sys.executable)
 # Simulated seconds per tick: every step of the simulated data center takes a few.
 TICK_SECONDS = 30
 MAX_TICKS = 400
@@ -148,7 +152,7 @@ def run_cli(
     out_path, err_path = tmp_path / "cli.out", tmp_path / "cli.err"
     with out_path.open("w") as out, err_path.open("w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "runcrate_cli", *args],
+            [CLI_PYTHON, "-m", "runcrate_cli", *args],
             cwd=REPO,
             env=env,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -194,7 +198,7 @@ def run_cli_tty(
     err_path = tmp_path / "cli.err"
     with err_path.open("w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "runcrate_cli", *args],
+            [CLI_PYTHON, "-m", "runcrate_cli", *args],
             cwd=REPO,
             env={**env, "TERM": "xterm-256color"},
             stdin=subprocess.DEVNULL,
