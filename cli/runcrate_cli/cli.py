@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from runcrate_cli import config, output, ssh
 from runcrate_cli.client import ApiClient, ApiError
+from runcrate_cli.keys import keys_app
 from runcrate_cli.output import Output
 
 EXIT_REFUSED = 1
@@ -76,6 +77,7 @@ quote_app = typer.Typer(
 app.add_typer(clusters_app, name="clusters")
 app.add_typer(volumes_app, name="volumes")
 app.add_typer(quote_app, name="quote")
+app.add_typer(keys_app, name="ssh-keys")
 
 Json = Annotated[
     bool, typer.Option("--json", help="Print JSON (the default when stdout is not a terminal).")
