@@ -42,9 +42,10 @@ class ApiKeyAuth(HttpBearer):
     """A bearer API key that must hold `scope`; with scope None, every scope and no limits
     (what managing keys needs, and what an operation that declares nothing gets)."""
 
-    def __init__(self, scope: str | None) -> None:
+    def __init__(self, scope: str | None, *, call: str | None = None) -> None:
         super().__init__()
         self.scope = scope
+        self.call = call  # what a refusal names as the call: the request's own by default
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
         if not token.startswith("rc_"):
@@ -67,7 +68,7 @@ class ApiKeyAuth(HttpBearer):
         return key
 
     def check(self, request: HttpRequest, key: ApiKey) -> None:
-        call = f"{request.method} {request.path}"
+        call = self.call or f"{request.method} {request.path}"
         if self.scope is None:
             if not key.is_unrestricted:
                 raise KeyNotAllowed(
@@ -90,3 +91,9 @@ FULL_KEY = ApiKeyAuth(None)
 def needs(scope: str) -> ApiKeyAuth:
     """The auth of an operation that needs `scope` (`read`, `create`, `terminate`, `billing`)."""
     return _SCOPED[scope]
+
+
+def needs_as(scope: str, call: str) -> ApiKeyAuth:
+    """`needs(scope)` for an operation that answers as another would (`call`, such as "POST
+    /api/v1/clusters" for the create's plan): its refusal names that call, word for word."""
+    return ApiKeyAuth(scope, call=call)

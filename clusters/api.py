@@ -15,12 +15,13 @@ from django.http import HttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic.config import JsonDict
 
-from accounts.api_auth import Scope, needs
+from accounts.api_auth import Scope, needs, needs_as
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from accounts.requests import ApiRequest
-from clusters import connect, idempotency, lifecycle, volumes
+from clusters import connect, idempotency, lifecycle, plans, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
+from offers.api import track_record_json
 from offers.models import MAX_NODES, MIN_NODES
 from runcrate import outages
 from runcrate.api import (
@@ -28,6 +29,7 @@ from runcrate.api import (
     ErrorOut,
     ListMeta,
     Offset,
+    exact_money_str,
     money_str,
     paginated,
     render,
@@ -223,6 +225,76 @@ class ClusterIn(Schema):
         description="A volume of the project to attach (same location, not on community "
         "offers, not attached elsewhere); it appears at /shared/volume on node-0.",
     )
+    plan_token: str | None = Field(
+        None,
+        description="The plan_token of POST /api/v1/clusters/plan for exactly this body: the "
+        "create is then refused `plan_mismatch` if the body differs from the one planned (or "
+        "the plan was another project's or key's) and `plan_expired` 10 minutes after the "
+        "plan. Ignored by the plan itself.",
+    )
+
+    def create_body(self) -> dict:
+        """The create's fields, defaults filled in, without `plan_token`: what a plan binds."""
+        return self.dict(exclude={"plan_token"})
+
+
+class NetworkTermsOut(Schema):
+    interconnect: str
+    expected: str = Field(description="What the network gives between machines.")
+    suits: str | None = Field(None, description="What Ethernet suits (Ethernet only).")
+    not_for: str | None = Field(None, description="What it is not built for (Ethernet only).")
+
+
+class PlanOut(Schema):
+    name: str
+    environment: str
+    offer_id: str
+    nodes: int
+    software: str
+    ssh_key_ids: list[int] = Field(description="The SSH keys the create would install.")
+    volume_id: int | None
+    gpu: str = Field(description="The GPU model's name.")
+    gpus_per_machine: int
+    gpus_total: int = Field(description="Every GPU of the cluster: nodes × gpus_per_machine.")
+    location: str
+    community: bool = Field(description="On an independent operator's hosts: no secrets.")
+    machine_price_per_hour: str
+    price_per_hour: str = Field(description="The whole cluster, USD per hour.")
+    price_per_gpu_hour: str = Field(description="One GPU for an hour, USD, exact.")
+    balance: str | None = Field(
+        description="The project's balance; null for a key or member that does not see "
+        "billing (the billing scope and an owner's or manager's key)."
+    )
+    running_price_per_hour: str | None = Field(
+        description="USD per hour the project already runs and stores (billed now); null as "
+        "`balance`."
+    )
+    hours_covered: str | None = Field(
+        description="Hours the balance pays for this cluster beside what already runs; null "
+        "as `balance`."
+    )
+    balance_needed: str = Field(
+        description="What the create needs in the balance: one hour of this cluster, never "
+        "less than the minimum balance (what already runs is not counted: see hours_covered)."
+    )
+    ready_estimate_seconds: int = Field(
+        description="The estimated time from create to ready (docs/clusters.md, 'Time to "
+        "ready'); the offer's track record says how its clusters really started."
+    )
+    track_record: dict | None = Field(
+        description="The offer's track record, as GET /api/v1/offers gives it; null below "
+        "the minimum of clusters."
+    )
+    network: NetworkTermsOut
+    plan_token: str = Field(
+        description="Give it to POST /api/v1/clusters with exactly this body, within 10 "
+        "minutes; any server process honours it."
+    )
+    plan_expires_at: datetime
+
+
+class PlanEnvelope(Schema):
+    data: PlanOut
 
 
 class WorkersIn(Schema):
@@ -329,7 +401,9 @@ REFUSAL_CODES = (
     "409 `name_taken`, 422 `no_ssh_keys`, 404 `unknown_environment`, 422 "
     "`volume_not_allowed` (not the project's, another location, a community offer), 409 "
     "`volume_in_use`, 403 `key_limit_exceeded` (the key's machines per cluster or USD per "
-    "hour). Nothing is reserved or attached when a request is refused."
+    "hour), 402 `budget_reached`, 403 `scope_missing`; with a `plan_token`, 422 "
+    "`plan_mismatch` (not a plan of this body, project and key) and 422 `plan_expired` (older "
+    "than 10 minutes). Nothing is reserved or attached when a request is refused."
 )
 
 
@@ -361,15 +435,22 @@ IDEMPOTENCY = (
 )
 
 
-def _create(request: ApiRequest, payload: ClusterIn) -> idempotency.Answer:
-    project = request.project
-    environment = Environment.objects.filter(project=project, name=payload.environment).first()
+def _environment(request: ApiRequest, name: str) -> Environment:
+    environment = Environment.objects.filter(project=request.project, name=name).first()
     if environment is None:
         raise ApiError(
-            404,
-            "unknown_environment",
-            f"Your project has no environment named {payload.environment!r}.",
+            404, "unknown_environment", f"Your project has no environment named {name!r}."
         )
+    return environment
+
+
+def _create(request: ApiRequest, payload: ClusterIn) -> idempotency.Answer:
+    project = request.project
+    if payload.plan_token is not None:
+        plans.check_token(
+            payload.plan_token, project=project, api_key=request.auth, body=payload.create_body()
+        )
+    environment = _environment(request, payload.environment)
     cluster = lifecycle.create_cluster(
         project=project,
         user=request.user,
@@ -419,6 +500,65 @@ def create_cluster(
             run=lambda: _create(request, payload),
         )
     return HttpResponse(answer.content, status=answer.status, content_type="application/json")
+
+
+def _plan(planned: plans.Plan) -> dict:
+    offer, body = planned.offer, planned.body
+    machine_type = planned.checked.machine_type
+    return {
+        **body,
+        "ssh_key_ids": [key.pk for key in planned.checked.keys],
+        "gpu": machine_type.gpu.name,
+        "gpus_per_machine": machine_type.gpus_per_machine,
+        "gpus_total": offer.gpus_total,
+        "location": machine_type.location.code,
+        "community": machine_type.community,
+        "machine_price_per_hour": money_str(planned.checked.price_per_machine_hour),
+        "price_per_hour": money_str(planned.price_per_hour),
+        "price_per_gpu_hour": exact_money_str(offer.price_per_gpu_hour),
+        "balance": money_str(planned.balance),
+        "running_price_per_hour": money_str(planned.running_per_hour),
+        "hours_covered": money_str(planned.hours_covered),
+        "balance_needed": money_str(planned.balance_needed),
+        "ready_estimate_seconds": int(planned.ready_estimate.total_seconds()),
+        "track_record": track_record_json(offer.track_record),
+        "network": plans.network_terms(machine_type.interconnect),
+        "plan_token": planned.token,
+        "plan_expires_at": planned.expires_at,
+    }
+
+
+@router.post(
+    "/clusters/plan",
+    # Refused exactly as the create would be, naming the create's call.
+    auth=needs_as(Scope.CREATE, "POST /api/v1/clusters"),
+    response={
+        200: PlanEnvelope,
+        401: ErrorOut,
+        402: ErrorOut,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        422: ErrorOut,
+    },
+    summary="Plan a create",
+    description="Takes exactly the body of POST /api/v1/clusters and runs every check the "
+    "create runs, in its order (the balance beside what already runs, the key's scope and "
+    "limits, the name, the environment, the budget, capacity, software, SSH keys, the volume), "
+    "reserving nothing. Answers the create's own refusal (the same status, code and message) "
+    "or the plan: prices, GPUs, the hours the balance covers, the estimated time to ready, the "
+    "offer's track record, the network, and a `plan_token` for the create, valid 10 minutes. "
+    + REFUSAL_CODES,
+)
+def plan_cluster(request: ApiRequest, payload: ClusterIn) -> dict:
+    planned = plans.plan(
+        project=request.project,
+        user=request.user,
+        environment=_environment(request, payload.environment),
+        api_key=request.auth,
+        body=payload.create_body(),
+    )
+    return {"data": _plan(planned)}
 
 
 @router.get(

@@ -30,4 +30,6 @@ class ClusterRefused(Refused):
         "unknown_quote": 404,
         "quote_not_won": 409,
         "invalid_price": 422,
+        "plan_mismatch": 422,
+        "plan_expired": 422,
     }

@@ -41,6 +41,16 @@ class Availability(StrEnum):
 
 
 SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
+# What the self-serve Ethernet network between machines suits, and what it is not built for,
+# as a plan (clusters/plans.py) and the CLI and MCP say it.
+ETHERNET_SUITS = (
+    "independent jobs on every node, Slurm job arrays, Ray tasks, Kubernetes workloads, "
+    "inference and LoRA fine-tuning"
+)
+ETHERNET_NOT_FOR = (
+    "training one large model across machines, where GPUs exchange gradients every step: for "
+    "InfiniBand or RoCE, request a quote"
+)
 CENT = Decimal("0.01")
 
 

@@ -4,6 +4,7 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
 - `create_cluster` validates, then reserves every host in one transaction with row locks; made
   with an API key, it must fit the key's limits (`key_spend_per_hour` is what the hourly one
   counts); given `Quoted` terms (staff, from a won quote), it lifts only the self-serve rules.
+  `plan_create` runs every one of its checks, in its order, and reserves nothing (the plan).
 - `advance` is level-triggered: it reads the cluster's rows and the clock, does what is due in
   one transaction with the cluster row locked, and returns what it did. Running it twice does
   nothing new. Slow work (starting a machine, an install, a check, wiping a host) is handed to a
@@ -45,9 +46,11 @@ from clusters.lifecycle.network_test import (
 from clusters.lifecycle.reconcile import advance, step_deadlines
 from clusters.lifecycle.records import Action, ActionKind, Failure, NodeWork, Outcome
 from clusters.lifecycle.reserve import (
+    Checked,
     Quoted,
     create_cluster,
     key_spend_per_hour,
+    plan_create,
     reserve_hosts,
     size_refusal,
 )
@@ -81,6 +84,7 @@ __all__ = [
     "START_ATTEMPTS",
     "Action",
     "ActionKind",
+    "Checked",
     "CollectingDispatcher",
     "Dispatcher",
     "Failure",
@@ -104,6 +108,7 @@ __all__ = [
     "mark_lost",
     "network_test_report",
     "node_plan_for",
+    "plan_create",
     "reachability_matrix",
     "reserve_hosts",
     "size_refusal",

@@ -153,8 +153,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
         )
         require_balance(
             project=locked.project,
-            price_per_machine_hour=locked.price_per_machine_hour,
-            machines=live + count,
+            price_per_hour=locked.price_per_machine_hour * (live + count),
             doing=f"a cluster of {live + count} machines",
         )
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)

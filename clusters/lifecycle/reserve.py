@@ -24,6 +24,7 @@ from clusters.models import (
     DueCluster,
     Event,
     Node,
+    Volume,
     give_up_after,
 )
 from offers.models import (
@@ -34,7 +35,7 @@ from offers.models import (
     MachineType,
     QuoteRequest,
 )
-from offers.offers import Availability, get_offer
+from offers.offers import Availability, Offer, get_offer
 from runcrate.money import usd
 
 Status = Cluster.Status
@@ -151,8 +152,8 @@ class Quoted:
     price_per_machine_hour: Decimal
 
 
-def _self_serve_type(*, offer_slug: str, nodes: int) -> MachineType:
-    """The machine type of a listed offer that can start `nodes` machines now."""
+def _self_serve_offer(*, offer_slug: str, nodes: int) -> Offer:
+    """A listed offer that can start `nodes` machines now."""
     offer = get_offer(slug=offer_slug, nodes=nodes)
     if offer is None:
         raise ClusterRefused(
@@ -175,7 +176,7 @@ def _self_serve_type(*, offer_slug: str, nodes: int) -> MachineType:
             "another offer.",
             field="nodes",
         )
-    return machine_type
+    return offer
 
 
 def _quoted_type(*, quoted: Quoted, project: Project, offer_slug: str) -> MachineType:
@@ -221,10 +222,22 @@ def size_refusal(nodes: object, *, max_nodes: int = MAX_NODES) -> ClusterRefused
     return None
 
 
-def create_cluster(
+@dataclass(frozen=True)
+class Checked:
+    """What the checks before a reservation found: the offer (None for a quoted cluster), the
+    machine type, the price per machine-hour the cluster is billed at, the volume to attach and
+    the SSH keys to install."""
+
+    offer: Offer | None
+    machine_type: MachineType
+    price_per_machine_hour: Decimal
+    volume: Volume | None
+    keys: list[SshKey]
+
+
+def check_create(
     *,
     project: Project,
-    user: User | None,
     environment: Environment,
     offer_slug: str,
     nodes: int,
@@ -232,27 +245,21 @@ def create_cluster(
     software: str,
     ssh_key_ids: list[int] | None = None,
     volume_id: int | None = None,
-    api_key: ApiKey | None = None,
     quoted: Quoted | None = None,
-) -> Cluster:
-    """Validate a request (SPEC §2, in this order), reserve every host, create the cluster,
-    attach the volume `volume_id` if one is asked for. Made with `api_key`, the cluster is
-    recorded as its own and must fit the key's limits (`require_key_limits`).
-
-    With `quoted` (staff, from a won quote request: `Quoted`), `offer_slug` names any machine
-    type, listed or not, the size may reach QUOTED_MAX_NODES, and the cluster is billed at the
-    agreed price; the balance, budget, name, software and SSH key rules are the same.
-
-    Raises ClusterRefused before anything is reserved or written.
-    """
-    now = timezone.now()
+) -> Checked:
+    """The create's checks that need no lock, in SPEC §2's order: the environment, the size,
+    the offer and its capacity, the name and its uniqueness, the software, the volume, the SSH
+    keys, then the balance. Raises ClusterRefused; writes nothing."""
     if environment.project_id != project.pk:
         raise ClusterRefused("unknown_environment", "No such environment in this project.")
     refusal = size_refusal(nodes, max_nodes=MAX_NODES if quoted is None else QUOTED_MAX_NODES)
     if refusal is not None:
         raise refusal
+    offer = None
     if quoted is None:
-        machine_type = _self_serve_type(offer_slug=offer_slug, nodes=nodes)
+        offer = _self_serve_offer(offer_slug=offer_slug, nodes=nodes)
+        machine_type = offer.machine_type
+        assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
         price_per_machine_hour = machine_type.price_per_hour
     else:
         machine_type = _quoted_type(quoted=quoted, project=project, offer_slug=offer_slug)
@@ -265,12 +272,7 @@ def create_cluster(
             field="name",
         )
     if Cluster.objects.filter(environment=environment, name=name, status__in=Cluster.LIVE).exists():
-        raise ClusterRefused(
-            "name_taken",
-            f"A live cluster named {name!r} already exists in {environment.name}; pick another "
-            "name.",
-            field="name",
-        )
+        raise _name_taken(name, environment)
     if software not in Cluster.Software.values:
         raise ClusterRefused(
             "software_not_offered",
@@ -289,22 +291,127 @@ def create_cluster(
             project=project, volume_id=volume_id, machine_type=machine_type
         )
     keys = _resolve_ssh_keys(project=project, ssh_key_ids=ssh_key_ids)
-
     require_balance(
         project=project,
-        price_per_machine_hour=price_per_machine_hour,
-        machines=nodes,
+        price_per_hour=price_per_machine_hour * nodes,
         doing="creating this cluster",
     )
+    return Checked(
+        offer=offer,
+        machine_type=machine_type,
+        price_per_machine_hour=price_per_machine_hour,
+        volume=volume,
+        keys=keys,
+    )
 
+
+def check_locked(
+    *,
+    environment: Environment,
+    api_key: ApiKey | None,
+    machine_type: MachineType,
+    nodes: int,
+    now: datetime,
+) -> None:
+    """The create's checks that hold a lock until its transaction ends: the environment's
+    budget (its row locked, see `create_cluster`) and the key's limits (its row locked). Call
+    inside a transaction."""
+    require_budget(environment=budgets.lock_environment(environment), now=now)
+    require_key_limits(api_key=api_key, machine_type=machine_type, machines=nodes, adding=nodes)
+
+
+def plan_create(
+    *,
+    project: Project,
+    environment: Environment,
+    offer_slug: str,
+    nodes: int,
+    name: str,
+    software: str,
+    ssh_key_ids: list[int] | None = None,
+    volume_id: int | None = None,
+    api_key: ApiKey | None = None,
+) -> Checked:
+    """Every check `create_cluster` runs, in its order, reserving and writing nothing: what
+    the create would find, or the refusal it would give at this moment (clusters/plans.py)."""
+    checked = check_create(
+        project=project,
+        environment=environment,
+        offer_slug=offer_slug,
+        nodes=nodes,
+        name=name,
+        software=software,
+        ssh_key_ids=ssh_key_ids,
+        volume_id=volume_id,
+    )
+    with transaction.atomic():  # the locks of check_locked, let go at once
+        check_locked(
+            environment=environment,
+            api_key=api_key,
+            machine_type=checked.machine_type,
+            nodes=nodes,
+            now=timezone.now(),
+        )
+    return checked
+
+
+def _name_taken(name: str, environment: Environment) -> ClusterRefused:
+    return ClusterRefused(
+        "name_taken",
+        f"A live cluster named {name!r} already exists in {environment.name}; pick another name.",
+        field="name",
+    )
+
+
+def create_cluster(
+    *,
+    project: Project,
+    user: User | None,
+    environment: Environment,
+    offer_slug: str,
+    nodes: int,
+    name: str,
+    software: str,
+    ssh_key_ids: list[int] | None = None,
+    volume_id: int | None = None,
+    api_key: ApiKey | None = None,
+    quoted: Quoted | None = None,
+) -> Cluster:
+    """Validate a request (SPEC §2, in this order: `check_create`, then `check_locked`), reserve
+    every host, create the cluster, attach the volume `volume_id` if one is asked for. Made
+    with `api_key`, the cluster is recorded as its own and must fit the key's limits
+    (`require_key_limits`).
+
+    With `quoted` (staff, from a won quote request: `Quoted`), `offer_slug` names any machine
+    type, listed or not, the size may reach QUOTED_MAX_NODES, and the cluster is billed at the
+    agreed price; the balance, budget, name, software and SSH key rules are the same.
+
+    Raises ClusterRefused before anything is reserved or written.
+    """
+    now = timezone.now()
+    checked = check_create(
+        project=project,
+        environment=environment,
+        offer_slug=offer_slug,
+        nodes=nodes,
+        name=name,
+        software=software,
+        ssh_key_ids=ssh_key_ids,
+        volume_id=volume_id,
+        quoted=quoted,
+    )
+    machine_type, volume, keys = checked.machine_type, checked.volume, checked.keys
     try:
         with transaction.atomic():
             # The environment's row, locked until the cluster is committed: a budget change
             # (billing.budgets.set_budget) locks it too, so it either waits for this create and
             # then counts the cluster among those it stops, or is seen here and refuses it.
-            require_budget(environment=budgets.lock_environment(environment), now=now)
-            require_key_limits(
-                api_key=api_key, machine_type=machine_type, machines=nodes, adding=nodes
+            check_locked(
+                environment=environment,
+                api_key=api_key,
+                machine_type=machine_type,
+                nodes=nodes,
+                now=now,
             )
             hosts = reserve_hosts(machine_type=machine_type, count=nodes, now=now)
             cluster = Cluster.objects.create(
@@ -355,12 +462,7 @@ def create_cluster(
         if Cluster.objects.filter(
             environment=environment, name=name, status__in=Cluster.LIVE
         ).exists():
-            raise ClusterRefused(
-                "name_taken",
-                f"A live cluster named {name!r} already exists in {environment.name}; pick "
-                "another name.",
-                field="name",
-            ) from None
+            raise _name_taken(name, environment) from None
         raise
     return cluster
 
@@ -380,12 +482,10 @@ def require_budget(*, environment: Environment, now: datetime) -> None:
         )
 
 
-def require_balance(
-    *, project: Project, price_per_machine_hour: Decimal, machines: int, doing: str
-) -> None:
-    """The balance must cover one hour of the whole cluster, and never less than the minimum
-    (`billing.balances.balance_needed`)."""
-    needed = balances.balance_needed(price_per_machine_hour * machines)
+def require_balance(*, project: Project, price_per_hour: Decimal, doing: str) -> None:
+    """The balance must cover one hour of the whole cluster (`price_per_hour`, at the size
+    `doing` makes it), and never less than the minimum (`billing.balances.balance_needed`)."""
+    needed = balances.balance_needed(price_per_hour)
     balance = ledger.balance(project=project)
     if balance < needed:
         raise ClusterRefused(
