@@ -496,7 +496,7 @@ def create_cluster(
             project=request.project,
             api_key=request.auth,
             key=idempotency_key,
-            body=payload.dict(),
+            body=payload.create_body(),  # a retry carries a new plan_token, or none
             run=lambda: _create(request, payload),
         )
     return HttpResponse(answer.content, status=answer.status, content_type="application/json")

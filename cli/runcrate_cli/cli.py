@@ -1,18 +1,22 @@
 """`runcrate`: GPU clusters from a terminal, over the public API (docs/cli.md).
 
-Exit codes: 0 done; 1 the API refused or could not be reached (its message is printed); 2 a
-usage error (a bad option, a confirmation not given); 3 a cluster waited for settled in a state
-other than ready (failed, degraded, ended); 4 the wait timed out; 130 Ctrl-C (a wait stops, the
-cluster goes on). No traceback reaches the user: an unexpected error is one sentence
+Exit codes (docs/cli.md, "Errors and exit codes"): 0 done; 1 the API refused (its message is
+printed); 2 a usage error (a bad option, a confirmation not given); 3 a cluster (or a network
+test) waited for settled in a state other than ready (failed, degraded, ended); 4 the wait
+timed out; 5 no key, or a key the API refuses; 6 the API cannot be reached; 130 Ctrl-C (a wait
+stops, the cluster goes on). No traceback reaches the user: an unexpected error is one sentence
 (RUNCRATE_DEBUG=1 shows the traceback).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from datetime import date
+from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
@@ -28,13 +32,17 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_TIMED_OUT = 4
+EXIT_AUTH = 5
+EXIT_UNREACHABLE = 6
+EXIT_INTERRUPTED = 130
+DISTRIBUTION = "runcrate-clusters-cli"
 # Whether the running command prints JSON, for the error handler (one command per process).
 _json_mode: dict[str, bool] = {}
 
 
 class RuncrateGroup(TyperGroup):
-    """Turns every `ApiError` of every command into the API's message and exit code 1: one
-    place, so no command can leak a traceback for a refusal."""
+    """Turns every `ApiError` of every command into the API's message and its exit code
+    (`exit_code`): one place, so no command can leak a traceback for a refusal."""
 
     # TyperGroup.invoke takes the Context of typer's private, vendored click (typer._click),
     # which typer exports only as its subclass typer.Context: what it passes here.
@@ -43,17 +51,35 @@ class RuncrateGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except (ApiError, config.ConfigError) as error:
+            if isinstance(error, config.ConfigError):
+                error = ApiError("bad_config", str(error))
             report(error, as_json=_json_mode.get("json", not sys.stdout.isatty()))
-            raise typer.Exit(EXIT_REFUSED) from None
+            raise typer.Exit(exit_code(error)) from None
 
 
-def report(error: ApiError | config.ConfigError, *, as_json: bool) -> None:
-    if isinstance(error, config.ConfigError):
-        error = ApiError("bad_config", str(error))
+def exit_code(error: ApiError) -> int:
+    """5 for a missing or refused key, 6 for an API that did not answer (or answered something
+    that is not the API), 1 for any other refusal."""
+    if error.status == 401 or error.code in ("no_api_key", "unauthenticated"):
+        return EXIT_AUTH
+    if error.transient or error.code == "not_the_api" or error.code.startswith("http_"):
+        return EXIT_UNREACHABLE
+    return EXIT_REFUSED
+
+
+def report(error: ApiError, *, as_json: bool) -> None:
+    """JSON mode: the API's envelope (its code and message, unchanged) on stdout. Always: the
+    message on stderr in the CLI's words, naming the command to run next."""
     if as_json:
         output.print_json({"error": error.as_dict()})
     where = f" ({error.code}, HTTP {error.status})" if error.status else f" ({error.code})"
-    sys.stderr.write(f"runcrate: {error.message}{where}\n")
+    sys.stderr.write(f"runcrate: {output.error_sentence(error.code, error.message)}{where}\n")
+
+
+def _version(show: bool) -> None:
+    if show:
+        sys.stdout.write(f"runcrate {importlib.metadata.version(DISTRIBUTION)}\n")
+        raise typer.Exit(0)
 
 
 app = typer.Typer(
@@ -62,9 +88,23 @@ app = typer.Typer(
     help="GPU clusters from a terminal: offers, clusters, SSH, volumes and billing over the "
     "Runcrate API. JSON with --json, or whenever stdout is not a terminal.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_version
+        ),
+    ] = False,
+) -> None:
+    # The root's own options (--version); the help is the app's.
+    return None
+
+
 clusters_app = typer.Typer(
     no_args_is_help=True, help="Create, list, read, wait for and terminate clusters."
 )
@@ -74,10 +114,14 @@ volumes_app = typer.Typer(
 quote_app = typer.Typer(
     no_args_is_help=True, help="Quotes: reserved capacity, more than 64 machines, InfiniBand."
 )
+auth_app = typer.Typer(
+    no_args_is_help=True, help="Who the saved key is, and forgetting it (login saves one)."
+)
 app.add_typer(clusters_app, name="clusters")
 app.add_typer(volumes_app, name="volumes")
 app.add_typer(quote_app, name="quote")
 app.add_typer(keys_app, name="ssh-keys")
+app.add_typer(auth_app, name="auth")
 
 Json = Annotated[
     bool, typer.Option("--json", help="Print JSON (the default when stdout is not a terminal).")
@@ -87,6 +131,10 @@ Timeout = Annotated[
     float, typer.Option("--timeout", help="Give up waiting after this many seconds.", min=1)
 ]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask to confirm.")]
+DryRun = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Print the plan (JSON with --json) and change nothing."),
+]
 
 
 def _session(json_flag: bool) -> tuple[Output, ApiClient]:
@@ -106,12 +154,14 @@ def _usage_error(message: str) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
-def _confirm(question: str, *, yes: bool) -> None:
+def _confirm(question: str, *, yes: bool, untouched: str = "Nothing was changed") -> None:
+    """Ask on a terminal; without one, refuse (exit 2) unless --yes was given."""
     if yes:
         return
     if not sys.stdin.isatty():
-        raise _usage_error(f"{question} Not asked without a terminal: pass --yes.")
+        raise _usage_error(f"{question} Not asked without a terminal: {untouched}; pass --yes.")
     if not typer.confirm(question, default=False):
+        sys.stderr.write(f"runcrate: {untouched}.\n")
         raise typer.Exit(EXIT_USAGE)
 
 
@@ -169,6 +219,43 @@ def login(
         out.note("Note: RUNCRATE_API_KEY is set and overrides the saved key.")
 
 
+auth_app.command("login")(login)
+
+
+@auth_app.command("status")
+def auth_status(json_flag: Json = False) -> None:
+    """Who the key is: its user, project, prefix, scopes and limits (GET /api/v1/me), and the
+    URL. Exit 5 when no key is saved or the API refuses it."""
+    out = _output(json_flag)
+    settings = config.load()
+    if not settings.api_key:
+        raise ApiError(
+            "no_api_key", "Not logged in: run `runcrate login`, or set RUNCRATE_API_KEY."
+        )
+    with ApiClient(api_url=settings.api_url, api_key=settings.api_key) as client:
+        me = client.me()
+    out.emit({**me, "api_url": settings.api_url, "key_source": settings.source}, output.auth_status)
+
+
+@auth_app.command("logout")
+def auth_logout(json_flag: Json = False) -> None:
+    """Remove the saved key from the config file (the URL stays for the next login)."""
+    out = _output(json_flag)
+    path, removed = config.forget_key()
+    result = {"config_file": str(path), "removed": removed}
+    out.emit(
+        result,
+        lambda console, r: console.print(
+            f"Removed the saved key from {r['config_file']}."
+            if r["removed"]
+            else f"No key was saved in {r['config_file']}.",
+            markup=False,
+        ),
+    )
+    if os.environ.get("RUNCRATE_API_KEY"):
+        out.note("Note: RUNCRATE_API_KEY is still set: commands go on sending it.")
+
+
 # --- the catalog ---------------------------------------------------------------------------
 
 
@@ -205,43 +292,112 @@ def offers(
 # --- clusters -------------------------------------------------------------------------------
 
 
-def _wait(out: Output, client: ApiClient, cluster: dict, *, timeout: float) -> int:
-    """Wait for the cluster to settle, live on a terminal; print it; return the exit code."""
+def _lost_api(
+    out: Output, client: ApiClient, cluster: dict, timeout: float
+) -> Callable[[ApiError | None], None]:
+    """What a wait says when the API stops answering, and when it answers again."""
+
+    def said(error: ApiError | None) -> None:
+        if error is None:
+            out.note("The Runcrate API answers again; still waiting.")
+            return
+        answer = f", HTTP {error.status}" if error.status else ""
+        out.note(
+            f"Lost the Runcrate API at {client.api_url} ({error.code}{answer}); cluster "
+            f"{cluster['name']} (id {cluster['id']}) goes on. Asking again, less and less "
+            f"often, until the wait's limit ({timeout:g} s)..."
+        )
+
+    return said
+
+
+def _wait(
+    out: Output, client: ApiClient, cluster: dict, *, timeout: float, added: Sequence[str] = ()
+) -> int:
+    """Wait for the cluster to settle, live on a terminal; print it; return the exit code.
+    `added`: the workers just added, which must have joined for a 0."""
+    lost = _lost_api(out, client, cluster, timeout)
     try:
         if out.json:
-            final, settled = client.wait_for_cluster(cluster["id"], timeout=timeout)
+            final, settled = client.wait_for_cluster(cluster["id"], timeout=timeout, on_lost=lost)
         else:
-            with Live(output.progress(cluster), console=out.console, refresh_per_second=4) as live:
+            width = out.console.width
+            display = output.progress(cluster, width=width)
+            with Live(display, console=out.console, refresh_per_second=4) as live:
                 final, settled = client.wait_for_cluster(
                     cluster["id"],
                     timeout=timeout,
-                    on_update=lambda current: live.update(output.progress(current)),
+                    on_update=lambda current: live.update(output.progress(current, width=width)),
+                    on_lost=lost,
                 )
     except KeyboardInterrupt:
         out.note(
             f"Stopped waiting; cluster {cluster['name']} (id {cluster['id']}) goes on: "
             f"`runcrate clusters wait {cluster['id']}` to wait again."
         )
-        return 130
+        return EXIT_INTERRUPTED
+    except ApiError as error:
+        if error.transient:
+            out.note(
+                f"Stopped waiting: the API did not answer again within {timeout:g} s. Cluster "
+                f"{cluster['name']} (id {cluster['id']}) goes on: `runcrate clusters wait "
+                f"{cluster['id']}` to wait again."
+            )
+        raise
     if out.json:
         output.print_json(final)
-    return _verdict(out, final, settled=settled, timeout=timeout)
+    return _verdict(out, final, settled=settled, timeout=timeout, added=added)
 
 
-def _verdict(out: Output, cluster: dict, *, settled: bool, timeout: float) -> int:
+def _verdict(
+    out: Output, cluster: dict, *, settled: bool, timeout: float, added: Sequence[str] = ()
+) -> int:
     name, status = f"{cluster['name']} (id {cluster['id']})", cluster["status"]
-    if status == "ready":
-        out.note(f"Cluster {name} is ready: `runcrate ssh {cluster['name']}` to log in.")
-        return 0
     if not settled:
-        out.note(f"Cluster {name} is still {status} after {timeout:g} s; it goes on without you.")
+        starting = [m["name"] for m in cluster["machines"] if m["status"] == "starting"]
+        still = f"still {status}"
+        if status in ("ready", "degraded") and starting:
+            are = "is" if len(starting) == 1 else "are"
+            still = f"{status}, but {', '.join(starting)} {are} still starting"
+        out.note(f"Cluster {name} is {still} after {timeout:g} s; it goes on without you.")
         return EXIT_TIMED_OUT
+    missing = [m for m in cluster["machines"] if m["name"] in added and m["status"] != "joined"]
+    if status in ("ready", "degraded") and missing:
+        why = [_machine_failure(cluster, machine) for machine in missing]
+        out.note(f"Cluster {name} is {status}, but not every machine added joined: {' '.join(why)}")
+        return EXIT_NOT_READY
+    if status == "ready":
+        joined = f" with {', '.join(added)}" if added else ""
+        out.note(f"Cluster {name} is ready{joined}: `runcrate ssh {cluster['name']}` to log in.")
+        return 0
     sentence = output.failure_sentence(cluster)
     message = f"Cluster {name} is {status}" + (f": {sentence}" if sentence else ".")
     if status == "degraded":
         message += f" `runcrate clusters retry-install {cluster['id']}` installs again."
     out.note(message)
     return EXIT_NOT_READY
+
+
+def _machine_failure(cluster: dict, machine: dict) -> str:
+    """One added machine that did not join: its status and its newest event's message."""
+    event = next(
+        (e for e in reversed(cluster.get("events") or []) if e.get("node") == machine["name"]),
+        None,
+    )
+    return f"{machine['name']} is {machine['status']}" + (
+        f" ({event['message']})." if event else "."
+    )
+
+
+def _show_plan(out: Output, plan: dict, *, render: Any, dry_run: bool) -> None:
+    """The plan for a person (on stderr beside JSON), or with --dry-run --json the plan itself
+    as JSON on stdout."""
+    if dry_run and out.json:
+        output.print_json(plan)
+    else:
+        render(out.human, plan)
+    if dry_run:
+        out.note("Dry run: nothing was changed.")
 
 
 @clusters_app.command("create")
@@ -265,6 +421,8 @@ def clusters_create(
             "one's cluster instead of renting a second: for scripts that retry."
         ),
     ] = None,
+    yes: Yes = False,
+    dry_run: DryRun = False,
     wait: Annotated[
         bool, typer.Option("--wait", help="Show each machine's progress until it settles.")
     ] = False,
@@ -273,22 +431,47 @@ def clusters_create(
 ) -> None:
     """Create a cluster: every machine at once, or none.
 
-    Billing starts when every machine has joined. With --wait, each machine's progress is shown
-    until the cluster is ready (exit 0), failed or degraded (exit 3).
+    Prints the server's plan first (machines, GPUs, price per hour and per GPU-hour, how long
+    the balance lasts, time to ready, the network) and asks to confirm; --yes skips the
+    question, --dry-run prints the plan and creates nothing. Without a terminal it creates
+    only with --yes. Billing starts when every machine has joined. With --wait, each
+    machine's progress is shown until the cluster is ready (exit 0), failed or degraded
+    (exit 3).
     """
     out, client = _session(json_flag)
     with client:
         key_ids = client.resolve_ssh_keys(ssh_key) if ssh_key else None
         volume_id = client.resolve_volume(volume) if volume else None
+        fields: dict[str, Any] = {
+            "offer_id": offer,
+            "nodes": nodes,
+            "name": name,
+            "software": software,
+            "ssh_key_ids": key_ids,
+            "volume_id": volume_id,
+            "environment": environment,
+        }
+        plan_token = None
+        try:
+            plan = client.plan_cluster(client.cluster_body(**fields))
+        except ApiError as error:
+            # A script's retry of a create that happened: the name is its cluster's now, and
+            # the create with the same key answers that cluster, renting nothing.
+            if not (idempotency_key and error.code == "name_taken") or dry_run:
+                raise
+            out.note(f"A cluster is named {name}: sending the create again with its key.")
+        else:
+            _show_plan(out, plan, render=output.plan, dry_run=dry_run)
+            if dry_run:
+                return
+            _confirm(
+                f"Create cluster {name} for {output.money(plan['price_per_hour'], '/h')}?",
+                yes=yes,
+                untouched="nothing was created",
+            )
+            plan_token = plan["plan_token"]
         created = client.create_cluster(
-            offer_id=offer,
-            nodes=nodes,
-            name=name,
-            software=software,
-            ssh_key_ids=key_ids,
-            volume_id=volume_id,
-            environment=environment,
-            idempotency_key=idempotency_key,
+            **fields, idempotency_key=idempotency_key, plan_token=plan_token
         )
         if not wait:
             out.emit(created, output.cluster)
@@ -312,7 +495,7 @@ def clusters_list(json_flag: Json = False) -> None:
 
 @clusters_app.command("show")
 def clusters_show(cluster: ClusterRef, json_flag: Json = False) -> None:
-    """A cluster: its status, failure, machines, events, acceptance and network test."""
+    """A cluster: its status, failure, machines, events and its last network test."""
     out, client = _session(json_flag)
     with client:
         out.emit(client.cluster(client.resolve_cluster(cluster)), output.cluster)
@@ -348,16 +531,114 @@ def clusters_terminate(cluster: ClusterRef, yes: Yes = False, json_flag: Json = 
         out.emit(client.terminate(cluster_id), output.cluster)
 
 
+def _money(value: Decimal) -> str:
+    return str(value.quantize(Decimal("0.01")))
+
+
 @clusters_app.command("add-workers")
 def clusters_add_workers(
     cluster: ClusterRef,
     count: Annotated[int, typer.Option(help="How many machines to add.", min=1)],
+    yes: Yes = False,
+    dry_run: DryRun = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Show each machine's progress until the new ones joined.")
+    ] = False,
+    timeout: Timeout = 1800,
     json_flag: Json = False,
 ) -> None:
-    """Add machines to a ready cluster; each is billed from the moment it is up."""
+    """Add machines to a ready cluster; each is billed from the moment it is up.
+
+    Prints what they add to the price (COUNT × the machine price) and the new total, and asks
+    to confirm; --yes skips the question, --dry-run changes nothing. With --wait, waits until
+    every machine added has joined (exit 0), or one failed (exit 3).
+    """
     out, client = _session(json_flag)
     with client:
-        out.emit(client.add_workers(client.resolve_cluster(cluster), count=count), output.cluster)
+        current = client.cluster(client.resolve_cluster(cluster))
+        machine_price = Decimal(current["machine_price_per_hour"])
+        added_price = machine_price * count
+        plan = {
+            "cluster_id": current["id"],
+            "name": current["name"],
+            "count": count,
+            "machine_price_per_hour": _money(machine_price),
+            "added_price_per_hour": _money(added_price),
+            "machines_now": current["nodes"],
+            "price_per_hour": current["price_per_hour"],
+            "machines_after": current["nodes"] + count,
+            "new_price_per_hour": _money(Decimal(current["price_per_hour"]) + added_price),
+        }
+        _show_plan(out, plan, render=output.workers_plan, dry_run=dry_run)
+        if dry_run:
+            return
+        _confirm(
+            f"Add {count} machine{'' if count == 1 else 's'} to {current['name']} for "
+            f"+{output.money(plan['added_price_per_hour'], '/h')}?",
+            yes=yes,
+            untouched="nothing was added",
+        )
+        before = {machine["name"] for machine in current["machines"]}
+        grown = client.add_workers(current["id"], count=count)
+        if not wait:
+            out.emit(grown, output.cluster)
+            return
+        added = [m["name"] for m in grown["machines"] if m["name"] not in before]
+        out.note(
+            f"Adding {', '.join(added)} to {grown['name']} (id {grown['id']}). Waiting until "
+            "they joined (Ctrl-C stops waiting, not the machines)..."
+        )
+        code = _wait(out, client, grown, timeout=timeout, added=added)
+    raise typer.Exit(code)
+
+
+@clusters_app.command("network-test")
+def clusters_network_test(
+    cluster: ClusterRef,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for its result and print it.")] = False,
+    timeout: Timeout = 900,
+    json_flag: Json = False,
+) -> None:
+    """Measure the private network between the machines of a ready or degraded cluster.
+
+    all_reduce_perf across them where nccl-tests is installed, otherwise each machine's
+    bandwidth to node-0. It runs on the server; --wait prints the result once it finished
+    (exit 0, or 3 when it failed; 4 past --timeout). `runcrate clusters show` shows the last
+    one too.
+    """
+    out, client = _session(json_flag)
+    with client:
+        cluster_id = client.resolve_cluster(cluster)
+        try:
+            test = client.network_test(cluster_id)
+        except ApiError as error:
+            if not (wait and error.code == "network_test_running"):
+                raise
+            out.note("A network test already runs on it; waiting for that one.")
+            test = {"state": "running"}
+        if not wait:
+            out.emit(test, output.network_test)
+            out.note(
+                f"It runs on: `runcrate clusters show {cluster}` shows its result once it finished."
+            )
+            return
+        out.note("Measuring (Ctrl-C stops waiting, not the test)...")
+        target = {"id": cluster_id, "name": cluster}
+        try:
+            final, finished = client.poll_until(
+                lambda: client.cluster(cluster_id)["network_test"] or {"state": "running"},
+                lambda current: current["state"] != "running",
+                timeout=timeout,
+                on_lost=_lost_api(out, client, target, timeout),
+            )
+        except KeyboardInterrupt:
+            out.note("Stopped waiting; the network test goes on.")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+    out.emit(final, output.network_test)
+    if not finished:
+        out.note(f"The network test still runs after {timeout:g} s.")
+        raise typer.Exit(EXIT_TIMED_OUT)
+    raise typer.Exit(0 if final["state"] == "done" else EXIT_NOT_READY)
 
 
 @clusters_app.command("retry-install")

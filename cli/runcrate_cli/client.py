@@ -22,7 +22,14 @@ PAGE_SIZE = 200  # the largest page the list endpoints give
 # A cluster is settled once nothing more happens to it without someone acting: ready or
 # degraded (running), or ended.
 SETTLED = frozenset({"ready", "degraded", "failed", "terminated", "stopped"})
+RUNNING = frozenset({"ready", "degraded"})
 DEFAULT_POLL_SECONDS = 2.0  # the reconciler's tick (RUNCRATE_TICK_SECONDS)
+# A lost API is asked again after the poll interval, then twice as long each time, up to this.
+MAX_BACKOFF_SECONDS = 30.0
+# Answers that say the server is not there right now (a proxy in front of one restarting, the
+# API's own outage answer), not that it refused: a wait tries again.
+TRANSIENT_STATUSES = frozenset({502, 503, 504})
+UNREACHABLE = frozenset({"unreachable", "timeout"})  # the codes of an answer that never came
 
 
 class ApiError(Exception):
@@ -37,6 +44,23 @@ class ApiError(Exception):
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "status": self.status}
+
+    @property
+    def transient(self) -> bool:
+        """No answer came (the server is unreachable or too slow), or the answer says it is not
+        there right now: asking again later may succeed."""
+        return self.code in UNREACHABLE or self.status in TRANSIENT_STATUSES
+
+
+def is_settled(cluster: dict) -> bool:
+    """Nothing more happens to the cluster without someone acting: it ended, or it runs (ready
+    or degraded) with no machine still starting. A ready cluster whose added workers start is
+    not settled yet: its hostfile lists only the machines that joined."""
+    if cluster["status"] not in SETTLED:
+        return False
+    return cluster["status"] not in RUNNING or not any(
+        machine["status"] == "starting" for machine in cluster.get("machines") or []
+    )
 
 
 def poll_seconds() -> float:
@@ -284,21 +308,64 @@ class ApiClient:
         *,
         timeout: float,
         on_update: Callable[[dict], None] | None = None,
+        on_lost: Callable[[ApiError | None], None] | None = None,
         poll: float | None = None,
     ) -> tuple[dict, bool]:
-        """Poll the cluster until it is settled (`SETTLED`) or `timeout` seconds pass; return
-        its last state and whether it settled."""
-        interval = poll_seconds() if poll is None else poll
-        deadline = time.monotonic() + timeout
-        while True:
-            cluster = self.cluster(cluster_id)
+        """Poll the cluster until it is settled (`is_settled`) or `timeout` seconds pass; return
+        its last state and whether it settled. See `poll_until` for a lost API."""
+
+        def settled(cluster: dict) -> bool:
             if on_update is not None:
                 on_update(cluster)
-            if cluster["status"] in SETTLED:
-                return cluster, True
+            return is_settled(cluster)
+
+        return self.poll_until(
+            lambda: self.cluster(cluster_id), settled, timeout=timeout, on_lost=on_lost, poll=poll
+        )
+
+    def poll_until(
+        self,
+        read: Callable[[], dict],
+        done: Callable[[dict], bool],
+        *,
+        timeout: float,
+        on_lost: Callable[[ApiError | None], None] | None = None,
+        poll: float | None = None,
+    ) -> tuple[dict, bool]:
+        """Call `read` every poll interval until `done(answer)` or `timeout` seconds pass;
+        return the last answer and whether it was done.
+
+        A wait outlives the API's blips: a read that cannot reach the server (a network
+        failure, a server restarting, a proxy's 502/503/504) is tried again with a growing
+        delay for as long as the wait's own limit, `on_lost(error)` told once when the API is
+        lost and `on_lost(None)` once it answers again. Past the limit without an answer the
+        last error is raised; any other refusal is raised at once."""
+        interval = poll_seconds() if poll is None else poll
+        deadline = time.monotonic() + timeout
+        last: dict | None = None
+        backoff = interval
+        lost = False
+        while True:
+            try:
+                answer = read()
+            except ApiError as error:
+                left = deadline - time.monotonic()
+                if not error.transient or left <= 0:
+                    raise
+                if not lost and on_lost is not None:
+                    on_lost(error)
+                lost = True
+                time.sleep(min(backoff, left))
+                backoff = min(backoff * 2, max(interval, MAX_BACKOFF_SECONDS))
+                continue
+            if lost and on_lost is not None:
+                on_lost(None)
+            lost, backoff, last = False, interval, answer
+            if done(answer):
+                return answer, True
             left = deadline - time.monotonic()
             if left <= 0:
-                return cluster, False
+                return last, False
             time.sleep(min(interval, left))
 
     # --- SSH keys and volumes -------------------------------------------------------------------

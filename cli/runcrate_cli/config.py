@@ -74,8 +74,9 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)
 
 
-def save(*, api_url: str, api_key: str) -> Path:
-    """Write the config file (mode 0600, its directory 0700) and return its path."""
+def save(*, api_url: str, api_key: str | None) -> Path:
+    """Write the config file (mode 0600, its directory 0700) and return its path; without
+    `api_key`, only the URL."""
     directory = config_dir()
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
@@ -83,8 +84,9 @@ def save(*, api_url: str, api_key: str) -> Path:
     body = (
         "# Written by `runcrate login`. RUNCRATE_API_URL and RUNCRATE_API_KEY override it.\n"
         f"api_url = {_toml_string(normalise_url(api_url))}\n"
-        f"api_key = {_toml_string(api_key)}\n"
     )
+    if api_key is not None:
+        body += f"api_key = {_toml_string(api_key)}\n"
     partial = path.with_suffix(".toml.partial")
     # Created 0600 from the first byte: a chmod after writing would leave a window.
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -93,3 +95,19 @@ def save(*, api_url: str, api_key: str) -> Path:
     os.chmod(partial, 0o600)  # O_CREAT's mode does not apply to a file that already existed
     os.replace(partial, path)
     return path
+
+
+def forget_key() -> tuple[Path, bool]:
+    """For `runcrate auth logout`: rewrite the config file without its key, keeping the URL
+    for the next login; return its path and whether a key was there. A file that cannot be
+    read is removed: it is no use to anything, and may hold the key."""
+    path = config_path()
+    try:
+        stored = read_file()
+    except ConfigError:
+        path.unlink()
+        return path, True
+    if "api_key" not in stored:
+        return path, False
+    save(api_url=stored.get("api_url") or DEFAULT_API_URL, api_key=None)
+    return path, True

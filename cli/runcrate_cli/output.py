@@ -9,11 +9,14 @@ stderr too.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console, Group
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -39,6 +42,13 @@ class Output:
     def __init__(self, *, json_flag: bool) -> None:
         self.json = json_flag or not sys.stdout.isatty()
         self.console = Console(highlight=False)
+        # What a person reads beside JSON on stdout (a plan before a create, say): stderr.
+        self.err_console = Console(stderr=True, highlight=False)
+
+    @property
+    def human(self) -> Console:
+        """Where text for a person goes: stdout on a terminal, stderr beside JSON."""
+        return self.err_console if self.json else self.console
 
     def emit(self, data: Any, render: Callable[[Console, Any], None] | None = None) -> None:
         if self.json or render is None:
@@ -58,6 +68,78 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+# --- errors -----------------------------------------------------------------------------------
+
+# What to run next, for the refusals a terminal user meets: said after the API's message.
+HINTS = {
+    "no_ssh_keys": "Add one: `runcrate ssh-keys add` (it reads ~/.ssh/id_ed25519.pub).",
+    "unauthenticated": "Log in with a working key: `runcrate login`.",
+    "scope_missing": "`runcrate auth status` shows this key's scopes; `runcrate login` with a "
+    "key that has the scope.",
+    "key_limit_exceeded": "`runcrate auth status` shows this key's limits.",
+    "insufficient_balance": "`runcrate balance` shows it; add credit on the dashboard's Billing "
+    "page.",
+    "budget_reached": "`runcrate usage` shows this month's spend.",
+    "name_taken": "`runcrate clusters list` shows the names in use; choose another --name.",
+    "not_enough_machines": "`runcrate offers --gpu GPU --nodes N` lists the offers that can "
+    "start them now.",
+    "unknown_offer": "`runcrate offers --gpu GPU --nodes N` lists the offers and their ids.",
+    "unknown_environment": "`runcrate auth status` lists your project's environments.",
+    "plan_expired": "Run the same command again: it plans anew.",
+    "plan_mismatch": "Run the same command again: it plans anew.",
+}
+# The API's paths that its messages cite, as the commands that do the same (most specific
+# first); a path not here is left as the API wrote it.
+_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("GET", r"/me", "runcrate auth status"),
+    ("GET", r"/gpus", "runcrate gpus"),
+    ("GET", r"/offers", "runcrate offers"),
+    ("POST", r"/quotes", "runcrate quote request"),
+    ("GET", r"/quotes/(\d+)", r"runcrate quote show \1"),
+    ("GET", r"/quotes", "runcrate quote list"),
+    ("POST", r"/clusters/plan", "runcrate clusters create"),
+    ("POST", r"/clusters/(\d+)/terminate", r"runcrate clusters terminate \1"),
+    ("POST", r"/clusters/(\d+)/workers", r"runcrate clusters add-workers \1"),
+    ("POST", r"/clusters/(\d+)/retry-install", r"runcrate clusters retry-install \1"),
+    ("POST", r"/clusters/(\d+)/network-test", r"runcrate clusters network-test \1"),
+    ("GET", r"/clusters/(\d+)/connect", r"runcrate ssh \1"),
+    ("GET", r"/clusters/(\d+)", r"runcrate clusters show \1"),
+    ("GET", r"/clusters", "runcrate clusters list"),
+    ("POST", r"/clusters", "runcrate clusters create"),
+    ("GET", r"/ssh-keys", "runcrate ssh-keys list"),
+    ("POST", r"/ssh-keys", "runcrate ssh-keys add"),
+    ("DELETE", r"/ssh-keys/(\d+)", r"runcrate ssh-keys remove \1"),
+    ("GET", r"/volumes", "runcrate volumes list"),
+    ("POST", r"/volumes", "runcrate volumes create"),
+    ("DELETE", r"/volumes/(\d+)", r"runcrate volumes delete \1"),
+    ("GET", r"/billing/balance", "runcrate balance"),
+    ("GET", r"/billing/usage", "runcrate usage"),
+)
+_API_CALL = re.compile(r"\b(GET|POST|DELETE|PATCH|PUT) /api/v1(/[\w\-/{}]*?)/?(?=[\s,;:.)'\"]|$)")
+
+
+def _as_command(match: re.Match[str]) -> str:
+    method, path = match.group(1), match.group(2)
+    for wanted, pattern, command in _COMMANDS:
+        found = re.fullmatch(pattern, path)
+        if wanted == method and found:
+            return f"`{found.expand(command)}`"
+    return match.group(0)
+
+
+def in_cli_words(message: str) -> str:
+    """The API's message with the API calls it cites named as the commands that make them."""
+    return _API_CALL.sub(_as_command, message)
+
+
+def error_sentence(code: str, message: str) -> str:
+    """A refusal for a person at a terminal: the API's message in the CLI's words, and what to
+    run next where there is a command for it."""
+    hint = HINTS.get(code)
+    sentence = in_cli_words(message)
+    return f"{sentence} {hint}" if hint and hint not in sentence else sentence
+
+
 def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
 
@@ -73,44 +155,151 @@ def _table(*columns: str, title: str | None = None) -> Table:
     return table
 
 
+Cell = str | Text
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table's column. A `whole` one holds what a person copies or compares (an id, a name,
+    a status, a price): it is never cut, nor wrapped inside a value; the others wrap."""
+
+    header: str
+    whole: bool = False
+
+
+# What each column adds to the table's width: a space either side and a border; plus one edge.
+COLUMN_EXTRA = 3
+
+
+def _text(cell: Cell) -> str:
+    return cell.plain if isinstance(cell, Text) else cell
+
+
+def _width(cell: Cell) -> int:
+    return max((cell_len(line) for line in _text(cell).splitlines()), default=0)
+
+
+def _longest_word(cell: Cell) -> int:
+    return max((cell_len(word) for word in _text(cell).split()), default=0)
+
+
+def fit_table(
+    width: int, columns: list[Column], rows: list[list[Cell]], *, title: str | None = None
+) -> RenderableType:
+    """The rows as a table at most `width` wide (the terminal's), its whole columns at their
+    full width and the others wrapping; where even that does not fit, one block per row
+    (`header  value` lines), so that a whole value is never cut, at 80 columns or fewer."""
+    needs = [
+        max([_width(column.header), *(_width(row[i]) for row in rows)])
+        for i, column in enumerate(columns)
+    ]
+    words = [
+        max([_longest_word(column.header), *(_longest_word(row[i]) for row in rows)])
+        for i, column in enumerate(columns)
+    ]
+    pairs = list(zip(columns, needs, strict=True))
+    # A wrapping column can narrow down to its longest word; a whole one not at all.
+    least = sum(
+        need if column.whole else word for (column, need), word in zip(pairs, words, strict=True)
+    )
+    if least + COLUMN_EXTRA * len(columns) + 1 <= width:
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for column, need in pairs:
+            if column.whole:
+                table.add_column(column.header, no_wrap=True, min_width=need)
+            else:
+                table.add_column(column.header)
+        for row in rows:
+            table.add_row(*row)
+        return table
+    blocks: list[RenderableType] = [Text(title, style="bold")] if title else []
+    label = max(_width(column.header) for column in columns)
+    for row in rows:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True, min_width=label, style="bold")
+        grid.add_column()
+        for column, cell in zip(columns, row, strict=True):
+            grid.add_row(column.header, cell)
+        blocks += [grid, Text("")]
+    return Group(*blocks)
+
+
+def minutes(seconds: int | None) -> str:
+    """A duration as the offers page words it: about N min (half up), or under 1 min."""
+    if seconds is None:
+        return "—"
+    whole = (seconds + 30) // 60
+    return f"about {whole} min" if whole else "under 1 min"
+
+
+def track_record_badge(record: dict | None) -> str:
+    """The offers page's track-record badge, in words: how many of the last 30 days' clusters
+    started, and their median time to ready."""
+    if not record:
+        return "no track record yet"
+    if record.get("ready_median_seconds") is None:
+        return f"none of {record['clusters']} started"
+    percent = record["started"] * 100 // record["clusters"]  # 199 of 200 reads 99%, never 100%
+    ready = (record["ready_median_seconds"] + 30) // 60
+    return f"{percent}% started · " + (f"~{ready} min" if ready else "<1 min")
+
+
 # --- the catalog -------------------------------------------------------------------------------
 
 
 def gpus(console: Console, rows: list[dict]) -> None:
-    table = _table("GPU", "name", "memory", "from (machine)", "GPUs per machine")
-    for gpu in rows:
-        table.add_row(
+    columns = [
+        Column("GPU", whole=True),
+        Column("name"),
+        Column("memory"),
+        Column("from (machine)", whole=True),
+        Column("GPUs per machine"),
+    ]
+    table = [
+        [
             gpu["slug"],
             gpu["name"],
             f"{gpu['memory_gib']} GiB",
             money(gpu["lowest_machine_price_per_hour"], "/h"),
             ", ".join(str(n) for n in gpu["gpu_counts"]) or "none on offer",
-        )
-    console.print(table)
+        ]
+        for gpu in rows
+    ]
+    console.print(fit_table(console.width, columns, table))
 
 
 def offers(console: Console, rows: list[dict]) -> None:
     if not rows:
         console.print("No offer can start that many machines now.")
         return
-    table = _table(
-        "offer", "location", "GPUs", "kind", "network", "machine", "cluster", "free", "now"
-    )
+    columns = [
+        Column("offer", whole=True),
+        Column("machines"),
+        Column("price", whole=True),
+        Column("now", whole=True),
+    ]
+    table: list[list[Cell]] = []
     for offer in rows:
         free = "some" if offer["nodes_available"] is None else str(offer["nodes_available"])
         kind = offer["machine_kind"] + (" (community)" if offer["community"] else "")
-        table.add_row(
-            offer["id"],
-            offer["location"],
-            f"{offer['gpus_per_machine']}× {offer['gpu']}",
-            kind,
-            offer["interconnect"],
-            money(offer["machine_price_per_hour"], "/h"),
-            money(offer["price_per_hour"], "/h"),
-            free,
-            status_text(offer["availability"].replace("_", " ")),
+        table.append(
+            [
+                offer["id"],
+                f"{offer['gpus_per_machine']}× {offer['gpu']} in {offer['location']}, {kind}, "
+                f"{offer['interconnect']}\n{track_record_badge(offer.get('track_record'))}",
+                f"{money(offer['price_per_hour'], '/h')}\n"
+                f"{money(offer['machine_price_per_hour'], '/h')} each\n"
+                f"{money(offer['price_per_gpu_hour'], '/GPU-h')}",
+                Text.assemble(
+                    status_text(offer["availability"].replace("_", " ")), f"\n{free} free"
+                ),
+            ]
         )
-    console.print(table)
+    console.print(fit_table(console.width, columns, table))
+    console.print(
+        "price: the whole cluster, each machine and one GPU, per hour; the track record is how "
+        "its clusters of the last 30 days started."
+    )
     if any(offer["community"] for offer in rows):
         console.print("Community offers run on independent operators' hosts: keep secrets off.")
 
@@ -122,19 +311,30 @@ def clusters(console: Console, rows: list[dict]) -> None:
     if not rows:
         console.print("No clusters yet: `runcrate offers --gpu SLUG --nodes N` to pick one.")
         return
-    table = _table("id", "name", "status", "nodes", "GPU", "location", "price", "created")
-    for cluster in rows:
-        table.add_row(
+    columns = [
+        Column("id", whole=True),
+        Column("name", whole=True),
+        Column("status", whole=True),
+        Column("machines"),
+        Column("price", whole=True),
+    ]
+    table = [
+        [
             str(cluster["id"]),
             cluster["name"],
             status_text(cluster["status"]),
-            str(cluster["nodes"]),
-            f"{cluster['gpus_per_machine']}× {cluster['gpu']}",
-            cluster["location"],
+            f"{cluster['nodes']} × {cluster['gpus_per_machine']}× {cluster['gpu']} in "
+            f"{cluster['location']}",
             money(cluster["price_per_hour"], "/h"),
-            str(cluster["created_at"])[:19].replace("T", " "),
-        )
-    console.print(table)
+        ]
+        for cluster in rows
+    ]
+    console.print(fit_table(console.width, columns, table))
+
+
+def when(value: str | None) -> str:
+    """An API time (ISO 8601, UTC) as `2026-03-01 10:00:00`."""
+    return "" if value is None else str(value)[:19].replace("T", " ")
 
 
 def failure_sentence(cluster: dict) -> str | None:
@@ -160,24 +360,33 @@ def failure_sentence(cluster: dict) -> str | None:
     return f"{failure['reason']}" + (f" on {where}" if where else "") + f": {failure['message']}"
 
 
-def machines_table(cluster: dict) -> Table:
+def machines_table(cluster: dict, *, width: int) -> RenderableType:
     # The steps a machine passes before `done`: no install step without software.
     gates = [s for s in STEPS[:-1] if s != "install" or cluster.get("software") != "none"]
-    table = _table("node", "status", "step", "progress", "private IP")
+    columns = [
+        Column("node", whole=True),
+        Column("status", whole=True),
+        Column("step", whole=True),
+        Column("progress", whole=True),
+        Column("private IP", whole=True),
+    ]
+    rows: list[list[Cell]] = []
     for machine in cluster["machines"]:
         step = machine["step"]
         passed = len(gates) if step == "done" else gates.index(step) if step in gates else 0
-        table.add_row(
-            machine["name"],
-            status_text(machine["status"]),
-            step,
-            "█" * passed + "░" * (len(gates) - passed),
-            machine["private_ip"],
+        rows.append(
+            [
+                machine["name"],
+                status_text(machine["status"]),
+                step,
+                "█" * passed + "░" * (len(gates) - passed),
+                machine["private_ip"] or "",
+            ]
         )
-    return table
+    return fit_table(width, columns, rows)
 
 
-def progress(cluster: dict) -> Group:
+def progress(cluster: dict, *, width: int) -> Group:
     """The live `--wait` display: the cluster's status and one row per machine."""
     header = Text.assemble(
         ("cluster ", "bold"),
@@ -187,7 +396,7 @@ def progress(cluster: dict) -> Group:
         f"  {cluster['nodes']}× {cluster['gpus_per_machine']} {cluster['gpu']} in "
         f"{cluster['location']}, {money(cluster['price_per_hour'], '/h')}",
     )
-    parts: list[Any] = [header, machines_table(cluster)]
+    parts: list[Any] = [header, machines_table(cluster, width=width)]
     sentence = failure_sentence(cluster)
     if sentence:
         parts.append(Text(sentence, style="red"))
@@ -195,6 +404,8 @@ def progress(cluster: dict) -> Group:
 
 
 def cluster(console: Console, data: dict) -> None:
+    """A cluster: its facts, its machines and, when the API gave them (`clusters show`), its
+    events and its last network test."""
     lines = [
         f"status      {data['status']}",
         f"offer       {data['offer_id']} ({data['gpus_per_machine']}× {data['gpu']}, "
@@ -216,20 +427,218 @@ def cluster(console: Console, data: dict) -> None:
     if sentence:
         lines.append(f"failure     {sentence}")
     console.print(Panel("\n".join(lines), title=f"{data['name']} (id {data['id']})"))
-    console.print(machines_table(data))
+    console.print(machines_table(data, width=console.width))
+    if data.get("events"):
+        console.print(Text("Events", style="bold"))
+        events(console, data["events"])
+    if "network_test" in data:
+        console.print(Text("Network test", style="bold"))
+        if data["network_test"] is None:
+            console.print(
+                f"None yet: `runcrate clusters network-test {data['id']}` measures the private "
+                "network between the machines."
+            )
+        else:
+            network_test(console, data["network_test"])
 
 
 def events(console: Console, rows: list[dict]) -> None:
-    table = _table("at", "node", "step", "reason", "message")
-    for event in rows:
-        table.add_row(
-            str(event["at"])[:19].replace("T", " "),
+    columns = [
+        Column("at"),
+        Column("node", whole=True),
+        Column("step"),
+        Column("reason", whole=True),
+        Column("message"),
+    ]
+    table = [
+        [
+            when(event["at"]),
             event.get("node") or "",
             event.get("step") or "",
             event["reason"],
             event["message"],
+        ]
+        for event in rows
+    ]
+    console.print(fit_table(console.width, columns, table))
+
+
+def network_test(console: Console, data: dict) -> None:
+    """The last network test: its state, its figures (per message size for nccl, per machine
+    to node-0 for the agent's test) and what the Ethernet network should give."""
+    method = {"nccl": "all_reduce_perf (nccl-tests)", "agent": "each machine to node-0"}.get(
+        data.get("method") or "", data.get("method") or "not measured yet"
+    )
+    state = Text.assemble(
+        status_text(data["state"]),
+        f"  {method}, started {when(data['started_at'])}",
+        f", finished {when(data['finished_at'])}" if data.get("finished_at") else "",
+        " (simulated figures)" if data.get("simulated") else "",
+    )
+    console.print(state)
+    if data.get("error"):
+        console.print(Text(data["error"], style="red"))
+    if data.get("avg_busbw_gbs") is not None:
+        console.print(
+            f"Bus bandwidth {data['avg_busbw_gbs']} GB/s on average, "
+            f"{data.get('peak_busbw_gbs')} GB/s at its peak."
         )
-    console.print(table)
+    if data.get("sizes"):
+        columns = [Column("size", whole=True), Column("time"), Column("bus GB/s", whole=True)]
+        rows: list[list[Cell]] = [
+            [row["size"], f"{row['time_us']} µs", str(row["busbw_gbs"])] for row in data["sizes"]
+        ]
+        console.print(fit_table(console.width, columns, rows))
+    if data.get("pairs"):
+        columns = [
+            Column("node", whole=True),
+            Column("to", whole=True),
+            Column("Gbit/s", whole=True),
+            Column("latency"),
+            Column("tool"),
+        ]
+        rows = [
+            [
+                pair["node"],
+                pair["to"],
+                "—" if pair.get("gbit_s") is None else str(pair["gbit_s"]),
+                "" if pair.get("latency_ms") is None else f"{pair['latency_ms']} ms",
+                pair.get("error") or pair.get("tool") or "",
+            ]
+            for pair in data["pairs"]
+        ]
+        console.print(fit_table(console.width, columns, rows))
+    if data.get("expected"):
+        console.print(f"Expected: {data['expected']}", markup=False)
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+def _facts(rows: list[tuple[str, Cell]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column()
+    for label, value in rows:
+        grid.add_row(label, value)
+    return grid
+
+
+def plan(console: Console, data: dict) -> None:
+    """What creating the cluster would do, as the server planned it (POST /clusters/plan)."""
+    community = " (community: an independent operator's hosts, keep secrets off)"
+    rows: list[tuple[str, Cell]] = [
+        (
+            "machines",
+            f"{data['nodes']} × {data['offer_id']} in {data['location']}"
+            + (community if data.get("community") else ""),
+        ),
+        (
+            "GPUs",
+            f"{data['gpus_total']} × {data['gpu']} ({data['gpus_per_machine']} per machine)",
+        ),
+        (
+            "price",
+            f"{money(data['price_per_hour'], '/h')}: "
+            f"{money(data['machine_price_per_hour'], '/h')} per machine, "
+            f"{money(data['price_per_gpu_hour'])} per GPU-hour",
+        ),
+        ("balance", _balance_line(data)),
+        ("ready in", _ready_line(data)),
+    ]
+    network = data.get("network") or {}
+    if network:
+        parts = [network.get("expected"), network.get("suits") and f"suits {network['suits']}"]
+        parts.append(network.get("not_for") and f"not for {network['not_for']}")
+        rows.append(
+            ("network", f"{network.get('interconnect', '')}: " + "; ".join(p for p in parts if p))
+        )
+    keys = data.get("ssh_key_ids") or []
+    rows.append(
+        (
+            "software",
+            f"{data['software']}; environment {data['environment']}; "
+            f"{len(keys)} SSH key{'' if len(keys) == 1 else 's'}"
+            + (f"; volume {data['volume_id']}" if data.get("volume_id") else ""),
+        )
+    )
+    console.print(Text(f"Plan for cluster {data['name']}", style="bold"))
+    console.print(_facts(rows))
+
+
+def _balance_line(data: dict) -> str:
+    if data.get("balance") is None:
+        return "not shown to this key or role"
+    running = data.get("running_price_per_hour")
+    beside = (
+        f" beside {money(running, '/h')} already running"
+        if running and running not in ("0", "0.00")
+        else ""
+    )
+    hours = data.get("hours_covered")
+    lasts = f"lasts {hours} h" if hours is not None else "lasts indefinitely"
+    return f"{money(data['balance'])} {lasts} at this cluster's price{beside}"
+
+
+def _ready_line(data: dict) -> str:
+    line = minutes(data.get("ready_estimate_seconds"))
+    if data.get("track_record"):
+        line += f" (track record: {track_record_badge(data['track_record'])})"
+    return line
+
+
+def workers_plan(console: Console, data: dict) -> None:
+    """What adding workers costs: the machines added × the cluster's machine price."""
+    count = data["count"]
+    console.print(
+        Text(
+            f"Add {count} machine{'' if count == 1 else 's'} to {data['name']} "
+            f"(id {data['cluster_id']})",
+            style="bold",
+        )
+    )
+    console.print(
+        _facts(
+            [
+                (
+                    "added",
+                    f"+{money(data['added_price_per_hour'], '/h')} "
+                    f"({count} × {money(data['machine_price_per_hour'], '/h')})",
+                ),
+                ("now", f"{data['machines_now']} machines, {money(data['price_per_hour'], '/h')}"),
+                (
+                    "after",
+                    f"{data['machines_after']} machines, {money(data['new_price_per_hour'], '/h')}",
+                ),
+            ]
+        )
+    )
+
+
+def auth_status(console: Console, data: dict) -> None:
+    key = data["api_key"]
+    limits = [
+        f"{key['max_machines_per_cluster']} machines per cluster"
+        if key.get("max_machines_per_cluster")
+        else "",
+        f"{money(key['max_usd_per_hour'], '/h')}" if key.get("max_usd_per_hour") else "",
+    ]
+    console.print(
+        _facts(
+            [
+                ("user", f"{data['email']}" + (f" ({data['name']})" if data.get("name") else "")),
+                ("project", f"{data['project']['name']} (id {data['project']['id']})"),
+                (
+                    "environments",
+                    ", ".join(data["project"].get("environments") or []) or "default",
+                ),
+                ("key", f"{key['name']} ({key['prefix']}…) from {data['key_source']}"),
+                ("scopes", ", ".join(key.get("scopes") or []) or "none"),
+                ("limits", ", ".join(x for x in limits if x) or "none"),
+                ("API", data["api_url"]),
+            ]
+        )
+    )
 
 
 # --- volumes, billing, quotes -------------------------------------------------------------------
@@ -239,18 +648,28 @@ def volumes(console: Console, rows: list[dict]) -> None:
     if not rows:
         console.print("No volumes.")
         return
-    table = _table("id", "name", "location", "size", "per month", "attached to")
+    columns = [
+        Column("id", whole=True),
+        Column("name", whole=True),
+        Column("location"),
+        Column("size"),
+        Column("per month", whole=True),
+        Column("attached to"),
+    ]
+    table = []
     for volume in rows:
         attached = volume.get("attached_to")
-        table.add_row(
-            str(volume["id"]),
-            volume["name"],
-            volume["location"],
-            f"{volume['size_gb']} GB",
-            money(volume["price_per_month"]),
-            f"{attached['name']} (id {attached['id']})" if attached else "",
+        table.append(
+            [
+                str(volume["id"]),
+                volume["name"],
+                volume["location"],
+                f"{volume['size_gb']} GB",
+                money(volume["price_per_month"]),
+                f"{attached['name']} (id {attached['id']})" if attached else "",
+            ]
         )
-    console.print(table)
+    console.print(fit_table(console.width, columns, table))
 
 
 def volume(console: Console, data: dict) -> None:
@@ -266,12 +685,16 @@ def balance(console: Console, data: dict) -> None:
 
 def usage(console: Console, data: dict) -> None:
     meta = data["meta"]
-    table = _table("cluster", "machine-hours", "total", title=f"Usage in {meta['month']}")
-    for line in data["data"]:
-        name = f"{line['name']} (id {line['cluster_id']})"
-        total = money(line["total"]) + (" (accumulating)" if line["accumulating"] else "")
-        table.add_row(name, line["hours"], total)
-    console.print(table)
+    columns = [Column("cluster", whole=True), Column("machine-hours"), Column("total", whole=True)]
+    table: list[list[Cell]] = [
+        [
+            f"{line['name']} (id {line['cluster_id']})",
+            line["hours"],
+            money(line["total"]) + (" (accumulating)" if line["accumulating"] else ""),
+        ]
+        for line in data["data"]
+    ]
+    console.print(fit_table(console.width, columns, table, title=f"Usage in {meta['month']}"))
     console.print(f"Total usage  {money(meta['total_usage'])}")
 
 
@@ -279,9 +702,18 @@ def quotes(console: Console, rows: list[dict]) -> None:
     if not rows:
         console.print("No quote requests.")
         return
-    table = _table("id", "status", "GPU", "nodes", "network", "location", "start", "weeks")
-    for quote in rows:
-        table.add_row(
+    columns = [
+        Column("id", whole=True),
+        Column("status", whole=True),
+        Column("GPU"),
+        Column("nodes"),
+        Column("network"),
+        Column("location"),
+        Column("start"),
+        Column("weeks"),
+    ]
+    table = [
+        [
             str(quote["id"]),
             quote["status"],
             quote["gpu"],
@@ -290,8 +722,10 @@ def quotes(console: Console, rows: list[dict]) -> None:
             quote.get("location") or "any",
             str(quote["start_date"]),
             str(quote["duration_weeks"]),
-        )
-    console.print(table)
+        ]
+        for quote in rows
+    ]
+    console.print(fit_table(console.width, columns, table))
 
 
 def quote(console: Console, data: dict) -> None:

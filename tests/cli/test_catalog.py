@@ -65,6 +65,10 @@ def test_it_prints_the_apis_refusal_for_a_size_out_of_range(env, tmp_path, accou
 
     api = account.api().get("/api/v1/offers?gpu=h100-sxm&nodes=65").json()["error"]
     assert result.code == 1
-    assert result.json() == {"error": {**api, "status": 422}}
-    assert api["message"] in result.stderr
+    assert result.json() == {"error": {**api, "status": 422}}  # the API's own words
+    # On stderr the API call it cites is the command that makes it.
+    assert "(POST /api/v1/quotes)" in api["message"]
+    assert api["message"].replace("POST /api/v1/quotes", "`runcrate quote request`") in (
+        result.stderr
+    )
     assert_no_traceback(result)

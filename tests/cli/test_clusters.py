@@ -31,6 +31,7 @@ def test_it_creates_a_cluster_and_waits_until_it_is_ready(env, tmp_path, account
         "--name",
         "train",
         "--wait",
+        "--yes",
         "--json",
         env=env,
         tmp_path=tmp_path,
@@ -61,6 +62,7 @@ def test_it_exits_non_zero_naming_the_failed_node_and_step(env, tmp_path, accoun
         "--name",
         "broken",
         "--wait",
+        "--yes",
         env=env,
         tmp_path=tmp_path,
         drive=ticker,
@@ -153,7 +155,7 @@ def test_a_degraded_cluster_exits_3_and_its_install_can_be_retried(env, tmp_path
 
     waited = run_cli(
         "clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "slurmy",
-        "--software", "slurm", "--wait", env=env, tmp_path=tmp_path, drive=ticker,
+        "--software", "slurm", "--wait", "--yes", env=env, tmp_path=tmp_path, drive=ticker,
     )  # fmt: skip
 
     assert waited.code == 3, waited.stderr
@@ -178,7 +180,9 @@ def test_a_degraded_cluster_exits_3_and_its_install_can_be_retried(env, tmp_path
 def test_it_adds_workers_to_a_ready_cluster(env, tmp_path, account, ticker):
     cluster = ready_cluster(account, ticker, hosts=3)
 
-    result = run_cli("clusters", "add-workers", "train", "--count", "1", env=env, tmp_path=tmp_path)
+    result = run_cli(
+        "clusters", "add-workers", "train", "--count", "1", "--yes", env=env, tmp_path=tmp_path
+    )
 
     assert result.code == 0, result.stderr
     assert cluster.nodes.count() == 3
@@ -191,7 +195,7 @@ def test_ctrl_c_stops_the_wait_not_the_cluster(env, tmp_path, account):
     with err_path.open("w") as err:
         process = subprocess.Popen(
             [sys.executable, "-m", "runcrate_cli", "clusters", "create", "--offer", offer.slug,
-             "--nodes", "2", "--name", "patient", "--wait"],
+             "--nodes", "2", "--name", "patient", "--wait", "--yes"],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
         try:
@@ -215,7 +219,7 @@ def test_ctrl_c_stops_the_wait_not_the_cluster(env, tmp_path, account):
 
 def test_the_same_idempotency_key_twice_creates_one_cluster(env, tmp_path, account):
     offer = inventory(hosts=4)
-    args = ("clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "once")
+    args = ("clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "once", "--yes")
 
     first = run_cli(*args, "--idempotency-key", "run-42", env=env, tmp_path=tmp_path)
     again = run_cli(*args, "--idempotency-key", "run-42", env=env, tmp_path=tmp_path)
@@ -239,5 +243,10 @@ def test_a_read_only_key_is_refused_a_create_with_the_apis_message(env, tmp_path
     assert result.code == 1
     error = result.json()["error"]
     assert (error["code"], error["status"]) == ("scope_missing", 403)
-    assert error["message"] in result.stderr
+    # The plan is refused as the create would be; stderr names the command, not the API call.
+    assert error["message"].startswith("POST /api/v1/clusters needs")
+    assert error["message"].replace("POST /api/v1/clusters", "`runcrate clusters create`") in (
+        result.stderr
+    )
+    assert "runcrate auth status" in result.stderr
     assert not Cluster.objects.filter(project=account.project).exists()

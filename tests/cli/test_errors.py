@@ -1,4 +1,5 @@
-"""How `runcrate` fails: the API's message and a non-zero exit code, never a traceback."""
+"""How `runcrate` fails: the API's message and an exit code that says which kind of failure
+(1 refused, 2 usage, 5 authentication, 6 no API), never a traceback."""
 
 import socket
 
@@ -11,7 +12,7 @@ from tests.cli.kit import assert_no_traceback, cli_env, run_cli
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_revoked_key_prints_the_apis_message_and_exits_1(env, tmp_path, account):
+def test_a_revoked_key_prints_the_apis_message_and_exits_5(env, tmp_path, account):
     keys.revoke_api_key(key=ApiKey.objects.get(project=account.project))
     api = account.api().get("/api/v1/clusters")
 
@@ -19,8 +20,9 @@ def test_a_revoked_key_prints_the_apis_message_and_exits_1(env, tmp_path, accoun
 
     assert api.status_code == 401
     message = api.json()["error"]["message"]
-    assert result.code == 1
+    assert result.code == 5
     assert message in result.stderr
+    assert "`runcrate login`" in result.stderr
     assert result.json() == {"error": {**api.json()["error"], "status": 401}}
     assert_no_traceback(result)
 
@@ -33,7 +35,7 @@ def test_a_server_that_is_not_there_is_one_sentence_naming_the_url(tmp_path):
 
     result = run_cli("gpus", env=env, tmp_path=tmp_path)
 
-    assert result.code == 1
+    assert result.code == 6
     assert f"Cannot reach the Runcrate API at http://127.0.0.1:{port}" in result.stderr
     assert result.json()["error"]["code"] == "unreachable"
     assert_no_traceback(result)
@@ -44,7 +46,7 @@ def test_no_key_at_all_says_how_to_log_in(tmp_path, live_server):
 
     result = run_cli("balance", env=env, tmp_path=tmp_path)
 
-    assert result.code == 1
+    assert result.code == 5
     assert "runcrate login" in result.stderr
     assert_no_traceback(result)
 

@@ -75,7 +75,7 @@ def test_it_saves_nothing_for_a_key_the_api_refuses(bare_env, tmp_path, account,
     )
 
     api = Client(headers={"authorization": "Bearer rc_live_not-a-key"}).get("/api/v1/me")
-    assert result.code == 1
+    assert result.code == 5  # authentication
     assert api.json()["error"]["message"] in result.stderr
     assert not config_file(bare_env).exists()
     assert_no_traceback(result)
@@ -93,7 +93,7 @@ def test_the_environment_overrides_the_saved_key(bare_env, tmp_path, account, li
         tmp_path=tmp_path,
     )
 
-    assert overridden.code == 1
+    assert overridden.code == 5
     assert overridden.json()["error"]["code"] == "unauthenticated"
 
 

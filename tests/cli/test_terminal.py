@@ -22,13 +22,14 @@ def test_create_wait_shows_every_machine_until_ready(env, tmp_path, account, tic
 
     result = run_cli_tty(
         "clusters", "create", "--offer", offer.slug, "--nodes", "3", "--name", "live", "--wait",
-        env=env, tmp_path=tmp_path, drive=ticker,
+        "--yes", env=env, tmp_path=tmp_path, drive=ticker,
     )  # fmt: skip
 
     assert result.code == 0, result.stderr
     screen = result.stdout
-    assert screen.startswith("cluster live (id ")  # the display, not JSON
-    assert "provisioning" in screen  # its first frame, before any machine moved
+    assert screen.startswith("Plan for cluster live")  # the plan first, then the display
+    first = screen[screen.index("cluster live (id ") :]  # the display, not JSON
+    assert "provisioning" in first.splitlines()[0]  # its first frame, before any machine moved
     final = screen[screen.rindex("cluster live (id ") :]
     assert "ready" in final.splitlines()[0] and "$60.00/h" in final.splitlines()[0]
     assert machine_rows(final) == [
@@ -49,10 +50,18 @@ def test_offers_are_a_table_with_the_community_warning(env, tmp_path, account):
     )  # fmt: skip
 
     assert result.code == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
-    assert rows[0].split("│")[1].strip() == offer.slug
-    assert "$20.00/h" in rows[0] and "$40.00/h" in rows[0] and "available" in rows[0]
-    assert "comm-x" in rows[1] and "(community)" in rows[1]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    cells = [[cell.strip() for cell in line.strip("│").split("│")] for line in lines]
+    first = cells.index(next(row for row in cells if row[0] == offer.slug))
+    # An offer is a row of lines: its price column the cluster, each machine, one GPU.
+    assert [row[2] for row in cells[first : first + 3]] == [
+        "$40.00/h",
+        "$20.00/h each",
+        "$2.50/GPU-h",
+    ]
+    assert cells[first][3] == "available"
+    community = next(i for i, row in enumerate(cells) if row[0] == "comm-x")
+    assert "(community)" in " ".join(row[1] for row in cells[community : community + 4])
     assert "keep secrets off" in result.stdout
 
 
@@ -71,11 +80,12 @@ def test_list_show_events_and_balance_render_for_a_person(env, tmp_path, account
         assert result.code == 0, result.stderr
         assert_no_traceback(result)
     row = next(line for line in listed.stdout.splitlines() if " seen " in line)
-    assert [cell.strip() for cell in row.strip("│").split("│")][:4] == [
+    assert [cell.strip() for cell in row.strip("│").split("│")] == [
         str(cluster.pk),
         "seen",
         "ready",
-        "2",
+        f"2 × 8× h100-sxm in {cluster.machine_type.location.code}",
+        "$40.00/h",
     ]
     assert "seen (id" in shown.stdout and "status      ready" in shown.stdout
     assert len(machine_rows(shown.stdout)) == 2

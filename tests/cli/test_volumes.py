@@ -44,7 +44,7 @@ def test_a_volume_is_attached_by_name_at_create(env, tmp_path, account):
 
     result = run_cli(
         "clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "withdata",
-        "--volume", "data", env=env, tmp_path=tmp_path,
+        "--volume", "data", "--yes", env=env, tmp_path=tmp_path,
     )  # fmt: skip
 
     assert result.code == 0, result.stderr
