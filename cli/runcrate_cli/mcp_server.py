@@ -1,138 +1,279 @@
 """`runcrate mcp`: the MCP server (the official `mcp` SDK's MCPServer, formerly FastMCP), so an
 AI agent can plan, create, wait for and terminate clusters through the same API (docs/mcp.md).
 
-Spending needs two calls: `plan_cluster` shows the price, the hours the balance covers and what
-the network suits, and gives a confirmation token; `create_cluster` refuses without that token
-for exactly the same offer, nodes, name, software, volume and environment. The token is an
-HMAC-SHA256 over those parameters, the caller's key and an expiry, signed with a secret this
-process draws at start: it cannot be forged, reused for another cluster, or kept past its ten
-minutes or the server's life. It keeps an agent from creating by accident; the limits a key
-may spend are the server's to enforce.
+Spending needs two calls. `plan_cluster` asks the server (`POST /api/v1/clusters/plan`), which
+runs every check the create runs and answers either the create's own refusal or the plan: the
+price, the hours the balance covers beside what already runs, the time to ready, what the
+network suits, and a `plan_token` signed with the server's secret. `create_cluster` requires
+that token and sends it with the create, which the server refuses for any other body
+(`plan_mismatch`) or after ten minutes (`plan_expired`). Since the server signs and checks the
+token, a token from one `runcrate mcp` process creates through another (a client that starts a
+process per call, a restart, a second replica).
 
-Every API refusal comes back as a tool error (`isError`) whose text is "code: message" and
-whose structured content is `{"error": {"code", "message", "status"}}`.
+Every tool answers compact JSON and the same object as `structuredContent`, described by its
+output schema. Every API refusal comes back as a tool error (`isError`) whose text is
+"code: message" and whose structured content is `{"error": {"code", "message", "status"}}`.
+
+The waiting tools (`wait_for_cluster`, `run_network_test`) are coroutines: each poll runs the
+client in a worker thread of their own limiter, abandoned the moment the caller cancels, so a
+wait holds no thread between polls, stops polling when cancelled and never delays another
+call. The other tools are plain functions, which the SDK runs in worker threads too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
+import importlib.metadata
 import json
-import re
-import secrets
-import time
+import os
+import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
-from decimal import ROUND_DOWN, Decimal, InvalidOperation
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
+import anyio
+import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.types import CallToolResult, TextContent
-from pydantic import Field
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
 
-from runcrate_cli.client import ApiClient, ApiError
+from runcrate_cli import config
+from runcrate_cli.client import SETTLED, ApiClient, ApiError, poll_seconds
 
-PLAN_TTL_SECONDS = 600
-# The one form a token has: the expiry in ASCII digits without a leading zero, a dot, and the
-# HMAC in lowercase hex. Anything else (a leading 0, full-width digits, "00" + token, a space
-# or newline around it) is not a token, so one plan has exactly one token and one create.
-PLAN_TOKEN = re.compile(r"[1-9][0-9]{0,11}\.[0-9a-f]{64}", re.ASCII)
-DEFAULT_WAIT_SECONDS = 600
-MAX_WAIT_SECONDS = 3600
-# What the self-serve Ethernet network suits, as the offers page and the cluster page say it
-# (docs/offers.md, templates/offers/picker.html); the figure is clusters.connect.ETHERNET_GBITS.
-ETHERNET = {
-    "interconnect": "ethernet",
-    "expected": "about 1-2 Gbit/s between machines over an encrypted private network "
-    "(10.77.0.0/24); all_reduce_perf reports a bus bandwidth of roughly 0.1-0.25 GB/s across "
-    "nodes, while GPUs inside one machine talk at NVLink/PCIe speed",
-    "suits": "independent jobs on every node, Slurm job arrays, Ray tasks, Kubernetes "
-    "workloads and LoRA fine-tuning",
-    "not_for": "training a full model across machines, where GPUs exchange gradients every "
-    "step: for InfiniBand or RoCE, request a quote",
-}
+PACKAGE = "runcrate-clusters-cli"
+# A self-serve cluster's size; larger ones are quoted (request_quote on the dashboard).
+MIN_NODES = 2
+MAX_NODES = 64
+# One wait answers within this, so no client's request timeout (often 60 s) is reached while a
+# cluster boots for 7-15 minutes: the agent calls again.
+MAX_WAIT_SECONDS = 50
+# How many polls of all open waits may be in flight at once, in threads of their own: never the
+# threads the SDK runs the other tools in.
+WAIT_POLL_THREADS = 16
+# A machine's steps in order (clusters.models.STEP_NAMES on the server).
+STEPS = ("running", "agent", "network", "install", "done")
+Software = Literal["none", "slurm", "kubernetes", "ray"]
+
+# The network test's verdict. The server says what Ethernet is expected to give (its `expected`
+# sentence: about 1-2 Gbit/s between machines, which all_reduce_perf reports as a bus bandwidth
+# of roughly 0.1-0.25 GB/s across nodes) but sets no threshold, so the verdict is this one rule:
+# the lower end of that range, passed when the test reached it.
+PASSED = "passed"
+BELOW_ETHERNET = "below what Ethernet should give"
+MIN_NCCL_BUSBW_GBS = 0.1  # nccl: all_reduce_perf's peak bus bandwidth, GB/s
+MIN_AGENT_GBITS = 1.0  # agent: every machine's bandwidth to node-0, Gbit/s
+VERDICT_RULE = (
+    f"passed when all_reduce_perf's peak bus bandwidth is at least {MIN_NCCL_BUSBW_GBS} GB/s "
+    f"(nccl), or every machine reaches node-0 at {MIN_AGENT_GBITS:g} Gbit/s or more (agent): "
+    "the lower end of what the Ethernet private network is expected to give"
+)
+
 INSTRUCTIONS = (
     "Runcrate rents 2 to 64 GPU machines as one cluster, billed per second. To create one: "
-    "list_gpus, list_offers(gpu, nodes), plan_cluster (shows the price and gives a "
-    "confirmation token; show the price to the user), create_cluster with that token, "
-    "wait_for_cluster, get_connect_info. terminate_cluster ends billing. Every call that "
-    "fails returns the API's error code and message."
+    "list_gpus, list_offers(gpu, nodes), list_ssh_keys (add_ssh_key if there is none), "
+    "plan_cluster (the server's price and checks, and a plan_token; show the price to the "
+    "user), create_cluster with the same arguments and that token, wait_for_cluster (call it "
+    "again while it says so), get_connect_info. terminate_cluster ends billing. Every call "
+    "that fails returns the API's error code and message."
 )
 
 ClusterRef = Annotated[int | str, Field(description="The cluster's id (a number) or its name.")]
+Nodes = Annotated[int, Field(description="How many machines: 2 to 64.", ge=MIN_NODES, le=MAX_NODES)]
+Name = Annotated[
+    str, Field(description="The cluster's name: a DNS label (a-z, 0-9, -).", min_length=1)
+]
+OfferId = Annotated[str, Field(description="An offer's id, from list_offers.", min_length=1)]
+SoftwareArg = Annotated[
+    Software, Field(description="What to install on the machines: none, slurm, kubernetes or ray.")
+]
+SshKeyIds = Annotated[
+    list[int] | None,
+    Field(
+        description="The project's SSH keys to install (ids from list_ssh_keys); none for all "
+        "of them.",
+        min_length=1,
+    ),
+]
+VolumeId = Annotated[int | None, Field(description="A volume to attach (list_volumes), or none.")]
+Environment = Annotated[str, Field(description="The environment's name.", min_length=1)]
+WaitSeconds = Annotated[
+    float,
+    Field(
+        description=f"Answer after at most this many seconds (at most {MAX_WAIT_SECONDS}); call "
+        "again to go on waiting.",
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+    ),
+]
 
 
-class PlanRefused(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+def hints(*, read_only: bool, destructive: bool = False, idempotent: bool) -> ToolAnnotations:
+    """What a tool does, for the client to decide what to confirm. None reaches beyond the
+    caller's own Runcrate project (a closed world), whatever it costs."""
+    return ToolAnnotations(
+        read_only_hint=read_only,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=False,
+    )
 
 
-class Plans:
-    """Confirmation tokens for `create_cluster`: `EXPIRY.SIGNATURE`."""
-
-    def __init__(self, *, secret: bytes | None = None, ttl: int = PLAN_TTL_SECONDS) -> None:
-        self._secret = secret or secrets.token_bytes(32)
-        self.ttl = ttl
-
-    def _signature(self, fields: dict[str, Any], expires: int) -> str:
-        message = json.dumps({**fields, "expires": expires}, sort_keys=True).encode()
-        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
-
-    def issue(self, fields: dict[str, Any], *, now: float | None = None) -> tuple[str, int]:
-        expires = int(now if now is not None else time.time()) + self.ttl
-        return f"{expires}.{self._signature(fields, expires)}", expires
-
-    def check(self, token: str, fields: dict[str, Any], *, now: float | None = None) -> None:
-        token = token or ""
-        if not PLAN_TOKEN.fullmatch(token):
-            raise PlanRefused(
-                "confirmation_required",
-                "create_cluster needs the confirmation_token that plan_cluster returned for "
-                "this offer, nodes, name and software: call plan_cluster first and show the "
-                "user its price.",
-            )
-        expires = int(token.partition(".")[0])
-        # The whole token, as bytes, against the one this server would issue for this plan.
-        expected = f"{expires}.{self._signature(fields, expires)}"
-        if not hmac.compare_digest(expected.encode("ascii"), token.encode("ascii")):
-            raise PlanRefused(
-                "confirmation_mismatch",
-                "This confirmation_token was not given for these parameters (offer, nodes, "
-                "name, software, volume, environment must be exactly the planned ones) or by "
-                "this server: call plan_cluster again.",
-            )
-        if expires < (now if now is not None else time.time()):
-            raise PlanRefused(
-                "confirmation_expired",
-                f"This confirmation_token has expired (they last {self.ttl // 60} minutes): "
-                "call plan_cluster again.",
-            )
+READS = hints(read_only=True, idempotent=True)
 
 
-def plan_fields(
-    *,
-    key: str | None,
-    offer_id: str,
-    nodes: int,
-    name: str,
-    software: str,
-    volume_id: int | None,
-    environment: str,
-) -> dict[str, Any]:
-    """What a token is bound to. The key's digest, not the key, so a token from one caller of
-    the HTTP server is worthless to another."""
-    return {
-        "key": hashlib.sha256((key or "").encode()).hexdigest(),
-        "offer_id": offer_id,
-        "nodes": nodes,
-        "name": name,
-        "software": software,
-        "volume_id": volume_id,
-        "environment": environment,
-    }
+# --- what the tools answer (their output schemas) -----------------------------------------------
+
+
+class ApiObject(BaseModel):
+    """An object of the API as it gives it (docs/api.md): the fields named here, and others."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Gpu(ApiObject):
+    slug: str
+    name: str
+
+
+class Offer(ApiObject):
+    id: str = Field(description="Pass it as offer_id to plan_cluster.")
+    gpu: str
+    price_per_hour: str = Field(description="The whole cluster, USD per hour.")
+    machine_price_per_hour: str
+    availability: str = Field(description="available, not_in_stock or reserved_ahead.")
+    software: list[str]
+
+
+class Machine(ApiObject):
+    name: str
+    step: str = Field(description="running, agent, network, install or done.")
+    status: str = Field(description="starting, joined, failed or ended.")
+
+
+class NetworkTest(ApiObject):
+    state: str = Field(description="running, done or failed.")
+    verdict: str | None = Field(
+        description=f"{PASSED!r} or {BELOW_ETHERNET!r} once done; null while it runs or when it "
+        "failed before measuring."
+    )
+    verdict_rule: str
+
+
+class ClusterSummary(ApiObject):
+    id: int
+    name: str
+    status: str = Field(
+        description="provisioning, installing, ready, degraded, failed, terminating, "
+        "terminated or stopped."
+    )
+    nodes: int
+    price_per_hour: str
+    machines: list[Machine]
+
+
+class Cluster(ClusterSummary):
+    network_test: NetworkTest | None = None
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    status: int | None
+
+
+class Plan(ApiObject):
+    offer_id: str
+    nodes: int
+    name: str
+    price_per_hour: str = Field(description="The whole cluster, USD per hour.")
+    plan_token: str = Field(description="Give it to create_cluster with the same arguments.")
+    plan_expires_at: str
+
+
+class SshKey(ApiObject):
+    id: int
+    name: str
+    fingerprint: str
+
+
+class GpusAnswer(BaseModel):
+    gpus: list[Gpu]
+
+
+class OffersAnswer(BaseModel):
+    offers: list[Offer]
+
+
+class PlanAnswer(BaseModel):
+    can_create: bool = Field(description="Whether create_cluster would succeed now.")
+    plan: Plan | None = Field(None, description="The server's plan, when it can create.")
+    error: ErrorBody | None = Field(
+        None, description="The refusal the create would get (its code and message), when not."
+    )
+
+
+class ClusterAnswer(BaseModel):
+    cluster: Cluster
+
+
+class ClustersAnswer(BaseModel):
+    clusters: list[ClusterSummary]
+
+
+class WaitAnswer(BaseModel):
+    cluster: Cluster | None = Field(description="Its last state; null if the API never answered.")
+    status: str | None
+    settled: bool = Field(description="Ready, degraded or ended: nothing more happens alone.")
+    ready: bool
+    message: str = Field(description="Where it stands and, when not settled, to call again.")
+
+
+class ConnectAnswer(BaseModel):
+    connect: ApiObject
+
+
+class NetworkTestAnswer(BaseModel):
+    network_test: NetworkTest
+    finished: bool = Field(description="False while it still runs: read get_cluster later.")
+    message: str
+
+
+class VolumesAnswer(BaseModel):
+    volumes: list[ApiObject]
+
+
+class BalanceAnswer(BaseModel):
+    balance: ApiObject
+
+
+class SshKeysAnswer(BaseModel):
+    ssh_keys: list[SshKey]
+
+
+class SshKeyAnswer(BaseModel):
+    ssh_key: SshKey
+
+
+# --- small rules ----------------------------------------------------------------------------------
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "0+unknown"
+
+
+def compact(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def answer(data: dict[str, Any]) -> CallToolResult:
+    """A tool's answer: the object as structured content, and as compact JSON for a client
+    that reads only text."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=compact(data))], structured_content=data
+    )
 
 
 def tool_error(code: str, message: str, status: int | None = None) -> CallToolResult:
@@ -143,17 +284,68 @@ def tool_error(code: str, message: str, status: int | None = None) -> CallToolRe
     )
 
 
-def _hours(balance: str, price: str) -> str | None:
-    try:
-        per_hour = Decimal(price)
-        return str((Decimal(balance) / per_hour).quantize(Decimal("0.01"), ROUND_DOWN))
-    except (InvalidOperation, ZeroDivisionError):
+def network_verdict(test: dict[str, Any]) -> str | None:
+    """PASSED or BELOW_ETHERNET for a finished test by VERDICT_RULE; None while it runs, when
+    it failed before measuring, or when it measured nothing."""
+    if test.get("state") != "done":
         return None
+    if test.get("method") == "nccl":
+        peak = test.get("peak_busbw_gbs")
+        if peak is None:
+            return None
+        return PASSED if peak >= MIN_NCCL_BUSBW_GBS else BELOW_ETHERNET
+    rates = [pair.get("gbit_s") for pair in test.get("pairs") or []]
+    if not rates:
+        return None
+    # A machine that could not be measured (its error instead of a figure) did not pass.
+    passed = all(rate is not None and rate >= MIN_AGENT_GBITS for rate in rates)
+    return PASSED if passed else BELOW_ETHERNET
 
 
-def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = None) -> MCPServer:
-    server = MCPServer("runcrate", instructions=INSTRUCTIONS, log_level="WARNING")
-    plans = plans or Plans()
+def with_verdict(test: dict[str, Any]) -> dict[str, Any]:
+    return {**test, "verdict": network_verdict(test), "verdict_rule": VERDICT_RULE}
+
+
+def shown(cluster: dict[str, Any], *, events: bool = False) -> dict[str, Any]:
+    """A cluster as the tools answer it: its events only when asked (they are most of its
+    size), and the network test with its verdict."""
+    shaped = {k: v for k, v in cluster.items() if events or k != "events"}
+    if shaped.get("network_test"):
+        shaped["network_test"] = with_verdict(shaped["network_test"])
+    return shaped
+
+
+def progress(cluster: dict[str, Any]) -> tuple[float, int, str]:
+    """How far a cluster's machines are, in machines (each machine's steps done over its
+    steps), its size, and a sentence: machines up out of the size and the current step, the
+    step of the machine furthest behind."""
+    machines = cluster.get("machines") or []
+    size = len(machines) or int(cluster.get("nodes") or 0)
+    steps = [STEPS.index(m["step"]) if m.get("step") in STEPS else 0 for m in machines]
+    done = sum(steps) / (len(STEPS) - 1)
+    up = sum(1 for m in machines if m.get("status") == "joined")
+    sentence = f"{cluster['status']}: {up} of {size} machines up"
+    if steps and min(steps) < len(STEPS) - 1:
+        sentence += f", step {STEPS[min(steps)]}"
+    return done, size, sentence
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+
+def build_server(
+    *, api_url: str, api_key: str | None, config_problem: str | None = None
+) -> MCPServer:
+    """The server. `config_problem`: why the config file could not be read, which every tool
+    answers (`bad_config`) when no key came from elsewhere."""
+    server = MCPServer(
+        "runcrate", instructions=INSTRUCTIONS, version=package_version(), log_level="WARNING"
+    )
+    wait_threads = anyio.CapacityLimiter(WAIT_POLL_THREADS)
 
     def key_for(ctx: Context | None) -> str | None:
         """Over HTTP a caller may send its own key (`Authorization: Bearer rc_…`); otherwise
@@ -166,43 +358,58 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
                 return token.strip()
         return api_key
 
-    def call(ctx: Context, work: Callable[[ApiClient], Any]) -> Any:
+    def client_for(ctx: Context) -> ApiClient:
+        key = key_for(ctx)
+        if key is None and config_problem is not None:
+            raise ApiError("bad_config", config_problem)
+        return ApiClient(api_url=api_url, api_key=key)
+
+    def call(ctx: Context, work: Callable[[ApiClient], dict[str, Any]]) -> CallToolResult:
         try:
-            with ApiClient(api_url=api_url, api_key=key_for(ctx)) as client:
-                return work(client)
+            with client_for(ctx) as client:
+                return answer(work(client))
         except ApiError as error:
             return tool_error(error.code, error.message, error.status)
-        except PlanRefused as refusal:
-            return tool_error(refusal.code, refusal.message)
 
-    # --- reading: free -------------------------------------------------------------------------
+    async def in_thread(work: Callable[[], Any], *, limiter: anyio.CapacityLimiter | None) -> Any:
+        # Abandoned on cancel: the caller's cancellation returns at once, and the one request
+        # in flight, if any, is the last.
+        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+
+    # --- reading: free ---------------------------------------------------------------------------
 
     @server.tool(
+        title="List GPU models",
+        annotations=READS,
         description="List GPU models with the lowest machine price (USD/hour) and the GPU "
-        "counts on offer. Free: reads the catalog, creates nothing."
+        "counts on offer. Free: reads the catalog, creates nothing.",
     )
     def list_gpus(
         ctx: Context,
         include_community: Annotated[
             bool, Field(description="Also count independent operators' (community) hosts.")
         ] = False,
-    ) -> Any:
+    ) -> Annotated[CallToolResult, GpusAnswer]:
         return call(ctx, lambda c: {"gpus": c.gpus(include_community=include_community)})
 
     @server.tool(
+        title="List offers",
+        annotations=READS,
         description="List the offers that can start `nodes` machines of `gpu` now, best first, "
-        "with the price per machine and for the whole cluster (USD/hour), free machines and "
-        "the software each offers. Free: creates nothing."
+        "with the price per machine, per GPU-hour and for the whole cluster (USD/hour), free "
+        "machines, the track record and the software each offers. Free: creates nothing.",
     )
     def list_offers(
         ctx: Context,
-        gpu: Annotated[str, Field(description="A GPU's slug, from list_gpus (e.g. h100-sxm).")],
-        nodes: Annotated[int, Field(description="How many machines: 2 to 64.")],
+        gpu: Annotated[
+            str, Field(description="A GPU's slug, from list_gpus (e.g. h100-sxm).", min_length=1)
+        ],
+        nodes: Nodes,
         include_community: Annotated[
             bool,
             Field(description="Also list community hosts (independent operators: no secrets)."),
         ] = False,
-    ) -> Any:
+    ) -> Annotated[CallToolResult, OffersAnswer]:
         return call(
             ctx,
             lambda c: {
@@ -211,233 +418,333 @@ def build_server(*, api_url: str, api_key: str | None, plans: Plans | None = Non
         )
 
     @server.tool(
-        description="Plan a cluster before creating it: the price per hour of the whole "
-        "cluster, how many hours the project's balance covers, the offer, its free machines, "
-        "what its Ethernet network suits, and a confirmation_token (valid 10 minutes) that "
-        "create_cluster needs for exactly these parameters. Free: reserves nothing. Show the "
-        "price to the user before creating."
+        title="Plan a cluster",
+        annotations=READS,
+        description="Ask the server what creating this cluster would do, with every check the "
+        "create runs (balance beside what already runs, the key's scopes and limits, the name, "
+        "the environment, the budget, capacity, software, volume) and nothing reserved. "
+        "can_create true: the plan (price per hour of the whole cluster, per machine and per "
+        "GPU-hour, GPUs in all, hours the balance covers, estimated time to ready, the offer's "
+        "track record, what its Ethernet network suits) and a plan_token valid 10 minutes, "
+        "which create_cluster needs with exactly these arguments. can_create false: the "
+        "refusal the create would get. Free. Show the price to the user before creating.",
     )
     def plan_cluster(
         ctx: Context,
-        gpu: Annotated[str, Field(description="The GPU's slug, as given to list_offers.")],
-        offer_id: Annotated[str, Field(description="An offer's id, from list_offers.")],
-        nodes: Annotated[int, Field(description="How many machines: 2 to the offer's max.")],
-        name: Annotated[str, Field(description="The cluster's name: a DNS label.")],
-        software: Annotated[str, Field(description="none, slurm, kubernetes or ray.")] = "none",
-        volume_id: Annotated[
-            int | None, Field(description="A volume to attach (list_volumes), or none.")
-        ] = None,
-        environment: Annotated[str, Field(description="The environment's name.")] = "default",
-    ) -> Any:
-        def plan(client: ApiClient) -> dict:
-            found = client.offers(gpu=gpu, nodes=nodes, include_community=True)
-            offer = next((o for o in found if o["id"] == offer_id), None)
-            if offer is None:
-                raise ApiError(
-                    "unknown_offer",
-                    f"There is no offer {offer_id!r} for {nodes} machines of {gpu}: "
-                    "list_offers shows the ones there are.",
-                    404,
-                )
-            problems = []
-            if offer["availability"] != "available":
-                problems.append(
-                    f"The offer cannot start {nodes} machines now "
-                    f"({offer['availability'].replace('_', ' ')})."
-                )
-            if software not in offer["software"]:
-                problems.append(
-                    f"The offer does not run {software!r}; it offers "
-                    f"{', '.join(offer['software'])}."
-                )
+        offer_id: OfferId,
+        nodes: Nodes,
+        name: Name,
+        software: SoftwareArg = "none",
+        ssh_key_ids: SshKeyIds = None,
+        volume_id: VolumeId = None,
+        environment: Environment = "default",
+    ) -> Annotated[CallToolResult, PlanAnswer]:
+        body = ApiClient.cluster_body(
+            offer_id=offer_id,
+            nodes=nodes,
+            name=name,
+            software=software,
+            ssh_key_ids=ssh_key_ids,
+            volume_id=volume_id,
+            environment=environment,
+        )
+
+        def plan(client: ApiClient) -> dict[str, Any]:
             try:
-                balance: dict | None = client.balance(price_per_hour=offer["price_per_hour"])
-            except ApiError as error:
-                if error.status != 403:
+                return {"can_create": True, "plan": client.plan_cluster(body)}
+            except ApiError as refusal:
+                if refusal.status is None:  # no answer (unreachable, timeout): nothing known
                     raise
-                balance = None  # no billing scope, or a developer's key (SPEC §5)
-            result: dict[str, Any] = {
-                "offer": offer,
-                "nodes": nodes,
-                "name": name,
-                "software": software,
-                "volume_id": volume_id,
-                "environment": environment,
-                "price_per_hour": offer["price_per_hour"],
-                "machine_price_per_hour": offer["machine_price_per_hour"],
-                "currency": "USD",
-                "billing": "Per second for every machine, from the moment all of them joined "
-                "until the cluster is terminated; creating needs balance_needed in the balance.",
-                "free_machines": offer["nodes_available"],
-                "balance": balance["balance"] if balance else None,
-                # What the create needs, as the API computes it (one rule, on the server).
-                "balance_needed": balance["balance_needed"] if balance else None,
-                "hours_covered": (
-                    _hours(balance["balance"], offer["price_per_hour"]) if balance else None
-                ),
-                "network": ETHERNET
-                if offer["interconnect"] == "ethernet"
-                else {"interconnect": offer["interconnect"]},
-                "community": offer["community"],
-            }
-            if balance is None:
-                result["balance_note"] = (
-                    "This key cannot see billing: that takes the billing scope and an owner's "
-                    "or manager's key."
-                )
-            if offer["community"]:
-                result["community_note"] = (
-                    "Runs on an independent operator's hosts: keep secrets off it."
-                )
-            result["can_create"] = not problems
-            result["problems"] = problems
-            if not problems:
-                fields = plan_fields(
-                    key=key_for(ctx),
-                    offer_id=offer_id,
-                    nodes=nodes,
-                    name=name,
-                    software=software,
-                    volume_id=volume_id,
-                    environment=environment,
-                )
-                token, expires = plans.issue(fields)
-                result["confirmation_token"] = token
-                result["confirmation_expires_at"] = (
-                    datetime.fromtimestamp(expires, UTC).isoformat().replace("+00:00", "Z")
-                )
-            return result
+                return {"can_create": False, "error": refusal.as_dict()}
 
         return call(ctx, plan)
 
     @server.tool(
+        title="Create a cluster (costs money)",
+        annotations=hints(read_only=False, idempotent=True),
         description="Create the planned cluster. COSTS MONEY: creates machines billed per "
-        "second at the offer's price (the plan's price_per_hour for the whole cluster) from "
-        "the moment every machine joined until terminate_cluster. Needs the "
-        "confirmation_token plan_cluster gave for exactly these parameters; refused without "
-        "it. Calling again with the same token returns the same cluster, never a second one. "
-        "Returns at once with the cluster provisioning: call wait_for_cluster."
+        "second at the plan's price (price_per_hour for the whole cluster) from the moment "
+        "every machine joined until terminate_cluster. Needs the plan_token plan_cluster "
+        "gave, with exactly the planned arguments: the server refuses another body "
+        "(plan_mismatch) or a plan older than 10 minutes (plan_expired). Calling again with "
+        "the same token returns the same cluster, never a second one. Returns at once with "
+        "the cluster provisioning: call wait_for_cluster.",
     )
     def create_cluster(
         ctx: Context,
-        offer_id: Annotated[str, Field(description="The planned offer's id.")],
-        nodes: Annotated[int, Field(description="The planned number of machines.")],
-        name: Annotated[str, Field(description="The planned name.")],
-        confirmation_token: Annotated[
-            str, Field(description="The confirmation_token plan_cluster returned.")
+        offer_id: OfferId,
+        nodes: Nodes,
+        name: Name,
+        plan_token: Annotated[
+            str, Field(description="The plan_token plan_cluster returned.", min_length=1)
         ],
-        software: Annotated[str, Field(description="The planned software.")] = "none",
-        volume_id: Annotated[int | None, Field(description="The planned volume, if any.")] = None,
-        environment: Annotated[str, Field(description="The planned environment.")] = "default",
-    ) -> Any:
-        def create(client: ApiClient) -> dict:
-            fields = plan_fields(
-                key=key_for(ctx),
-                offer_id=offer_id,
-                nodes=nodes,
-                name=name,
-                software=software,
-                volume_id=volume_id,
-                environment=environment,
-            )
-            plans.check(confirmation_token, fields)
-            # One plan, one cluster: an agent that calls again with the same token (after a
-            # timeout, say) gets the cluster the first call made, never a second one.
-            # The token is canonical (checked above), so its digest is the plan's one key.
-            token_digest = hashlib.sha256(confirmation_token.encode("ascii")).hexdigest()
+        software: SoftwareArg = "none",
+        ssh_key_ids: SshKeyIds = None,
+        volume_id: VolumeId = None,
+        environment: Environment = "default",
+    ) -> Annotated[CallToolResult, ClusterAnswer]:
+        # One plan, one cluster: a create retried with the same token (after a timeout, say)
+        # gets the cluster the first one made. The server binds the token to its body, so the
+        # token's digest is the plan's one key.
+        digest = hashlib.sha256(plan_token.encode()).hexdigest()
+
+        def create(client: ApiClient) -> dict[str, Any]:
             cluster = client.create_cluster(
                 offer_id=offer_id,
                 nodes=nodes,
                 name=name,
                 software=software,
+                ssh_key_ids=ssh_key_ids,
                 volume_id=volume_id,
                 environment=environment,
-                idempotency_key=f"mcp-plan-{token_digest}",
+                plan_token=plan_token,
+                idempotency_key=f"mcp-plan-{digest}",
             )
-            return {"cluster": cluster}
+            return {"cluster": shown(cluster)}
 
         return call(ctx, create)
 
     @server.tool(
+        title="List clusters",
+        annotations=READS,
         description="List the project's clusters, newest first (status, size, price per "
-        "hour). Free."
+        "hour, machines). Free.",
     )
-    def list_clusters(ctx: Context) -> Any:
+    def list_clusters(ctx: Context) -> Annotated[CallToolResult, ClustersAnswer]:
         return call(ctx, lambda c: {"clusters": c.clusters()})
 
     @server.tool(
-        description="Read a cluster: status, failure (node, step, message), machines, events, "
-        "acceptance report and last network test. Free."
+        title="Read a cluster",
+        annotations=READS,
+        description="Read a cluster: status, failure (node, step, message), machines, "
+        "acceptance report and the last network test with its verdict; its events (every "
+        "transition, oldest first) only with events=true. Free.",
     )
-    def get_cluster(ctx: Context, cluster: ClusterRef) -> Any:
-        return call(ctx, lambda c: {"cluster": c.cluster(c.resolve_cluster(cluster))})
-
-    @server.tool(
-        description="Wait until a cluster is ready, degraded or ended (failed, terminated, "
-        "stopped), polling the API, at most timeout_seconds. Free, but a cluster that is up "
-        "is billed while you wait. Returns the cluster and whether it settled."
-    )
-    def wait_for_cluster(
+    def get_cluster(
         ctx: Context,
         cluster: ClusterRef,
-        timeout_seconds: Annotated[
-            float, Field(description="Give up after this many seconds.", gt=0, le=MAX_WAIT_SECONDS)
-        ] = DEFAULT_WAIT_SECONDS,
-    ) -> Any:
-        def wait(client: ApiClient) -> dict:
-            final, settled = client.wait_for_cluster(
-                client.resolve_cluster(cluster), timeout=timeout_seconds
-            )
-            return {"cluster": final, "settled": settled, "ready": final["status"] == "ready"}
-
-        return call(ctx, wait)
+        events: Annotated[
+            bool, Field(description="Also give the cluster's events (its whole history).")
+        ] = False,
+    ) -> Annotated[CallToolResult, ClusterAnswer]:
+        return call(
+            ctx,
+            lambda c: {"cluster": shown(c.cluster(c.resolve_cluster(cluster)), events=events)},
+        )
 
     @server.tool(
+        title="Wait for a cluster",
+        annotations=READS,
+        description="Wait until a cluster is ready, degraded or ended (failed, terminated, "
+        f"stopped), for at most timeout_seconds (at most {MAX_WAIT_SECONDS}), sending progress "
+        "(machines up out of the size, the current step). A boot takes minutes: when it "
+        "answers 'still <status>, call again', call it again. Free, but a cluster that is up "
+        "is billed while you wait.",
+    )
+    async def wait_for_cluster(
+        ctx: Context,
+        cluster: ClusterRef,
+        timeout_seconds: WaitSeconds = MAX_WAIT_SECONDS,
+    ) -> Annotated[CallToolResult, WaitAnswer]:
+        try:
+            client = client_for(ctx)
+        except ApiError as error:
+            return tool_error(error.code, error.message, error.status)
+        last: dict[str, Any] | None = None
+        reported = -1.0
+        try:
+            with anyio.move_on_after(timeout_seconds):
+                cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
+                while True:
+                    last = await in_thread(lambda: client.cluster(cluster_id), limiter=wait_threads)
+                    done, size, sentence = progress(last)
+                    # Progress only ever grows (the protocol's rule): a step back is not sent.
+                    if done > reported:
+                        await ctx.report_progress(done, size, sentence)
+                        reported = done
+                    if last["status"] in SETTLED:
+                        return answer(
+                            {
+                                "cluster": shown(last),
+                                "status": last["status"],
+                                "settled": True,
+                                "ready": last["status"] == "ready",
+                                "message": sentence,
+                            }
+                        )
+                    await anyio.sleep(poll_seconds())
+        except ApiError as error:
+            return tool_error(error.code, error.message, error.status)
+        finally:
+            client.close()
+        if last is None:
+            message = (
+                f"The API did not answer within {_seconds(timeout_seconds)}: call "
+                "wait_for_cluster again."
+            )
+        else:
+            message = (
+                f"Still {last['status']} after {_seconds(timeout_seconds)} "
+                f"({progress(last)[2]}): call wait_for_cluster again."
+            )
+        return answer(
+            {
+                "cluster": shown(last) if last else None,
+                "status": last["status"] if last else None,
+                "settled": False,
+                "ready": False,
+                "message": message,
+            }
+        )
+
+    @server.tool(
+        title="How to connect",
+        annotations=READS,
         description="How to connect and run on a cluster whose machines are up: SSH per node, "
         "the SSH config and known_hosts, the hostfile, torchrun/mpirun/deepspeed commands, "
         "each node's environment, storage and the software's examples (kubeconfig). Free. "
         "From the user's computer a machine is NAME-node-i in the SSH config (the head also "
-        "NAME; ssh[].hosts), never a bare node-i; inside the cluster it is node-i."
+        "NAME; ssh[].hosts), never a bare node-i; inside the cluster it is node-i.",
     )
-    def get_connect_info(ctx: Context, cluster: ClusterRef) -> Any:
+    def get_connect_info(
+        ctx: Context, cluster: ClusterRef
+    ) -> Annotated[CallToolResult, ConnectAnswer]:
         return call(ctx, lambda c: {"connect": c.connect(c.resolve_cluster(cluster))})
 
     @server.tool(
-        description="Start the network test on a ready or degraded cluster: all_reduce_perf "
+        title="Run the network test",
+        annotations=hints(read_only=False, idempotent=False),
+        description="Run the network test on a ready or degraded cluster: all_reduce_perf "
         "across the machines where nccl-tests is installed, otherwise each machine's bandwidth "
-        "to node-0. No charge beyond the machines, which are billed anyway; takes a minute or "
-        "so. Returns the running test; get_cluster shows the result in network_test."
+        "to node-0. Waits for the result for at most timeout_seconds (at most "
+        f"{MAX_WAIT_SECONDS}) and answers the figures with a verdict: {PASSED!r} or "
+        f"{BELOW_ETHERNET!r} ({VERDICT_RULE}). Still running then: get_cluster shows the "
+        "result later. No charge beyond the machines, which are billed anyway.",
     )
-    def run_network_test(ctx: Context, cluster: ClusterRef) -> Any:
-        return call(ctx, lambda c: {"network_test": c.network_test(c.resolve_cluster(cluster))})
+    async def run_network_test(
+        ctx: Context,
+        cluster: ClusterRef,
+        timeout_seconds: WaitSeconds = MAX_WAIT_SECONDS,
+    ) -> Annotated[CallToolResult, NetworkTestAnswer]:
+        try:
+            client = client_for(ctx)
+        except ApiError as error:
+            return tool_error(error.code, error.message, error.status)
+        try:
+            cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
+            test = await in_thread(lambda: client.network_test(cluster_id), limiter=None)
+            with anyio.move_on_after(timeout_seconds):
+                await ctx.report_progress(0, 1, "running: measuring between the machines")
+                while test["state"] == "running":
+                    await anyio.sleep(poll_seconds())
+                    read = await in_thread(lambda: client.cluster(cluster_id), limiter=wait_threads)
+                    test = read["network_test"] or test
+                await ctx.report_progress(1, 1, test["state"])
+        except ApiError as error:
+            return tool_error(error.code, error.message, error.status)
+        finally:
+            client.close()
+        test = with_verdict(test)
+        if test["state"] == "running":
+            message = (
+                f"Still running after {_seconds(timeout_seconds)}: get_cluster shows the result "
+                "in network_test once it is done."
+            )
+        elif test["verdict"] is not None:
+            message = f"Network test done: {test['verdict']}."
+        else:
+            message = f"Network test {test['state']}: {test.get('error') or 'no figures'}."
+        return answer(
+            {"network_test": test, "finished": test["state"] != "running", "message": message}
+        )
 
     @server.tool(
+        title="Terminate a cluster",
+        annotations=hints(read_only=False, destructive=True, idempotent=True),
         description="Terminate a cluster: every machine stops together, its disks are wiped "
-        "and billing ends now. Irreversible. Saves money; costs nothing."
+        "and billing ends now. Irreversible. Saves money; costs nothing.",
     )
-    def terminate_cluster(ctx: Context, cluster: ClusterRef) -> Any:
-        return call(ctx, lambda c: {"cluster": c.terminate(c.resolve_cluster(cluster))})
+    def terminate_cluster(
+        ctx: Context, cluster: ClusterRef
+    ) -> Annotated[CallToolResult, ClusterAnswer]:
+        return call(ctx, lambda c: {"cluster": shown(c.terminate(c.resolve_cluster(cluster)))})
 
     @server.tool(
+        title="List volumes",
+        annotations=READS,
         description="List the project's volumes (location, size, USD per month, the cluster "
-        "each is attached to). Free; volumes themselves are billed per GB-month."
+        "each is attached to). Free; volumes themselves are billed per GB-month.",
     )
-    def list_volumes(ctx: Context) -> Any:
+    def list_volumes(ctx: Context) -> Annotated[CallToolResult, VolumesAnswer]:
         return call(ctx, lambda c: {"volumes": c.volumes()})
 
     @server.tool(
+        title="Read the balance",
+        annotations=READS,
         description="The project's balance (USD), what its running machines burn per hour, "
-        "and the hours it lasts at that rate. Free; owners' and managers' keys only."
+        "and the hours it lasts at that rate. Free; owners' and managers' keys only.",
     )
-    def get_balance(ctx: Context) -> Any:
+    def get_balance(ctx: Context) -> Annotated[CallToolResult, BalanceAnswer]:
         return call(ctx, lambda c: {"balance": c.balance()})
+
+    @server.tool(
+        title="List SSH keys",
+        annotations=READS,
+        description="List the project's SSH keys (id, name, fingerprint): a cluster installs "
+        "them on every machine, all of them unless create_cluster names some. Free.",
+    )
+    def list_ssh_keys(ctx: Context) -> Annotated[CallToolResult, SshKeysAnswer]:
+        return call(ctx, lambda c: {"ssh_keys": c.ssh_keys()})
+
+    @server.tool(
+        title="Add an SSH key",
+        annotations=hints(read_only=False, idempotent=True),
+        description="Add a public SSH key to the project (one OpenSSH line: 'TYPE BASE64 "
+        "[comment]', e.g. the user's ~/.ssh/id_ed25519.pub; never a private key). A cluster "
+        "needs at least one. Refused with ssh_key_exists when the project has it already, "
+        "invalid_ssh_key when it is not a public key. Free.",
+    )
+    def add_ssh_key(
+        ctx: Context,
+        public_key: Annotated[
+            str, Field(description="The public key's one line.", min_length=1, max_length=16384)
+        ],
+        name: Annotated[
+            str, Field(description="Defaults to the key's comment.", max_length=200)
+        ] = "",
+    ) -> Annotated[CallToolResult, SshKeyAnswer]:
+        body = {"name": name, "public_key": public_key}
+        return call(ctx, lambda c: {"ssh_key": c.data("POST", "/ssh-keys", json=body)})
 
     return server
 
 
-def serve(*, api_url: str, api_key: str | None, http: bool, host: str, port: int) -> None:
-    server = build_server(api_url=api_url, api_key=api_key)
+def serve(
+    *,
+    api_url: str,
+    api_key: str | None,
+    http: bool,
+    host: str,
+    port: int,
+    config_problem: str | None = None,
+) -> None:
+    server = build_server(api_url=api_url, api_key=api_key, config_problem=config_problem)
     if http:
         server.run("streamable-http", host=host, port=port)
     else:
         server.run()
+
+
+def main(*, http: bool, host: str, port: int) -> None:
+    """`runcrate mcp`: serve with the CLI's settings. Over stdio, stdout is the protocol's
+    channel, so a config file that cannot be read is said on stderr and answered by every tool
+    (`bad_config`), never printed on stdout; RUNCRATE_API_URL and RUNCRATE_API_KEY still work."""
+    try:
+        settings = config.load()
+    except config.ConfigError as error:
+        sys.stderr.write(f"runcrate mcp: {error}\n")
+        url = config.normalise_url(os.environ.get("RUNCRATE_API_URL") or config.DEFAULT_API_URL)
+        key = (os.environ.get("RUNCRATE_API_KEY") or "").strip() or None
+        serve(api_url=url, api_key=key, http=http, host=host, port=port, config_problem=str(error))
+        return
+    serve(api_url=settings.api_url, api_key=settings.api_key, http=http, host=host, port=port)

@@ -1,103 +1,101 @@
-"""`runcrate mcp` driven by the MCP SDK's own client over stdio, against a live server: the tools
-and their schemas, offers as the API gives them, plan → create → wait → terminate on the
-simulated data center, and a create refused without the plan's token."""
+"""`runcrate mcp` driven by the MCP SDK's own client over stdio, against a live server: the tools,
+their titles, annotations and schemas, compact structured answers, offers as the API gives
+them, plan → create → wait → terminate on the simulated data center, SSH keys, the network
+test's verdict, and the API's refusals as tool errors."""
 
-import json
-import sys
-from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
-from decimal import Decimal
+import base64
+import importlib.metadata
 
-import anyio
 import pytest
-from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from accounts import keys
+from accounts.models import SshKey
 from clusters.models import Cluster
-from tests.cli.kit import REPO, drive_until
+from tests.cli.kit import ready_cluster
 from tests.clusters.lifecycle_kit import create, inventory
 from tests.factories import HostFactory, MachineTypeFactory
-from tests.mcp.aio import run_async
+from tests.mcp.kit import error_code, payload, talk, talk_while
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# Each tool, and what is true of it: (readOnlyHint, destructiveHint, idempotentHint).
 TOOLS = {
-    "list_gpus",
-    "list_offers",
-    "plan_cluster",
-    "create_cluster",
-    "list_clusters",
-    "get_cluster",
-    "wait_for_cluster",
-    "get_connect_info",
-    "run_network_test",
-    "terminate_cluster",
-    "list_volumes",
-    "get_balance",
+    "list_gpus": (True, False, True),
+    "list_offers": (True, False, True),
+    "plan_cluster": (True, False, True),
+    "create_cluster": (False, False, True),  # the same token again: the same cluster
+    "list_clusters": (True, False, True),
+    "get_cluster": (True, False, True),
+    "wait_for_cluster": (True, False, True),
+    "get_connect_info": (True, False, True),
+    "run_network_test": (False, False, False),  # each call measures again
+    "terminate_cluster": (False, True, True),
+    "list_volumes": (True, False, True),
+    "get_balance": (True, False, True),
+    "list_ssh_keys": (True, False, True),
+    "add_ssh_key": (False, False, True),  # the same key again: ssh_key_exists, nothing added
 }
-SESSION_SECONDS = 60
 
 
-def talk(env, tmp_path, conversation):
-    """Start `runcrate mcp` over stdio, run `conversation(session)` and return its result."""
-
-    async def main():
-        server = StdioServerParameters(
-            command=sys.executable, args=["-m", "runcrate_cli", "mcp"], env=env, cwd=REPO
-        )
-        with anyio.fail_after(SESSION_SECONDS), (tmp_path / "mcp.err").open("w") as errlog:
-            async with (
-                stdio_client(server, errlog=errlog) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                return await conversation(session)
-
-    return run_async(main)
+def public_key(seed: int) -> str:
+    """A well-formed OpenSSH ed25519 public key line."""
+    blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes([seed]) * 32
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()} agent@laptop"
 
 
-def talk_while_ticking(env, tmp_path, ticker, conversation):
-    """The same, in a thread, while this thread drives the simulated data center."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(talk, env, tmp_path, conversation)
-        drive_until(
-            lambda seconds: bool(futures.wait([future], timeout=seconds).done),
-            drive=ticker,
-            timeout=SESSION_SECONDS + 5,
-        )
-        return future.result()
-
-
-def payload(result) -> dict:
-    """A tool's answer: the JSON its text content carries."""
-    assert not result.is_error, result.content[0].text
-    return json.loads(result.content[0].text)
-
-
-def test_it_lists_the_tools_with_their_input_schemas(env, tmp_path):
+def test_every_tool_has_a_title_annotations_and_schemas(env, tmp_path):
     async def conversation(session):
-        return (await session.list_tools()).tools
+        info = await session.initialize()
+        return info, (await session.list_tools()).tools
 
-    tools = {tool.name: tool for tool in talk(env, tmp_path, conversation)}
+    info, listed = talk(env, tmp_path, conversation)
+    tools = {tool.name: tool for tool in listed}
 
-    assert set(tools) == TOOLS
-    offers = tools["list_offers"].input_schema
-    assert offers["properties"]["gpu"]["type"] == "string"
-    assert offers["properties"]["nodes"]["type"] == "integer"
-    assert offers["properties"]["include_community"] == {
-        "default": False,
-        "description": "Also list community hosts (independent operators: no secrets).",
-        "title": "Include Community",
-        "type": "boolean",
-    }
-    assert set(offers["required"]) == {"gpu", "nodes"}
+    assert info.server_info.version == importlib.metadata.version("runcrate-clusters-cli")
+    assert set(tools) == set(TOOLS)
+    for name, (read_only, destructive, idempotent) in TOOLS.items():
+        tool = tools[name]
+        assert tool.title, name
+        hints = tool.annotations
+        assert (hints.read_only_hint, hints.destructive_hint, hints.idempotent_hint) == (
+            read_only,
+            destructive,
+            idempotent,
+        ), name
+        assert hints.open_world_hint is False, name  # only the caller's own project
+        assert tool.output_schema and tool.output_schema["type"] == "object", name
     create_schema = tools["create_cluster"].input_schema
-    assert "confirmation_token" in create_schema["required"]
+    assert set(create_schema["required"]) == {"offer_id", "nodes", "name", "plan_token"}
+    nodes = create_schema["properties"]["nodes"]
+    assert (nodes["type"], nodes["minimum"], nodes["maximum"]) == ("integer", 2, 64)
+    software = create_schema["properties"]["software"]
+    assert software["enum"] == ["none", "slurm", "kubernetes", "ray"]
+    assert software["default"] == "none"
+    assert tools["list_offers"].input_schema["properties"]["nodes"]["maximum"] == 64
+    wait = tools["wait_for_cluster"].input_schema["properties"]["timeout_seconds"]
+    assert wait["maximum"] == 50 and wait["default"] == 50
+    events = tools["get_cluster"].input_schema["properties"]["events"]
+    assert events["type"] == "boolean" and events["default"] is False
     assert "billed per second" in tools["create_cluster"].description
     assert "Free" in tools["plan_cluster"].description
-    wait_schema = tools["wait_for_cluster"].input_schema["properties"]["timeout_seconds"]
-    assert wait_schema["default"] == 600
+    plan_output = tools["plan_cluster"].output_schema["properties"]
+    assert {"can_create", "plan", "error"} <= set(plan_output)
+
+
+def test_out_of_bounds_arguments_are_refused_before_the_api(env, tmp_path, account):
+    offer = inventory(hosts=2)
+
+    async def conversation(session):
+        one = await session.call_tool("list_offers", {"gpu": offer.gpu.slug, "nodes": 1})
+        many = await session.call_tool("list_offers", {"gpu": offer.gpu.slug, "nodes": 65})
+        docker = await session.call_tool(
+            "plan_cluster",
+            {"offer_id": offer.slug, "nodes": 2, "name": "x", "software": "docker"},
+        )
+        return one, many, docker
+
+    for refused in talk(env, tmp_path, conversation):
+        assert refused.is_error
+        assert refused.content[0].text.startswith("Error executing tool")
 
 
 def test_list_offers_with_community_hosts_matches_the_api(env, tmp_path, account):
@@ -122,21 +120,12 @@ def test_list_offers_with_community_hosts_matches_the_api(env, tmp_path, account
 
 def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, account, ticker):
     offer = inventory(hosts=3, price="25.00")
-    plan_args = {"gpu": offer.gpu.slug, "offer_id": offer.slug, "nodes": 2, "name": "agent"}
+    args = {"offer_id": offer.slug, "nodes": 2, "name": "agent"}
 
     async def conversation(session):
-        plan = payload(await session.call_tool("plan_cluster", plan_args))
-        created = payload(
-            await session.call_tool(
-                "create_cluster",
-                {
-                    "offer_id": offer.slug,
-                    "nodes": 2,
-                    "name": "agent",
-                    "confirmation_token": plan["confirmation_token"],
-                },
-            )
-        )
+        plan = payload(await session.call_tool("plan_cluster", args))
+        token = plan["plan"]["plan_token"]
+        created = payload(await session.call_tool("create_cluster", {**args, "plan_token": token}))
         cluster_id = created["cluster"]["id"]
         waited = payload(
             await session.call_tool(
@@ -147,18 +136,14 @@ def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, acco
         terminated = payload(await session.call_tool("terminate_cluster", {"cluster": cluster_id}))
         return plan, created, waited, connect, terminated
 
-    plan, created, waited, connect, terminated = talk_while_ticking(
-        env, tmp_path, ticker, conversation
-    )
+    plan, created, waited, connect, terminated = talk_while(env, tmp_path, ticker, conversation)
 
-    assert plan["price_per_hour"] == "50.00" and plan["machine_price_per_hour"] == "25.00"
-    assert plan["hours_covered"] == "200.00"  # 10,000 USD at 50 USD an hour
-    assert plan["free_machines"] == 3
-    assert plan["offer"]["id"] == offer.slug
-    assert plan["network"]["interconnect"] == "ethernet"
-    assert "1-2 Gbit/s" in plan["network"]["expected"]
-    assert "Slurm job arrays" in plan["network"]["suits"]
-    assert plan["can_create"] is True and plan["problems"] == []
+    assert plan["can_create"] is True and "error" not in plan
+    planned = plan["plan"]
+    assert planned["price_per_hour"] == "50.00" and planned["machine_price_per_hour"] == "25.00"
+    assert planned["hours_covered"] == "200.00"  # 10,000 USD at 50 USD an hour, nothing running
+    assert planned["gpus_total"] == 16 and planned["nodes"] == 2 and planned["name"] == "agent"
+    assert planned["network"]["interconnect"] == "ethernet"
     assert created["cluster"]["status"] == "provisioning"
     assert waited["settled"] is True and waited["ready"] is True
     assert waited["cluster"]["status"] == "ready"
@@ -171,59 +156,86 @@ def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, acco
     assert cluster.ready_at is not None and cluster.name == "agent"
 
 
-def test_create_cluster_is_refused_without_the_plans_token(env, tmp_path, account):
-    offer = inventory(hosts=3)
-    create_args = {"offer_id": offer.slug, "nodes": 2, "name": "sneaky"}
-    plan_args = {"gpu": offer.gpu.slug, **create_args}
+def test_get_cluster_gives_its_events_only_when_asked(env, tmp_path, account):
+    cluster = create(account.project, inventory(hosts=2), name="quiet")
 
     async def conversation(session):
-        none = await session.call_tool("create_cluster", {**create_args, "confirmation_token": ""})
-        forged = await session.call_tool(
-            # Well formed (digits, a dot, 64 lowercase hex), signed by nobody.
-            "create_cluster",
-            {**create_args, "confirmation_token": "9999999999." + "ab" * 32},
+        plain = payload(await session.call_tool("get_cluster", {"cluster": cluster.pk}))
+        full = await session.call_tool("get_cluster", {"cluster": "quiet", "events": True})
+        return plain, payload(full), len(full.content[0].text)
+
+    plain, full, size = talk(env, tmp_path, conversation)
+
+    api = account.api_data(f"/clusters/{cluster.pk}")
+    assert "events" not in plain["cluster"]
+    assert full["cluster"]["events"] == api["events"] and api["events"]
+    assert plain["cluster"] == {k: v for k, v in full["cluster"].items() if k != "events"}
+    assert size < 3000
+
+
+def test_it_lists_and_adds_ssh_keys(env, tmp_path, account):
+    async def conversation(session):
+        added = payload(
+            await session.call_tool("add_ssh_key", {"public_key": public_key(7), "name": "laptop"})
         )
-        plan = payload(await session.call_tool("plan_cluster", plan_args))
-        bigger = await session.call_tool(
-            "create_cluster",
-            {**create_args, "nodes": 3, "confirmation_token": plan["confirmation_token"]},
-        )
-        renamed = await session.call_tool(
-            "create_cluster",
-            {**create_args, "name": "other", "confirmation_token": plan["confirmation_token"]},
-        )
-        return none, forged, bigger, renamed
+        again = await session.call_tool("add_ssh_key", {"public_key": public_key(7)})
+        garbage = await session.call_tool("add_ssh_key", {"public_key": "not a key"})
+        listed = payload(await session.call_tool("list_ssh_keys", {}))
+        return added, again, garbage, listed
 
-    results = talk(env, tmp_path, conversation)
+    added, again, garbage, listed = talk(env, tmp_path, conversation)
 
-    codes = [r.structured_content["error"]["code"] for r in results]
-    assert all(r.is_error for r in results)
-    assert codes == [
-        "confirmation_required",
-        "confirmation_mismatch",
-        "confirmation_mismatch",
-        "confirmation_mismatch",
-    ]
-    assert "plan_cluster" in results[0].content[0].text
-    assert not Cluster.objects.filter(project=account.project).exists()
+    assert added["ssh_key"]["name"] == "laptop"
+    assert added["ssh_key"]["fingerprint"].startswith("SHA256:")
+    assert error_code(again) == "ssh_key_exists"
+    assert error_code(garbage) == "invalid_ssh_key"
+    assert listed["ssh_keys"] == account.api_data("/ssh-keys")
+    assert added["ssh_key"]["id"] in {k["id"] for k in listed["ssh_keys"]}
+    assert account.project.ssh_keys.filter(name="laptop").exists()
 
 
-def test_a_plan_for_an_offer_that_cannot_start_gives_no_token(env, tmp_path, account):
-    offer = inventory(hosts=1)
+def test_create_cluster_installs_the_keys_it_names(env, tmp_path, account):
+    offer = inventory(hosts=2)
+    chosen = account.project.ssh_keys.first()
+    other = SshKey.objects.create(
+        project=account.project, name="other", public_key=public_key(9), fingerprint="SHA256:o"
+    )
+    args = {"offer_id": offer.slug, "nodes": 2, "name": "keyed", "ssh_key_ids": [chosen.pk]}
 
     async def conversation(session):
-        return payload(
-            await session.call_tool(
-                "plan_cluster",
-                {"gpu": offer.gpu.slug, "offer_id": offer.slug, "nodes": 2, "name": "x"},
-            )
+        plan = payload(await session.call_tool("plan_cluster", args))
+        token = plan["plan"]["plan_token"]
+        return plan, payload(
+            await session.call_tool("create_cluster", {**args, "plan_token": token})
         )
 
-    plan = talk(env, tmp_path, conversation)
+    plan, created = talk(env, tmp_path, conversation)
 
-    assert plan["can_create"] is False
-    assert "cannot start 2 machines now" in plan["problems"][0]
-    assert "confirmation_token" not in plan
+    assert plan["plan"]["ssh_key_ids"] == [chosen.pk]
+    cluster = Cluster.objects.get(pk=created["cluster"]["id"])
+    installed = set(cluster.ssh_keys.values_list("pk", flat=True))
+    assert installed == {chosen.pk} and other.pk not in installed
+
+
+def test_the_network_test_answers_its_figures_with_a_verdict(env, tmp_path, account, ticker, sim):
+    cluster = ready_cluster(account, ticker, name="measured")
+
+    async def conversation(session):
+        arguments = {"cluster": cluster.pk, "timeout_seconds": 20}
+        result = payload(await session.call_tool("run_network_test", arguments))
+        read = payload(await session.call_tool("get_cluster", {"cluster": cluster.pk}))
+        return result, read
+
+    # The test's task runs once the tool has started it, as a worker would.
+    result, read = talk_while(env, tmp_path, sim.dispatcher.run, conversation)
+
+    test = result["network_test"]
+    assert result["finished"] is True and test["state"] == "done"
+    assert test["method"] == "nccl" and test["peak_busbw_gbs"] >= 0.1
+    assert test["verdict"] == "passed"
+    assert "0.1 GB/s" in test["verdict_rule"]
+    assert result["message"] == "Network test done: passed."
+    assert read["cluster"]["network_test"]["verdict"] == "passed"
 
 
 def test_api_refusals_are_tool_errors_with_the_apis_code(env, tmp_path, account):
@@ -237,53 +249,9 @@ def test_api_refusals_are_tool_errors_with_the_apis_code(env, tmp_path, account)
 
     missing, early, balance = talk(env, tmp_path, conversation)
 
-    assert missing.is_error
-    assert missing.structured_content["error"]["code"] == "not_found"
+    assert error_code(missing) == "not_found"
     assert missing.structured_content["error"]["status"] == 404
     api = account.api().get("/api/v1/clusters/999999").json()["error"]
     assert missing.content[0].text == f"not_found: {api['message']}"
-    assert early.is_error
-    assert early.structured_content["error"]["code"] == "invalid_state"
-    assert Decimal(payload(balance)["balance"]["balance"]) == Decimal("10000.00")
-
-
-def test_the_same_token_twice_gives_the_same_cluster(env, tmp_path, account):
-    offer = inventory(hosts=4)
-    create_args = {"offer_id": offer.slug, "nodes": 2, "name": "retried"}
-
-    async def conversation(session):
-        plan = payload(
-            await session.call_tool("plan_cluster", {"gpu": offer.gpu.slug, **create_args})
-        )
-        args = {**create_args, "confirmation_token": plan["confirmation_token"]}
-        first = payload(await session.call_tool("create_cluster", args))
-        again = payload(await session.call_tool("create_cluster", args))
-        return first, again
-
-    first, again = talk(env, tmp_path, conversation)
-
-    assert first["cluster"]["id"] == again["cluster"]["id"]
-    assert Cluster.objects.filter(project=account.project).count() == 1
-
-
-def test_a_read_only_key_plans_but_cannot_create(env, tmp_path, account):
-    offer = inventory(hosts=2)
-    _, read_only = keys.issue_api_key(
-        user=account.user, project=account.project, name="agent", scopes=["read"]
-    )
-    create_args = {"offer_id": offer.slug, "nodes": 2, "name": "nope"}
-
-    async def conversation(session):
-        plan = payload(
-            await session.call_tool("plan_cluster", {"gpu": offer.gpu.slug, **create_args})
-        )
-        args = {**create_args, "confirmation_token": plan["confirmation_token"]}
-        return plan, await session.call_tool("create_cluster", args)
-
-    plan, refused = talk({**env, "RUNCRATE_API_KEY": read_only}, tmp_path, conversation)
-
-    assert plan["balance"] is None and plan["balance_note"]  # no billing scope: no balance
-    assert refused.is_error
-    assert refused.structured_content["error"]["code"] == "scope_missing"
-    assert refused.structured_content["error"]["status"] == 403
-    assert not Cluster.objects.filter(project=account.project).exists()
+    assert error_code(early) == "invalid_state"
+    assert payload(balance)["balance"]["balance"] == "10000.00"

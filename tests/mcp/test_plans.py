@@ -1,125 +1,173 @@
-"""The plan's confirmation token: bound to every planned parameter and to the caller's key,
-signed with the server process's own secret, and short-lived."""
+"""The plan is the server's (`POST /api/v1/clusters/plan`): `plan_cluster` says it can create
+exactly when the create would succeed, with the create's own refusal otherwise, and its
+`plan_token`, signed by the server, creates through any `runcrate mcp` process, for the planned
+body only and for ten minutes.
+
+This replaces the tests of the per-process confirmation token (`Plans`), which is gone: the
+server signs and checks the token now."""
+
+import json
+from datetime import timedelta
 
 import pytest
 
-from runcrate_cli.mcp_server import PLAN_TTL_SECONDS, PlanRefused, Plans, plan_fields
+from accounts import keys
+from clusters.models import Cluster
+from tests.cli.kit import funded_account
+from tests.clusters.lifecycle_kit import create, inventory
+from tests.mcp.kit import error_code, payload, talk
 
-NOW = 1_800_000_000
-
-
-def fields(**changes):
-    planned = {
-        "key": "rc_live_agent",
-        "offer_id": "use2-h100x8-vm",
-        "nodes": 4,
-        "name": "train",
-        "software": "slurm",
-        "volume_id": None,
-        "environment": "default",
-    }
-    return plan_fields(**{**planned, **changes})
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def refusal(plans: Plans, token: str, planned: dict, now: float) -> str:
-    with pytest.raises(PlanRefused) as raised:
-        plans.check(token, planned, now=now)
-    return raised.value.code
+def plan(env, tmp_path, arguments: dict, *, name: str = "planner") -> dict:
+    """Plan in a `runcrate mcp` process of its own, which then exits."""
+
+    async def conversation(session):
+        return payload(await session.call_tool("plan_cluster", arguments))
+
+    return talk(env, tmp_path, conversation, name=name)
 
 
-def test_it_accepts_its_own_token_for_the_same_plan_until_it_expires():
-    plans = Plans()
-    token, expires = plans.issue(fields(), now=NOW)
+def create_with(env, tmp_path, arguments: dict, *, name: str = "creator", times: int = 1):
+    """Create in another `runcrate mcp` process: the results of `times` calls."""
 
-    plans.check(token, fields(), now=NOW + PLAN_TTL_SECONDS)  # the last second: still good
+    async def conversation(session):
+        return [await session.call_tool("create_cluster", arguments) for _ in range(times)]
 
-    assert expires == NOW + PLAN_TTL_SECONDS
-    assert refusal(plans, token, fields(), NOW + PLAN_TTL_SECONDS + 1) == "confirmation_expired"
+    return talk(env, tmp_path, conversation, name=name)
+
+
+def test_a_token_from_one_process_creates_through_another(env, tmp_path, account):
+    offer = inventory(hosts=3)
+    args = {"offer_id": offer.slug, "nodes": 2, "name": "moved"}
+
+    planned = plan(env, tmp_path, args)
+    token = planned["plan"]["plan_token"]
+    first, again = create_with(env, tmp_path, {**args, "plan_token": token}, times=2)
+    (later,) = create_with(env, tmp_path, {**args, "plan_token": token}, name="third")
+
+    assert planned["can_create"] is True
+    assert payload(first)["cluster"]["name"] == "moved"
+    # The same token again, from the same process or a third one: the same cluster, never two.
+    assert payload(again)["cluster"]["id"] == payload(first)["cluster"]["id"]
+    assert payload(later)["cluster"]["id"] == payload(first)["cluster"]["id"]
+    assert Cluster.objects.filter(project=account.project).count() == 1
+
+
+def test_a_changed_body_is_plan_mismatch(env, tmp_path, account):
+    offer = inventory(hosts=4)
+    args = {"offer_id": offer.slug, "nodes": 2, "name": "planned"}
+    token = plan(env, tmp_path, args)["plan"]["plan_token"]
+
+    changes = [{"nodes": 3}, {"name": "other"}, {"software": "slurm"}, {"environment": "prod"}]
+
+    async def conversation(session):
+        changed = [
+            await session.call_tool("create_cluster", {**args, **change, "plan_token": token})
+            for change in changes
+        ]
+        forged = await session.call_tool(
+            "create_cluster", {**args, "plan_token": token[:-4] + "AAAA"}
+        )
+        empty = await session.call_tool("create_cluster", {**args, "plan_token": ""})
+        missing = await session.call_tool("create_cluster", args)
+        return changed, forged, empty, missing
+
+    changed, forged, empty, missing = talk(env, tmp_path, conversation, name="changer")
+
+    assert [error_code(r) for r in changed] == ["plan_mismatch"] * len(changes)
+    assert {r.structured_content["error"]["status"] for r in changed} == {422}
+    assert error_code(forged) == "plan_mismatch"
+    # No token at all never reaches the API: the tool's schema requires one.
+    for refused in (empty, missing):
+        assert refused.is_error and "plan_token" in refused.content[0].text
+    assert not Cluster.objects.filter(project=account.project).exists()
+
+
+def test_an_eleven_minute_old_token_is_plan_expired(env, tmp_path, account, clock):
+    offer = inventory(hosts=3)
+    args = {"offer_id": offer.slug, "nodes": 2, "name": "late"}
+    token = plan(env, tmp_path, args)["plan"]["plan_token"]
+
+    clock.shift(timedelta(minutes=11))  # the live server's clock: it runs in this process
+    (late,) = create_with(env, tmp_path, {**args, "plan_token": token})
+
+    assert error_code(late) == "plan_expired"
+    assert late.structured_content["error"]["status"] == 422
+    assert not Cluster.objects.filter(project=account.project).exists()
+
+
+# --- the plan says "can create" exactly when the create would succeed -------------------------
+
+
+def _low_balance(account, offer):
+    poor = funded_account(balance="5.00")
+    return poor.key, {"name": "poor"}
+
+
+def _name_taken(account, offer):
+    create(account.project, offer, name="taken")
+    return account.key, {"name": "taken"}
+
+
+def _bad_name(account, offer):
+    return account.key, {"name": "Not_A_Label"}
+
+
+def _unknown_environment(account, offer):
+    return account.key, {"environment": "nowhere"}
+
+
+def _too_many_machines(account, offer):
+    return account.key, {"nodes": 5}  # the offer has 3 free
+
+
+def _read_only_key(account, offer):
+    _, key = keys.issue_api_key(
+        user=account.user, project=account.project, name="reader", scopes=["read"]
+    )
+    return key, {}
+
+
+def _machine_cap(account, offer):
+    _, key = keys.issue_api_key(
+        user=account.user, project=account.project, name="capped", max_machines_per_cluster=2
+    )
+    return key, {"nodes": 3}
 
 
 @pytest.mark.parametrize(
-    "change",
+    "refusal",
     [
-        {"offer_id": "use2-h100x8-bm"},
-        {"nodes": 8},
-        {"name": "other"},
-        {"software": "none"},
-        {"volume_id": 3},
-        {"environment": "prod"},
-        {"key": "rc_live_someone_else"},
+        _low_balance,
+        _name_taken,
+        _bad_name,
+        _unknown_environment,
+        _too_many_machines,
+        _read_only_key,
+        _machine_cap,
     ],
 )
-def test_it_refuses_the_token_for_any_other_parameter(change):
-    plans = Plans()
-    token, _ = plans.issue(fields(), now=NOW)
+def test_a_plan_that_cannot_create_is_the_creates_own_refusal(env, tmp_path, account, refusal):
+    offer = inventory(hosts=3)
+    key, change = refusal(account, offer)
+    args = {"offer_id": offer.slug, "nodes": 2, "name": "wanted", **change}
+    before = Cluster.objects.count()
 
-    assert refusal(plans, token, fields(**change), NOW) == "confirmation_mismatch"
-
-
-def test_another_server_process_does_not_accept_the_token():
-    token, _ = Plans().issue(fields(), now=NOW)
-
-    assert refusal(Plans(), token, fields(), NOW) == "confirmation_mismatch"
-
-
-def test_a_later_expiry_cannot_be_written_into_a_token():
-    plans = Plans()
-    token, expires = plans.issue(fields(), now=NOW)
-    signature = token.partition(".")[2]
-
-    assert refusal(plans, f"{expires + 3600}.{signature}", fields(), NOW) == (
-        "confirmation_mismatch"
+    planned = plan({**env, "RUNCRATE_API_KEY": key}, tmp_path, args)
+    created = account.api().post(
+        "/api/v1/clusters",
+        data=json.dumps(args),
+        content_type="application/json",
+        headers={"authorization": f"Bearer {key}"},
     )
 
-
-@pytest.mark.parametrize("token", ["", "abc", "123.", ".abc", "123.abc"])
-def test_a_missing_or_malformed_token_asks_for_a_plan(token):
-    assert refusal(Plans(), token, fields(), NOW) == "confirmation_required"
-
-
-def test_the_token_binds_a_digest_of_the_key_never_the_key():
-    assert "rc_live_agent" not in str(fields())
-
-
-def _variants(token: str) -> dict[str, str]:
-    """The same token written another way: each would once have passed the check."""
-    expires, _, signature = token.partition(".")
-    full_width = "".join(chr(ord(digit) - ord("0") + ord("０")) for digit in expires)
-    return {
-        "a leading zero": f"0{token}",
-        "two leading zeros": f"00{token}",
-        "full-width digits": f"{full_width}.{signature}",
-        "an uppercase signature": f"{expires}.{signature.upper()}",
-        "spaces around it": f" {token} ",
-        "a trailing newline": f"{token}\n",
-        "a plus sign": f"+{token}",
+    assert planned["can_create"] is False and "plan" not in planned
+    refused = created.json()["error"]
+    assert planned["error"] == {
+        "code": refused["code"],
+        "message": refused["message"],
+        "status": created.status_code,
     }
-
-
-@pytest.mark.parametrize(
-    "variant",
-    [
-        "a leading zero",
-        "two leading zeros",
-        "full-width digits",
-        "an uppercase signature",
-        "spaces around it",
-        "a trailing newline",
-        "a plus sign",
-    ],
-)
-def test_only_the_token_itself_is_accepted_never_another_spelling_of_it(variant):
-    plans = Plans()
-    token, _ = plans.issue(fields(), now=NOW)
-    plans.check(token, fields(), now=NOW)  # the token as issued
-
-    assert refusal(plans, _variants(token)[variant], fields(), NOW) == "confirmation_required"
-
-
-def test_the_token_is_one_form_ascii_digits_a_dot_and_lowercase_hex():
-    token, expires = Plans().issue(fields(), now=NOW)
-
-    assert token.isascii()
-    assert token == f"{expires}.{token.partition('.')[2]}"
-    assert len(token.partition(".")[2]) == 64
-    assert token.partition(".")[2] == token.partition(".")[2].lower()
+    assert Cluster.objects.count() == before  # neither reserved anything

@@ -1,0 +1,94 @@
+"""Driving `runcrate mcp` over stdio with the MCP SDK's own client, from the synchronous tests,
+against pytest-django's live server (which runs in the test's process: its clock is the test's,
+frozen by time_machine, and its requests can be counted)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+
+import anyio
+import pytest
+from django.core.signals import request_started
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from tests.cli.kit import CLI_PYTHON, REPO, drive_until
+from tests.mcp.aio import run_async
+
+SESSION_SECONDS = 60
+
+
+def talk(env, tmp_path, conversation, *, name: str = "mcp"):
+    """Start `runcrate mcp` over stdio, run `conversation(session)` and return its result.
+    The server's stderr goes to tmp_path/NAME.err."""
+
+    async def main():
+        server = StdioServerParameters(
+            command=CLI_PYTHON, args=["-m", "runcrate_cli", "mcp"], env=env, cwd=REPO
+        )
+        with anyio.fail_after(SESSION_SECONDS), (tmp_path / f"{name}.err").open("w") as errlog:
+            async with (
+                stdio_client(server, errlog=errlog) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                return await conversation(session)
+
+    return run_async(main)
+
+
+def talk_while(env, tmp_path, drive, conversation):
+    """`talk`, in a thread, while this thread calls `drive` (the simulated data center's
+    beat) until the conversation ends."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(talk, env, tmp_path, conversation)
+        drive_until(
+            lambda seconds: bool(futures.wait([future], timeout=seconds).done),
+            drive=drive,
+            timeout=SESSION_SECONDS + 5,
+        )
+        return future.result()
+
+
+def payload(result) -> dict:
+    """A tool's answer: its structured content, which its text carries as compact JSON."""
+    assert not result.is_error, result.content[0].text
+    # Compact: no indentation, no spaces after separators.
+    compact = json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
+    assert result.content[0].text == compact
+    return result.structured_content
+
+
+def error_code(result) -> str:
+    assert result.is_error, result.content
+    return result.structured_content["error"]["code"]
+
+
+class ApiCalls:
+    """The API requests the live server received, by path, as they arrive."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, sender, environ=None, **kwargs) -> None:
+        with self._lock:
+            self.paths.append((environ or {}).get("PATH_INFO", ""))
+
+    def count(self, pattern: str) -> int:
+        with self._lock:
+            return sum(1 for path in self.paths if re.fullmatch(pattern, path))
+
+
+@pytest.fixture
+def api_calls():
+    calls = ApiCalls()
+    request_started.connect(calls, weak=False)
+    try:
+        yield calls
+    finally:
+        request_started.disconnect(calls)
