@@ -690,6 +690,21 @@ def _build_simple_index(mirror: Path) -> None:
         (simple / name / "index.html").write_text(page.format(name, anchors))
 
 
+def gpu_figures_text(figures: dict[int, dict[str, object]]) -> str:
+    """The stand-in nvidia-smi's figures file (lab/image/nvidia-smi): one `INDEX,FIELD=VALUE,…`
+    line per GPU."""
+    lines = []
+    for index, fields in sorted(figures.items()):
+        pairs = []
+        for name, value in fields.items():
+            text = str(value)
+            if not re.fullmatch(r"[a-z][a-z0-9_.]*", name) or re.search(r"[,=\n\r]", text):
+                raise ValueError(f"not a figure for the stand-in nvidia-smi: {name}={text!r}")
+            pairs.append(f"{name}={text}")
+        lines.append(",".join([str(int(index)), *pairs]) + "\n")
+    return "".join(lines)
+
+
 def _layer_files(public_key: bytes) -> dict[str, tuple[bytes, int]]:
     """What the lab adds on top of the Debian image: path -> (content, mode)."""
 
@@ -1193,6 +1208,16 @@ class Lab:
             host,
             "mkdir -p /etc/runcrate-lab && cat > /etc/runcrate-lab/gpus",
             input=f"{model},{int(memory_mib)},{int(count)}\n",
+        )
+
+    def set_gpu_figures(self, host: str, figures: dict[int, dict[str, object]]) -> None:
+        """The figures the host's stand-in nvidia-smi answers from now on, per GPU index and
+        nvidia-smi field, e.g. {0: {"utilization.gpu": 97}}; every figure not named takes the
+        stand-in's default ({}: all defaults)."""
+        self.exec(
+            host,
+            "mkdir -p /etc/runcrate-lab && cat > /etc/runcrate-lab/gpu-figures",
+            input=gpu_figures_text(figures),
         )
 
     def inventory(

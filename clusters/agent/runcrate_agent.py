@@ -19,6 +19,11 @@ For as long as it runs, it:
    A measurement that fails is reported as nulls with the reason; it never holds the report up.
 4. On the head, serves a bandwidth sink on private_ip:bandwidth_port for its whole life (and
    `iperf3 -s` on port 7078 where iperf3 is installed), binding again until the address exists.
+5. While the dashboard's answers carry `metrics_seconds` (a ready or degraded cluster), sends
+   a metrics report that often (`POST .../metrics`): each GPU's figures from nvidia-smi's
+   `--query-gpu` CSV (METRICS_QUERY) and the node's CPU, memory, disks and private-network
+   bytes from /proc and statvfs. A report refused or unanswered is logged and the next one goes
+   at the next interval; a dashboard without the endpoint (404) gets none.
 
 It stops (exit 1) when the dashboard answers 403, 404 or 410 (a wrong token, an unknown node, a
 released node); it retries every 5 s on network errors and 5xx answers; a 422 (a report the
@@ -729,6 +734,337 @@ def check_health(request: dict[str, Any], settings: Settings) -> dict[str, Any]:
     }
 
 
+# --- metrics: what the GPUs and the node are doing ------------------------------------------
+
+# The figures a metrics report asks nvidia-smi for, by the names `nvidia-smi --help-query-gpu`
+# documents, in the order parse_metrics reads them back. Drivers from 535 on document the clock
+# reasons as clocks_event_reasons.* (clocks_throttle_reasons.* being the older names), and a
+# driver fails the whole query over one field it does not know: so a driver that refuses a query
+# is asked the next one of METRICS_QUERIES, once, and that one is kept.
+THROTTLE_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "sw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_power_cap",
+)
+# clocks_*_reasons.active is a bit mask (NVML's nvmlClocksEventReason* values).
+THROTTLE_BITS = {
+    "hw_slowdown": 0x08,
+    "hw_thermal_slowdown": 0x40,
+    "sw_thermal_slowdown": 0x20,
+    "hw_power_brake_slowdown": 0x80,
+    "sw_power_cap": 0x04,
+}
+BASIC_METRICS_QUERY = (
+    "index",
+    "uuid",
+    "utilization.gpu",
+    "memory.used",
+    "memory.total",
+    "temperature.gpu",
+    "power.draw",
+    "power.limit",
+    "clocks.sm",
+)
+_HEALTH_QUERY = (
+    "ecc.errors.corrected.volatile.total",
+    "ecc.errors.uncorrected.volatile.total",
+    "retired_pages.pending",
+    "remapped_rows.pending",
+)
+
+
+def _reasons_query(prefix: str) -> tuple[str, ...]:
+    return (f"{prefix}.active", *(f"{prefix}.{reason}" for reason in THROTTLE_REASONS))
+
+
+METRICS_QUERY = (*BASIC_METRICS_QUERY, *_reasons_query("clocks_event_reasons"), *_HEALTH_QUERY)
+METRICS_QUERY_BEFORE_535 = (
+    *BASIC_METRICS_QUERY,
+    *_reasons_query("clocks_throttle_reasons"),
+    *_HEALTH_QUERY,
+)
+METRICS_QUERIES = (METRICS_QUERY, METRICS_QUERY_BEFORE_535, BASIC_METRICS_QUERY)
+UNKNOWN_FIELD = "is not a valid field to query"  # what nvidia-smi says of a field it lacks
+
+
+def _whole(text: str) -> int:
+    number = float(text)
+    if not number.is_integer():
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(number)
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"{text!r} is not a figure")
+    return number
+
+
+def _yes_no(text: str) -> bool:
+    if text.lower() not in ("yes", "no"):
+        raise ValueError(f"{text!r} is neither Yes nor No")
+    return text.lower() == "yes"
+
+
+# nvidia-smi field -> (the report's key, how its text reads).
+GPU_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "uuid": ("uuid", str),
+    "utilization.gpu": ("utilization_percent", _whole),
+    "memory.used": ("memory_used_mib", _whole),
+    "memory.total": ("memory_total_mib", _whole),
+    "temperature.gpu": ("temperature_c", _whole),
+    "power.draw": ("power_w", _finite),
+    "power.limit": ("power_limit_w", _finite),
+    "enforced.power.limit": ("power_limit_w", _finite),
+    "clocks.sm": ("sm_clock_mhz", _whole),
+    "clocks.current.sm": ("sm_clock_mhz", _whole),
+    "ecc.errors.corrected.volatile.total": ("ecc_corrected", _whole),
+    "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected", _whole),
+    "retired_pages.pending": ("retired_pages_pending", _yes_no),
+    "remapped_rows.pending": ("remapped_rows_pending", _yes_no),
+}
+
+
+def _answered_value(text: str) -> str | None:
+    """The field's text, or None where the driver gives no figure: [N/A], [Not Supported], N/A,
+    empty, or any other bracketed word ([Unknown Error], [GPU requires reset])."""
+    text = text.strip()
+    if not text or text.startswith("[") or text.upper() == "N/A":
+        return None
+    return text
+
+
+def parse_metrics(csv_text: str, fields: tuple[str, ...] = METRICS_QUERY) -> list[dict[str, Any]]:
+    """One dict per GPU (the metrics report's shape) from nvidia-smi's `--query-gpu=fields
+    --format=csv,noheader,nounits`. A figure the driver does not give is left out; a line that is
+    not one GPU's (a wrong count of values, no index) is skipped. Never raises."""
+    gpus = []
+    for line in csv_text.splitlines():
+        values = [value.strip() for value in line.split(",")]
+        if len(values) != len(fields):
+            continue
+        row = dict(zip(fields, values, strict=True))
+        try:
+            gpu: dict[str, Any] = {"index": int(row.get("index", ""))}
+        except ValueError:
+            continue
+        for name, text in row.items():
+            value = _answered_value(text)
+            if value is None or name not in GPU_FIELDS:
+                continue
+            key, read = GPU_FIELDS[name]
+            try:
+                gpu[key] = read(value)
+            except ValueError:
+                continue
+        throttle = _throttle(row)
+        if throttle is not None:
+            gpu["throttle"] = throttle
+        gpus.append(gpu)
+    return gpus
+
+
+def _throttle(row: dict[str, str]) -> list[str] | None:
+    """The active reasons among THROTTLE_REASONS: from the reasons' own fields (Active / Not
+    Active), else from the active bit mask; None when neither could be read."""
+    for prefix in ("clocks_event_reasons", "clocks_throttle_reasons"):
+        states = {
+            reason: (_answered_value(row.get(f"{prefix}.{reason}", "")) or "").lower()
+            for reason in THROTTLE_REASONS
+        }
+        if any(state in ("active", "not active") for state in states.values()):
+            return [reason for reason in THROTTLE_REASONS if states[reason] == "active"]
+    for prefix in ("clocks_event_reasons", "clocks_throttle_reasons"):
+        mask = _answered_value(row.get(f"{prefix}.active", ""))
+        if mask is None:
+            continue
+        try:
+            bits = int(mask, 16)
+        except ValueError:
+            continue
+        return [reason for reason in THROTTLE_REASONS if bits & THROTTLE_BITS[reason]]
+    return None
+
+
+def query_nvidia_smi(fields: tuple[str, ...], timeout: float = 30) -> tuple[str | None, str]:
+    """nvidia-smi's CSV for `fields` (None when it fails), and what it said when it failed."""
+    command = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run(  # noqa: S603 (our own command line, no shell)
+            command, capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, str(error)
+    if done.returncode != 0:
+        return None, f"{done.stdout}\n{done.stderr}".strip()
+    return done.stdout, ""
+
+
+class GpuMetrics:
+    """Reads the GPUs' figures for each metrics report, remembering which of METRICS_QUERIES
+    this driver answers (the first one it does not refuse for an unknown field)."""
+
+    def __init__(self, queries: tuple[tuple[str, ...], ...] = METRICS_QUERIES) -> None:
+        self.queries = list(queries)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.queries[0]
+
+    def read(self) -> list[dict[str, Any]]:
+        """The GPUs' figures; none without nvidia-smi or when it fails (no GPU, no driver)."""
+        if shutil.which("nvidia-smi") is None:
+            return []
+        while True:
+            output, complaint = query_nvidia_smi(self.fields)
+            if output is not None:
+                return parse_metrics(output, self.fields)
+            if UNKNOWN_FIELD not in complaint or len(self.queries) == 1:
+                return []
+            refused = self.queries.pop(0)
+            log.info(
+                "nvidia-smi does not know a field of the metrics query (%s); asking for %d "
+                "figures instead of %d",
+                complaint.splitlines()[0],
+                len(self.fields),
+                len(refused),
+            )
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """/proc/stat's CPU line: jiffies spent busy and in all, since boot."""
+
+    busy: int
+    total: int
+
+
+def read_cpu(stat: Path) -> CpuReading | None:
+    try:
+        line = stat.read_text().splitlines()[0]
+        # user nice system idle iowait irq softirq steal (guest time is counted in user's)
+        ticks = [int(value) for value in line.split()[1:9]]
+    except (OSError, IndexError, ValueError):
+        return None
+    if not line.startswith("cpu ") or len(ticks) < 4:
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return CpuReading(busy=sum(ticks) - idle, total=sum(ticks))
+
+
+def cpu_percent(before: CpuReading | None, after: CpuReading | None) -> float | None:
+    """The share of CPU time spent busy between two readings."""
+    if before is None or after is None or after.total <= before.total:
+        return None
+    busy = min(max(after.busy - before.busy, 0), after.total - before.total)
+    return round(100 * busy / (after.total - before.total), 1)
+
+
+def memory_mib(meminfo: Path) -> tuple[int, int] | None:
+    """(used, total) MiB: used is what is not available (MemAvailable, or on kernels without it
+    MemFree + Buffers + Cached)."""
+    try:
+        kib = {
+            name: int(rest.split()[0])
+            for name, _, rest in (line.partition(":") for line in meminfo.read_text().splitlines())
+            if rest.split()
+        }
+    except (OSError, ValueError):
+        return None
+    if "MemTotal" not in kib:
+        return None
+    available = kib.get("MemAvailable")
+    if available is None:
+        available = kib.get("MemFree", 0) + kib.get("Buffers", 0) + kib.get("Cached", 0)
+    return (kib["MemTotal"] - available) // 1024, kib["MemTotal"] // 1024
+
+
+def disk_gib(path: str) -> tuple[float, float] | None:
+    """(used, total) GiB of the filesystem holding `path`, as df counts them."""
+    try:
+        figures = os.statvfs(path)
+    except OSError:
+        return None
+    gib = figures.f_frsize / 2**30
+    used = (figures.f_blocks - figures.f_bfree) * gib
+    return round(used, 1), round(figures.f_blocks * gib, 1)
+
+
+# Threads asking a hung /shared for its figures: while one is left, no other is started.
+_STATVFS_STUCK: list[threading.Thread] = []
+
+
+def disk_gib_within(path: str, seconds: float = SHARED_SECONDS) -> tuple[float, float] | None:
+    """disk_gib of a network mount, in a thread given `seconds`: a hung mount hangs the thread,
+    never the agent (None then, and while it still hangs)."""
+    _STATVFS_STUCK[:] = [thread for thread in _STATVFS_STUCK if thread.is_alive()]
+    if _STATVFS_STUCK:
+        return None
+    found: list[tuple[float, float] | None] = []
+    thread = threading.Thread(
+        target=lambda: found.append(disk_gib(path)), name="runcrate-statvfs", daemon=True
+    )
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        _STATVFS_STUCK.append(thread)
+        return None
+    return found[0] if found else None
+
+
+def network_bytes(net_dev: Path, interface: str) -> tuple[int, int] | None:
+    """(received, sent) bytes since the interface came up, from /proc/net/dev."""
+    try:
+        lines = net_dev.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines[2:]:
+        name, _, counters = line.partition(":")
+        values = counters.split()
+        if name.strip() == interface and len(values) >= 9:
+            try:
+                return int(values[0]), int(values[8])
+            except ValueError:
+                return None
+    return None
+
+
+def node_metrics(
+    previous: CpuReading | None,
+    *,
+    interface: str | None,
+    shared: str | None,
+    proc: Path = Path("/proc"),
+    root: str = "/",
+) -> tuple[dict[str, Any], CpuReading | None]:
+    """The node's part of a metrics report, and this CPU reading (the next report's `previous`;
+    the CPU's share is over the time between the two). A figure that cannot be read is left out:
+    the CPU's in the first report, /shared's where it is not mounted, the network's without the
+    interface."""
+    reading = read_cpu(proc / "stat")
+    node: dict[str, Any] = {}
+    busy = cpu_percent(previous, reading)
+    if busy is not None:
+        node["cpu_percent"] = busy
+    memory = memory_mib(proc / "meminfo")
+    if memory is not None:
+        node["memory_used_mib"], node["memory_total_mib"] = memory
+    disk = disk_gib(root)
+    if disk is not None:
+        node["disk_root_used_gib"], node["disk_root_total_gib"] = disk
+    if shared and mounted(shared, proc / "mounts"):
+        disk = disk_gib_within(shared)
+        if disk is not None:
+            node["disk_shared_used_gib"], node["disk_shared_total_gib"] = disk
+    moved = network_bytes(proc / "net/dev", interface) if interface else None
+    if moved is not None:
+        node["network_rx_bytes"], node["network_tx_bytes"] = moved
+    return node, reading
+
+
 # --- the agent -------------------------------------------------------------------------------
 
 
@@ -745,7 +1081,14 @@ class Agent:
     """One node's agent: talks to the dashboard as `node_id` with `token`."""
 
     def __init__(
-        self, url: str, node_id: str, token: str, *, settings: Settings | None = None
+        self,
+        url: str,
+        node_id: str,
+        token: str,
+        *,
+        settings: Settings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not url.startswith(("https://", "http://")):
             raise SystemExit(f"runcrate-agent: RUNCRATE_URL must be an http(s) URL, not {url!r}.")
@@ -758,8 +1101,25 @@ class Agent:
         self._said: dict[str, str] = {}
         self._health: dict[str, Any] | None = None  # what the last answer asked to check
         self._health_at: float | None = None  # when the last health report went (monotonic)
+        # The loop's clock and its wait (tests move time instead of sleeping through it).
+        self._clock = clock
+        self._sleep = sleep
+        # Metrics: every `metrics_seconds` the last answer gave (None: send none), from the time
+        # the last report went; off for good once the dashboard does not know the endpoint.
+        self._metrics_seconds: float | None = None
+        self._metrics_at: float | None = None
+        self._metrics_off = False
+        self._cpu: CpuReading | None = None
+        self._gpu_metrics = GpuMetrics()
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Send a report whose answer is the node's state (check-in, network test)."""
+        state = self._request(path, body)
+        self._answered(state)
+        return state
+
+    def _request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST `body` to the node's `path`; the answer's data."""
         request = urllib.request.Request(  # noqa: S310 (the scheme is checked in __init__)
             f"{self.base}/{path}",
             data=json.dumps(body).encode(),
@@ -771,9 +1131,7 @@ class Agent:
             },
         )
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
-            state = json.loads(response.read())["data"]
-        self._answered(state)
-        return state
+            return json.loads(response.read())["data"]
 
     def _note(self, topic: str, message: str) -> None:
         """Log `message` unless it is what was last said about `topic`: one line per change."""
@@ -788,6 +1146,7 @@ class Agent:
         self._peer_starting = bool(state.get("peer_starting"))
         health = state.get("health")
         self._health = health if isinstance(health, dict) else None
+        self._set_metrics_seconds(state.get("metrics_seconds"))
         self._note("state", f"{state['node']} is {state['status']} (step {state['step']})")
         if "wireguard" in state:
             self.apply_wireguard(state["wireguard"]["peers"])
@@ -823,7 +1182,7 @@ class Agent:
         }
         if not self.health_due():
             return self._post("check-in", body)
-        self._health_at = time.monotonic()
+        self._health_at = self._clock()
         report = check_health(self._health or {}, self.settings)
         self._note("health", _describe_health(report))
         try:
@@ -840,7 +1199,7 @@ class Agent:
         if self._health is None or self._status != "joined":
             return False
         last = self._health_at
-        return last is None or time.monotonic() - last >= self.settings.health_seconds
+        return last is None or self._clock() - last >= self.settings.health_seconds
 
     def own_address(self, state: dict[str, Any]) -> str | None:
         return self.settings.private_ip or state.get("private_ip")
@@ -895,33 +1254,93 @@ class Agent:
             # A health report due before the next heartbeat goes with its own check-in (the
             # first one at once: the cluster just became ready).
             last = self._health_at
-            due = 0.0 if last is None else last + self.settings.health_seconds - time.monotonic()
+            due = 0.0 if last is None else last + self.settings.health_seconds - self._clock()
             wait = min(wait, max(due, 1.0))
         return wait
 
     def run(self) -> int:
-        """Check in until the dashboard says to stop; the exit status."""
+        """Check in until the dashboard says to stop, and send metrics between check-ins while
+        the dashboard asks for them; the exit status."""
         self.serve_if_head({})  # a head that its configuration names serves before it checks in
+        check_in_at = self._clock()
         while True:
-            try:
-                state = self.check_in()
-                self.serve_if_head(state)
-                if network_test_due(state):
-                    self.test_network(state)
-            except urllib.error.HTTPError as error:
-                if error.code in STOP_CODES:
-                    log.error("stopping: the dashboard answered %s (%s)", error.code, _why(error))
+            if self._clock() >= check_in_at:
+                wait = self.check_in_turn()
+                if wait is None:
                     return 1
-                wait = self._after_refusal(error)
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                # OSError includes urllib's URLError; the others: an answer we cannot read.
-                self._note("dashboard", f"no answer from the dashboard ({error!r}); retrying")
-                wait = self.settings.retry_seconds
-            else:
-                if self._said.pop("dashboard", None) is not None:
-                    log.info("the dashboard answers again")
-                wait = self.next_check_in_seconds()
-            time.sleep(wait)
+                check_in_at = self._clock() + wait
+            if self.metrics_due_in() == 0:
+                self.send_metrics()
+            pause = check_in_at - self._clock()
+            metrics_in = self.metrics_due_in()
+            if metrics_in is not None:
+                pause = min(pause, metrics_in)
+            self._sleep(max(pause, 0.0))
+
+    def check_in_turn(self) -> float | None:
+        """One check-in (and the network test when due): how long until the next one, or None
+        when the dashboard says to stop."""
+        try:
+            state = self.check_in()
+            self.serve_if_head(state)
+            if network_test_due(state):
+                self.test_network(state)
+        except urllib.error.HTTPError as error:
+            if error.code in STOP_CODES:
+                log.error("stopping: the dashboard answered %s (%s)", error.code, _why(error))
+                return None
+            return self._after_refusal(error)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            # OSError includes urllib's URLError; the others: an answer we cannot read.
+            self._note("dashboard", f"no answer from the dashboard ({error!r}); retrying")
+            return self.settings.retry_seconds
+        if self._said.pop("dashboard", None) is not None:
+            log.info("the dashboard answers again")
+        return self.next_check_in_seconds()
+
+    # --- metrics
+
+    def _set_metrics_seconds(self, value: Any) -> None:
+        """Send metrics every `value` seconds from now on (the first at once); None or anything
+        but a positive number: send none."""
+        valid = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        self._metrics_seconds = float(value) if valid else None
+
+    def metrics_due_in(self) -> float | None:
+        """Seconds until the next metrics report (0: due now); None while none is to be sent."""
+        if self._metrics_off or self._metrics_seconds is None:
+            return None
+        if self._metrics_at is None:
+            return 0.0
+        return max(self._metrics_at + self._metrics_seconds - self._clock(), 0.0)
+
+    def metrics_report(self) -> dict[str, Any]:
+        """The GPUs' and the node's figures now (docs/drivers.md, "Metrics")."""
+        node, self._cpu = node_metrics(
+            self._cpu, interface=self.settings.interface, shared=self.settings.shared_mount
+        )
+        return {"gpus": self._gpu_metrics.read(), "node": node}
+
+    def send_metrics(self) -> None:
+        """Send one metrics report. A refusal or no answer is logged (once) and the next report
+        goes at the next interval; a 404 (a dashboard without the endpoint) stops metrics."""
+        self._metrics_at = self._clock()
+        try:
+            answer = self._request("metrics", self.metrics_report())
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                self._metrics_off = True
+                log.info("the dashboard takes no metrics (404: %s); sending none", _why(error))
+                return
+            self._note("metrics", f"the dashboard refused metrics: {error.code} ({_why(error)})")
+            return
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self._note("metrics", f"metrics not sent: no answer from the dashboard ({error!r})")
+            return
+        if isinstance(answer, dict) and "metrics_seconds" in answer:
+            self._set_metrics_seconds(answer["metrics_seconds"])
+        if self._metrics_seconds is not None:
+            self._note("metrics", f"sending metrics every {self._metrics_seconds:g} s")
 
     def _after_refusal(self, error: urllib.error.HTTPError) -> float:
         """Log the dashboard's refusal; how long to wait before the next try."""
