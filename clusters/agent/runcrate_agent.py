@@ -1315,7 +1315,7 @@ class Agent:
         return max(self._metrics_at + self._metrics_seconds - self._clock(), 0.0)
 
     def metrics_report(self) -> dict[str, Any]:
-        """The GPUs' and the node's figures now (docs/drivers.md, "Metrics")."""
+        """The GPUs' and the node's figures now (docs/lifecycle.md, "Metrics")."""
         node, self._cpu = node_metrics(
             self._cpu, interface=self.settings.interface, shared=self.settings.shared_mount
         )
