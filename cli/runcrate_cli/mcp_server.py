@@ -38,7 +38,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from runcrate_cli import config
-from runcrate_cli.client import SETTLED, ApiClient, ApiError, poll_seconds
+from runcrate_cli.client import ApiClient, ApiError, is_settled, poll_seconds
 
 PACKAGE = "runcrate-clusters-cli"
 # A self-serve cluster's size; larger ones are quoted (request_quote on the dashboard).
@@ -535,11 +535,11 @@ def build_server(
     @server.tool(
         title="Wait for a cluster",
         annotations=READS,
-        description="Wait until a cluster is ready, degraded or ended (failed, terminated, "
-        f"stopped), for at most timeout_seconds (at most {MAX_WAIT_SECONDS}), sending progress "
-        "(machines up out of the size, the current step). A boot takes minutes: when it "
-        "answers 'still <status>, call again', call it again. Free, but a cluster that is up "
-        "is billed while you wait.",
+        description="Wait until a cluster is ready or degraded with no machine still starting, "
+        "or ended (failed, terminated, stopped), for at most timeout_seconds (at most "
+        f"{MAX_WAIT_SECONDS}), sending progress (machines up out of the size, the current "
+        "step). A boot takes minutes: when it answers 'still <status>, call again', call it "
+        "again. Free, but a cluster that is up is billed while you wait.",
     )
     async def wait_for_cluster(
         ctx: Context,
@@ -551,18 +551,31 @@ def build_server(
         except ApiError as error:
             return tool_error(error.code, error.message, error.status)
         last: dict[str, Any] | None = None
+        lost: ApiError | None = None  # the last poll's transient failure, if it failed
         reported = -1.0
         try:
             with anyio.move_on_after(timeout_seconds):
                 cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
                 while True:
-                    last = await in_thread(lambda: client.cluster(cluster_id), limiter=wait_threads)
+                    try:
+                        last = await in_thread(
+                            lambda: client.cluster(cluster_id), limiter=wait_threads
+                        )
+                    except ApiError as error:
+                        if not error.transient:
+                            raise
+                        # A blip of the API (a restart, a proxy's 503): the cluster goes on,
+                        # and so does the wait, within its bound.
+                        lost = error
+                        await anyio.sleep(poll_seconds())
+                        continue
+                    lost = None
                     done, size, sentence = progress(last)
                     # Progress only ever grows (the protocol's rule): a step back is not sent.
                     if done > reported:
                         await ctx.report_progress(done, size, sentence)
                         reported = done
-                    if last["status"] in SETTLED:
+                    if is_settled(last):
                         return answer(
                             {
                                 "cluster": shown(last),
@@ -577,23 +590,20 @@ def build_server(
             return tool_error(error.code, error.message, error.status)
         finally:
             client.close()
+        after = _seconds(timeout_seconds)
         if last is None:
-            message = (
-                f"The API did not answer within {_seconds(timeout_seconds)}: call "
-                "wait_for_cluster again."
-            )
+            message = f"The API did not answer within {after}"
         else:
-            message = (
-                f"Still {last['status']} after {_seconds(timeout_seconds)} "
-                f"({progress(last)[2]}): call wait_for_cluster again."
-            )
+            message = f"Still {last['status']} after {after} ({progress(last)[2]})"
+        if lost is not None:
+            message += f"; the API does not answer now ({lost.code}), the cluster goes on"
         return answer(
             {
                 "cluster": shown(last) if last else None,
                 "status": last["status"] if last else None,
                 "settled": False,
                 "ready": False,
-                "message": message,
+                "message": message + ": call wait_for_cluster again.",
             }
         )
 

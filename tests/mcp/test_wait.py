@@ -13,21 +13,25 @@ from tests.mcp.kit import error_code, payload, talk, talk_while
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def slowly(ticker, *, every: float):
-    """The simulated data center's beat, at most once every `every` seconds of real time: a
-    cluster that takes many polls to boot."""
+def slowly(ticker, *, every: float, after):
+    """The simulated data center's beat, at most once every `every` seconds of real time and
+    only once `after()`: a cluster that takes many polls to boot, from the first."""
     last = [0.0]
 
     def drive() -> None:
-        if time.monotonic() - last[0] >= every:
+        if after() and time.monotonic() - last[0] >= every:
             last[0] = time.monotonic()
             ticker()
 
     return drive
 
 
-def test_it_sends_progress_while_a_slow_cluster_boots(env, tmp_path, account, ticker):
+def test_it_sends_progress_while_a_slow_cluster_boots(env, tmp_path, account, ticker, api_calls):
     cluster = create(account.project, inventory(hosts=2), name="slow")
+
+    def polled() -> bool:  # the data center moves once the wait has read the cluster
+        return api_calls.count(rf"/api/v1/clusters/{cluster.pk}") > 0
+
     notes = []
 
     async def note(progress, total, message):
@@ -39,7 +43,7 @@ def test_it_sends_progress_while_a_slow_cluster_boots(env, tmp_path, account, ti
             await session.call_tool("wait_for_cluster", arguments, progress_callback=note)
         )
 
-    waited = talk_while(env, tmp_path, slowly(ticker, every=0.3), conversation)
+    waited = talk_while(env, tmp_path, slowly(ticker, every=0.3, after=polled), conversation)
 
     assert waited["settled"] is True and waited["ready"] is True
     assert waited["status"] == "ready" and waited["message"] == "ready: 2 of 2 machines up"
@@ -56,9 +60,10 @@ def test_it_answers_within_its_bound_saying_to_call_again(env, tmp_path, account
     cluster = create(account.project, inventory(hosts=2), name="stuck")  # nothing ticks
 
     async def conversation(session):
+        payload(await session.call_tool("get_cluster", {"cluster": "stuck"}))  # a warm server
         started = time.monotonic()
         waited = await session.call_tool(
-            "wait_for_cluster", {"cluster": "stuck", "timeout_seconds": 1}
+            "wait_for_cluster", {"cluster": "stuck", "timeout_seconds": 2}
         )
         took = time.monotonic() - started
         too_long = await session.call_tool(
@@ -68,11 +73,11 @@ def test_it_answers_within_its_bound_saying_to_call_again(env, tmp_path, account
 
     waited, took, too_long = talk(env, tmp_path, conversation)
 
-    assert 1 <= took < 3
+    assert 2 <= took < 4
     assert waited["settled"] is False and waited["ready"] is False
     assert waited["status"] == "provisioning"
     assert waited["message"] == (
-        "Still provisioning after 1 s (provisioning: 0 of 2 machines up, step running): call "
+        "Still provisioning after 2 s (provisioning: 0 of 2 machines up, step running): call "
         "wait_for_cluster again."
     )
     assert waited["cluster"]["id"] == cluster.pk
@@ -142,3 +147,19 @@ def test_waiting_for_an_unknown_cluster_is_the_apis_refusal(env, tmp_path, accou
         return await session.call_tool("wait_for_cluster", {"cluster": 999999})
 
     assert error_code(talk(env, tmp_path, conversation)) == "not_found"
+
+
+def test_a_wait_on_an_api_that_does_not_answer_still_answers_within_its_bound(env, tmp_path):
+    closed = {**env, "RUNCRATE_API_URL": "http://127.0.0.1:9"}  # nothing listens there
+
+    async def conversation(session):
+        started = time.monotonic()
+        waited = await session.call_tool("wait_for_cluster", {"cluster": 7, "timeout_seconds": 2})
+        return payload(waited), time.monotonic() - started
+
+    waited, took = talk(closed, tmp_path, conversation)
+
+    assert took < 4
+    assert waited["settled"] is False and waited["cluster"] is None
+    assert waited["message"].startswith("The API did not answer within 2 s")
+    assert waited["message"].endswith("call wait_for_cluster again.")
