@@ -186,32 +186,44 @@ def _longest_word(cell: Cell) -> int:
 def fit_table(
     width: int, columns: list[Column], rows: list[list[Cell]], *, title: str | None = None
 ) -> RenderableType:
-    """The rows as a table at most `width` wide (the terminal's), its whole columns at their
-    full width and the others wrapping; where even that does not fit, one block per row
-    (`header  value` lines), so that a whole value is never cut, at 80 columns or fewer."""
+    """The rows as a table at most `width` wide (the terminal's): its whole columns at their
+    full width, the others narrowed (never below their longest word) and wrapping; where even
+    that does not fit, one block per row (`header  value` lines). A whole value is never cut,
+    at 80 columns or fewer."""
     needs = [
         max([_width(column.header), *(_width(row[i]) for row in rows)])
         for i, column in enumerate(columns)
     ]
-    words = [
-        max([_longest_word(column.header), *(_longest_word(row[i]) for row in rows)])
-        for i, column in enumerate(columns)
+    least = [
+        need
+        if column.whole
+        else max([_longest_word(column.header), *(_longest_word(row[i]) for row in rows)])
+        for i, (column, need) in enumerate(zip(columns, needs, strict=True))
     ]
-    pairs = list(zip(columns, needs, strict=True))
-    # A wrapping column can narrow down to its longest word; a whole one not at all.
-    least = sum(
-        need if column.whole else word for (column, need), word in zip(pairs, words, strict=True)
-    )
-    if least + COLUMN_EXTRA * len(columns) + 1 <= width:
-        table = Table(title=title, title_justify="left", header_style="bold")
-        for column, need in pairs:
-            if column.whole:
-                table.add_column(column.header, no_wrap=True, min_width=need)
-            else:
-                table.add_column(column.header)
-        for row in rows:
-            table.add_row(*row)
-        return table
+    room = width - COLUMN_EXTRA * len(columns) - 1
+    if sum(least) > room:
+        return _blocks(columns, rows, title=title)
+    widths = _share(room, least, needs)
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column, column_width in zip(columns, widths, strict=True):
+        table.add_column(column.header, width=column_width, no_wrap=column.whole)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _share(room: int, least: list[int], needs: list[int]) -> list[int]:
+    """Each column's width: all it needs where the room allows, else its least and a share of
+    what is left in proportion to what it lacks."""
+    if sum(needs) <= room:
+        return needs
+    spare = room - sum(least)
+    lacking = [need - low for need, low in zip(needs, least, strict=True)]
+    shares = [spare * lack // sum(lacking) for lack in lacking]
+    return [low + share for low, share in zip(least, shares, strict=True)]
+
+
+def _blocks(columns: list[Column], rows: list[list[Cell]], *, title: str | None) -> Group:
     blocks: list[RenderableType] = [Text(title, style="bold")] if title else []
     label = max(_width(column.header) for column in columns)
     for row in rows:
@@ -276,7 +288,7 @@ def offers(console: Console, rows: list[dict]) -> None:
         Column("offer", whole=True),
         Column("machines"),
         Column("price", whole=True),
-        Column("now", whole=True),
+        Column("now"),
     ]
     table: list[list[Cell]] = []
     for offer in rows:
@@ -290,9 +302,8 @@ def offers(console: Console, rows: list[dict]) -> None:
                 f"{money(offer['price_per_hour'], '/h')}\n"
                 f"{money(offer['machine_price_per_hour'], '/h')} each\n"
                 f"{money(offer['price_per_gpu_hour'], '/GPU-h')}",
-                Text.assemble(
-                    status_text(offer["availability"].replace("_", " ")), f"\n{free} free"
-                ),
+                # The API's word (not_in_stock): one word, which a narrow column never splits.
+                Text.assemble(status_text(offer["availability"]), f"\n{free} free"),
             ]
         )
     console.print(fit_table(console.width, columns, table))
@@ -548,11 +559,12 @@ def plan(console: Console, data: dict) -> None:
     ]
     network = data.get("network") or {}
     if network:
-        parts = [network.get("expected"), network.get("suits") and f"suits {network['suits']}"]
-        parts.append(network.get("not_for") and f"not for {network['not_for']}")
-        rows.append(
-            ("network", f"{network.get('interconnect', '')}: " + "; ".join(p for p in parts if p))
-        )
+        rows.append(("network", f"{network.get('interconnect', '')}: {network.get('expected')}"))
+        rows += [
+            (label, network[key])
+            for label, key in (("suits", "suits"), ("not for", "not_for"))
+            if network.get(key)
+        ]
     keys = data.get("ssh_key_ids") or []
     rows.append(
         (

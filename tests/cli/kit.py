@@ -190,23 +190,29 @@ def run_cli_tty(
     tmp_path: Path,
     drive: Callable[[], None] | None = None,
     timeout: float = 60,
+    columns: int = 160,
+    answer: str | None = None,
+    before_answer: Callable[[], None] | None = None,
 ) -> Result:
-    """`run_cli` with stdout on a pseudo-terminal 160 columns wide, as a person runs it: rich
-    tables and the live display instead of JSON. The escape sequences are stripped."""
+    """`run_cli` with stdout on a pseudo-terminal `columns` wide (COLUMNS too, which rich
+    reads first), as a person runs it: rich tables and the live display instead of JSON. The
+    escape sequences are stripped. With `answer`, stdin is the terminal too, and `answer` is
+    typed once the command asks a yes/no question (`before_answer` runs first)."""
     leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     err_path = tmp_path / "cli.err"
     with err_path.open("w") as err:
         process = subprocess.Popen(
             [CLI_PYTHON, "-m", "runcrate_cli", *args],
             cwd=REPO,
-            env={**env, "TERM": "xterm-256color"},
-            stdin=subprocess.DEVNULL,
+            env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns)},
+            stdin=follower if answer is not None else subprocess.DEVNULL,
             stdout=follower,
             stderr=err,
         )
     os.close(follower)
-    chunks = []
+    chunks: list[bytes] = []
+    asked = False
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -222,6 +228,11 @@ def run_cli_tty(
                 if not chunk:
                     break
                 chunks.append(chunk)
+            if answer is not None and not asked and b"[y/N]" in b"".join(chunks):
+                asked = True
+                if before_answer is not None:
+                    before_answer()
+                os.write(leader, answer.encode() + b"\n")
             if drive is not None:
                 drive()
     finally:

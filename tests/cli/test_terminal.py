@@ -1,7 +1,9 @@
 """What a person sees at a terminal: rich tables and the live per-node display, not JSON."""
 
 import pytest
+from django.utils import timezone
 
+from offers.models import TrackRecord
 from tests.cli.kit import assert_no_traceback, ready_cluster, run_cli_tty
 from tests.clusters.lifecycle_kit import inventory
 from tests.factories import HostFactory, MachineTypeFactory
@@ -43,6 +45,11 @@ def test_offers_are_a_table_with_the_community_warning(env, tmp_path, account):
     offer = inventory(hosts=2, price="20.00")
     community = MachineTypeFactory(gpu=offer.gpu, community=True, slug="comm-x")
     HostFactory.create_batch(2, machine_type=community)
+    # 199 of 200 started, half of them within 8 minutes: the offers page's badge.
+    TrackRecord.objects.create(
+        machine_type=offer, clusters=200, started=199, ready_median_seconds=470,
+        ready_p95_seconds=900, computed_at=timezone.now(),
+    )  # fmt: skip
 
     result = run_cli_tty(
         "offers", "--gpu", offer.gpu.slug, "--nodes", "2", "--include-community",
@@ -60,8 +67,10 @@ def test_offers_are_a_table_with_the_community_warning(env, tmp_path, account):
         "$2.50/GPU-h",
     ]
     assert cells[first][3] == "available"
+    assert cells[first + 1][1] == "99% started · ~8 min"
     community = next(i for i, row in enumerate(cells) if row[0] == "comm-x")
     assert "(community)" in " ".join(row[1] for row in cells[community : community + 4])
+    assert cells[community + 1][1] == "no track record yet"
     assert "keep secrets off" in result.stdout
 
 
