@@ -164,7 +164,7 @@ QUICK = Sizes(
     ledger_lines=(1_000, 3_000),
     provisioning=(2, 2),
 )
-SECTIONS = ("pages", "load", "tick", "meter", "billing", "ledger", "provisioning")
+SECTIONS = ("pages", "load", "tick", "meter", "billing", "ledger", "metrics", "provisioning")
 
 
 def size_at(sizes: tuple[int, ...], preferred: int) -> int:
@@ -1194,6 +1194,13 @@ def ledger_section(ctx: Context) -> None:
     )
 
 
+def metrics_section(ctx: Context) -> None:
+    """Issue 23: agent metrics reports a web process takes, and their bytes (bench/metrics.py)."""
+    from bench.metrics import metrics_section as measure
+
+    measure(ctx)
+
+
 def provisioning_section(ctx: Context) -> None:
     """Issue 3: clusters with instant boot, carried to ready by the reconciler in this process
     (bench/clusters.py: a tick, then everything it hands off, until nothing is left)."""
@@ -1320,6 +1327,7 @@ def run(
             ("meter", lambda: meter_section(ctx)),
             ("billing", lambda: billing_section(ctx)),
             ("ledger", lambda: ledger_section(ctx)),
+            ("metrics", lambda: metrics_section(ctx)),
             ("provisioning", lambda: provisioning_section(ctx)),
         ]:
             if name in wanted:

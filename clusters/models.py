@@ -720,3 +720,139 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+# --- metrics (issue 23; clusters/metrics.py, docs/metrics.md) ----------------------------------
+# What each node's agent reports every RUNCRATE_METRICS_SECONDS: raw samples, kept an hour,
+# rolled up per minute (kept 14 days) and per hour (kept 90 days) by the beat. Figures an agent
+# could not read are null, never zero.
+
+
+class GpuSample(models.Model):
+    """One GPU's figures in one metrics report, stamped with the server's clock."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    at = models.DateTimeField()
+    index = models.PositiveSmallIntegerField()
+    utilization_percent = models.FloatField(null=True)
+    memory_used_mib = models.PositiveIntegerField(null=True)
+    memory_total_mib = models.PositiveIntegerField(null=True)
+    temperature_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+    power_limit_w = models.FloatField(null=True)
+    sm_clock_mhz = models.PositiveIntegerField(null=True)
+    throttle = models.PositiveSmallIntegerField(
+        null=True, help_text="The active throttle reasons, a bitmask (clusters/metrics.py)."
+    )
+    ecc_corrected = models.PositiveBigIntegerField(null=True)
+    ecc_uncorrected = models.PositiveBigIntegerField(null=True)
+    retired_pages_pending = models.BooleanField(null=True)
+    remapped_rows_pending = models.BooleanField(null=True)
+
+    class Meta:
+        indexes = [
+            # A node's window, its latest report, and the rollup's scan of finished minutes.
+            models.Index(fields=["node", "at"], name="gpu_sample_node_at"),
+            # Pruning by time.
+            models.Index(fields=["at"], name="gpu_sample_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"GPU {self.index} of node {self.node_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class NodeSample(models.Model):
+    """A node's own figures in one metrics report; the network counters are cumulative bytes
+    of the private network's interface (rates come from consecutive samples)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    at = models.DateTimeField()
+    cpu_percent = models.FloatField(null=True)
+    memory_used_mib = models.PositiveIntegerField(null=True)
+    memory_total_mib = models.PositiveIntegerField(null=True)
+    disk_root_used_gib = models.FloatField(null=True)
+    disk_root_total_gib = models.FloatField(null=True)
+    disk_shared_used_gib = models.FloatField(null=True)
+    disk_shared_total_gib = models.FloatField(null=True)
+    network_rx_bytes = models.PositiveBigIntegerField(null=True)
+    network_tx_bytes = models.PositiveBigIntegerField(null=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["node", "at"], name="node_sample_node_at"),
+            models.Index(fields=["at"], name="node_sample_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class Resolution(models.IntegerChoices):
+    """A rollup's bucket, in seconds."""
+
+    MINUTE = 60, "minute"
+    HOUR = 3600, "hour"
+
+
+class GpuRollup(models.Model):
+    """One GPU's samples over a minute or an hour: how many, and the min, mean and max of each
+    figure a chart draws (over the samples that had it)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    index = models.PositiveSmallIntegerField()
+    resolution = models.PositiveIntegerField(choices=Resolution.choices)
+    start = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    utilization_min = models.FloatField(null=True)
+    utilization_mean = models.FloatField(null=True)
+    utilization_max = models.FloatField(null=True)
+    memory_used_min = models.FloatField(null=True)
+    memory_used_mean = models.FloatField(null=True)
+    memory_used_max = models.FloatField(null=True)
+    temperature_min = models.FloatField(null=True)
+    temperature_mean = models.FloatField(null=True)
+    temperature_max = models.FloatField(null=True)
+    power_min = models.FloatField(null=True)
+    power_mean = models.FloatField(null=True)
+    power_max = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [
+            # Also the index a node's window reads: (node, resolution, start).
+            models.UniqueConstraint(
+                fields=["node", "resolution", "start", "index"], name="gpu_rollup_unique_bucket"
+            )
+        ]
+        indexes = [models.Index(fields=["resolution", "start"], name="gpu_rollup_start")]
+
+    def __str__(self) -> str:
+        return f"GPU {self.index} of node {self.node_id}, {self.resolution} s from {self.start}"
+
+
+class NodeRollup(models.Model):
+    """A node's own samples over a minute or an hour; the network counters' highest value in
+    the bucket (the counter at its end, unless the node rebooted)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    resolution = models.PositiveIntegerField(choices=Resolution.choices)
+    start = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    cpu_min = models.FloatField(null=True)
+    cpu_mean = models.FloatField(null=True)
+    cpu_max = models.FloatField(null=True)
+    memory_used_min = models.FloatField(null=True)
+    memory_used_mean = models.FloatField(null=True)
+    memory_used_max = models.FloatField(null=True)
+    network_rx_bytes = models.PositiveBigIntegerField(null=True)
+    network_tx_bytes = models.PositiveBigIntegerField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "resolution", "start"], name="node_rollup_unique_bucket"
+            )
+        ]
+        indexes = [models.Index(fields=["resolution", "start"], name="node_rollup_start")]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id}, {self.resolution} s from {self.start}"

@@ -7,7 +7,7 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 from celery import shared_task
 from django.core.cache import cache
 
-from clusters import idempotency, lifecycle, track_record
+from clusters import idempotency, lifecycle, metrics, track_record
 from runcrate.models import Beat, beat_period
 
 
@@ -76,3 +76,17 @@ def network_test(cluster_id: int, token: str) -> bool:
 def refresh_track_records() -> int:
     """Recompute every machine type's track record from the last 30 days of events."""
     return track_record.refresh_track_records()
+
+
+@shared_task(name="clusters.tasks.roll_up_metrics_minutes", ignore_result=True)
+def roll_up_metrics_minutes() -> int:
+    """Every minute: the finished minutes' rollups of the metrics, then the raw samples older
+    than an hour deleted. Safe twice: the rollup writes the same rows again."""
+    return metrics.roll_up_minutes()
+
+
+@shared_task(name="clusters.tasks.roll_up_metrics_hours", ignore_result=True)
+def roll_up_metrics_hours() -> int:
+    """Every hour: the finished hours' rollups from the minutes, then the minutes older than 14
+    days and the hours older than 90 deleted."""
+    return metrics.roll_up_hours()

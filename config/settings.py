@@ -364,6 +364,18 @@ CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {
 # How often the agent of a ready (or degraded) cluster's node adds a health report to its
 # heartbeat: the peers it reaches, its services, /shared (clusters/lifecycle/health.py).
 RUNCRATE_HEALTH_SECONDS = env_int("RUNCRATE_HEALTH_SECONDS", 120, minimum=1)
+# How often the agent of a ready (or degraded) cluster's live node posts a metrics report: its
+# GPUs' and its own figures (clusters/metrics.py, docs/metrics.md). The beat rolls the raw
+# samples up per minute and per hour, and prunes them.
+RUNCRATE_METRICS_SECONDS = env_int("RUNCRATE_METRICS_SECONDS", 15, minimum=1)
+CELERY_BEAT_SCHEDULE["metrics-minutes"] = {
+    "task": "clusters.tasks.roll_up_metrics_minutes",
+    "schedule": 60.0,
+}
+CELERY_BEAT_SCHEDULE["metrics-hours"] = {
+    "task": "clusters.tasks.roll_up_metrics_hours",
+    "schedule": 3600.0,
+}
 # The track record per machine type (docs/offers.md, "Track record"): shown from this many
 # clusters in the last 30 days on, refreshed from the clusters' events by the beat.
 RUNCRATE_TRACK_RECORD_MIN_CLUSTERS = env_int("RUNCRATE_TRACK_RECORD_MIN_CLUSTERS", 5, minimum=1)

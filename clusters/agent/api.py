@@ -9,6 +9,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema
 
+from clusters import metrics
 from clusters.agent.service import (
     AgentRefused,
     agent_check_in,
@@ -35,6 +36,13 @@ class CheckInIn(Schema):
     # A ready cluster's node adds its health report (clusters/lifecycle/health.py); checked by
     # the service, which says what is wrong with one it cannot take.
     health: Any = None
+
+
+class MetricsIn(Schema):
+    # Checked by clusters.metrics.clean_report, which says what is wrong with a report it
+    # cannot take (422) and keeps only the figures it knows.
+    gpus: Any = None
+    node: Any = None
 
 
 class NetworkIn(Schema):
@@ -95,6 +103,9 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
             # On a ready or degraded cluster: what the agent checks and reports with its
             # heartbeats every RUNCRATE_HEALTH_SECONDS (null otherwise).
             "health": health_request(node.cluster, node, peers),
+            # On a ready or degraded cluster's live node: how often its agent posts a metrics
+            # report (RUNCRATE_METRICS_SECONDS; null otherwise, and the agent sends none).
+            "metrics_seconds": metrics.metrics_seconds(node.cluster, node),
         }
     }
 
@@ -133,3 +144,20 @@ def network(request: HttpRequest, node_id: int, payload: NetworkIn):
             acceptance=payload.acceptance,
         ),
     )
+
+
+@router.post(
+    "/agent/nodes/{node_id}/metrics",
+    response={200: dict[str, Any], **REFUSALS},
+    summary="An agent reports its GPUs' and its node's figures",
+)
+def report_metrics(request: HttpRequest, node_id: int, payload: MetricsIn):
+    try:
+        seconds = metrics.record(
+            node_id=node_id,
+            token=_token(request),
+            report={"gpus": payload.gpus, "node": payload.node},
+        )
+    except AgentRefused as refused:
+        return error_response(request, refused.status, refused.code, refused.message)
+    return {"data": {"metrics_seconds": seconds}}

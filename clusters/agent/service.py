@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -69,6 +70,38 @@ def _locked_node(node: Node | int, token: str) -> Node:
     if found.status in (Node.Status.FAILED, Node.Status.ENDED):
         raise AgentRefused("node_released", "This node was released; stop the agent.")
     return found
+
+
+@dataclass(frozen=True)
+class ReportingNode:
+    """Who sent a metrics report: the node, its cluster, and both statuses, as one read saw
+    them (`reporting_node`)."""
+
+    node_id: int
+    cluster_id: int
+    node_status: str
+    cluster_status: str
+
+
+def reporting_node(node: int, token: str) -> ReportingNode:
+    """The node whose agent holds `token`, for a report that only adds rows of its own (the
+    metrics): one read of the node and its cluster's status, the check-in's token check and its
+    refusals (a wrong token or an unknown node alike, then a released node), and no lock: such
+    a report changes nothing another writer reads, so it never waits on the cluster's row."""
+    possible = isinstance(node, int) and 0 < node < 2**63
+    row = (
+        Node.objects.filter(pk=node if possible else 0)
+        .values_list("cluster_id", "agent_token_hash", "status", "cluster__status")
+        .first()
+    )
+    cluster_id, expected, status, cluster_status = row if row is not None else (None, "", "", "")
+    if not _token_matches(token, expected) or cluster_id is None:
+        raise AgentRefused("bad_token", NOT_THIS_NODE)
+    if status in (Node.Status.FAILED, Node.Status.ENDED):
+        raise AgentRefused("node_released", "This node was released; stop the agent.")
+    return ReportingNode(
+        node_id=node, cluster_id=cluster_id, node_status=status, cluster_status=cluster_status
+    )
 
 
 def _token_matches(token: str, expected: str) -> bool:
