@@ -385,6 +385,16 @@ def test_a_simulated_week_stays_bounded_and_its_rollups_are_right(owner, clock):
     assert not GpuRollup.objects.exists() and not NodeRollup.objects.exists()
 
 
+def test_the_beat_rolls_up_every_minute_and_every_hour(settings):
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    assert schedule["metrics-minutes"] == {
+        "task": tasks.roll_up_metrics_minutes.name,
+        "schedule": 60.0,
+    }
+    hours = schedule["metrics-hours"]
+    assert hours == {"task": tasks.roll_up_metrics_hours.name, "schedule": 3600.0}
+
+
 def rollup_rows():
     fields = [f.name for f in GpuRollup._meta.concrete_fields if f.name != "id"]
     gpu_rows = sorted(GpuRollup.objects.values_list(*fields))
