@@ -160,7 +160,12 @@ def _confirm(question: str, *, yes: bool, untouched: str = "Nothing was changed"
         return
     if not sys.stdin.isatty():
         raise _usage_error(f"{question} Not asked without a terminal: {untouched}; pass --yes.")
-    if not typer.confirm(question, default=False):
+    try:
+        confirmed = typer.confirm(question, default=False)
+    except typer.Abort:  # Ctrl-C or Ctrl-D at the question
+        sys.stderr.write(f"\nruncrate: {untouched}.\n")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if not confirmed:
         sys.stderr.write(f"runcrate: {untouched}.\n")
         raise typer.Exit(EXIT_USAGE)
 

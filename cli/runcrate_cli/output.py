@@ -165,8 +165,11 @@ class Column:
 
     header: str
     whole: bool = False
+    prose: bool = False  # sentences (a message): a word longer than the column may break
 
 
+# The least width of a prose column, whose words may break (an email address in a message).
+PROSE_MIN = 12
 # What each column adds to the table's width: a space either side and a border; plus one edge.
 COLUMN_EXTRA = 3
 
@@ -197,6 +200,8 @@ def fit_table(
     least = [
         need
         if column.whole
+        else min(need, PROSE_MIN)
+        if column.prose
         else max([_longest_word(column.header), *(_longest_word(row[i]) for row in rows)])
         for i, (column, need) in enumerate(zip(columns, needs, strict=True))
     ]
@@ -206,7 +211,12 @@ def fit_table(
     widths = _share(room, least, needs)
     table = Table(title=title, title_justify="left", header_style="bold")
     for column, column_width in zip(columns, widths, strict=True):
-        table.add_column(column.header, width=column_width, no_wrap=column.whole)
+        table.add_column(
+            column.header,
+            width=column_width,
+            no_wrap=column.whole,
+            overflow="fold" if column.prose else "ellipsis",
+        )
     for row in rows:
         table.add_row(*row)
     return table
@@ -459,7 +469,7 @@ def events(console: Console, rows: list[dict]) -> None:
         Column("node", whole=True),
         Column("step"),
         Column("reason", whole=True),
-        Column("message"),
+        Column("message", prose=True),
     ]
     table = [
         [
@@ -491,13 +501,14 @@ def network_test(console: Console, data: dict) -> None:
         console.print(Text(data["error"], style="red"))
     if data.get("avg_busbw_gbs") is not None:
         console.print(
-            f"Bus bandwidth {data['avg_busbw_gbs']} GB/s on average, "
+            f"Bus bandwidth {data['avg_busbw_gbs']:.3g} GB/s on average, "
             f"{data.get('peak_busbw_gbs')} GB/s at its peak."
         )
     if data.get("sizes"):
         columns = [Column("size", whole=True), Column("time"), Column("bus GB/s", whole=True)]
         rows: list[list[Cell]] = [
-            [row["size"], f"{row['time_us']} µs", str(row["busbw_gbs"])] for row in data["sizes"]
+            [row["size"], _microseconds(row["time_us"]), str(row["busbw_gbs"])]
+            for row in data["sizes"]
         ]
         console.print(fit_table(console.width, columns, rows))
     if data.get("pairs"):
@@ -521,6 +532,14 @@ def network_test(console: Console, data: dict) -> None:
         console.print(fit_table(console.width, columns, rows))
     if data.get("expected"):
         console.print(f"Expected: {data['expected']}", markup=False)
+
+
+def _microseconds(value: float) -> str:
+    if value >= 1_000_000:
+        return f"{value / 1_000_000:.2f} s"
+    if value >= 1_000:
+        return f"{value / 1_000:.1f} ms"
+    return f"{value:g} µs"
 
 
 # --- the plan -----------------------------------------------------------------------------------

@@ -98,6 +98,18 @@ def test_a_no_on_the_terminal_creates_nothing_and_exits_2(env, tmp_path, account
     assert not Cluster.objects.filter(project=account.project).exists()
 
 
+def test_giving_up_at_the_question_creates_nothing_and_exits_130(env, tmp_path, account):
+    offer = inventory(hosts=2)
+
+    # Ctrl-D: the question reads the end of its input.
+    result = run_cli_tty(*create_args(offer), env=env, tmp_path=tmp_path, answer="\x04")
+
+    assert result.code == 130
+    assert "nothing was created" in result.stderr
+    assert not Cluster.objects.filter(project=account.project).exists()
+    assert_no_traceback(result)
+
+
 def test_the_create_carries_the_plan_so_a_stale_one_is_refused(env, tmp_path, account, clock):
     offer = inventory(hosts=2)
 
