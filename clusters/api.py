@@ -159,6 +159,11 @@ class NetworkTestOut(Schema):
         description="nccl (all_reduce_perf across the machines) or agent (each machine to "
         "node-0); null while running or when it failed before measuring."
     )
+    verdict: str | None = Field(
+        description="'passed' or 'below what Ethernet should give' once done (verdict_rule); "
+        "null while it runs, or when it failed before measuring."
+    )
+    verdict_rule: str = Field(description="The rule the verdict follows, for a person.")
     simulated: bool = Field(description="Stand-in figures of the simulated data center.")
     started_at: datetime
     finished_at: datetime | None

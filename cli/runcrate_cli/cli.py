@@ -949,10 +949,9 @@ def mcp(
     """
     from runcrate_cli import mcp_server  # the SDK is only imported when serving
 
-    settings = config.load()
-    mcp_server.serve(
-        api_url=settings.api_url, api_key=settings.api_key, http=http, host=host, port=port
-    )
+    # mcp_server.main reads the config itself: over stdio nothing but protocol messages may
+    # reach stdout, not even a damaged config file's error.
+    mcp_server.main(http=http, host=host, port=port)
 
 
 def main() -> None:

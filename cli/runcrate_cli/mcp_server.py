@@ -58,16 +58,6 @@ Software = Literal["none", "slurm", "kubernetes", "ray"]
 # sentence: about 1-2 Gbit/s between machines, which all_reduce_perf reports as a bus bandwidth
 # of roughly 0.1-0.25 GB/s across nodes) but sets no threshold, so the verdict is this one rule:
 # the lower end of that range, passed when the test reached it.
-PASSED = "passed"
-BELOW_ETHERNET = "below what Ethernet should give"
-MIN_NCCL_BUSBW_GBS = 0.1  # nccl: all_reduce_perf's peak bus bandwidth, GB/s
-MIN_AGENT_GBITS = 1.0  # agent: every machine's bandwidth to node-0, Gbit/s
-VERDICT_RULE = (
-    f"passed when all_reduce_perf's peak bus bandwidth is at least {MIN_NCCL_BUSBW_GBS} GB/s "
-    f"(nccl), or every machine reaches node-0 at {MIN_AGENT_GBITS:g} Gbit/s or more (agent): "
-    "the lower end of what the Ethernet private network is expected to give"
-)
-
 INSTRUCTIONS = (
     "Runcrate rents 2 to 64 GPU machines as one cluster, billed per second. To create one: "
     "list_gpus, list_offers(gpu, nodes), list_ssh_keys (add_ssh_key if there is none), "
@@ -153,8 +143,8 @@ class Machine(ApiObject):
 class NetworkTest(ApiObject):
     state: str = Field(description="running, done or failed.")
     verdict: str | None = Field(
-        description=f"{PASSED!r} or {BELOW_ETHERNET!r} once done; null while it runs or when it "
-        "failed before measuring."
+        description="'passed' or 'below what Ethernet should give' once done (the server's "
+        "verdict, by verdict_rule); null while it runs or when it failed before measuring."
     )
     verdict_rule: str
 
@@ -284,35 +274,10 @@ def tool_error(code: str, message: str, status: int | None = None) -> CallToolRe
     )
 
 
-def network_verdict(test: dict[str, Any]) -> str | None:
-    """PASSED or BELOW_ETHERNET for a finished test by VERDICT_RULE; None while it runs, when
-    it failed before measuring, or when it measured nothing."""
-    if test.get("state") != "done":
-        return None
-    if test.get("method") == "nccl":
-        peak = test.get("peak_busbw_gbs")
-        if peak is None:
-            return None
-        return PASSED if peak >= MIN_NCCL_BUSBW_GBS else BELOW_ETHERNET
-    rates = [pair.get("gbit_s") for pair in test.get("pairs") or []]
-    if not rates:
-        return None
-    # A machine that could not be measured (its error instead of a figure) did not pass.
-    passed = all(rate is not None and rate >= MIN_AGENT_GBITS for rate in rates)
-    return PASSED if passed else BELOW_ETHERNET
-
-
-def with_verdict(test: dict[str, Any]) -> dict[str, Any]:
-    return {**test, "verdict": network_verdict(test), "verdict_rule": VERDICT_RULE}
-
-
 def shown(cluster: dict[str, Any], *, events: bool = False) -> dict[str, Any]:
     """A cluster as the tools answer it: its events only when asked (they are most of its
-    size), and the network test with its verdict."""
-    shaped = {k: v for k, v in cluster.items() if events or k != "events"}
-    if shaped.get("network_test"):
-        shaped["network_test"] = with_verdict(shaped["network_test"])
-    return shaped
+    size). Its network test carries the server's verdict."""
+    return {k: v for k, v in cluster.items() if events or k != "events"}
 
 
 def progress(cluster: dict[str, Any]) -> tuple[float, int, str]:
@@ -627,8 +592,9 @@ def build_server(
         description="Run the network test on a ready or degraded cluster: all_reduce_perf "
         "across the machines where nccl-tests is installed, otherwise each machine's bandwidth "
         "to node-0. Waits for the result for at most timeout_seconds (at most "
-        f"{MAX_WAIT_SECONDS}) and answers the figures with a verdict: {PASSED!r} or "
-        f"{BELOW_ETHERNET!r} ({VERDICT_RULE}). Still running then: get_cluster shows the "
+        f"{MAX_WAIT_SECONDS}) and answers the figures with the server's verdict: 'passed' or "
+        "'below what Ethernet should give' (its verdict_rule). Still running then: get_cluster "
+        "shows the "
         "result later. No charge beyond the machines, which are billed anyway.",
     )
     async def run_network_test(
@@ -654,7 +620,6 @@ def build_server(
             return tool_error(error.code, error.message, error.status)
         finally:
             client.close()
-        test = with_verdict(test)
         if test["state"] == "running":
             message = (
                 f"Still running after {_seconds(timeout_seconds)}: get_cluster shows the result "

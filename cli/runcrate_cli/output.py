@@ -532,6 +532,9 @@ def network_test(console: Console, data: dict) -> None:
         console.print(fit_table(console.width, columns, rows))
     if data.get("expected"):
         console.print(f"Expected: {data['expected']}", markup=False)
+    if data.get("verdict"):  # the server's, by its verdict_rule
+        style = "green" if data["verdict"] == "passed" else "yellow"
+        console.print(Text.assemble("Verdict: ", (data["verdict"], style)))
 
 
 def _microseconds(value: float) -> str:

@@ -175,6 +175,35 @@ def _time(us: float) -> str:
     return f"{us / 1000:.1f} ms" if us < 1_000_000 else f"{us / 1_000_000:.2f} s"
 
 
+PASSED = "passed"
+BELOW_ETHERNET = "below what Ethernet should give"
+MIN_NCCL_BUSBW_GBS = 0.1  # nccl: all_reduce_perf's peak bus bandwidth, GB/s
+MIN_AGENT_GBITS = 1.0  # agent: every machine's bandwidth to node-0, Gbit/s
+VERDICT_RULE = (
+    f"passed when all_reduce_perf's peak bus bandwidth is at least {MIN_NCCL_BUSBW_GBS} GB/s "
+    f"(nccl), or every machine reaches node-0 at {MIN_AGENT_GBITS:g} Gbit/s or more (agent): "
+    "the lower end of what the Ethernet private network is expected to give"
+)
+
+
+def verdict(*, state: str, method: str | None, peak_busbw_gbs: float | None, pairs) -> str | None:
+    """PASSED or BELOW_ETHERNET for a finished test, by VERDICT_RULE; None while it runs, when
+    it failed before measuring, or when it measured nothing. The API, the CLI and the MCP
+    server all show this one verdict."""
+    if state != "done":
+        return None
+    if method == "nccl":
+        if peak_busbw_gbs is None:
+            return None
+        return PASSED if peak_busbw_gbs >= MIN_NCCL_BUSBW_GBS else BELOW_ETHERNET
+    rates = [pair.get("gbit_s") for pair in pairs or []]
+    if not rates:
+        return None
+    # A machine that could not be measured (its error instead of a figure) did not pass.
+    passed = all(rate is not None and rate >= MIN_AGENT_GBITS for rate in rates)
+    return PASSED if passed else BELOW_ETHERNET
+
+
 def network_test_report(cluster: Cluster, now: datetime | None = None) -> dict | None:
     """The last network test as the page and the API show it, or None when none was asked for.
     A test that ran past its time reads as failed; its token never leaves the database."""
@@ -193,9 +222,14 @@ def network_test_report(cluster: Cluster, now: datetime | None = None) -> dict |
         {**row, "size": _size(row["bytes"]), "time": _time(row["time_us"])}
         for row in results.get("sizes") or []
     ]
+    peak = max((row["busbw_gbs"] for row in sizes), default=None)
     return {
         "state": state,
         "method": test.get("method"),
+        "verdict": verdict(
+            state=state, method=test.get("method"), peak_busbw_gbs=peak, pairs=results.get("pairs")
+        ),
+        "verdict_rule": VERDICT_RULE,
         "simulated": bool(test.get("simulated")),
         "started_at": parse_datetime(test.get("started_at") or ""),
         "finished_at": parse_datetime(test.get("finished_at") or ""),
@@ -204,7 +238,7 @@ def network_test_report(cluster: Cluster, now: datetime | None = None) -> dict |
         "error": error,
         "sizes": sizes or None,
         "avg_busbw_gbs": results.get("avg_busbw_gbs"),
-        "peak_busbw_gbs": max((row["busbw_gbs"] for row in sizes), default=None),
+        "peak_busbw_gbs": peak,
         "pairs": results.get("pairs"),
         "command": results.get("command"),
         "expected": connect.expected_bandwidth(),

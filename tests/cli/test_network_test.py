@@ -50,3 +50,5 @@ def test_show_prints_the_events_and_the_last_network_test(env, tmp_path, account
     assert "Events" in screen and "network_test_started" in screen
     assert "Network test" in screen and "done" in screen
     assert f"Expected: {test['expected']}"[:60] in " ".join(screen.split())
+    assert test["verdict"] in ("passed", "below what Ethernet should give")
+    assert f"Verdict: {test['verdict']}" in screen  # the server's verdict, as the API says it

@@ -13,14 +13,16 @@ from tests.mcp.kit import error_code, payload, talk, talk_while
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def slowly(ticker, *, every: float, after):
-    """The simulated data center's beat, at most once every `every` seconds of real time and
-    only once `after()`: a cluster that takes many polls to boot, from the first."""
-    last = [0.0]
+def in_step(ticker, *, polls):
+    """The simulated data center's beat in step with the wait: one tick once the wait has read
+    the cluster since the last one (`polls()` counts its reads), so it reads every state the
+    cluster passes through, however slowly this machine runs either side."""
+    seen = [0]
 
     def drive() -> None:
-        if after() and time.monotonic() - last[0] >= every:
-            last[0] = time.monotonic()
+        count = polls()
+        if count > seen[0]:
+            seen[0] = count
             ticker()
 
     return drive
@@ -29,8 +31,8 @@ def slowly(ticker, *, every: float, after):
 def test_it_sends_progress_while_a_slow_cluster_boots(env, tmp_path, account, ticker, api_calls):
     cluster = create(account.project, inventory(hosts=2), name="slow")
 
-    def polled() -> bool:  # the data center moves once the wait has read the cluster
-        return api_calls.count(rf"/api/v1/clusters/{cluster.pk}") > 0
+    def polls() -> int:  # the wait's reads of the cluster
+        return api_calls.count(rf"/api/v1/clusters/{cluster.pk}")
 
     notes = []
 
@@ -43,7 +45,7 @@ def test_it_sends_progress_while_a_slow_cluster_boots(env, tmp_path, account, ti
             await session.call_tool("wait_for_cluster", arguments, progress_callback=note)
         )
 
-    waited = talk_while(env, tmp_path, slowly(ticker, every=0.3, after=polled), conversation)
+    waited = talk_while(env, tmp_path, in_step(ticker, polls=polls), conversation)
 
     assert waited["settled"] is True and waited["ready"] is True
     assert waited["status"] == "ready" and waited["message"] == "ready: 2 of 2 machines up"
