@@ -36,8 +36,6 @@ EXIT_AUTH = 5
 EXIT_UNREACHABLE = 6
 EXIT_INTERRUPTED = 130
 DISTRIBUTION = "runcrate-clusters-cli"
-# Whether the running command prints JSON, for the error handler (one command per process).
-_json_mode: dict[str, bool] = {}
 
 
 class RuncrateGroup(TyperGroup):
@@ -47,13 +45,13 @@ class RuncrateGroup(TyperGroup):
     # TyperGroup.invoke takes the Context of typer's private, vendored click (typer._click),
     # which typer exports only as its subclass typer.Context: what it passes here.
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
-        _json_mode.clear()
+        output.json_mode.clear()
         try:
             return super().invoke(ctx)
         except (ApiError, config.ConfigError) as error:
             if isinstance(error, config.ConfigError):
                 error = ApiError("bad_config", str(error))
-            report(error, as_json=_json_mode.get("json", not sys.stdout.isatty()))
+            report(error, as_json=output.json_mode.get("json", not sys.stdout.isatty()))
             raise typer.Exit(exit_code(error)) from None
 
 
@@ -144,9 +142,7 @@ def _session(json_flag: bool) -> tuple[Output, ApiClient]:
 
 
 def _output(json_flag: bool) -> Output:
-    out = Output(json_flag=json_flag)
-    _json_mode["json"] = out.json
-    return out
+    return Output(json_flag=json_flag)
 
 
 def _usage_error(message: str) -> typer.Exit:

@@ -38,9 +38,15 @@ STATUS_STYLE = {
 }
 
 
+# Whether the running command prints JSON, for the error handler (one command per process):
+# set by every Output, whichever module made it (cli.py, keys.py).
+json_mode: dict[str, bool] = {}
+
+
 class Output:
     def __init__(self, *, json_flag: bool) -> None:
         self.json = json_flag or not sys.stdout.isatty()
+        json_mode["json"] = self.json
         self.console = Console(highlight=False)
         # What a person reads beside JSON on stdout (a plan before a create, say): stderr.
         self.err_console = Console(stderr=True, highlight=False)

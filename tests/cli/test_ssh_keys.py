@@ -5,6 +5,7 @@ fingerprint, and a CLI-only user who had no key and can create a cluster once on
 
 import base64
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,15 @@ def test_removing_an_unknown_or_ambiguous_key_removes_nothing(env, tmp_path, acc
     assert ambiguous.code == 1 and ambiguous.json()["error"]["code"] == "ambiguous_ssh_key"
     assert "give the id or the fingerprint" in ambiguous.stderr
     assert SshKey.objects.filter(project=account.project).count() == 3
+
+
+def test_with_json_on_a_terminal_a_refusal_is_the_apis_envelope_on_stdout(env, tmp_path, account):
+    result = run_cli_tty(
+        "ssh-keys", "remove", "nope", "--yes", "--json", env=env, tmp_path=tmp_path
+    )
+
+    assert result.code == 1
+    assert json.loads(result.stdout)["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize("columns", [80, 160])
