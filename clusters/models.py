@@ -145,6 +145,13 @@ class Cluster(models.Model):
         help_text="What its machines' health reports show wrong now, each announced once with a "
         "node_unhealthy event: key -> {node, message} (clusters/lifecycle/health.py).",
     )
+    idle_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Since when every GPU of the ready cluster has stayed below "
+        "RUNCRATE_IDLE_GPU_PERCENT, once that lasted RUNCRATE_IDLE_GPU_MINUTES (one gpus_idle "
+        "event per idle period); None while the GPUs work (clusters/idle.py). Nothing is stopped.",
+    )
     # A quoted cluster (SPEC §7, docs/clusters.md): created by staff from a won quote request,
     # on any machine type and past the self-serve size limit, billed at the agreed price.
     quote = models.ForeignKey(
@@ -419,6 +426,13 @@ class Node(models.Model):
     )
     agent_token_hash = models.CharField(max_length=64, blank=True, default="")
     gpus = models.JSONField(default=list, blank=True, help_text="What the agent reported.")
+    gpu_health = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The GPU conditions its latest metrics reports show (uncorrectable ECC errors, "
+        "pages pending retirement, a hardware or thermal slowdown, a GPU missing): key -> {gpu, "
+        "what, since}; judged as health problems by clusters/lifecycle/health.py.",
+    )
     reachability = models.JSONField(
         default=dict, blank=True, help_text="Peer name -> reached, as the agent reported."
     )
@@ -548,6 +562,10 @@ class Event(models.Model):
         NODE_UNHEALTHY = "node_unhealthy"  # a ready machine's health report shows a problem
         # a problem a node_unhealthy event named is gone
         NODE_HEALTHY = "node_healthy"
+        # every GPU of a ready cluster below RUNCRATE_IDLE_GPU_PERCENT for
+        # RUNCRATE_IDLE_GPU_MINUTES (a notice: nothing is stopped), and the end of it
+        GPUS_IDLE = "gpus_idle"
+        GPUS_BUSY = "gpus_busy"
         # stops (billing)
         STOPPED_BALANCE = "stopped_balance"
         STOPPED_BUDGET = "stopped_budget"

@@ -17,6 +17,6 @@ urlpatterns = [
     path("<int:pk>/hostfile", views.cluster_hostfile, name="hostfile"),
     path("<int:pk>/kubeconfig", views.cluster_kubeconfig, name="kubeconfig"),
     # The cluster page's other tabs (clusters/views.py `TABS`), each its own URL: Connect,
-    # Machines, Events, Billing; an unknown tab is a 404.
+    # Machines, Metrics, Logs & jobs, Events, Billing; an unknown tab is a 404.
     path("<int:pk>/<slug:tab>/", views.cluster_detail, name="tab"),
 ]

@@ -87,11 +87,13 @@ class Tab:
         return reverse("clusters:tab", args=[cluster.pk, self.slug])
 
 
-# The cluster page's tabs, in order (a Metrics tab goes here).
+# The cluster page's tabs, in order.
 TABS: tuple[Tab, ...] = (
     Tab("overview", "Overview", "clusters/tabs/overview.html", "overview-title"),
     Tab("connect", "Connect", "clusters/tabs/connect_tab.html", "connect-tab-title"),
     Tab("machines", "Machines", "clusters/tabs/machines.html", "machines-title"),
+    Tab("metrics", "Metrics", "clusters/tabs/metrics.html", "metrics-title"),
+    Tab("logs", "Logs & jobs", "clusters/tabs/logs.html", "logs-title"),
     Tab("events", "Events", "clusters/tabs/events.html", "events-title"),
     Tab("billing", "Billing", "clusters/tabs/billing.html", "billing-title"),
 )

@@ -376,6 +376,10 @@ CELERY_BEAT_SCHEDULE["metrics-hours"] = {
     "task": "clusters.tasks.roll_up_metrics_hours",
     "schedule": 3600.0,
 }
+# The idle notice (clusters/idle.py, docs/metrics.md): every GPU of a ready cluster below this
+# utilisation for this long is told ("GPUs idle", an email once per idle period); nothing stops.
+RUNCRATE_IDLE_GPU_PERCENT = env_float("RUNCRATE_IDLE_GPU_PERCENT", 5.0)
+RUNCRATE_IDLE_GPU_MINUTES = env_float("RUNCRATE_IDLE_GPU_MINUTES", 30.0)
 # The track record per machine type (docs/offers.md, "Track record"): shown from this many
 # clusters in the last 30 days on, refreshed from the clusters' events by the beat.
 RUNCRATE_TRACK_RECORD_MIN_CLUSTERS = env_int("RUNCRATE_TRACK_RECORD_MIN_CLUSTERS", 5, minimum=1)

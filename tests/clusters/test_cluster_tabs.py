@@ -52,9 +52,16 @@ def test_every_tab_is_its_own_url_with_the_tab_marked_current(owner, stranger):
         assert urlsplit(poll_url(html)).path == url  # the poll asks for this tab
         assert stranger.browser_client().get(url).status_code == 404
 
-    assert [tab.slug for tab in TABS] == ["overview", "connect", "machines", "events", "billing"]
+    assert [tab.slug for tab in TABS] == [
+        "overview",
+        "connect",
+        "machines",
+        "metrics",
+        "logs",
+        "events",
+        "billing",
+    ]
     assert TABS[2].url(cluster) == f"/clusters/{cluster.pk}/machines/"
-    assert client.get(f"/clusters/{cluster.pk}/metrics/").status_code == 404
     assert client.get(f"/clusters/{cluster.pk}/nope/").status_code == 404
 
 
