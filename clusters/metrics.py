@@ -223,7 +223,21 @@ def record(*, node_id: int, token: str, report: Any) -> int | None:
     sender = reporting_node(node_id, token)
     if not recording(cluster_status=sender.cluster_status, node_status=sender.node_status):
         return None
-    now = timezone.now()
+    store(sender.node_id, sender.cluster_id, gpus=gpus, host=host, at=timezone.now())
+    return settings.RUNCRATE_METRICS_SECONDS
+
+
+def store(
+    node_id: int,
+    cluster_id: int,
+    *,
+    gpus: list[dict[str, Any]],
+    host: dict[str, Any] | None,
+    at: datetime,
+) -> None:
+    """Write one report's rows (as `clean_report` gives them) for `node_id` at `at`, and move
+    its cluster's metrics version: the agent's report (`record`) and the simulated data center's
+    figures (`clusters.simulated_metrics`) alike. Two queries, none when there is nothing."""
     # Two statements, each committing on its own: a transaction around them would cost a BEGIN
     # and a COMMIT, two round trips more than the three; so would bulk_create, which wraps
     # even one INSERT in its own transaction, hence the one INSERT it would send, sent bare.
@@ -231,13 +245,12 @@ def record(*, node_id: int, token: str, report: Any) -> int | None:
     # node's row, as a report without `node` would.
     if gpus:
         GpuSample.objects._insert(  # type: ignore[attr-defined]  # bulk_create's own INSERT
-            [GpuSample(node_id=sender.node_id, at=now, **row) for row in gpus],
+            [GpuSample(node_id=node_id, at=at, **row) for row in gpus],
             fields=_GPU_SAMPLE_FIELDS,
         )
     if host is not None:
-        NodeSample.objects.create(node_id=sender.node_id, at=now, **host)
-    bump_metrics_version(sender.cluster_id)
-    return settings.RUNCRATE_METRICS_SECONDS
+        NodeSample.objects.create(node_id=node_id, at=at, **host)
+    bump_metrics_version(cluster_id)
 
 
 def _version_key(cluster_id: int) -> str:

@@ -275,6 +275,15 @@ class Cluster(models.Model):
         `machines_priced`)."""
         return self.price_per_machine_hour * machines
 
+    def problems_of(self, node_name: str) -> list[str]:
+        """What its open health problems say of one machine (`health_problems`, written by
+        clusters/lifecycle/health.py): the node row's badge, the API's `health`."""
+        return [
+            problem["message"]
+            for problem in (self.health_problems or {}).values()
+            if problem.get("node") == node_name
+        ]
+
     def clear_failure(self) -> None:
         """The failure no longer explains the cluster (a retry, its end by its owner)."""
         self.failure_reason = self.failure_node = self.failure_step = ""

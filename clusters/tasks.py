@@ -7,7 +7,7 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 from celery import shared_task
 from django.core.cache import cache
 
-from clusters import idempotency, lifecycle, metrics, track_record
+from clusters import idempotency, idle, lifecycle, metrics, simulated_metrics, track_record
 from runcrate.models import Beat, beat_period
 
 
@@ -90,3 +90,17 @@ def roll_up_metrics_hours() -> int:
     """Every hour: the finished hours' rollups from the minutes, then the minutes older than 14
     days and the hours older than 90 deleted."""
     return metrics.roll_up_hours()
+
+
+@shared_task(name="clusters.tasks.notice_idle_gpus", ignore_result=True)
+def notice_idle_gpus() -> int:
+    """Every minute: ready clusters whose GPUs all stayed idle long enough are told (one event
+    and one email per idle period), and those working again marked so. Nothing is stopped."""
+    return idle.notice_idle()
+
+
+@shared_task(name="clusters.tasks.simulate_metrics", ignore_result=True)
+def simulate_metrics() -> int:
+    """Every RUNCRATE_METRICS_SECONDS: the simulated data center's machines report figures, as a
+    real machine's agent does (the demo's charts move). Nothing for real machines."""
+    return simulated_metrics.report()

@@ -33,7 +33,7 @@ from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
-from clusters import connect, estimates, getting_started, lifecycle, volumes
+from clusters import connect, estimates, getting_started, lifecycle, logs, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm, suggest_name
 from clusters.models import STEP_NAMES, Cluster, Event, Node, Volume, give_up_after
@@ -694,6 +694,8 @@ def _detail_context(cluster: Cluster, tab: Tab = TABS[0]) -> dict:
         ]
     if tab.slug == "billing":
         context["billed_machines"] = _billed_machines(cluster, cost, now)
+    if tab.slug == "logs":
+        context.update(logs.tab_context(cluster))
     context["meter_run"] = meter.last_run_stamp()
     context["poll_url"] = _poll_url(cluster, context, now)
     return context

@@ -380,6 +380,15 @@ CELERY_BEAT_SCHEDULE["metrics-hours"] = {
 # utilisation for this long is told ("GPUs idle", an email once per idle period); nothing stops.
 RUNCRATE_IDLE_GPU_PERCENT = env_float("RUNCRATE_IDLE_GPU_PERCENT", 5.0)
 RUNCRATE_IDLE_GPU_MINUTES = env_float("RUNCRATE_IDLE_GPU_MINUTES", 30.0)
+CELERY_BEAT_SCHEDULE["idle-gpus"] = {
+    "task": "clusters.tasks.notice_idle_gpus",
+    "schedule": 60.0,
+}
+# The simulated data center's machines report metrics as often as a real agent would.
+CELERY_BEAT_SCHEDULE["simulated-metrics"] = {
+    "task": "clusters.tasks.simulate_metrics",
+    "schedule": float(RUNCRATE_METRICS_SECONDS),
+}
 # The track record per machine type (docs/offers.md, "Track record"): shown from this many
 # clusters in the last 30 days on, refreshed from the clusters' events by the beat.
 RUNCRATE_TRACK_RECORD_MIN_CLUSTERS = env_int("RUNCRATE_TRACK_RECORD_MIN_CLUSTERS", 5, minimum=1)
