@@ -124,18 +124,19 @@ def plan(
         api_key=api_key,
     )
     assert checked.offer is not None  # a self-serve create always has its offer
-    summary = usage.summary(project_id=project.pk)
     sees_billing = can_manage_billing(user=user, project=project) and (
         api_key is None or api_key.has_scope(ApiKey.Scope.BILLING)
     )
+    # Read only for whoever is shown it (SPEC §5): the others' plan costs no balance query.
+    summary = usage.summary(project_id=project.pk) if sees_billing else None
     machine_type = checked.machine_type
     price = checked.price_per_machine_hour * body["nodes"]
     return Plan(
         body=body,
         checked=checked,
         offer=checked.offer,
-        balance=summary.balance if sees_billing else None,
-        running_per_hour=summary.burn_rate if sees_billing else None,
+        balance=summary.balance if summary else None,
+        running_per_hour=summary.burn_rate if summary else None,
         balance_needed=balances.balance_needed(price),
         ready_estimate=estimates.time_to_ready(
             boot_seconds=machine_type.boot_seconds, software=body["software"]

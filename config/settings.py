@@ -113,6 +113,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "runcrate.context_processors.navigation",
                 "offers.context_processors.cluster_sizes",
+                "offers.context_processors.network_terms",
                 "billing.context_processors.balance",
             ],
         },
@@ -284,6 +285,8 @@ CELERY_TASK_QUEUES = (
 CELERY_TASK_ROUTES = {
     "clusters.tasks.node_work": {"queue": "machines"},
     "clusters.tasks.network_test": {"queue": "machines"},
+    # A node's logs or the head's jobs, read over SSH (clusters/logs.py): slow work on hosts.
+    "clusters.tasks.fetch_logs": {"queue": "machines"},
 }
 # A publish that fails (the broker is down) fails fast: the caller records what happened, and
 # the tick hands the work out again once the broker is back (clusters/lifecycle/dispatch.py).

@@ -42,15 +42,16 @@ class Availability(StrEnum):
 
 SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
 # What the self-serve Ethernet network between machines suits, and what it is not built for,
-# as a plan (clusters/plans.py) and the CLI and MCP say it.
+# as a plan (clusters/plans.py), the CLI, the MCP server and the pages (the `network_terms`
+# context processor) say it.
 ETHERNET_SUITS = (
     "independent jobs on every node, Slurm job arrays, Ray tasks, Kubernetes workloads, "
     "inference and LoRA fine-tuning"
 )
-ETHERNET_NOT_FOR = (
-    "training one large model across machines, where GPUs exchange gradients every step: for "
-    "InfiniBand or RoCE, request a quote"
+ETHERNET_NOT_BUILT_FOR = (
+    "training one large model across machines, where GPUs exchange gradients every step"
 )
+ETHERNET_NOT_FOR = f"{ETHERNET_NOT_BUILT_FOR}: for InfiniBand or RoCE, request a quote"
 CENT = Decimal("0.01")
 
 

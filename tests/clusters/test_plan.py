@@ -9,7 +9,9 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts import keys
@@ -173,6 +175,20 @@ def test_a_key_that_does_not_see_billing_plans_without_the_balance(owner, offer)
 
     assert plan["balance"] is plan["running_price_per_hour"] is plan["hours_covered"] is None
     assert plan["price_per_hour"] == "48.00" and plan["plan_token"]
+
+
+def test_a_plan_reads_the_balance_only_for_whoever_is_shown_it(owner, offer):
+    sees, blind = agent(owner), agent(owner, scopes=["read", "create"])
+    post(sees, PLAN, body())  # the first request of each warms what is cached
+    post(blind, PLAN, body())
+
+    with CaptureQueriesContext(connection) as shown:
+        post(sees, PLAN, body())
+    with CaptureQueriesContext(connection) as hidden:
+        post(blind, PLAN, body())
+
+    # usage.summary's two queries (the balance, the burn rate), for the billing key alone.
+    assert len(shown) - len(hidden) == 2, [q["sql"] for q in shown]
 
 
 def test_a_planned_body_creates_with_its_token(owner, offer):

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from offers.models import Location, MachineType
+from offers.offers import ETHERNET_NOT_BUILT_FOR, ETHERNET_SUITS
 from tests.factories import GpuModelFactory, HostFactory, MachineTypeFactory
 from tests.offers.catalog import add_hosts, cell, offer_row, offer_rows, offer_type, text
 
@@ -389,10 +390,8 @@ def test_it_links_request_a_quote_under_the_sizes_and_in_the_ethernet_note(owner
     assert 'href="/offers/quote/?gpu=h100-sxm&amp;nodes=16">Request a quote</a>' in help_text
     assert (
         "Self-serve clusters run on Ethernet with an encrypted private network (10.77.0.0/24) at "
-        "about 1-2 Gbit/s between machines. That suits independent jobs on every node, Slurm job "
-        "arrays, Ray tasks, Kubernetes workloads and LoRA fine-tuning; it is not built for "
-        "training a full model across machines, where GPUs exchange gradients every step. Need "
-        "InfiniBand or RoCE? Request a quote."
+        f"about 1-2 Gbit/s between machines. That suits {ETHERNET_SUITS}; it is not built for "
+        f"{ETHERNET_NOT_BUILT_FOR}. Need InfiniBand or RoCE? Request a quote."
     ) in text(html)
 
 
