@@ -29,7 +29,8 @@ from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, When
 from django.db.models.functions import Cast, Trunc
 from django.utils import timezone
 
-from clusters.agent.service import AgentRefused, reporting_node
+from clusters.agent.service import AgentRefused, ReportingNode, reporting_node
+from clusters.lifecycle import health as node_health
 from clusters.models import (
     Cluster,
     GpuRollup,
@@ -223,8 +224,29 @@ def record(*, node_id: int, token: str, report: Any) -> int | None:
     sender = reporting_node(node_id, token)
     if not recording(cluster_status=sender.cluster_status, node_status=sender.node_status):
         return None
-    store(sender.node_id, sender.cluster_id, gpus=gpus, host=host, at=timezone.now())
+    at = timezone.now()
+    store(sender.node_id, sender.cluster_id, gpus=gpus, host=host, at=at)
+    _judge_gpu_health(sender, gpus, at=at)
     return settings.RUNCRATE_METRICS_SECONDS
+
+
+def _judge_gpu_health(sender: ReportingNode, gpus: list[dict[str, Any]], *, at: datetime) -> None:
+    """The report's GPU health (clusters/lifecycle/health.py, docs/metrics.md "GPU health"),
+    judged only when there may be something to say: the report shows a condition, the node has
+    one kept, or its cluster has a GPU problem of it open. A healthy report of a healthy node
+    costs no query; only a joined node is judged (a joining worker's GPUs are not in use yet)."""
+    if sender.node_status != Node.Status.JOINED:
+        return
+    named = [{**gpu, "throttle": throttle_names(gpu["throttle"])} for gpu in gpus]
+    conditions = node_health.gpu_conditions(named, accepted=sender.accepted_gpus)
+    if conditions or sender.gpu_health or sender.gpu_problems_open:
+        node_health.judge_gpu_report(
+            node_id=sender.node_id,
+            cluster_id=sender.cluster_id,
+            token_hash=sender.token_hash,
+            conditions=conditions,
+            now=at,
+        )
 
 
 def store(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
@@ -75,32 +75,58 @@ def _locked_node(node: Node | int, token: str) -> Node:
 @dataclass(frozen=True)
 class ReportingNode:
     """Who sent a metrics report: the node, its cluster, and both statuses, as one read saw
-    them (`reporting_node`)."""
+    them (`reporting_node`); and what its GPU health judgement needs to know whether there is
+    anything to judge (clusters/lifecycle/health.py `judge_gpu_report`)."""
 
     node_id: int
     cluster_id: int
     node_status: str
     cluster_status: str
+    token_hash: str = ""
+    accepted_gpus: int = 0  # the GPUs its agent saw at acceptance (`Node.gpus`)
+    gpu_health: dict[str, Any] = field(default_factory=dict)  # the conditions kept on it
+    gpu_problems_open: bool = False  # its cluster has open GPU problems naming it
 
 
 def reporting_node(node: int, token: str) -> ReportingNode:
     """The node whose agent holds `token`, for a report that only adds rows of its own (the
     metrics): one read of the node and its cluster's status, the check-in's token check and its
     refusals (a wrong token or an unknown node alike, then a released node), and no lock: such
-    a report changes nothing another writer reads, so it never waits on the cluster's row."""
+    a report changes nothing another writer reads, so it never waits on the cluster's row. The
+    same read brings what the GPU health judgement asks first (the node's accepted GPUs, its
+    GPU conditions, its cluster's open problems), so a healthy report needs no other."""
     possible = isinstance(node, int) and 0 < node < 2**63
     row = (
         Node.objects.filter(pk=node if possible else 0)
-        .values_list("cluster_id", "agent_token_hash", "status", "cluster__status")
+        .values_list(
+            "cluster_id",
+            "agent_token_hash",
+            "status",
+            "cluster__status",
+            "index",
+            "gpus",
+            "gpu_health",
+            "cluster__health_problems",
+        )
         .first()
     )
-    cluster_id, expected, status, cluster_status = row if row is not None else (None, "", "", "")
+    cluster_id, expected, status, cluster_status, index, gpus, gpu_health, problems = (
+        row if row is not None else (None, "", "", "", 0, [], {}, {})
+    )
     if not _token_matches(token, expected) or cluster_id is None:
         raise AgentRefused("bad_token", NOT_THIS_NODE)
     if status in (Node.Status.FAILED, Node.Status.ENDED):
         raise AgentRefused("node_released", "This node was released; stop the agent.")
+    gpu_problem = f"gpu:{Node(index=index).name}:"
     return ReportingNode(
-        node_id=node, cluster_id=cluster_id, node_status=status, cluster_status=cluster_status
+        node_id=node,
+        cluster_id=cluster_id,
+        node_status=status,
+        cluster_status=cluster_status,
+        token_hash=expected,
+        accepted_gpus=len(gpus) if isinstance(gpus, list) else 0,
+        gpu_health=gpu_health or {},
+        gpu_problems_open=any(key.startswith(gpu_problem) for key in problems or {}),
     )
 
 

@@ -18,16 +18,30 @@ transaction on the locked cluster, and:
 Nothing here bills or ends anything: the machines stay up and billed, as on any degraded cluster,
 and the user decides. A report is judged only while fresh (3 × RUNCRATE_HEALTH_SECONDS), and
 nothing is judged while a worker joins (the private network is changing then).
+
+GPU health (issue 23, docs/metrics.md "GPU health") is judged here too, from the metrics reports
+(`clusters.metrics.record`): `gpu_conditions` reads what a report shows wrong with its GPUs (an
+uncorrectable ECC error, pages pending retirement or rows pending remapping, a hardware or
+thermal slowdown, fewer GPUs than the node's acceptance counted), `judge_gpu_report` keeps them
+on the node (`Node.gpu_health`, each with the server's time it was first seen) and judges the
+cluster, and `find_problems` turns each condition that counts (a slowdown only once it lasted
+more than SLOWDOWN_SECONDS) into a `Problem` like any other: one event and one email when it
+begins, one event when it ends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 
+from clusters.lifecycle.rules import lock_cluster
 from clusters.models import Cluster, Event, Node
+from runcrate.durations import span
 
 Status = Cluster.Status
 NodeStatus = Node.Status
@@ -133,6 +147,8 @@ def find_problems(cluster: Cluster, nodes: list[Node], *, now: datetime) -> list
                     f"{path} is mounted again on {node.name}",
                 )
             )
+    for node in joined:
+        problems += gpu_problems(node, now=now)
     return problems
 
 
@@ -234,6 +250,154 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
         cluster.failure_message = _sentences(p.message for p in found.values())
     work.flush()
     return True
+
+
+# --- GPU health (issue 23) ------------------------------------------------------------------
+
+# The throttle reasons that mean the GPU is slowed down by a fault or by heat (nvidia-smi's
+# names, clusters/metrics.py THROTTLE_REASONS), in words. A power cap, an idle GPU or an
+# application clock is the GPU doing as told, and says nothing about its health.
+GPU_SLOWDOWNS = {
+    "hw_slowdown": "hardware slowdown",
+    "hw_thermal_slowdown": "hardware thermal slowdown",
+    "sw_thermal_slowdown": "software thermal slowdown",
+    "hw_power_brake_slowdown": "hardware power brake slowdown",
+}
+# A slowdown counts once it lasted longer than this (a brief one is the GPU protecting itself).
+SLOWDOWN_SECONDS = 60
+# The conditions of a GPU's own, by what they are called in `Node.gpu_health`.
+ECC = "ecc_uncorrected"
+RETIRED = "retired_pages_pending"
+REMAPPED = "remapped_rows_pending"
+MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class GpuCondition:
+    """One thing a metrics report shows wrong: `what` (ECC, RETIRED, REMAPPED, a name of
+    GPU_SLOWDOWNS, or MISSING) of GPU `gpu` (None for MISSING, which names no GPU: nvidia-smi
+    numbers the GPUs it still sees from 0), and its figure (the uncorrectable errors, or the
+    GPUs reported)."""
+
+    gpu: int | None
+    what: str
+    count: int | None = None
+
+    @property
+    def key(self) -> str:
+        """What stays the same while it lasts: "3:ecc_uncorrected", "missing"."""
+        return self.what if self.gpu is None else f"{self.gpu}:{self.what}"
+
+
+def gpu_conditions(gpus: Iterable[dict[str, Any]], *, accepted: int) -> list[GpuCondition]:
+    """What one cleaned metrics report's GPUs (clusters/metrics.py `clean_report`'s rows, with
+    `throttle` as a list of names) show wrong, given the `accepted` GPUs the node's agent saw
+    at acceptance (`Node.gpus`). A figure the driver could not read (None) shows nothing."""
+    found, reported = [], 0
+    for gpu in gpus:
+        reported += 1
+        index = gpu["index"]
+        if gpu.get(ECC):
+            found.append(GpuCondition(index, ECC, int(gpu[ECC])))
+        for flag in (RETIRED, REMAPPED):
+            if gpu.get(flag):
+                found.append(GpuCondition(index, flag))
+        active = gpu.get("throttle") or ()
+        found += [GpuCondition(index, name) for name in GPU_SLOWDOWNS if name in active]
+    if reported < accepted:
+        found.append(GpuCondition(None, MISSING, reported))
+    return found
+
+
+def merged_gpu_health(
+    known: dict[str, Any], conditions: list[GpuCondition], *, now: datetime
+) -> dict[str, Any]:
+    """`Node.gpu_health` after a report showing `conditions`: key -> {gpu, what, count, since},
+    where `since` is when the condition was first seen on the server's clock (kept while it
+    lasts: a report without it ends it)."""
+    health = {}
+    for condition in conditions:
+        since = (known.get(condition.key) or {}).get("since") or now.isoformat()
+        health[condition.key] = {
+            "gpu": condition.gpu,
+            "what": condition.what,
+            "count": condition.count,
+            "since": since,
+        }
+    return health
+
+
+def gpu_problems(node: Node, *, now: datetime) -> list[Problem]:
+    """The node's GPU conditions (`Node.gpu_health`) that count now, as problems: each at once,
+    a slowdown once it lasted more than SLOWDOWN_SECONDS."""
+    problems = []
+    for key, condition in sorted((node.gpu_health or {}).items()):
+        what, gpu, count = condition.get("what"), condition.get("gpu"), condition.get("count")
+        lasted = now - datetime.fromisoformat(condition["since"])
+        if what in GPU_SLOWDOWNS and lasted.total_seconds() <= SLOWDOWN_SECONDS:
+            continue
+        words = _gpu_words(node, what=what, gpu=gpu, count=count, lasted=lasted)
+        if words is not None:
+            problems.append(Problem(f"gpu:{node.name}:{key}", node.name, *words))
+    return problems
+
+
+def _gpu_words(
+    node: Node, *, what: str | None, gpu: int | None, count: int | None, lasted: timedelta
+) -> tuple[str, str] | None:
+    """A GPU condition's message and what its node_healthy event says, or None for one this
+    version does not know (a condition a later version kept)."""
+    name = f"{node.name} GPU {gpu}"
+    if what == ECC:
+        return (
+            f"{name}: {count} uncorrectable ECC error{'' if count == 1 else 's'}",
+            f"{name} reports no uncorrectable ECC errors again",
+        )
+    if what == RETIRED:
+        return (
+            f"{name}: memory pages pending retirement (a GPU reset retires them)",
+            f"{name} has no memory pages pending retirement again",
+        )
+    if what == REMAPPED:
+        return (
+            f"{name}: memory rows pending remapping (a GPU reset remaps them)",
+            f"{name} has no memory rows pending remapping again",
+        )
+    if what in GPU_SLOWDOWNS:
+        slowdown = GPU_SLOWDOWNS[what]
+        return f"{name}: {slowdown} for {span(lasted)}", f"{name}: the {slowdown} ended"
+    if what == MISSING:
+        accepted = len(node.gpus or [])
+        return (
+            f"{node.name} reports {count} GPU{'' if count == 1 else 's'}, {accepted} at acceptance",
+            f"{node.name} reports its {accepted} GPUs again",
+        )
+    return None
+
+
+def judge_gpu_report(
+    *, node_id: int, cluster_id: int, token_hash: str, conditions: list[GpuCondition], now: datetime
+) -> bool:
+    """A metrics report of `node_id` showed `conditions` (or its node has some kept): keep them
+    on the node and judge its cluster, on the locked cluster as the check-in does. The caller
+    (clusters/metrics.py `record`) comes here only then, so a healthy report of a healthy node
+    costs nothing. The token is checked again on the locked read (a reimage may have replaced
+    it since the report's unlocked one). Returns whether the cluster changed."""
+    from clusters.lifecycle.unit import read_nodes
+
+    with transaction.atomic():
+        cluster = lock_cluster(cluster_id)
+        if cluster is None:
+            return False
+        nodes = read_nodes(cluster)
+        node = next((n for n in nodes if n.pk == node_id), None)
+        if node is None or node.agent_token_hash != token_hash or not watched(cluster, node):
+            return False
+        health = merged_gpu_health(node.gpu_health or {}, conditions, now=now)
+        if health != node.gpu_health:
+            node.gpu_health = health
+            Node.objects.filter(pk=node.pk).update(gpu_health=health)
+        return judge_health(cluster, nodes, now=now)
 
 
 def _sentences(parts) -> str:
