@@ -1,4 +1,5 @@
-"""Cluster emails, sent from the event outbox: ready, failed and degraded.
+"""Cluster emails, sent from the event outbox: ready, failed and degraded, and the notices
+(a GPU unhealthy is the "unhealthy" email of any health problem; the GPUs idle, "idle").
 
 The lifecycle writes an event for every transition; the events that ask for an email
 (`Event.notification`) are this module's outbox, and `Event.emailed_at` marks the ones done.
@@ -100,6 +101,10 @@ def email_context(event: Event) -> dict:
     }
     if event.notification == "ready":
         context.update(_connect_context(cluster))
+    if event.notification == "idle":
+        # The rule's figures; the event's message says how many GPUs, how long and the price.
+        context["idle_percent"] = f"{settings.RUNCRATE_IDLE_GPU_PERCENT:g}"
+        context["idle_minutes"] = f"{settings.RUNCRATE_IDLE_GPU_MINUTES:g}"
     return context
 
 
