@@ -740,3 +740,90 @@ def _rollup_series(
                 network_tx_bytes=host.network_tx_bytes,
             )
         )
+
+
+# --- the pages' small readings: a node row's utilisation, the list's traces ---------------------
+
+# A node whose latest report is older than this many report intervals has stopped reporting:
+# its figures are its last, not its current ones (the node row and the Metrics tab say so).
+LATE_REPORTS = 3
+
+
+def reporting(reported_at: datetime | None, *, now: datetime) -> bool:
+    """Whether a node's latest report (`reported_at`) is recent enough to be its current one."""
+    late = timedelta(seconds=LATE_REPORTS * settings.RUNCRATE_METRICS_SECONDS)
+    return reported_at is not None and now - reported_at <= late
+
+
+@dataclass(frozen=True)
+class NodeUtilization:
+    """A node's GPUs in its latest report: how many, their mean utilisation (None where none
+    had it), and when."""
+
+    gpus: int
+    mean_percent: float | None
+    reported_at: datetime
+
+
+def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
+    """Each node's latest report's GPU count and mean utilisation (the node rows'), by node
+    id; a node with no raw row in the last hour is absent. One query whatever the nodes: per
+    node, its latest row's time and that report's rows, each read through (node, at)."""
+    if not node_ids:
+        return {}
+    latest = GpuSample.objects.filter(node=models.OuterRef("pk")).order_by("-at").values("at")[:1]
+    report = GpuSample.objects.filter(node=models.OuterRef("pk"), at=models.OuterRef("last_at"))
+
+    def of_report(figure: Any) -> models.Subquery:
+        return models.Subquery(
+            report.values("node").annotate(figure=figure).values("figure"),
+            output_field=models.FloatField(),
+        )
+
+    rows = (
+        Node.objects.filter(pk__in=node_ids)
+        .annotate(last_at=models.Subquery(latest))
+        .filter(last_at__gte=timezone.now() - RAW_KEEP)
+        .annotate(
+            reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent"))
+        )
+        .values_list("pk", "last_at", "reported_gpus", "mean")
+    )
+    return {
+        pk: NodeUtilization(gpus=int(gpus or 0), mean_percent=mean, reported_at=at)
+        for pk, at, gpus, mean in rows
+    }
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    at: datetime  # the minute's start
+    percent: float  # the mean of its GPUs' mean utilisation that minute
+
+
+def utilization_traces(
+    cluster_ids: Sequence[int], *, now: datetime | None = None
+) -> dict[int, list[TracePoint]]:
+    """Each cluster's mean GPU utilisation per minute over the last hour, from the minute
+    rollups (the Clusters list's trace), by cluster id; a cluster with none is absent. One
+    query whatever the clusters, read through the rollups' (resolution, start) index."""
+    if not cluster_ids:
+        return {}
+    now = now or timezone.now()
+    rows = (
+        GpuRollup.objects.filter(
+            resolution=Resolution.MINUTE,
+            start__gte=_floor(now - timedelta(hours=1), Resolution.MINUTE),
+            node__cluster_id__in=cluster_ids,
+            utilization_mean__isnull=False,
+        )
+        .values("node__cluster_id", "start")
+        .annotate(percent=Avg("utilization_mean"))
+        .order_by("node__cluster_id", "start")
+    )
+    traces: dict[int, list[TracePoint]] = {}
+    for row in rows:
+        traces.setdefault(row["node__cluster_id"], []).append(
+            TracePoint(at=row["start"], percent=row["percent"])
+        )
+    return traces
