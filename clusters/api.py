@@ -7,19 +7,21 @@ status. Another project's cluster is a 404 `not_found`, exactly like one that do
 Each operation declares the scope its key needs; the key is passed on so that its limits hold.
 """
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated
 
 from django.db.models import Prefetch, QuerySet
 from django.http import HttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
+from pydantic import WithJsonSchema
 from pydantic.config import JsonDict
 
 from accounts.api_auth import Scope, needs, needs_as
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from accounts.requests import ApiRequest
-from clusters import connect, idempotency, lifecycle, plans, volumes
+from clusters import connect, idempotency, lifecycle, metrics, plans, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from offers.api import track_record_json
 from offers.models import MAX_NODES, MIN_NODES
@@ -47,11 +49,20 @@ class FailureOut(Schema):
     message: str
 
 
+class HealthOut(Schema):
+    status: str = Field(description="healthy, or unhealthy while `problems` lists any.")
+    problems: list[str] = Field(
+        description="What its open health problems say (a GPU's uncorrectable ECC errors, a "
+        "throttle, a GPU missing, …), each naming the GPU; empty when healthy."
+    )
+
+
 class MachineOut(Schema):
     name: str = Field(description="node-0 … node-N-1; node-0 is the head.")
     private_ip: str
     step: str = Field(description="running, agent, network, install or done.")
     status: str = Field(description="starting, joined, failed or ended.")
+    health: HealthOut
 
 
 class EventOut(Schema):
@@ -99,6 +110,10 @@ class ClusterSummaryOut(Schema):
         description="The volume attached (at /shared/volume on node-0); null once it ended."
     )
     machines: list[MachineOut]
+    idle_since: datetime | None = Field(
+        description="Since when every GPU has stayed below the idle threshold, once that "
+        "lasted long enough to be told (a notice: nothing is stopped); null while they work."
+    )
 
 
 class AcceptanceGpuOut(Schema):
@@ -376,10 +391,19 @@ def _summary(cluster: Cluster) -> dict:
                 "private_ip": node.private_ip,
                 "step": node.step,
                 "status": node.status,
+                "health": health(cluster, node.name),
             }
             for node in nodes
         ],
+        "idle_since": cluster.idle_since,
     }
+
+
+def health(cluster: Cluster, node_name: str) -> dict:
+    """A machine's `health`, the same in the cluster's machines and in its metrics: its open
+    health problems (`Cluster.problems_of`), unhealthy while there is one."""
+    problems = cluster.problems_of(node_name)
+    return {"status": "unhealthy" if problems else "healthy", "problems": problems}
 
 
 def _detail(cluster: Cluster) -> dict:
@@ -666,6 +690,155 @@ def delete_machine(request: ApiRequest, cluster_id: int, name: str) -> None:
         f"One machine cannot be terminated on its own: a cluster runs and stops whole. "
         f"Terminate the cluster instead: POST /api/v1/clusters/{cluster.pk}/terminate.",
     )
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+class SpanOut(Schema):
+    min: float | None
+    mean: float | None
+    max: float | None
+
+
+class GpuNowOut(Schema):
+    index: int
+    utilization_percent: float | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: int | None
+    throttle: list[str] | None = Field(
+        description="The active throttle reasons by nvidia-smi's names (gpu_idle, sw_power_cap, "
+        "hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown, …); null: not read."
+    )
+    ecc_corrected: int | None = Field(description="Volatile corrected ECC errors.")
+    ecc_uncorrected: int | None = Field(description="Volatile uncorrectable ECC errors.")
+    retired_pages_pending: bool | None
+    remapped_rows_pending: bool | None
+
+
+class HostNowOut(Schema):
+    cpu_percent: float | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    disk_root_used_gib: float | None
+    disk_root_total_gib: float | None
+    disk_shared_used_gib: float | None
+    disk_shared_total_gib: float | None
+    network_rx_bytes: int | None = Field(description="Cumulative, on the private network.")
+    network_tx_bytes: int | None
+
+
+class GpuPointOut(Schema):
+    at: datetime = Field(description="The sample's time, or its bucket's start.")
+    index: int
+    samples: int = Field(description="The reports the point sums up (1 for a raw sample).")
+    utilization_percent: SpanOut
+    memory_used_mib: SpanOut
+    temperature_c: SpanOut
+    power_w: SpanOut
+
+
+class HostPointOut(Schema):
+    at: datetime
+    samples: int
+    cpu_percent: SpanOut
+    memory_used_mib: SpanOut
+    network_rx_bytes: int | None = Field(description="The cumulative counter at the point.")
+    network_tx_bytes: int | None
+
+
+class NodeMetricsOut(Schema):
+    name: str
+    health: HealthOut
+    reported_at: datetime | None = Field(
+        description="Its latest report (within the last hour); null: none."
+    )
+    gpus: list[GpuNowOut] = Field(description="Each GPU's figures in its latest report.")
+    host: HostNowOut | None = Field(description="The machine's own figures in it.")
+    series: list[GpuPointOut] = Field(description="The window's points, by time, then GPU.")
+    host_series: list[HostPointOut]
+
+
+class MetricsOut(Schema):
+    window: str = Field(description="15m, 1h, 24h or 7d.")
+    start: datetime
+    end: datetime
+    resolution_seconds: int = Field(
+        description="A point's span: a report's interval for 15m, 60 for 1h and 24h, 3600 for 7d."
+    )
+    idle_since: datetime | None = Field(description="As the cluster's `idle_since`.")
+    nodes: list[NodeMetricsOut] = Field(description="Its live machines, by index.")
+
+
+class MetricsEnvelope(Schema):
+    data: MetricsOut
+
+
+def metrics_report(cluster: Cluster, read: metrics.Window) -> dict:
+    """The metrics answer of `read`, one of `cluster`'s windows (`metrics.window`)."""
+    return {
+        "window": read.name,
+        "start": read.start,
+        "end": read.end,
+        "resolution_seconds": read.resolution_seconds,
+        "idle_since": cluster.idle_since,
+        "nodes": [
+            {
+                "name": node.node.name,
+                "health": health(cluster, node.node.name),
+                "reported_at": node.reported_at,
+                "gpus": [asdict(gpu) for gpu in node.gpus],
+                "host": asdict(node.host) if node.host else None,
+                "series": [asdict(point) for point in node.series],
+                "host_series": [asdict(point) for point in node.host_series],
+            }
+            for node in read.nodes
+        ],
+    }
+
+
+@router.get(
+    "/clusters/{cluster_id}/metrics",
+    auth=needs(Scope.READ),
+    response={200: MetricsEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
+    summary="Read a cluster's metrics",
+    description="Per live machine: its health, each GPU's figures in its latest report "
+    "(utilisation, memory, temperature, power, clocks, throttle reasons, ECC errors, pages "
+    "pending) and its own (CPU, memory, disks, network), and the window's series (min, mean "
+    "and max per point): raw reports for 15m, minutes for 1h and 24h, hours for 7d "
+    "(docs/metrics.md). 422 `invalid_window` for another window.",
+)
+def cluster_metrics(
+    request: ApiRequest,
+    cluster_id: int,
+    window: Annotated[
+        str,
+        # Said in the document, checked below: another value is `invalid_window`, naming them.
+        Query(),
+        WithJsonSchema(
+            {
+                "type": "string",
+                "enum": list(metrics.WINDOWS),
+                "default": "15m",
+                "description": "How far back the series reach.",
+            }
+        ),
+    ] = "15m",
+) -> dict:
+    if window not in metrics.WINDOWS:
+        raise ApiError(
+            422,
+            "invalid_window",
+            f"window must be one of {', '.join(metrics.WINDOWS)}, not {window[:32]!r}.",
+        )
+    cluster = Cluster.objects.filter(project=request.project, pk=cluster_id).first()
+    if cluster is None:
+        raise ApiError(404, "not_found", f"There is no cluster {cluster_id} in your project.")
+    return {"data": metrics_report(cluster, metrics.window(cluster, window))}
 
 
 # --- connecting -----------------------------------------------------------------------------

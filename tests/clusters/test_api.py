@@ -229,6 +229,7 @@ def test_it_reads_a_failed_cluster_with_its_failure_machines_and_events(owner):
         "private_ip": "10.77.0.2",
         "step": "running",
         "status": "ended",
+        "health": {"status": "healthy", "problems": []},
     }
     assert data["events"][-1]["node"] == "node-1"
     assert data["events"][-1]["step"] == "running"
