@@ -33,7 +33,7 @@ from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
-from clusters import connect, estimates, getting_started, lifecycle, logs, volumes
+from clusters import charts, connect, estimates, getting_started, lifecycle, logs, metrics, volumes
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm, suggest_name
 from clusters.models import STEP_NAMES, Cluster, Event, Node, Volume, give_up_after
@@ -129,11 +129,14 @@ class ClusterRow:
     badge: str
     age: str
     cost: ClusterCost  # cost so far and uptime
+    trace: charts.Sparkline | None  # its mean GPU utilisation over the last hour
 
 
 def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
     clusters = list(clusters)
     costs = cluster_costs([cluster.pk for cluster in clusters], now=now)  # one query
+    # One query for every live cluster of the page (none when none is live).
+    traces = metrics.utilization_traces([c.pk for c in clusters if c.is_live], now=now)
     rows = []
     for cluster in clusters:
         machines = cluster.machines_priced(cluster.machines_up)
@@ -145,6 +148,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
                 badge=STATUS_BADGES[cluster.status],
                 age=durations.age(cluster.created_at, now),
                 cost=costs[cluster.pk],
+                trace=charts.sparkline(traces.get(cluster.pk, []), now=now),
             )
         )
     return rows
@@ -400,6 +404,10 @@ class NodeRow:
     tone: str  # "" | ok | bad
     time_left: str
     deadline: str  # the step's deadline as an ISO instant, which the page counts down to; or ""
+    utilization: str = ""  # its GPUs in its latest report: "8 GPUs · 97%", or ""
+    reported_at: datetime | None = None  # that report's time
+    reporting: bool = False  # whether that report is recent (metrics.reporting)
+    problems: tuple[str, ...] = ()  # its open health problems, as the "unhealthy" badge says
 
 
 def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
@@ -464,8 +472,17 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
     total = 4 if with_install else 3
     install_failed = cluster.can_retry_install
     deadlines = lifecycle.step_deadlines(cluster, nodes, now) if cluster.is_live else {}
+    # One query for the rows, and none where no node's reports are kept.
+    kept = [
+        n.pk
+        for n in nodes
+        if metrics.recording(cluster_status=cluster.status, node_status=n.status)
+    ]
+    gpus_now = metrics.utilization_now(kept)
     rows = []
     for node in nodes:
+        now_figures = gpus_now.get(node.pk)
+        reported = now_figures.reported_at if now_figures else None
         done = _steps_done(node, with_install)
         deadline = deadlines.get(node.pk)
         left = max(0, int((deadline - now).total_seconds())) if deadline else None
@@ -496,6 +513,12 @@ def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeR
                 tone=tone,
                 time_left=f"{durations.countdown(left)} left" if left is not None else "",
                 deadline=_instant(deadline) if deadline else "",
+                utilization=charts.utilization_text(now_figures.gpus, now_figures.mean_percent)
+                if now_figures
+                else "",
+                reported_at=reported,
+                reporting=metrics.reporting(reported, now=now),
+                problems=tuple(cluster.problems_of(node.name)),
             )
         )
     return rows
@@ -627,9 +650,12 @@ def _acceptance(cluster: Cluster) -> dict | None:
     return {"measured_at": measured, "expected": report.get("expected", {}), "nodes": rows}
 
 
-def _detail_context(cluster: Cluster, tab: Tab = TABS[0]) -> dict:
+def _detail_context(
+    cluster: Cluster, tab: Tab = TABS[0], shown_window: "MetricsWindow | None" = None
+) -> dict:
     """What the page shows of the cluster itself: everything but its node rows and events,
-    which the page reads whole (`_with_every_row`) and a poll only where they changed."""
+    which the page reads whole (`_with_every_row`) and a poll only where they changed. On the
+    Metrics tab, the charts of `shown_window` (the default window when None)."""
     now = timezone.now()
     nodes = list(cluster.nodes.all())
     up = Cluster.machines_up_in(nodes) if cluster.is_live else 0
@@ -696,9 +722,50 @@ def _detail_context(cluster: Cluster, tab: Tab = TABS[0]) -> dict:
         context["billed_machines"] = _billed_machines(cluster, cost, now)
     if tab.slug == "logs":
         context.update(logs.tab_context(cluster))
+    if tab.slug in METRICS_TABS:
+        # Read before the figures: a report that lands meanwhile moves it past the version the
+        # page says it shows, so the next poll draws that report too.
+        context["metrics_version"] = metrics.metrics_version(cluster.pk)
+    if tab.slug == "metrics":
+        context.update(_metrics_context(cluster, shown_window or MetricsWindow(), now))
     context["meter_run"] = meter.last_run_stamp()
     context["poll_url"] = _poll_url(cluster, context, now)
     return context
+
+
+# The tabs whose poll says which metrics version the page shows (`metrics=`): the Metrics tab
+# redraws its charts when it moved, the Machines tab its rows' utilisation.
+METRICS_TABS = ("metrics", "machines")
+DEFAULT_WINDOW = "15m"
+
+
+@dataclass(frozen=True)
+class MetricsWindow:
+    """The window the Metrics tab shows (`?window=`), and what to say of one it does not know."""
+
+    name: str = DEFAULT_WINDOW
+    refused: str = ""
+
+    @classmethod
+    def of(cls, raw: str | None) -> "MetricsWindow":
+        if raw is None or raw == "" or raw in metrics.WINDOWS:
+            return cls(raw or DEFAULT_WINDOW)
+        shown = charts.WINDOW_WORDS[DEFAULT_WINDOW]
+        return cls(refused=f"There is no window “{raw[:20]}”: showing {shown}.")
+
+
+def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> dict:
+    """The Metrics tab: the window's charts (clusters.charts, from metrics.window's five
+    queries) and the window picker's links."""
+    url = TABS_BY_SLUG["metrics"].url(cluster)
+    return {
+        "metrics_window": shown,
+        "metrics_charts": charts.window_charts(metrics.window(cluster, shown.name, now=now)),
+        "metrics_windows": [
+            {"name": name, "url": f"{url}?window={name}", "current": name == shown.name}
+            for name in metrics.WINDOWS
+        ],
+    }
 
 
 def _billed_machines(cluster: Cluster, cost: ClusterCost, now: datetime) -> list[MachineRow]:
@@ -760,6 +827,10 @@ def _poll_url(cluster: Cluster, context: dict, now: datetime) -> str:
         "connect": context["connect_version"],
         "meter": context["meter_run"],
     }
+    if "metrics_version" in context:
+        query["metrics"] = context["metrics_version"]
+    if "metrics_window" in context:
+        query["window"] = context["metrics_window"].name
     if cluster.network_test_running(now):
         expires = datetime.fromisoformat(cluster.network_test["expires_at"])
         query["until"] = math.ceil(expires.timestamp())
@@ -786,11 +857,12 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
     if shown_tab is None:
         raise Http404("No such tab.")
     shown = _count(request.GET.get("version")) if request.htmx else None
+    shown_window = MetricsWindow.of(request.GET.get("window")) if tab == "metrics" else None
     if shown is not None:
-        response = _poll(request, pk, shown, shown_tab)
+        response = _poll(request, pk, shown, shown_tab, shown_window)
     else:
         cluster = _get_cluster_for_user(request, pk, details=True)
-        context = _with_every_row(_detail_context(cluster, shown_tab))
+        context = _with_every_row(_detail_context(cluster, shown_tab, shown_window))
         if request.htmx and request.headers.get("HX-Target") == TAB_PANEL:
             response = _tab_answer(request, context)
         elif request.htmx:
@@ -817,20 +889,38 @@ def _meter_moved(request: ProjectRequest) -> bool:
     return request.GET.get("meter", "") != meter.last_run_stamp()
 
 
-def _poll(request: ProjectRequest, pk: int, shown: int, tab: Tab) -> HttpResponse:
+def _metrics_moved(request: ProjectRequest, pk: int) -> bool:
+    """Whether a report came since the page's figures were drawn (the poll's `metrics`): a
+    cache read, no query. A page that does not say (another tab) has none to redraw."""
+    shown = request.GET.get("metrics")
+    return shown is not None and shown != str(metrics.metrics_version(pk))
+
+
+def _poll(
+    request: ProjectRequest,
+    pk: int,
+    shown: int,
+    tab: Tab,
+    shown_window: MetricsWindow | None = None,
+) -> HttpResponse:
     """The page's poll, showing version `shown`. Unchanged: one query (the cluster's version,
     looked up within the user's project) and `204`, which htmx swaps nothing for; `286`, which
     stops the polling, when the cluster is final. Changed, or the meter ran since (which moves
-    the cost and the balance): what changed since `shown`, with the top bar's balance."""
+    the cost and the balance), or on the Metrics and Machines tabs a report came (the metrics
+    version moved, not the cluster's): what changed since `shown`, with the top bar's
+    balance."""
     clusters = in_project(request, Cluster.objects.all()).values_list("version", "status")
     try:
         version, status = clusters.get(pk=pk)
     except Cluster.DoesNotExist:
         raise Http404("No such cluster in your project.") from None
     moved = _meter_moved(request)
+    # Asked after the cluster was found in the user's project: a stranger learns nothing.
+    metrics_moved = tab.slug in METRICS_TABS and _metrics_moved(request, pk)
     if status in Cluster.TERMINAL:
-        moved = False  # an ended cluster's page stops polling; its last answer said it all
-    if version == shown and _still_holds(request) and not moved:
+        # An ended cluster's page stops polling; its last answer said it all.
+        moved = metrics_moved = False
+    if version == shown and _still_holds(request) and not moved and not metrics_moved:
         if status in Cluster.TERMINAL:
             response = HttpResponse(status=STOP_POLLING)
             response["HX-Reswap"] = "none"
@@ -838,8 +928,9 @@ def _poll(request: ProjectRequest, pk: int, shown: int, tab: Tab) -> HttpRespons
         return HttpResponse(status=204)
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
-    context = _detail_context(cluster, tab)
+    context = _detail_context(cluster, tab, shown_window)
     context["balance_moved"] = moved
+    context["metrics_moved"] = metrics_moved
     # The last answer once final (the page as it stays, and the polling stops), and the answer
     # to a page ahead of the cluster (a version it never had: nothing can say what changed).
     if cluster.is_final or shown > cluster.version:
@@ -904,7 +995,9 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
         nodes, now = context["nodes"], context["now"]
         on_page = _count(request.GET.get("nodes"))
         on_page = len(nodes) if on_page is None else on_page
-        changed = [n for n in nodes if n.index < on_page and n.version > shown]
+        # A report moves every row's utilisation: all of them, then.
+        redraw = context.get("metrics_moved", False)
+        changed = [n for n in nodes if n.index < on_page and (redraw or n.version > shown)]
         context["changed_rows"] = _node_rows(cluster, changed, now)
         context["added_rows"] = _node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
         context["oob"] = context["reports_oob"] = True
@@ -917,7 +1010,7 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
             _page_events().filter(cluster=cluster, version__gt=shown, version__lte=cluster.version)
         )
         parts.append(render_to_string("clusters/parts/changes.html", context, request))
-    elif shown != cluster.version or tab in ("connect", "billing"):
+    elif shown != cluster.version or tab in ("connect", "billing") or context.get("metrics_moved"):
         # (Overview, when only the meter ran, has nothing new: the header has the cost.)
         parts += _tab_parts(request, context)
     parts += _balance_part(request, context)
