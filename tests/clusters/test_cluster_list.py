@@ -2,11 +2,14 @@
 model's own groups, a part of the name, counts per choice, and an empty result that says so."""
 
 import re
+from datetime import timedelta
 
+import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from clusters.models import Cluster
+from clusters.models import Cluster, Node
 from tests.factories import ClusterFactory, MachineTypeFactory
 
 
@@ -172,3 +175,81 @@ def test_it_polls_the_filtered_rows_without_counting_them_again(owner):
 
     assert len(filtered) == len(plain)
     assert names_in(fragment.content.decode()) == ["eval-starting"]
+
+
+# --- the utilisation trace (issue 23, item 3) ------------------------------------------------
+
+
+def traced_cluster(project, name: str, percents: list[float], *, now) -> Cluster:
+    """A ready cluster of two nodes whose GPUs reported `percents` (one a minute, to `now`),
+    rolled up into minutes as the beat does."""
+    from clusters import metrics
+
+    cluster = ClusterFactory(
+        project=project,
+        name=name,
+        status=Cluster.Status.READY,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+        machine_type=MachineTypeFactory(),
+    )
+    start = now - timedelta(minutes=len(percents))
+    for node in cluster.nodes.all():
+        for minute, percent in enumerate(percents):
+            gpus = [{"index": i, "utilization_percent": percent} for i in range(2)]
+            metrics.store(
+                node.pk, cluster.pk, gpus=gpus, host=None, at=start + timedelta(minutes=minute)
+            )
+    metrics.roll_up(60, now=now)
+    return cluster
+
+
+def trace_of(html: str, name: str) -> str:
+    row = html.split(f">{name}</a>")[1].split("</tr>")[0]
+    return re.search(r'<td class="gpu-trace"[^>]*>(.*?)</td>', row, re.S).group(1)
+
+
+def test_it_traces_each_live_cluster_s_utilisation_over_the_hour_in_one_query(owner):
+    now = timezone.now().replace(second=30, microsecond=0)
+    client = owner.browser_client()
+    with time_machine.travel(now, tick=False):
+        traced_cluster(owner.project, "train-busy", [20, 60, 100], now=now)
+        ClusterFactory(project=owner.project, name="train-old", status=Cluster.Status.TERMINATED)
+        html = client.get("/clusters/").content.decode()
+        for index in range(5):
+            traced_cluster(owner.project, f"train-{index}", [50], now=now)
+        with CaptureQueriesContext(connection) as six:
+            more = client.get("/clusters/").content.decode()
+            rows = client.get("/clusters/", headers={"HX-Request": "true"}).content.decode()
+
+    busy = trace_of(html, "train-busy")
+    assert 'role="img"' in busy
+    assert (
+        'aria-label="Mean GPU utilisation over the last hour: 20% to 100%, 100% in the latest '
+        'minute."'
+    ) in busy
+    assert re.search(r'<path class="line" d="M[\d., L]+"', busy).group(0).count("L") == 2
+    assert trace_of(html, "train-old") == '<span class="muted">—</span>'
+    assert trace_of(rows, "train-busy") == busy  # the list's poll redraws it
+    traces = [q["sql"] for q in six.captured_queries if "clusters_gpurollup" in q["sql"]]
+    assert len(traces) == 2  # one for the page, one for its rows' poll
+    assert "50%" in trace_of(more, "train-4")
+
+
+def test_the_list_reads_its_traces_in_the_same_queries_for_1_and_6_live_clusters(owner):
+    now = timezone.now().replace(second=30, microsecond=0)
+    client = owner.browser_client()
+    with time_machine.travel(now, tick=False):
+        traced_cluster(owner.project, "train-a", [40], now=now)
+        client.get("/clusters/")
+        with CaptureQueriesContext(connection) as one:
+            client.get("/clusters/")
+        for index in range(5):
+            traced_cluster(owner.project, f"train-{index}", [40], now=now)
+        with CaptureQueriesContext(connection) as six:
+            html = client.get("/clusters/").content.decode()
+
+    assert len(six) == len(one)
+    assert html.count('class="sparkline"') == 6
+    reads = [q["sql"] for q in six.captured_queries if "clusters_gpurollup" in q["sql"]]
+    assert len(reads) == 1

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import User
-from clusters import lifecycle
+from clusters import lifecycle, metrics
 from clusters.lifecycle.network_test import do_network_test
 from clusters.models import Cluster, Event, Node
 from tests.clusters.lifecycle_kit import create, inventory
@@ -78,6 +78,31 @@ def test_it_answers_an_unchanged_poll_with_204_in_three_queries(
     sql = " ".join(query["sql"] for query in queries.captured_queries)
     assert "clusters_node" not in sql and "clusters_event" not in sql
     assert "accounts_membership" in sql  # the project, inside the cluster's query
+
+
+@pytest.mark.parametrize("size", [2, 64])
+def test_the_metrics_tab_s_unchanged_poll_is_three_queries_and_a_report_redraws_it(
+    owner, django_assert_num_queries, size
+):
+    """Issue 23: the Metrics tab's poll says the metrics version it shows; a report moves
+    that version (a cache read), never the cluster's, and redraws the tab's panel."""
+    cluster = live_cluster(owner.project, size=size, status=Cluster.Status.READY)
+    node = cluster.nodes.get(index=0)
+    client = owner.browser_client()
+    url = poll_url(client.get(f"/clusters/{cluster.pk}/metrics/").content.decode())
+    assert query_of(url)["metrics"] == str(metrics.metrics_version(cluster.pk))
+
+    with django_assert_num_queries(3):  # the session, the user, the cluster's version
+        assert client.get(url, headers=HTMX).status_code == 204
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.JOINED)
+    metrics.store(node.pk, cluster.pk, gpus=[{"index": 0}], host=None, at=timezone.now())
+    response = client.get(url, headers=HTMX)
+
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert re.search(r'<section id="cluster-tab"[^>]* hx-swap-oob="true">', body)
+    assert query_of(poll_url(body))["version"] == query_of(url)["version"]
+    assert query_of(poll_url(body))["metrics"] != query_of(url)["metrics"]
 
 
 def test_it_stops_the_polling_of_an_unchanged_final_cluster_and_swaps_nothing(owner):
