@@ -886,3 +886,49 @@ class NodeRollup(models.Model):
 
     def __str__(self) -> str:
         return f"node {self.node_id}, {self.resolution} s from {self.start}"
+
+
+class LogFetch(models.Model):
+    """A node's last read of one group of texts over its driver (docs/metrics.md, "Logs and
+    jobs"): its logs, or (on the head) its jobs. `requested_at` is when the last fetch was
+    asked for, `fetched_at` when one last finished, `error` why that one read nothing (the
+    texts of the fetch before stay, with their own times). One row per node and group: it is
+    also what keeps a second fetch from starting while one runs (`clusters.logs.claim`)."""
+
+    class Group(models.TextChoices):
+        LOGS = "logs", "logs"
+        JOBS = "jobs", "jobs"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    group = models.CharField(max_length=4, choices=Group.choices)
+    requested_at = models.DateTimeField(null=True, blank=True)
+    fetched_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "group"], name="log_fetch_one_per_group")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group} of node {self.node_id}"
+
+
+class NodeLog(models.Model):
+    """One text a fetch read (a log, a job queue): what the command printed, at most the
+    driver's LOG_CAP_BYTES, the command that produced it, and when. The next fetch of its group
+    replaces it; it goes with its node."""
+
+    fetch = models.ForeignKey(LogFetch, on_delete=models.CASCADE, related_name="texts")
+    kind = models.CharField(max_length=16)
+    command = models.TextField(blank=True, default="")
+    output = models.TextField(blank=True, default="")
+    fetched_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["fetch", "kind"], name="node_log_one_per_kind")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of fetch {self.fetch_id}"

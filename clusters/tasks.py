@@ -7,7 +7,7 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 from celery import shared_task
 from django.core.cache import cache
 
-from clusters import idempotency, idle, lifecycle, metrics, simulated_metrics, track_record
+from clusters import idempotency, idle, lifecycle, logs, metrics, simulated_metrics, track_record
 from runcrate.models import Beat, beat_period
 
 
@@ -104,3 +104,10 @@ def simulate_metrics() -> int:
     """Every RUNCRATE_METRICS_SECONDS: the simulated data center's machines report figures, as a
     real machine's agent does (the demo's charts move). Nothing for real machines."""
     return simulated_metrics.report()
+
+
+@shared_task(name="clusters.tasks.fetch_logs", ignore_result=True)
+def fetch_logs(fetch_id: int) -> bool:
+    """On the `machines` queue: read a node's logs or the head's jobs over its driver and keep
+    them (clusters/logs.py). Safe twice: a second run replaces the texts with newer ones."""
+    return logs.run_fetch(fetch_id=fetch_id)

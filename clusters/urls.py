@@ -1,6 +1,6 @@
 from django.urls import path
 
-from clusters import views
+from clusters import logs_views, views
 
 app_name = "clusters"
 
@@ -16,6 +16,15 @@ urlpatterns = [
     path("<int:pk>/known-hosts", views.cluster_known_hosts, name="known_hosts"),
     path("<int:pk>/hostfile", views.cluster_hostfile, name="hostfile"),
     path("<int:pk>/kubeconfig", views.cluster_kubeconfig, name="kubeconfig"),
+    # The Logs & jobs tab's own answers (clusters/logs_views.py).
+    path("<int:pk>/logs/node/", logs_views.logs_node, name="logs_node"),
+    path("<int:pk>/logs/fetch/", logs_views.logs_fetch, name="logs_fetch"),
+    path("<int:pk>/logs/jobs/", logs_views.logs_jobs, name="logs_jobs"),
+    path(
+        "<int:pk>/logs/<slug:node>/<slug:kind>.txt",
+        logs_views.logs_download,
+        name="logs_download",
+    ),
     # The cluster page's other tabs (clusters/views.py `TABS`), each its own URL: Connect,
     # Machines, Metrics, Logs & jobs, Events, Billing; an unknown tab is a 404.
     path("<int:pk>/<slug:tab>/", views.cluster_detail, name="tab"),

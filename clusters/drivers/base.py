@@ -8,10 +8,14 @@ lease, outside any transaction; so is `network_test`, run by its own task for th
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from clusters.connect import RAY_DASHBOARD_PORT
 
 if TYPE_CHECKING:
     from clusters.models import Cluster, Node
@@ -204,6 +208,13 @@ class Driver:
             ok=False, error=f"Machines of the {self.name} driver cannot run a network test."
         )
 
+    def read_logs(self, node: Node, *, kinds: Sequence[LogKind], head_ip: str) -> list[LogText]:
+        """Read `kinds` (`log_script`) on the machine serving `node`, each at most LOG_CAP_BYTES
+        with the command that produced it: slow work, run by a task of the `machines` queue
+        outside any transaction; it changes nothing on the host or in the dashboard. Raises
+        DriverError (its message for the user) when the machine cannot be reached."""
+        raise DriverError(f"Machines of the {self.name} driver keep no logs the dashboard reads.")
+
     # --- the node's agent, where the driver must do part of its work ------------------------
 
     def agent_work_due(self, node: Node, *, step: str, now: datetime, since: datetime) -> bool:
@@ -222,3 +233,158 @@ class Driver:
     def last_heard(self, node: Node, *, now: datetime) -> datetime | None:
         """When the node's agent was last heard from (its heartbeat); None if never."""
         return node.heartbeat_at
+
+
+# --- logs and jobs (docs/metrics.md, "Logs and jobs") ---------------------------------------
+
+# What a fetch keeps of each text: its last 256 KB, cut on the host (`tail -c`).
+LOG_CAP_BYTES = 256 * 1024
+# Where the ssh driver keeps on the host what its bootstrap and installers printed (under the
+# product's state directory: the wipe removes it, verify.sh checks it is gone).
+HOST_LOG_DIR = "/var/lib/runcrate/log"
+# A text's first line names the command that produced it (the shell picked it on the host).
+SOURCE_PREFIX = "runcrate: source="
+
+
+class LogKind(StrEnum):
+    """The texts a fetch reads: a node's logs, or what the head says of its jobs."""
+
+    BOOTSTRAP = "bootstrap"
+    INSTALL = "install"
+    AGENT = "agent"
+    SYSTEM = "system"
+    SLURM_QUEUE = "slurm_queue"
+    SLURM_NODES = "slurm_nodes"
+    RAY_JOBS = "ray_jobs"
+    RAY_STATUS = "ray_status"
+    KUBERNETES_PODS = "kubernetes_pods"
+
+
+NODE_LOG_KINDS = (LogKind.BOOTSTRAP, LogKind.INSTALL, LogKind.AGENT, LogKind.SYSTEM)
+# The head's jobs by the cluster's software; none for software "none".
+JOB_KINDS: dict[str, tuple[LogKind, ...]] = {
+    "slurm": (LogKind.SLURM_QUEUE, LogKind.SLURM_NODES),
+    "ray": (LogKind.RAY_JOBS, LogKind.RAY_STATUS),
+    "kubernetes": (LogKind.KUBERNETES_PODS,),
+}
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """One way to read a text on a host: `command` runs where `condition` (a shell test) holds."""
+
+    condition: str
+    command: str
+
+
+@dataclass(frozen=True)
+class LogText:
+    """A text read from a host: the command that produced it (as the host's shell chose it) and
+    its output, at most LOG_CAP_BYTES."""
+
+    kind: LogKind
+    command: str
+    output: str
+
+
+# The Ray head's GCS port (install-ray.sh `--port`).
+RAY_GCS_PORT = 6379
+SYSTEMD = "[ -d /run/systemd/system ] && command -v journalctl >/dev/null 2>&1"
+
+
+def log_sources(kind: LogKind, *, head_ip: str) -> tuple[tuple[LogSource, ...], str]:
+    """Where `kind` is read on a host, in order of preference, and what to say where none is.
+    No part of any command comes from a user: `head_ip` is the cluster's own private address."""
+    cap = f"tail -c {LOG_CAP_BYTES}"
+    bootstrap, install = f"{HOST_LOG_DIR}/bootstrap.log", f"{HOST_LOG_DIR}/install.log"
+    agent_file = "/var/log/runcrate-agent.log"
+    table: dict[LogKind, tuple[tuple[LogSource, ...], str]] = {
+        LogKind.BOOTSTRAP: (
+            (LogSource(f"[ -f {bootstrap} ]", f"{cap} {bootstrap}"),),
+            "No bootstrap output is kept on this host.",
+        ),
+        LogKind.INSTALL: (
+            (LogSource(f"[ -f {install} ]", f"{cap} {install}"),),
+            "No install output is kept on this host (no software was installed yet).",
+        ),
+        LogKind.AGENT: (
+            (
+                LogSource(f"[ -f {agent_file} ]", f"{cap} {agent_file}"),
+                LogSource(SYSTEMD, "journalctl --no-pager -u runcrate-agent -n 5000"),
+            ),
+            "The agent's log is not on this host.",
+        ),
+        LogKind.SYSTEM: (
+            (
+                LogSource(SYSTEMD, "journalctl --no-pager -n 5000"),
+                LogSource("[ -r /var/log/syslog ]", f"{cap} /var/log/syslog"),
+            ),
+            "This host keeps neither a systemd journal nor /var/log/syslog.",
+        ),
+        LogKind.SLURM_QUEUE: (
+            (LogSource("command -v squeue >/dev/null 2>&1", "squeue"),),
+            "squeue is not installed on this host.",
+        ),
+        LogKind.SLURM_NODES: (
+            (LogSource("command -v sinfo >/dev/null 2>&1", "sinfo -N -l"),),
+            "sinfo is not installed on this host.",
+        ),
+        LogKind.RAY_JOBS: (
+            (
+                LogSource(
+                    "command -v ray >/dev/null 2>&1",
+                    f"ray job list --address http://{head_ip}:{RAY_DASHBOARD_PORT}",
+                ),
+            ),
+            "ray is not installed on this host.",
+        ),
+        LogKind.RAY_STATUS: (
+            (
+                LogSource(
+                    "command -v ray >/dev/null 2>&1",
+                    f"ray status --address {head_ip}:{RAY_GCS_PORT}",
+                ),
+            ),
+            "ray is not installed on this host.",
+        ),
+        LogKind.KUBERNETES_PODS: (
+            (LogSource("command -v kubectl >/dev/null 2>&1", "kubectl get pods -A"),),
+            "kubectl is not installed on this host.",
+        ),
+    }
+    return table[kind]
+
+
+def log_script(kind: LogKind, *, head_ip: str) -> str:
+    """One shell command that picks on the host where `kind` is read, says which (a first
+    line `runcrate: source=COMMAND`) and prints its last LOG_CAP_BYTES (stderr included: a
+    command's complaint is what the user must see)."""
+    sources, missing = log_sources(kind, head_ip=head_ip)
+    branches = []
+    for i, source in enumerate(sources):
+        said = shlex.quote(SOURCE_PREFIX + source.command)
+        run = source.command
+        if not run.startswith("tail -c "):
+            run = f"{run} 2>&1 | tail -c {LOG_CAP_BYTES}"
+        branches.append(f"{'if' if i == 0 else 'elif'} {source.condition}; then echo {said}; {run}")
+    none = f"echo {shlex.quote(SOURCE_PREFIX)}; echo {shlex.quote(missing)}"
+    return "; ".join(branches) + f"; else {none}; fi"
+
+
+def read_log_text(kind: LogKind, output: str) -> LogText:
+    """A `log_script`'s output as a LogText: the command its first line names, the rest capped
+    (the host already cut it; a reply that was not is cut here)."""
+    first, _, rest = output.partition("\n")
+    if first.startswith(SOURCE_PREFIX):
+        command = first.removeprefix(SOURCE_PREFIX).strip()
+    else:
+        command, rest = "", output
+    return LogText(kind=kind, command=command, output=cap_text(rest))
+
+
+def cap_text(text: str) -> str:
+    """The last LOG_CAP_BYTES of `text` in UTF-8, never splitting a character."""
+    data = text.encode()
+    if len(data) <= LOG_CAP_BYTES:
+        return text
+    return data[-LOG_CAP_BYTES:].decode(errors="ignore")

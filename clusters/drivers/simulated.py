@@ -16,6 +16,7 @@ node); `install` fails the software install.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -28,13 +29,18 @@ from clusters.drivers.base import (
     AgentReport,
     CheckResult,
     Driver,
+    DriverError,
     InstallPlan,
     InstallResult,
+    LogKind,
+    LogText,
     MachineState,
     NetworkReport,
     NetworkTestResult,
     Observation,
     Released,
+    cap_text,
+    log_sources,
 )
 from clusters.software import checks, network_test
 from clusters.software import simulated as outputs
@@ -219,3 +225,72 @@ class SimulatedDriver(Driver):
             path=network_test.NCCL_TESTS_PATHS[1], ranks=len(nodes), gpus=plan.gpus_per_machine
         )
         return network_test.read_all_reduce_perf(output, status=0, command=command, simulated=True)
+
+    # --- logs and jobs ---------------------------------------------------------------------------
+
+    def read_logs(self, node: Node, *, kinds: Sequence[LogKind], head_ip: str) -> list[LogText]:
+        """What the host would print for each of `kinds`, by the first command the ssh driver
+        would choose (`log_sources`): plausible text from the node, its software and the clock,
+        so the demo's tab shows what a real one does. A `boot` fault's machine cannot be reached."""
+        if node.reserved_host.fault == "boot":
+            raise DriverError(f"could not connect to {node.reserved_host.name}: timed out")
+        now = timezone.now()
+        return [
+            LogText(
+                kind=kind,
+                command=log_sources(kind, head_ip=head_ip)[0][0].command,
+                output=cap_text(self._log_text(node, kind, now=now, head_ip=head_ip)),
+            )
+            for kind in kinds
+        ]
+
+    def _log_text(self, node: Node, kind: LogKind, *, now: datetime, head_ip: str) -> str:
+        cluster = node.cluster
+        software = cluster.software
+        gpus = cluster.machine_type.gpus_per_machine
+        nodes = [f"node-{i}" for i in range(cluster.size)]
+        stamp = now.strftime("%b %d %H:%M:%S")
+        iso = now.isoformat(timespec="seconds")
+        if kind == LogKind.BOOTSTRAP:
+            return (
+                f"==> bootstrap, {iso}\nruncrate: os=ubuntu 22.04\nruncrate: changed hostname\n"
+                "runcrate: changed hosts\nruncrate: wireguard=kernel\nruncrate: agent=systemd\n"
+                "runcrate: ok\n"
+            )
+        if kind == LogKind.INSTALL:
+            if software == "none":
+                return "No install output is kept on this host (no software was installed yet).\n"
+            ok = node.reserved_host.fault != "install"
+            return f"==> install, {iso}\n" + outputs.install_log(
+                software=software, node=node.name, ok=ok
+            )
+        if kind == LogKind.AGENT:
+            return "".join(
+                f"{stamp} runcrate-agent: heartbeat sent ({gpus} GPUs, node {node.name})\n"
+                for _ in range(3)
+            )
+        if kind == LogKind.SYSTEM:
+            return (
+                f"{stamp} {node.name} systemd[1]: Started runcrate-agent.service.\n"
+                f"{stamp} {node.name} kernel: wireguard: rc0: peers up\n"
+                f"{stamp} {node.name} sshd[812]: Accepted publickey for root\n"
+            )
+        if kind == LogKind.SLURM_QUEUE:
+            return "JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)\n"
+        if kind == LogKind.SLURM_NODES:
+            rows = "".join(
+                f"{name:<9} 1 gpu*     idle 64 2:16:2 512000 0 1 (null) none\n" for name in nodes
+            )
+            return f"{now:%a %b %d %H:%M:%S %Y}\nNODELIST NODES PARTITION STATE CPUS ...\n{rows}"
+        if kind == LogKind.RAY_JOBS:
+            return "No jobs found.\n"
+        if kind == LogKind.RAY_STATUS:
+            return (
+                f"======== Autoscaler status: {now:%Y-%m-%d %H:%M:%S} ========\n"
+                f"Node status\nActive:\n {len(nodes)} node(s) at {head_ip} and peers\n"
+                f"Resources\nUsage:\n 0.0/{len(nodes) * gpus}.0 GPU\n"
+            )
+        return "".join(
+            f"kube-system   nvidia-device-plugin-{name}   1/1   Running   0   1h\n"
+            for name in nodes
+        )

@@ -27,6 +27,7 @@ import logging
 import re
 import shlex
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -43,15 +44,20 @@ from clusters import secrets
 from clusters.connect import SHARED_DIR, kube_ca, kube_token, shape_for
 from clusters.drivers import pristine, storage
 from clusters.drivers.base import (
+    HOST_LOG_DIR,
     CheckResult,
     Driver,
     DriverError,
     InstallPlan,
     InstallResult,
+    LogKind,
+    LogText,
     MachineState,
     NetworkTestResult,
     Observation,
     Released,
+    log_script,
+    read_log_text,
 )
 from clusters.software import RAY_REQUIREMENT, checks, network_test
 
@@ -366,6 +372,8 @@ class SshDriver(Driver):
         with host_session(host) as session:
             session.upload(files, INCOMING)
             status, output = session.run(f"env INCOMING={INCOMING} sh {INCOMING}/bootstrap.sh")
+            if status != 3:  # a refusal changes nothing on the host, not even a log
+                keep_output(session, "bootstrap", output)
         facts = status_lines(output)
         last = last_line(output)
         if status != 0 or last != "runcrate: ok":
@@ -435,6 +443,7 @@ class SshDriver(Driver):
         with host_session(node.reserved_host) as session:
             session.upload(files, SOFTWARE_INCOMING)
             status, output = session.run(f"sh {SOFTWARE_INCOMING}/{script.name}")
+            keep_output(session, "install", output)
         last = last_line(output)
         return InstallResult(ok=status == 0 and last == "runcrate: ok", output=output[-20_000:])
 
@@ -543,6 +552,35 @@ class SshDriver(Driver):
                 continue
             pairs.append(network_test.read_agent_pair(output, node=worker.name, head=head.name))
         return network_test.agent_result(pairs)
+
+    def read_logs(self, node: Node, *, kinds: Sequence[LogKind], head_ip: str) -> list[LogText]:
+        """Each of `kinds` by its `log_script` over one session; the host cuts each text to its
+        last LOG_CAP_BYTES and says which command produced it."""
+        texts = []
+        with host_session(node.reserved_host) as session:
+            for kind in kinds:
+                _, output = session.run(log_script(kind, head_ip=head_ip), timeout=60)
+                texts.append(read_log_text(kind, output))
+        return texts
+
+
+def keep_output(session: Session, name: str, output: str) -> None:
+    """Append what the bootstrap or an installer printed to `HOST_LOG_DIR/<name>.log` on the host,
+    after a line saying when, for the Logs tab (`read_logs`). On stdin, never on a command line;
+    a failure to keep it is logged, never the step's failure."""
+    stamp = timezone.now().isoformat(timespec="seconds")
+    directory = shlex.quote(HOST_LOG_DIR)
+    try:
+        status, said = session.run(
+            f"mkdir -p -m 700 {directory} && cat >> {directory}/{name}.log",
+            stdin=f"==> {name}, {stamp}\n{output}\n",
+            timeout=30,
+        )
+    except DriverError as error:
+        log.warning("%s: could not keep the %s output: %s", session.where, name, error.message)
+        return
+    if status != 0:
+        log.warning("%s: could not keep the %s output: %s", session.where, name, said.strip())
 
 
 # --- what the bootstrap is given ---------------------------------------------------------------
