@@ -375,6 +375,18 @@ def _gpu_words(
     return None
 
 
+def gpu_problem_messages(cluster: Cluster) -> list[str]:
+    """What the cluster's open GPU problems say (the page's banner), in the order announced:
+    only a degraded cluster has open problems."""
+    if cluster.status != Status.DEGRADED:
+        return []
+    return [
+        problem["message"]
+        for key, problem in (cluster.health_problems or {}).items()
+        if key.startswith("gpu:")
+    ]
+
+
 def judge_gpu_report(
     *, node_id: int, cluster_id: int, token_hash: str, conditions: list[GpuCondition], now: datetime
 ) -> bool:

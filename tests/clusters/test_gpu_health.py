@@ -305,3 +305,33 @@ def test_a_healthy_report_of_an_accepted_node_is_still_three_queries(
     assert response.status_code == 200, response.content
     n.refresh_from_db()
     assert n.gpu_health == {}
+
+
+def test_the_page_names_the_gpu_problem_once_on_each_tab(project, clock, client):
+    cluster = ready(project, clock)
+    clock.shift(timedelta(seconds=30))
+    send(client, cluster, 1, g3={"ecc_uncorrected": 2})
+    browser = project_owner_client(project)
+    message = "node-1 GPU 3: 2 uncorrectable ECC errors"
+    machines = browser.get(f"/clusters/{cluster.pk}/machines/").content.decode()
+    assert '<div class="note note-warn gpu-notice" role="status">' in machines
+    assert f"GPU problem:</strong> {message}." in machines
+    # The Overview's degraded banner says it already: once there.
+    overview = browser.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "gpu-notice" not in overview
+    assert overview.count(message) == 1
+    assert "A machine is unhealthy: node-1." in overview
+    clock.shift(timedelta(seconds=15))
+    send(client, cluster, 1)
+    assert "gpu-notice" not in browser.get(f"/clusters/{cluster.pk}/machines/").content.decode()
+
+
+def project_owner_client(project):
+    from django.test import Client
+
+    from accounts.models import Membership
+
+    owner = Membership.objects.get(project=project, role=Membership.Role.OWNER).user
+    browser = Client()
+    browser.force_login(owner)
+    return browser

@@ -280,3 +280,25 @@ def test_a_cluster_that_changes_costs_a_fixed_number_of_queries_more(owner, cloc
     # Each: its lock, its machines, the event, the cluster's row (and the savepoint pair the
     # test's own transaction makes of the atomic block).
     assert len(queries) == 4 + 3 * 6
+
+
+def test_the_page_says_it_on_every_tab_with_the_header_and_how_to_terminate(owner, stranger, clock):
+    cluster = ready_cluster(owner.project)
+    report(cluster, T, minutes(45))
+    notice(clock, minutes(30))
+    clock.move_to(minutes(45))
+    client = owner.browser_client()
+    for tab in ("", "machines/", "events/"):
+        page = client.get(f"/clusters/{cluster.pk}/{tab}").content.decode()
+        head = page[page.index('id="cluster-status"') : page.index("</section>")]
+        assert '<div class="note note-warn idle-notice" role="status">' in head
+        assert "16 GPUs idle for 45 min, costing $40.00 per hour." in head
+        assert "Nothing is stopped" in head
+        assert f'href="/clusters/{cluster.pk}/terminate/"' in head
+    # Busy again: the banner goes with the next render (the poll's header).
+    report(cluster, minutes(45), minutes(46), lambda n, g, at: 90.0)
+    notice(clock, minutes(46))
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "idle-notice" not in page
+    # A stranger sees nothing of it.
+    assert stranger.browser_client().get(f"/clusters/{cluster.pk}/").status_code == 404
