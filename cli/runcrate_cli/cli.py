@@ -14,6 +14,7 @@ import importlib.metadata
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import date
 from decimal import Decimal
@@ -640,6 +641,58 @@ def clusters_network_test(
         out.note(f"The network test still runs after {timeout:g} s.")
         raise typer.Exit(EXIT_TIMED_OUT)
     raise typer.Exit(0 if final["state"] == "done" else EXIT_NOT_READY)
+
+
+TOP_SECONDS = 3.0  # how often `clusters top` reads the metrics again (an agent reports every 15 s)
+
+
+@clusters_app.command("top")
+def clusters_top(
+    cluster: ClusterRef,
+    window: Annotated[
+        str,
+        typer.Option(
+            help="The series' window: 15m, 1h, 24h or 7d (the mean/max column, and --json's "
+            "series)."
+        ),
+    ] = "15m",
+    every: Annotated[
+        float, typer.Option("--every", help="Seconds between refreshes.", min=0.1)
+    ] = TOP_SECONDS,
+    json_flag: Json = False,
+) -> None:
+    """Each node's GPUs, live: utilisation, memory, temperature, power, throttle and health.
+
+    Refreshes every few seconds until Ctrl-C (exit 0). With --json (or without a terminal),
+    prints the metrics answer once: the latest figures per GPU and the window's series.
+    """
+    out, client = _session(json_flag)
+    with client:
+        cluster_id = client.resolve_cluster(cluster)
+        data = client.metrics(cluster_id, window=window)  # a refusal (404, 422) ends it here
+        if out.json:
+            output.print_json(data)
+            return
+        width = out.console.width
+
+        def frame(answer: dict, note: str | None = None) -> Any:
+            return output.top(cluster, cluster_id, answer, width=width, note=note)
+
+        try:
+            with Live(frame(data), console=out.console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(every)
+                    try:
+                        data = client.metrics(cluster_id, window=window)
+                    except ApiError as error:
+                        if not error.transient:
+                            raise
+                        note = f"Lost the Runcrate API ({error.code}); figures as last read."
+                        live.update(frame(data, note))
+                        continue
+                    live.update(frame(data))
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None
 
 
 @clusters_app.command("retry-install")

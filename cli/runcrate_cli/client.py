@@ -280,6 +280,9 @@ class ApiClient:
     def network_test(self, cluster_id: int) -> dict:
         return self.data("POST", f"/clusters/{cluster_id}/network-test")
 
+    def metrics(self, cluster_id: int, *, window: str = "15m") -> dict:
+        return self.data("GET", f"/clusters/{cluster_id}/metrics", params={"window": window})
+
     def connect(self, cluster_id: int) -> dict:
         return self.data("GET", f"/clusters/{cluster_id}/connect")
 

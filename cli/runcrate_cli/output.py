@@ -770,3 +770,100 @@ def quotes(console: Console, rows: list[dict]) -> None:
 
 def quote(console: Console, data: dict) -> None:
     quotes(console, [data])
+
+
+# --- metrics (`clusters top`) -------------------------------------------------------------------
+
+
+def _figure(value: float | int | None, unit: str, *, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _memory(gpu: dict) -> str:
+    used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
+    if used is None and total is None:
+        return "—"
+    gib = [("—" if v is None else f"{v / 1024:.1f}") for v in (used, total)]
+    return f"{gib[0]}/{gib[1]} GiB"
+
+
+def _power(gpu: dict) -> str:
+    draw, limit = gpu.get("power_w"), gpu.get("power_limit_w")
+    if draw is None:
+        return "—"
+    return f"{draw:.0f} W" + ("" if limit is None else f" / {limit:.0f}")
+
+
+def _throttle(gpu: dict) -> str:
+    reasons = gpu.get("throttle")
+    if reasons is None:
+        return "—"
+    return ", ".join(reason for reason in reasons if reason != "gpu_idle") or "none"
+
+
+def utilization_span(node: dict, index: int) -> tuple[float | None, float | None]:
+    """A GPU's mean (weighted by each point's samples) and highest utilisation over the
+    answer's series, its window."""
+    points = [p for p in node.get("series", []) if p["index"] == index]
+    spans = [(p["utilization_percent"], p["samples"]) for p in points]
+    weighted = [(span["mean"], samples) for span, samples in spans if span["mean"] is not None]
+    samples = sum(weight for _, weight in weighted)
+    mean = sum(m * weight for m, weight in weighted) / samples if samples else None
+    high = max((span["max"] for span, _ in spans if span["max"] is not None), default=None)
+    return mean, high
+
+
+def health_text(health: dict) -> Text:
+    return Text(health["status"], style="green" if health["status"] == "healthy" else "red")
+
+
+def top(name: str, cluster_id: int, data: dict, *, width: int, note: str | None = None) -> Group:
+    """The live `clusters top` display: one row per GPU of each node (its latest report:
+    utilisation, memory used/total, temperature, power, throttle reasons), the node's health on
+    its first row, and what each unhealthy node's problems say under the table."""
+    header = Text.assemble(
+        ("cluster ", "bold"),
+        (f"{name} ", "bold"),
+        f"(id {cluster_id})  GPU figures as last reported; util {data['window']} mean/max",
+    )
+    columns = [
+        Column("node", whole=True),
+        Column("GPU", whole=True),
+        Column("util", whole=True),
+        Column(f"{data['window']} mean/max", whole=True),
+        Column("memory", whole=True),
+        Column("temp", whole=True),
+        Column("power", whole=True),
+        Column("throttle"),
+        Column("health", whole=True),
+    ]
+    rows: list[list[Cell]] = []
+    problems: list[str] = []
+    for node in data["nodes"]:
+        health = health_text(node["health"])
+        problems += node["health"]["problems"]
+        if not node["gpus"]:
+            rows.append([node["name"], "—", "no report yet", "", "", "", "", "", health])
+            continue
+        for position, gpu in enumerate(node["gpus"]):
+            mean, high = utilization_span(node, gpu["index"])
+            rows.append(
+                [
+                    node["name"] if position == 0 else "",
+                    str(gpu["index"]),
+                    _figure(gpu.get("utilization_percent"), "%"),
+                    f"{_figure(mean, '%')} / {_figure(high, '%')}",
+                    _memory(gpu),
+                    _figure(gpu.get("temperature_c"), " °C"),
+                    _power(gpu),
+                    _throttle(gpu),
+                    health if position == 0 else Text(""),
+                ]
+            )
+    parts: list[Any] = [header]
+    if data.get("idle_since"):
+        parts.append(Text(f"Every GPU idle since {when(data['idle_since'])}.", style="yellow"))
+    parts.append(fit_table(width, columns, rows) if rows else Text("No live machines."))
+    parts += [Text(problem, style="red") for problem in problems]
+    parts.append(Text(note or "Ctrl-C to stop.", style="dim"))
+    return Group(*parts)

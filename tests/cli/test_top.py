@@ -1,0 +1,170 @@
+"""`runcrate clusters top NAME` (issue 23, item 7): the metrics answer once with --json (or
+without a terminal), a live table on a terminal that follows new reports until Ctrl-C (exit 0),
+and the API's refusals (an unknown cluster, another window) as every command gives them."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from clusters import metrics, simulated_metrics
+from tests.cli.kit import ANSI, CLI_PYTHON, REPO, assert_no_traceback, ready_cluster, run_cli
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_json_prints_the_metrics_answer_once(env, tmp_path, account, ticker):
+    cluster = ready_cluster(account, ticker, gpus=2)
+    simulated_metrics.report()
+    now = timezone.now()
+
+    result = run_cli("clusters", "top", "train", env=env, tmp_path=tmp_path)
+
+    assert result.code == 0, result.stderr
+    data = result.json()
+    assert data["window"] == "15m"
+    assert [node["name"] for node in data["nodes"]] == ["node-0", "node-1"]
+    for node in cluster.nodes.order_by("index"):
+        shown = data["nodes"][node.index]
+        assert shown["health"] == {"status": "healthy", "problems": []}
+        assert [g["utilization_percent"] for g in shown["gpus"]] == [
+            simulated_metrics.utilization(node.pk, index, now) for index in range(2)
+        ]
+        assert len(shown["series"]) == 2
+    assert_no_traceback(result)
+
+
+def test_window_chooses_the_series_and_another_is_the_apis_refusal(env, tmp_path, account, ticker):
+    ready_cluster(account, ticker)
+
+    hour = run_cli(
+        "clusters", "top", "train", "--window", "1h", "--json", env=env, tmp_path=tmp_path
+    )
+    wrong = run_cli("clusters", "top", "train", "--window", "2d", env=env, tmp_path=tmp_path)
+
+    assert hour.code == 0, hour.stderr
+    assert hour.json()["window"] == "1h" and hour.json()["resolution_seconds"] == 60
+    assert wrong.code == 1
+    assert wrong.json()["error"]["code"] == "invalid_window"
+    assert "window must be one of 15m, 1h, 24h, 7d" in wrong.stderr
+    assert_no_traceback(wrong)
+
+
+def test_an_unknown_cluster_is_refused_as_every_command_refuses_it(env, tmp_path, account):
+    by_name = run_cli("clusters", "top", "nowhere", env=env, tmp_path=tmp_path)
+    by_id = run_cli("clusters", "top", "999999", env=env, tmp_path=tmp_path)
+
+    for result in (by_name, by_id):
+        assert result.code == 1
+        assert result.json()["error"]["code"] == "not_found"
+        assert_no_traceback(result)
+
+
+class Terminal:
+    """`runcrate ARGS` on a pseudo-terminal 160 columns wide, read while it runs."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self.leader, follower = pty.openpty()
+        self.process = subprocess.Popen(
+            [CLI_PYTHON, "-m", "runcrate_cli", *args],
+            cwd=REPO,
+            env={**env, "TERM": "xterm-256color", "COLUMNS": "160"},
+            stdin=subprocess.DEVNULL,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(follower)
+        self.screen = ""
+
+    def wait_for(self, text: str, *, timeout: float = 30) -> None:
+        """Read the screen until `text` shows (bounded)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.screen:
+            assert time.monotonic() < deadline, f"{text!r} never showed: {self.screen[-2000:]}"
+            assert self.process.poll() is None, self.process.stderr.read()  # type: ignore[union-attr]
+            readable, _, _ = select.select([self.leader], [], [], 0.05)
+            if readable:
+                chunk = os.read(self.leader, 65536)
+                self.screen += ANSI.sub("", chunk.decode("utf-8", "replace"))
+
+    def interrupt(self) -> tuple[int, str]:
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=10)
+        os.close(self.leader)
+        return code, self.process.stderr.read()  # type: ignore[union-attr]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def gpu_row(index: int, utilization: float) -> dict:
+    return {
+        "index": index,
+        "utilization_percent": utilization,
+        "memory_used_mib": 70_000,
+        "memory_total_mib": 81_920,
+        "temperature_c": 71.0,
+        "power_w": 655.0,
+        "power_limit_w": 700.0,
+        "sm_clock_mhz": 1980,
+        "throttle": 0b1000,  # hw_slowdown
+        "ecc_corrected": 0,
+        "ecc_uncorrected": 0,
+        "retired_pages_pending": False,
+        "remapped_rows_pending": False,
+    }
+
+
+def test_on_a_terminal_it_follows_new_reports_until_ctrl_c(env, tmp_path, account, ticker, clock):
+    cluster = ready_cluster(account, ticker, gpus=2)
+    node_0, node_1 = cluster.nodes.order_by("index")
+    cluster.health_problems = {
+        "ecc": {"node": "node-1", "message": "node-1 GPU 1: 4 uncorrectable ECC errors."}
+    }
+    cluster.save(update_fields=["health_problems"])
+    metrics.store(
+        node_0.pk, cluster.pk, gpus=[gpu_row(0, 37.0), gpu_row(1, 38.0)], host=None,
+        at=timezone.now(),
+    )  # fmt: skip
+
+    terminal = Terminal("clusters", "top", "train", "--every", "0.2", env=env)
+    try:
+        terminal.wait_for("node-1 GPU 1: 4 uncorrectable ECC errors.")
+        first = terminal.screen
+        clock.shift(timedelta(seconds=15))
+        metrics.store(
+            node_0.pk, cluster.pk, gpus=[gpu_row(0, 93.0), gpu_row(1, 38.0)], host=None,
+            at=timezone.now(),
+        )  # fmt: skip
+        terminal.wait_for("93%")
+        code, stderr = terminal.interrupt()
+    finally:
+        terminal.kill()
+
+    assert code == 0, stderr
+    assert "Traceback" not in stderr + terminal.screen
+    rows = [
+        [cell.strip() for cell in line.strip("│ ").split("│")]
+        for line in first.splitlines()
+        if line.startswith("│ ")
+    ]
+    node_0_row = next(row for row in rows if row[0] == "node-0")
+    assert node_0_row[1:4] == ["0", "37%", "37% / 37%"]
+    assert node_0_row[4:8] == ["68.4/80.0 GiB", "71 °C", "655 W / 700", "hw_slowdown"]
+    assert node_0_row[8] == "healthy"
+    assert next(row for row in rows if row[0] == "node-1")[2:] == [
+        "no report yet", "", "", "", "", "", "unhealthy"
+    ]  # fmt: skip
+    # After the new report: its utilisation, and the window's mean and max of both.
+    assert "65% / 93%" in terminal.screen[len(first) :]
