@@ -1,0 +1,162 @@
+"""Logs and jobs on the lab's real hosts (issue 23, item 6): the ssh driver reads a machine's logs
+and the head's jobs over its pinned SSH session (`SshDriver.read_logs`, the commands of
+`clusters.drivers.base.log_sources`), through the task's own body (`clusters.logs.run_fetch`):
+
+- the bootstrap's and the installer's output as the driver kept them on the host, the agent's
+  log, and the system log decided on the host (the journal, else /var/log/syslog, else a
+  sentence), each cut to its last 256 KB on the host;
+- on a Slurm cluster, `squeue` shows a job a user submitted and `sinfo -N -l` both nodes;
+- on a Ray cluster, `ray job list` shows a job a user submitted and `ray status` the nodes.
+
+Skipped, with the reason, where the lab cannot start (tests/clusters/lab_kit.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.utils import timezone
+
+from clusters import logs
+from clusters.drivers.base import LOG_CAP_BYTES, LogKind
+from clusters.models import Cluster, LogFetch, Node
+from tests.clusters.lifecycle_kit import create
+from tests.clusters.test_ssh_lab import (
+    drive,
+    machine_type,
+    project_with,
+    ssh,
+    ssh_config_file,
+    terminate_and_check,
+)
+from tests.clusters.test_ssh_lab_ray import connect_job_submit, ray_logs
+from tests.clusters.test_ssh_lab_slurm import slurm_logs
+
+pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+AGENT_LOG = "/var/log/runcrate-agent.log"
+
+
+def ready(lab, user_key, software: str) -> Cluster:
+    """A ready two-node cluster of `software` on the lab's hosts, as the other lab tests make it."""
+    cluster = create(
+        project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2, software=software
+    )
+    explain = slurm_logs if software == "slurm" else ray_logs
+    try:
+        drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, Cluster.Status.FAILED)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{explain(lab, cluster)}") from None
+    events = "\n".join(f"  {e.reason}: {e.message}" for e in cluster.events.all())
+    assert cluster.status == Cluster.Status.READY, f"{events}\n{explain(lab, cluster)}"
+    return cluster
+
+
+def read(node: Node, group: str) -> dict[str, object]:
+    """Claim a fetch as the tab does and run the task's body here; the texts by kind."""
+    fetch = logs.fetch_for(node, group)
+    LogFetch.objects.filter(pk=fetch.pk).update(requested_at=None, fetched_at=None)
+    fetch.refresh_from_db()
+    assert logs.claim(fetch, now=timezone.now())
+    ok = logs.run_fetch(fetch_id=fetch.pk)
+    fetch.refresh_from_db()
+    assert ok, fetch.error
+    assert fetch.error == ""
+    return {text.kind: text for text in fetch.texts.all()}
+
+
+def test_a_machines_logs_come_back_capped_with_their_commands(fleet, user_key):
+    lab = fleet
+    cluster = ready(lab, user_key, "slurm")
+    node = cluster.nodes.select_related("host").get(index=1)
+    host = node.host.name
+    try:
+        texts = read(node, logs.Group.LOGS)
+        assert set(texts) == {"bootstrap", "install", "agent", "system"}
+
+        bootstrap, install = texts["bootstrap"], texts["install"]
+        assert bootstrap.command == f"tail -c {LOG_CAP_BYTES} /var/lib/runcrate/log/bootstrap.log"
+        assert "==> bootstrap, " in bootstrap.output
+        assert "runcrate: ok" in bootstrap.output
+        assert install.command == f"tail -c {LOG_CAP_BYTES} /var/lib/runcrate/log/install.log"
+        assert "==> install, " in install.output
+        assert "runcrate: ok" in install.output  # the Slurm installer's own last line
+
+        # The lab runs the agent as a daemon (no systemd): its log file.
+        agent = texts["agent"]
+        assert agent.command == f"tail -c {LOG_CAP_BYTES} {AGENT_LOG}"
+        first_line = lab.exec(host, f"head -n 1 {AGENT_LOG}").stdout.strip()
+        assert first_line and first_line in agent.output
+
+        # The system log, as the host decides: the journal where systemd runs, else syslog.
+        journal = lab.exec(host, "[ -d /run/systemd/system ] && command -v journalctl", check=False)
+        system = texts["system"]
+        if journal.returncode == 0:
+            assert system.command == "journalctl --no-pager -n 5000"
+        else:
+            assert system.command == ""
+            assert "neither a systemd journal nor /var/log/syslog" in system.output
+            lab.exec(host, "echo 'runcrate-logs-test: a line of the system log' >> /var/log/syslog")
+            system = read(node, logs.Group.LOGS)["system"]
+            assert system.command == f"tail -c {LOG_CAP_BYTES} /var/log/syslog"
+            assert "runcrate-logs-test: a line of the system log" in system.output
+
+        # An agent log over 256 KB comes back as its last 256 KB exactly, cut on the host.
+        lab.exec(host, f"head -c 400000 /dev/zero | tr '\\0' x >> {AGENT_LOG}; echo >> {AGENT_LOG}")
+        agent = read(node, logs.Group.LOGS)["agent"]
+        assert len(agent.output.encode()) == LOG_CAP_BYTES
+        assert "x" * 1000 in agent.output
+
+        # The cluster is untouched by any of it.
+        cluster.refresh_from_db()
+        assert cluster.status == Cluster.Status.READY
+    finally:
+        lab.exec(host, "rm -f /var/log/syslog", check=False)
+        terminate_and_check(lab, cluster)
+
+
+def test_squeue_and_sinfo_answer_on_a_slurm_head(fleet, user_key, tmp_path):
+    lab = fleet
+    cluster = ready(lab, user_key, "slurm")
+    head = cluster.nodes.select_related("host").get(index=0)
+    try:
+        config = ssh_config_file(cluster, tmp_path, user_key, lab)
+        job = ssh(config, "node-0", "sbatch --parsable -o /dev/null -N2 --wrap 'sleep 120'")
+        assert re.fullmatch(r"\d+", job), job
+
+        texts = read(head, logs.Group.JOBS)
+        assert set(texts) == {LogKind.SLURM_QUEUE, LogKind.SLURM_NODES}
+        queue, nodes = texts[LogKind.SLURM_QUEUE], texts[LogKind.SLURM_NODES]
+        assert queue.command == "squeue"
+        assert queue.output.split()[0] == "JOBID"
+        assert re.search(rf"^\s*{job}\s", queue.output, re.MULTILINE), queue.output
+        assert nodes.command == "sinfo -N -l"
+        for name in ("node-0", "node-1"):
+            assert re.search(rf"^{name}\s", nodes.output, re.MULTILINE), nodes.output
+        ssh(config, "node-0", f"scancel {job}")
+    finally:
+        terminate_and_check(lab, cluster)
+
+
+def test_ray_job_list_and_ray_status_answer_on_a_ray_head(fleet, user_key, tmp_path):
+    lab = fleet
+    cluster = ready(lab, user_key, "ray")
+    head = cluster.nodes.select_related("host").get(index=0)
+    try:
+        config = ssh_config_file(cluster, tmp_path, user_key, lab)
+        submit = connect_job_submit(cluster)
+        out = ssh(config, "node-0", f"{submit} -- python -c \"print('logs-test')\"")
+        submission = re.search(r"raysubmit_\w+", out)
+        assert submission, out
+
+        texts = read(head, logs.Group.JOBS)
+        assert set(texts) == {LogKind.RAY_JOBS, LogKind.RAY_STATUS}
+        jobs, status = texts[LogKind.RAY_JOBS], texts[LogKind.RAY_STATUS]
+        assert jobs.command == f"ray job list --address http://{head.private_ip}:8265"
+        assert submission.group(0) in jobs.output, jobs.output
+        assert status.command == f"ray status --address {head.private_ip}:6379"
+        assert "Node status" in status.output, status.output
+        assert "GPU" in status.output, status.output
+    finally:
+        terminate_and_check(lab, cluster)
