@@ -22,10 +22,10 @@ from clusters.metrics import GpuNow, GpuPoint, NodeMetrics, Span, TracePoint, Wi
 
 WIDTH = 480
 HEIGHT = 150
-LEFT = 44  # room for the figures on the y axis
+LEFT = 60  # room for the figures on the y axis ("1,000 W")
 RIGHT = 10
 TOP = 8
-BOTTOM = 20  # room for the times
+BOTTOM = 22  # room for the times
 # A gap longer than this many points' time breaks the line: the node did not report meanwhile.
 GAP_POINTS = 2.5
 # How each window names itself in a chart's spoken summary.
@@ -417,8 +417,8 @@ def _chart(
 
 # --- the Clusters list's trace ------------------------------------------------------------------
 
-SPARK_WIDTH = 120
-SPARK_HEIGHT = 28
+SPARK_WIDTH = 72
+SPARK_HEIGHT = 22
 SPARK_PAD = 2
 
 

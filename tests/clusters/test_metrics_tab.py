@@ -123,11 +123,11 @@ def test_it_draws_a_known_series_at_known_coordinates_and_breaks_it_at_a_gap():
 
     chart = charts.line_chart(series, figure=figure, window=window, top=100, subject="node-0")
 
-    # x: 44 to 470 over 15 minutes (7.1 a point of 15 s); y: 130 (0 %) to 8 (100 %).
-    assert chart.line == "M44.0,69.0 L51.1,130.0 M214.4,8.0 L221.5,69.0"
+    # x: 60 to 470 over 15 minutes (6.83 a point of 15 s); y: 128 (0 %) to 8 (100 %).
+    assert chart.line == "M60.0,68.0 L66.83,128.0 M224.0,8.0 L230.83,68.0"
     assert chart.band == (
-        "M44.0,8.0 L51.1,130.0 L51.1,130.0 L44.0,130.0 Z "
-        "M214.4,8.0 L221.5,69.0 L221.5,69.0 L214.4,8.0 Z"
+        "M60.0,8.0 L66.83,128.0 L66.83,128.0 L60.0,128.0 Z "
+        "M224.0,8.0 L230.83,68.0 L230.83,68.0 L224.0,8.0 Z"
     )
     assert [t.label for t in chart.ticks] == ["0%", "50%", "100%"]
     assert [t.label for t in chart.times] == ["10:00", "10:07", "10:15"]
@@ -152,7 +152,7 @@ def test_a_lone_point_is_a_dot_and_an_empty_series_says_so():
     )
     empty = charts.line_chart([], figure=figure, window=window, top=100, subject="node-1")
 
-    assert lone.line == "" and lone.dots == [charts.Dot(charts.LEFT + 213.0, 20.2)]
+    assert lone.line == "" and lone.dots == [charts.Dot(charts.LEFT + 205.0, 20.0)]
     assert lone.latest_text == "460 W" and lone.summary_text.startswith("min 400 W")
     assert empty.empty and empty.line == empty.band == "" and not empty.dots
     assert empty.label.endswith("no figures.")
@@ -173,7 +173,7 @@ def test_the_list_s_sparkline_spans_the_hour_on_a_0_to_100_scale():
     line = charts.sparkline(points, now=NOW)
 
     assert line is not None
-    assert line.path == f"M2.0,26.0 L{charts.SPARK_WIDTH - 2}.0,2.0"
+    assert line.path == f"M2.0,{charts.SPARK_HEIGHT - 2}.0 L{charts.SPARK_WIDTH - 2}.0,2.0"
     assert "0% to 100%, 100% in the latest minute" in line.label
     assert charts.sparkline([], now=NOW) is None
 

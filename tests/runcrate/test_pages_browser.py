@@ -34,7 +34,7 @@ from django.utils.http import urlsafe_base64_encode
 
 from accounts.models import Environment
 from billing.models import Payment, UsageRecord
-from clusters import volumes
+from clusters import metrics, volumes
 from clusters.models import Cluster, Event, Node
 from offers.models import QuoteRequest
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
@@ -111,6 +111,29 @@ def admin_page(name: str, path: str) -> Page:
     )
 
 
+def seed_figures(cluster: Cluster, now) -> None:
+    """Twenty minutes of an 8-GPU machine's reports every 15 s on each node of `cluster`
+    (issue 23's Metrics tab and the list's trace), the minutes rolled up as the beat does."""
+    for node in cluster.nodes.all():
+        for step in range(80):
+            at = now - timedelta(seconds=15 * (80 - step))
+            gpus = [
+                {
+                    "index": index,
+                    "utilization_percent": float((step * 3 + index * 11 + node.index * 7) % 101),
+                    "memory_used_mib": 60_000 + 500 * index,
+                    "memory_total_mib": 81_559,
+                    "temperature_c": 55.0 + index,
+                    "power_w": 450.0 + 20 * index,
+                    "power_limit_w": 700.0,
+                    "throttle": 0b100 if index == 3 else 0,
+                }
+                for index in range(8)
+            ]
+            metrics.store(node.pk, cluster.pk, gpus=gpus, host=None, at=at)
+    metrics.roll_up(60, now=now)
+
+
 def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page]]:
     """An owner whose project has a bit of everything, a newcomer who has nothing yet, and a
     member of staff for the admin."""
@@ -175,6 +198,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         message="node-1 did not boot within 10 minutes.",
     )
     terminated = cluster("train-done", Cluster.Status.TERMINATED, status=Node.Status.ENDED)
+    seed_figures(ready, now)
     for billed in (ready, degraded):
         UsageRecord.objects.bulk_create(
             UsageRecord(
@@ -242,6 +266,13 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("cluster ready, machines tab", f"/clusters/{ready.pk}/machines/", "owner"),
         Page("cluster ready, events tab", f"/clusters/{ready.pk}/events/", "owner"),
         Page("cluster ready, billing tab", f"/clusters/{ready.pk}/billing/", "owner"),
+        Page("cluster ready, metrics tab", f"/clusters/{ready.pk}/metrics/", "owner"),
+        Page(
+            "cluster ready, metrics tab, the day",
+            f"/clusters/{ready.pk}/metrics/?window=24h",
+            "owner",
+        ),
+        Page("cluster starting, metrics tab", f"/clusters/{provisioning.pk}/metrics/", "owner"),
         Page("cluster starting, machines tab", f"/clusters/{provisioning.pk}/machines/", "owner"),
         Page("cluster degraded, machines tab", f"/clusters/{degraded.pk}/machines/", "owner"),
         Page("cluster failed, events tab", f"/clusters/{failed.pk}/events/", "owner"),
