@@ -10,6 +10,8 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.models import UsageRecord
@@ -69,6 +71,11 @@ def send(client, cluster, index, *, gpus=8, **of_gpu):
         )
     assert response.status_code == 200, response.content
     assert response.json()["data"]["metrics_seconds"] == 15
+
+
+def accepted_gpus(count: int) -> list[dict]:
+    """What a node's agent saw at acceptance (`Node.gpus`): `count` GPUs."""
+    return [{"name": "H100", "memory_total_mib": 81559, "uuid": f"GPU-{i}"} for i in range(count)]
 
 
 def events(cluster):
@@ -293,7 +300,7 @@ def test_a_healthy_report_of_an_accepted_node_is_still_three_queries(
 ):
     cluster = ready_cluster(owner.project)
     n = cluster.nodes.order_by("index").first()
-    n.gpus = [{"name": "H100", "memory_total_mib": 81559, "uuid": f"GPU-{i}"} for i in range(gpus)]
+    n.gpus = accepted_gpus(gpus)
     n.save(update_fields=["gpus"])
     with django_assert_max_num_queries(3):
         response = client.post(
@@ -335,3 +342,24 @@ def project_owner_client(project):
     browser = Client()
     browser.force_login(owner)
     return browser
+
+
+def test_a_report_of_a_known_gpu_problem_costs_the_same_queries_whatever_the_size(owner, client):
+    def queries_at(size: int) -> int:
+        cluster = ready_cluster(owner.project, size=size)
+        for n in cluster.nodes.all():
+            n.gpus = accepted_gpus(8)
+            n.save(update_fields=["gpus"])
+        n = cluster.nodes.get(index=1)
+        body = healthy_report(8, ecc_uncorrected=4)
+        headers = {"authorization": f"Bearer {lifecycle.agent_token(n)}"}
+        url = f"/api/v1/agent/nodes/{n.pk}/metrics"
+        client.post(url, body, content_type="application/json", headers=headers)
+        cluster.refresh_from_db()
+        assert cluster.status == Cluster.Status.DEGRADED
+        with CaptureQueriesContext(connection) as queries:
+            client.post(url, body, content_type="application/json", headers=headers)
+        return len(queries)
+
+    # The report's three, the lock and the machines (in a savepoint pair): nothing is written.
+    assert queries_at(2) == queries_at(5) == 7
