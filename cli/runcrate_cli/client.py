@@ -63,6 +63,25 @@ def is_settled(cluster: dict) -> bool:
     )
 
 
+def utilization_summary(series: list[dict], *, index: int | None = None) -> dict[str, Any]:
+    """The lowest, mean (weighted by each point's samples) and highest GPU utilisation of a
+    node's metrics series (`GET …/metrics`), of one GPU or of them all, and the samples they
+    sum up; None for a figure no point had."""
+    spans = [
+        (p["utilization_percent"], p["samples"])
+        for p in series
+        if index is None or p["index"] == index
+    ]
+    weighted = [(span["mean"], samples) for span, samples in spans if span["mean"] is not None]
+    samples = sum(weight for _, weight in weighted)
+    return {
+        "min": min((s["min"] for s, _ in spans if s["min"] is not None), default=None),
+        "mean": sum(m * w for m, w in weighted) / samples if samples else None,
+        "max": max((s["max"] for s, _ in spans if s["max"] is not None), default=None),
+        "samples": samples,
+    }
+
+
 def poll_seconds() -> float:
     raw = os.environ.get("RUNCRATE_POLL_SECONDS", "")
     try:

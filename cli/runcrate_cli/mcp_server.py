@@ -38,7 +38,13 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from runcrate_cli import config
-from runcrate_cli.client import ApiClient, ApiError, is_settled, poll_seconds
+from runcrate_cli.client import (
+    ApiClient,
+    ApiError,
+    is_settled,
+    poll_seconds,
+    utilization_summary,
+)
 
 PACKAGE = "runcrate-clusters-cli"
 # A self-serve cluster's size; larger ones are quoted (request_quote on the dashboard).
@@ -53,6 +59,8 @@ WAIT_POLL_THREADS = 16
 # A machine's steps in order (clusters.models.STEP_NAMES on the server).
 STEPS = ("running", "agent", "network", "install", "done")
 Software = Literal["none", "slurm", "kubernetes", "ray"]
+# The metrics' windows (GET /api/v1/clusters/{id}/metrics: the server's clusters.metrics.WINDOWS).
+MetricsWindow = Literal["15m", "1h", "24h", "7d"]
 
 # The network test's verdict. The server says what Ethernet is expected to give (its `expected`
 # sentence: about 1-2 Gbit/s between machines, which all_reduce_perf reports as a bus bandwidth
@@ -218,6 +226,51 @@ class WaitAnswer(BaseModel):
     message: str = Field(description="Where it stands and, when not settled, to call again.")
 
 
+class Health(BaseModel):
+    status: str = Field(description="healthy, or unhealthy while problems lists any.")
+    problems: list[str] = Field(description="Each open problem, naming the GPU and what.")
+
+
+class GpuFigures(ApiObject):
+    """A GPU's figures in its node's latest report, as the API gives them (throttle reasons,
+    ECC errors, clocks and pages pending too); null where the driver could not say."""
+
+    index: int
+    utilization_percent: float | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    temperature_c: float | None
+    power_w: float | None
+
+
+class UtilizationSummary(BaseModel):
+    min: float | None
+    mean: float | None = Field(description="Weighted by the samples of each point.")
+    max: float | None
+    samples: int = Field(description="The GPU samples the window holds for the node.")
+
+
+class NodeMetrics(BaseModel):
+    name: str
+    health: Health
+    reported_at: str | None = Field(description="Its latest report; null: none in the hour.")
+    gpus: list[GpuFigures]
+    host: ApiObject | None = Field(description="Its CPU, memory, disks and network counters.")
+    utilization: UtilizationSummary = Field(
+        description="Its GPUs' utilisation over the window, all GPUs together."
+    )
+
+
+class MetricsAnswer(BaseModel):
+    cluster_id: int
+    window: str
+    start: str
+    end: str
+    idle_since: str | None = Field(description="Every GPU idle since then (a notice), or null.")
+    nodes: list[NodeMetrics]
+    message: str = Field(description="The nodes' health and utilisation in a sentence.")
+
+
 class ConnectAnswer(BaseModel):
     connect: ApiObject
 
@@ -293,6 +346,42 @@ def progress(cluster: dict[str, Any]) -> tuple[float, int, str]:
     if steps and min(steps) < len(STEPS) - 1:
         sentence += f", step {STEPS[min(steps)]}"
     return done, size, sentence
+
+
+def metrics_summary(cluster_id: int, data: dict[str, Any]) -> dict[str, Any]:
+    """The metrics answer, kept small for a model's context: each node's latest figures and
+    health, and its window in three numbers instead of every point."""
+    nodes = [
+        {
+            "name": node["name"],
+            "health": node["health"],
+            "reported_at": node["reported_at"],
+            "gpus": node["gpus"],
+            "host": node["host"],
+            "utilization": utilization_summary(node["series"]),
+        }
+        for node in data["nodes"]
+    ]
+    unhealthy = [n["name"] for n in nodes if n["health"]["status"] != "healthy"]
+    silent = [n["name"] for n in nodes if n["reported_at"] is None]
+    means = [n["utilization"]["mean"] for n in nodes if n["utilization"]["mean"] is not None]
+    parts = [f"{len(nodes)} live nodes"]
+    if means:
+        parts.append(f"mean GPU utilisation {sum(means) / len(means):.0f}% over {data['window']}")
+    parts.append(f"unhealthy: {', '.join(unhealthy)}" if unhealthy else "all healthy")
+    if silent:
+        parts.append(f"no report yet from {', '.join(silent)}")
+    if data.get("idle_since"):
+        parts.append(f"every GPU idle since {data['idle_since']} (nothing is stopped)")
+    return {
+        "cluster_id": cluster_id,
+        "window": data["window"],
+        "start": data["start"],
+        "end": data["end"],
+        "idle_since": data["idle_since"],
+        "nodes": nodes,
+        "message": "; ".join(parts) + ".",
+    }
 
 
 def _seconds(value: float) -> str:
@@ -585,6 +674,30 @@ def build_server(
         ctx: Context, cluster: ClusterRef
     ) -> Annotated[CallToolResult, ConnectAnswer]:
         return call(ctx, lambda c: {"connect": c.connect(c.resolve_cluster(cluster))})
+
+    @server.tool(
+        title="Read a cluster's GPU metrics",
+        annotations=READS,
+        description="What a cluster's GPUs are doing: per live node its health (unhealthy "
+        "with the problems: uncorrectable ECC errors, pages pending retirement, a hardware or "
+        "thermal slowdown, a GPU missing), each GPU's latest figures (utilisation, memory "
+        "used and total, temperature, power and its limit, SM clock, throttle reasons, ECC "
+        "errors) and the node's GPU utilisation over the window (min, mean, max), not every "
+        "point; idle_since when every GPU has stayed idle. Free.",
+    )
+    def get_cluster_metrics(
+        ctx: Context,
+        cluster: ClusterRef,
+        window: Annotated[
+            MetricsWindow,
+            Field(description="The window the utilisation summary covers: 15m, 1h, 24h or 7d."),
+        ] = "15m",
+    ) -> Annotated[CallToolResult, MetricsAnswer]:
+        def read(client: ApiClient) -> dict[str, Any]:
+            cluster_id = client.resolve_cluster(cluster)
+            return metrics_summary(cluster_id, client.metrics(cluster_id, window=window))
+
+        return call(ctx, read)
 
     @server.tool(
         title="Run the network test",

@@ -21,6 +21,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from runcrate_cli.client import utilization_summary
+
 STEPS = ("running", "agent", "network", "install", "done")
 STATUS_STYLE = {
     "ready": "green",
@@ -801,18 +803,6 @@ def _throttle(gpu: dict) -> str:
     return ", ".join(reason for reason in reasons if reason != "gpu_idle") or "none"
 
 
-def utilization_span(node: dict, index: int) -> tuple[float | None, float | None]:
-    """A GPU's mean (weighted by each point's samples) and highest utilisation over the
-    answer's series, its window."""
-    points = [p for p in node.get("series", []) if p["index"] == index]
-    spans = [(p["utilization_percent"], p["samples"]) for p in points]
-    weighted = [(span["mean"], samples) for span, samples in spans if span["mean"] is not None]
-    samples = sum(weight for _, weight in weighted)
-    mean = sum(m * weight for m, weight in weighted) / samples if samples else None
-    high = max((span["max"] for span, _ in spans if span["max"] is not None), default=None)
-    return mean, high
-
-
 def health_text(health: dict) -> Text:
     return Text(health["status"], style="green" if health["status"] == "healthy" else "red")
 
@@ -846,13 +836,13 @@ def top(name: str, cluster_id: int, data: dict, *, width: int, note: str | None 
             rows.append([node["name"], "—", "no report yet", "", "", "", "", "", health])
             continue
         for position, gpu in enumerate(node["gpus"]):
-            mean, high = utilization_span(node, gpu["index"])
+            span = utilization_summary(node["series"], index=gpu["index"])
             rows.append(
                 [
                     node["name"] if position == 0 else "",
                     str(gpu["index"]),
                     _figure(gpu.get("utilization_percent"), "%"),
-                    f"{_figure(mean, '%')} / {_figure(high, '%')}",
+                    f"{_figure(span['mean'], '%')} / {_figure(span['max'], '%')}",
                     _memory(gpu),
                     _figure(gpu.get("temperature_c"), " °C"),
                     _power(gpu),

@@ -27,6 +27,7 @@ TOOLS = {
     "get_cluster": (True, False, True),
     "wait_for_cluster": (True, False, True),
     "get_connect_info": (True, False, True),
+    "get_cluster_metrics": (True, False, True),
     "run_network_test": (False, False, False),  # each call measures again
     "terminate_cluster": (False, True, True),
     "list_volumes": (True, False, True),
