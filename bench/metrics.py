@@ -9,6 +9,10 @@ the agent's check-in of the same node (a heartbeat: the token checked and the cl
 locked), which is the baseline, and an 8-GPU metrics report. One web process takes
 1 / (mean seconds a report) of them a second: a sync worker serves one request at a time.
 
+The Metrics tab's poll: over HTTP beside the bare logged-in view, as the page poll's bench
+does: unchanged (204 from the cluster's version and the metrics version, a cache read) and
+with the metrics version one behind (a report came: the header and the panel, redrawn).
+
 Bytes: representative rows of the four tables inserted in bulk and analysed, then each table's
 size with its indexes (PostgreSQL's pg_total_relation_size, SQLite's dbstat) divided by its
 rows; a node's day is what its reports at RUNCRATE_METRICS_SECONDS write (raw rows, one minute
@@ -18,11 +22,13 @@ keeps hold (an hour of raw rows, 14 days of minutes, 90 of hours).
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from django.conf import settings
 from django.db import connection
@@ -210,6 +216,96 @@ def fill_for_sizes(node: Node) -> None:
     )
 
 
+def metrics_tab_polls(browser: Client, cluster_id: int) -> tuple[str, str]:
+    """The Metrics tab's poll as the page sends it (its `hx-get`), and the same poll from a page
+    one metrics version behind: a report came since it drew its charts."""
+    from bench.harness import POLL_ATTRIBUTE
+
+    page = browser.get(f"/clusters/{cluster_id}/metrics/")
+    found = POLL_ATTRIBUTE.search(page.content.decode())
+    if page.status_code != 200 or not found:
+        raise RuntimeError(f"the Metrics tab ({page.status_code}) has no poll (hx-get)")
+    unchanged = html.unescape(found.group(1))
+    parts = urlsplit(unchanged)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(name == "metrics" for name, _ in query):
+        raise RuntimeError(f"the Metrics tab's poll says no metrics version: {unchanged}")
+    moved = [(n, str(int(v) - 1) if n == "metrics" else v) for n, v in query]
+    return unchanged, f"{parts.path}?{urlencode(moved)}"
+
+
+def metrics_tab_section(ctx: Context, cluster_id: int) -> None:
+    """The Metrics tab's poll over HTTP, beside the bare logged-in view (the page poll's own
+    baseline, bench/harness.py `pages_section`): unchanged (the cluster's version and the
+    metrics version, a cache read: 204) and moved (a report came: the header and the panel)."""
+    from bench.harness import (
+        BARE_LOGGED_IN,
+        GOAL_RATIO,
+        PAGE_SECONDS,
+        Goal,
+        Row,
+        count_queries,
+        format_rows,
+        http_bench,
+        measure_rounds,
+    )
+
+    unchanged, moved = metrics_tab_polls(ctx.browser, cluster_id)
+    htmx = {**ctx.session_headers, "HX-Request": "true"}
+    targets = {
+        "logged-in": (BARE_LOGGED_IN, ctx.session_headers),
+        "unchanged": (unchanged, htmx),
+        "moved": (moved, htmx),
+    }
+    ctx.note(f"Timing {ctx.sizes.requests} rounds of the Metrics tab's poll over HTTP…")
+    with http_bench() as bench:
+        timings = measure_rounds(
+            bench, targets, rounds=ctx.sizes.requests, warmup=10, seconds_per_kind=PAGE_SECONDS
+        )
+    if timings["unchanged"].statuses.keys() != {204} or timings["moved"].statuses.keys() != {200}:
+        raise RuntimeError(
+            f"the Metrics tab's poll answered {dict(timings['unchanged'].statuses)} unchanged "
+            f"and {dict(timings['moved'].statuses)} moved, not 204 and 200"
+        )
+    bare = timings["logged-in"].median_ms
+    hx = {"HX-Request": "true"}
+    ratio = timings["unchanged"].median_ms / bare
+    ctx.emit(
+        format_rows(
+            "The metrics tab's poll (Django's threaded server in this process, the cluster of "
+            f"two {GPUS}-GPU machines above, window 15m), × the bare logged-in view:",
+            [
+                Row(
+                    f"bare logged-in view, GET {BARE_LOGGED_IN} (base)",
+                    timings["logged-in"],
+                    count_queries(BARE_LOGGED_IN, {}, ctx.browser),
+                    1.0,
+                ),
+                Row(
+                    "unchanged poll, Metrics tab (204)",
+                    timings["unchanged"],
+                    count_queries(unchanged, hx, ctx.browser),
+                    ratio,
+                ),
+                Row(
+                    "moved-metrics poll, Metrics tab (header + panel)",
+                    timings["moved"],
+                    count_queries(moved, hx, ctx.browser),
+                    timings["moved"].median_ms / bare,
+                ),
+            ],
+        )
+        + f"The poll: GET {unchanged} with HX-Request: true.\n"
+    )
+    ctx.goals.append(
+        Goal(
+            f"the Metrics tab's unchanged poll ≤ {GOAL_RATIO:g}× the bare logged-in view",
+            ratio <= GOAL_RATIO,
+            f"{ratio:.2f}×; a moved one {timings['moved'].median_ms / bare:.2f}×",
+        )
+    )
+
+
 def metrics_section(ctx: Context) -> None:
     from bench.harness import Goal, Row, build_ready_cluster, format_rows, settle
 
@@ -298,3 +394,4 @@ def metrics_section(ctx: Context) -> None:
             f"{timings['report'].median_ms / base:.2f}× the check-in, {queries['report']} queries",
         )
     )
+    metrics_tab_section(ctx, cluster_id)
