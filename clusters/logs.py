@@ -271,10 +271,9 @@ def panel(node: Node, group: str, *, now: datetime | None = None) -> Panel:
     )
 
 
-def pick(cluster: Cluster, name: str | None) -> Node | None:
-    """The node the tab shows: the one named (a readable node of this cluster only), else the
-    head, else the first readable one."""
-    nodes = readable_nodes(cluster)
+def pick(nodes: list[Node], name: str | None) -> Node | None:
+    """The node the tab shows: the one named (among the cluster's readable `nodes` only),
+    else the head, else the first readable one."""
     by_name = {n.name: n for n in nodes}
     if name and name in by_name:
         return by_name[name]
@@ -287,7 +286,7 @@ def tab_context(cluster: Cluster, *, node_name: str | None = None) -> dict[str, 
     if not cluster.is_live:
         return {"logs_live": False}
     nodes = readable_nodes(cluster)
-    picked = pick(cluster, node_name)
+    picked = pick(nodes, node_name)
     head = next((n for n in nodes if n.index == 0), None)
     jobs_kinds = kinds_for(Group.JOBS, cluster)
     return {
