@@ -461,3 +461,31 @@ def test_the_ssh_driver_keeps_what_the_bootstrap_printed_on_the_host():
         == "mkdir -p -m 700 /var/lib/runcrate/log && cat >> /var/lib/runcrate/log/bootstrap.log"
     )
     assert stdin == "==> bootstrap, 2026-03-20T12:00:00+00:00\nruncrate: ok\n\n"
+
+
+def test_the_task_runs_on_the_machines_queue(settings):
+    assert settings.CELERY_TASK_ROUTES["clusters.tasks.fetch_logs"] == {"queue": "machines"}
+
+
+def test_the_picker_swaps_the_machines_region_alone_with_htmx(owner):
+    cluster = cluster_of(owner, size=3)
+    client = owner.browser_client()
+    url = f"/clusters/{cluster.pk}/logs/node/?node=node-2"
+    fragment = client.get(url, headers=HTMX).content.decode()
+    assert fragment.lstrip().startswith('<section id="logs-node"')
+    assert "<html" not in fragment
+    assert '<h3 id="logs-node-title">Logs of node-2</h3>' in fragment
+    # An unknown name shows the head's, never another cluster's machine.
+    other = cluster_of(owner, size=2)
+    shown = client.get(f"/clusters/{other.pk}/logs/node/?node=node-2", headers=HTMX)
+    assert '<h3 id="logs-node-title">Logs of node-0</h3>' in shown.content.decode()
+
+
+def test_an_ended_clusters_texts_are_not_downloadable(owner):
+    cluster = cluster_of(owner)
+    fetch = LogFetch.objects.create(node=cluster.nodes.get(index=0), group="logs", fetched_at=NOW)
+    NodeLog.objects.create(fetch=fetch, kind="agent", command="tail", output="x", fetched_at=NOW)
+    client = owner.browser_client()
+    assert client.get(f"/clusters/{cluster.pk}/logs/node-0/agent.txt").status_code == 200
+    Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.TERMINATED)
+    assert client.get(f"/clusters/{cluster.pk}/logs/node-0/agent.txt").status_code == 404
