@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rich import box
 from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -785,7 +786,7 @@ def _memory(gpu: dict) -> str:
     used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
     if used is None and total is None:
         return "—"
-    gib = [("—" if v is None else f"{v / 1024:.1f}") for v in (used, total)]
+    gib = [("—" if v is None else f"{v / 1024:.0f}") for v in (used, total)]
     return f"{gib[0]}/{gib[1]} GiB"
 
 
@@ -793,7 +794,7 @@ def _power(gpu: dict) -> str:
     draw, limit = gpu.get("power_w"), gpu.get("power_limit_w")
     if draw is None:
         return "—"
-    return f"{draw:.0f} W" + ("" if limit is None else f" / {limit:.0f}")
+    return f"{draw:.0f}" + ("" if limit is None else f"/{limit:.0f}") + " W"
 
 
 def _throttle(gpu: dict) -> str:
@@ -807,53 +808,60 @@ def health_text(health: dict) -> Text:
     return Text(health["status"], style="green" if health["status"] == "healthy" else "red")
 
 
+def _span_text(span: dict) -> str:
+    mean, high = span["mean"], span["max"]
+    if mean is None and high is None:
+        return "—"
+    return f"{_figure(mean, '')}/{_figure(high, '%')}"
+
+
+def _node_cell(node: dict, position: int, count: int) -> Cell:
+    """The node column: its name on its first GPU's row and its health on the second (both on
+    the first with one GPU), so the table stays within 80 columns at 8 GPUs."""
+    health = health_text(node["health"])
+    if count <= 1:
+        return Text.assemble(node["name"], "\n", health) if position == 0 else ""
+    return node["name"] if position == 0 else health if position == 1 else ""
+
+
+TOP_COLUMNS = ("node", "GPU", "util", "avg/max", "memory", "temp", "power", "throttle")
+
+
 def top(name: str, cluster_id: int, data: dict, *, width: int, note: str | None = None) -> Group:
-    """The live `clusters top` display: one row per GPU of each node (its latest report:
-    utilisation, memory used/total, temperature, power, throttle reasons), the node's health on
-    its first row, and what each unhealthy node's problems say under the table."""
+    """The live `clusters top` display: one row per GPU of each node from its latest report
+    (utilisation, its mean and highest over the window, memory used/total, temperature, power
+    draw/limit, throttle reasons), the node's health under its name, and what each unhealthy
+    node's problems say under the table. Columns apart by two spaces, no borders: a monitor
+    read at a glance, within 80 columns."""
     header = Text.assemble(
         ("cluster ", "bold"),
         (f"{name} ", "bold"),
-        f"(id {cluster_id})  GPU figures as last reported; util {data['window']} mean/max",
+        f"(id {cluster_id})  avg/max: utilisation over {data['window']}",
     )
-    columns = [
-        Column("node", whole=True),
-        Column("GPU", whole=True),
-        Column("util", whole=True),
-        Column(f"{data['window']} mean/max", whole=True),
-        Column("memory", whole=True),
-        Column("temp", whole=True),
-        Column("power", whole=True),
-        Column("throttle"),
-        Column("health", whole=True),
-    ]
-    rows: list[list[Cell]] = []
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold")
+    for column in TOP_COLUMNS:
+        table.add_column(column, no_wrap=column != "throttle", overflow="fold")
     problems: list[str] = []
     for node in data["nodes"]:
-        health = health_text(node["health"])
         problems += node["health"]["problems"]
         if not node["gpus"]:
-            rows.append([node["name"], "—", "no report yet", "", "", "", "", "", health])
+            table.add_row(_node_cell(node, 0, 1), "—", "no report yet", *[""] * 5)
             continue
         for position, gpu in enumerate(node["gpus"]):
-            span = utilization_summary(node["series"], index=gpu["index"])
-            rows.append(
-                [
-                    node["name"] if position == 0 else "",
-                    str(gpu["index"]),
-                    _figure(gpu.get("utilization_percent"), "%"),
-                    f"{_figure(span['mean'], '%')} / {_figure(span['max'], '%')}",
-                    _memory(gpu),
-                    _figure(gpu.get("temperature_c"), " °C"),
-                    _power(gpu),
-                    _throttle(gpu),
-                    health if position == 0 else Text(""),
-                ]
+            table.add_row(
+                _node_cell(node, position, len(node["gpus"])),
+                str(gpu["index"]),
+                _figure(gpu.get("utilization_percent"), "%"),
+                _span_text(utilization_summary(node["series"], index=gpu["index"])),
+                _memory(gpu),
+                _figure(gpu.get("temperature_c"), " °C"),
+                _power(gpu),
+                _throttle(gpu),
             )
     parts: list[Any] = [header]
     if data.get("idle_since"):
         parts.append(Text(f"Every GPU idle since {when(data['idle_since'])}.", style="yellow"))
-    parts.append(fit_table(width, columns, rows) if rows else Text("No live machines."))
+    parts.append(table if data["nodes"] else Text("No live machines."))
     parts += [Text(problem, style="red") for problem in problems]
     parts.append(Text(note or "Ctrl-C to stop.", style="dim"))
     return Group(*parts)

@@ -4,11 +4,15 @@ and the API's refusals (an unknown cluster, another window) as every command giv
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import re
 import select
 import signal
+import struct
 import subprocess
+import termios
 import time
 from datetime import timedelta
 
@@ -69,14 +73,15 @@ def test_an_unknown_cluster_is_refused_as_every_command_refuses_it(env, tmp_path
 
 
 class Terminal:
-    """`runcrate ARGS` on a pseudo-terminal 160 columns wide, read while it runs."""
+    """`runcrate ARGS` on a pseudo-terminal `columns` wide, read while it runs."""
 
-    def __init__(self, *args: str, env: dict[str, str]) -> None:
+    def __init__(self, *args: str, env: dict[str, str], columns: int = 160) -> None:
         self.leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
         self.process = subprocess.Popen(
             [CLI_PYTHON, "-m", "runcrate_cli", *args],
             cwd=REPO,
-            env={**env, "TERM": "xterm-256color", "COLUMNS": "160"},
+            env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns)},
             stdin=subprocess.DEVNULL,
             stdout=follower,
             stderr=subprocess.PIPE,
@@ -154,17 +159,36 @@ def test_on_a_terminal_it_follows_new_reports_until_ctrl_c(env, tmp_path, accoun
 
     assert code == 0, stderr
     assert "Traceback" not in stderr + terminal.screen
-    rows = [
-        [cell.strip() for cell in line.strip("│ ").split("│")]
-        for line in first.splitlines()
-        if line.startswith("│ ")
-    ]
-    node_0_row = next(row for row in rows if row[0] == "node-0")
-    assert node_0_row[1:4] == ["0", "37%", "37% / 37%"]
-    assert node_0_row[4:8] == ["68.4/80.0 GiB", "71 °C", "655 W / 700", "hw_slowdown"]
-    assert node_0_row[8] == "healthy"
-    assert next(row for row in rows if row[0] == "node-1")[2:] == [
-        "no report yet", "", "", "", "", "", "unhealthy"
+    # Columns two spaces apart at least (no borders); a value has single spaces only.
+    rows = [re.split(r"\s{2,}", line.strip()) for line in first.splitlines()]
+    header = rows.index(["node", "GPU", "util", "avg/max", "memory", "temp", "power", "throttle"])
+    assert rows[header + 2] == [
+        "node-0", "0", "37%", "37/37%", "68/80 GiB", "71 °C", "655/700 W", "hw_slowdown"
     ]  # fmt: skip
+    assert rows[header + 3][:3] == ["healthy", "1", "38%"]
+    # A node without a report yet: no figures, its health under its name.
+    assert rows[header + 4] == ["node-1", "—", "no report yet"]
+    assert rows[header + 5] == ["unhealthy"]
     # After the new report: its utilisation, and the window's mean and max of both.
-    assert "65% / 93%" in terminal.screen[len(first) :]
+    assert re.search(r"node-0\s+0\s+93%\s+65/93%", terminal.screen[len(first) :])
+
+
+def test_eight_gpus_a_node_fit_80_columns(env, tmp_path, account, ticker):
+    cluster = ready_cluster(account, ticker, gpus=8)
+    simulated_metrics.report()
+
+    terminal = Terminal("clusters", "top", str(cluster.pk), env=env, columns=80)
+    try:
+        terminal.wait_for("Ctrl-C to stop.")
+        code, stderr = terminal.interrupt()
+    finally:
+        terminal.kill()
+
+    assert code == 0, stderr
+    frame = terminal.screen[: terminal.screen.index("Ctrl-C to stop.")]  # the first
+    lines = frame.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    gpu_rows = [
+        line for line in lines if re.match(r"\s*(node-\d|healthy)?\s+\d\s+\d+(\.\d)?%", line)
+    ]
+    assert len(gpu_rows) == 16, frame
