@@ -177,8 +177,11 @@ def test_it_finds_the_nodes_in_one_query_and_stores_each_through_metrics_store(o
     assert len(queries) == 1 + 2 * size
 
 
-def test_the_beat_task_reports(owner, clock):
+def test_the_beat_task_reports_as_often_as_an_agent(owner, clock, settings):
     cluster_of(owner.project, size=2)
 
+    entry = settings.CELERY_BEAT_SCHEDULE["simulated-metrics"]
+    assert entry["task"] == tasks.simulate_metrics.name
+    assert entry["schedule"] == settings.RUNCRATE_METRICS_SECONDS
     assert tasks.simulate_metrics() == 2
     assert NodeSample.objects.count() == 2
