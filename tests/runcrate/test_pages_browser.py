@@ -34,7 +34,7 @@ from django.utils.http import urlsafe_base64_encode
 
 from accounts.models import Environment
 from billing.models import Payment, UsageRecord
-from clusters import metrics, volumes
+from clusters import logs, metrics, volumes
 from clusters.models import Cluster, Event, Node
 from offers.models import QuoteRequest
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
@@ -198,6 +198,27 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         message="node-1 did not boot within 10 minutes.",
     )
     terminated = cluster("train-done", Cluster.Status.TERMINATED, status=Node.Status.ENDED)
+    # Idle for 45 minutes and degraded by a GPU's uncorrectable ECC errors: both notices show.
+    idle = cluster("train-idle", Cluster.Status.DEGRADED, status=Node.Status.JOINED)
+    ecc = "node-1 GPU 3: 2 uncorrectable ECC errors"
+    Cluster.objects.filter(pk=idle.pk).update(
+        idle_since=now - timedelta(minutes=45),
+        failure_reason=Event.Reason.NODE_UNHEALTHY,
+        failure_node="node-1",
+        failure_message=f"{ecc}.",
+        health_problems={
+            "gpu:node-1:3:ecc": {"node": "node-1", "message": ecc, "healed": "node-1 GPU 3 ok"}
+        },
+    )
+    EventFactory(cluster=idle, reason=Event.Reason.NODE_UNHEALTHY, message=f"{ecc}.")
+    # The Logs & jobs tab with a machine's logs and the head's jobs read (simulated machines).
+    for node, group in (
+        (degraded.nodes.get(index=1), "logs"),
+        (degraded.nodes.get(index=0), "jobs"),
+    ):
+        fetch = logs.fetch_for(node, group)
+        assert logs.claim(fetch, now=now)
+        logs.run_fetch(fetch_id=fetch.pk)
     seed_figures(ready, now)
     for billed in (ready, degraded):
         UsageRecord.objects.bulk_create(
@@ -273,6 +294,16 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
             "owner",
         ),
         Page("cluster starting, metrics tab", f"/clusters/{provisioning.pk}/metrics/", "owner"),
+        Page("cluster idle with a GPU problem", f"/clusters/{idle.pk}/", "owner"),
+        Page("cluster idle, machines tab", f"/clusters/{idle.pk}/machines/", "owner"),
+        Page("cluster degraded, logs tab", f"/clusters/{degraded.pk}/logs/", "owner"),
+        Page(
+            "cluster degraded, a machine's logs",
+            f"/clusters/{degraded.pk}/logs/node/?node=node-1",
+            "owner",
+        ),
+        Page("cluster ready, logs tab", f"/clusters/{ready.pk}/logs/", "owner"),
+        Page("cluster terminated, logs tab", f"/clusters/{terminated.pk}/logs/", "owner"),
         Page("cluster starting, machines tab", f"/clusters/{provisioning.pk}/machines/", "owner"),
         Page("cluster degraded, machines tab", f"/clusters/{degraded.pk}/machines/", "owner"),
         Page("cluster failed, events tab", f"/clusters/{failed.pk}/events/", "owner"),
