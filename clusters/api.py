@@ -21,7 +21,7 @@ from accounts.api_auth import Scope, needs, needs_as
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from accounts.requests import ApiRequest
-from clusters import connect, idempotency, lifecycle, metrics, plans, volumes
+from clusters import connect, idempotency, idle, lifecycle, metrics, plans, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from offers.api import track_record_json
 from offers.models import MAX_NODES, MIN_NODES
@@ -771,6 +771,10 @@ class MetricsOut(Schema):
         description="A point's span: a report's interval for 15m, 60 for 1h and 24h, 3600 for 7d."
     )
     idle_since: datetime | None = Field(description="As the cluster's `idle_since`.")
+    idle_notice: str | None = Field(
+        description="While idle, the notice the cluster page shows ('16 GPUs idle for 45 min, "
+        "costing $40.00 per hour'); null otherwise. Nothing is stopped."
+    )
     nodes: list[NodeMetricsOut] = Field(description="Its live machines, by index.")
 
 
@@ -786,6 +790,8 @@ def metrics_report(cluster: Cluster, read: metrics.Window) -> dict:
         "end": read.end,
         "resolution_seconds": read.resolution_seconds,
         "idle_since": cluster.idle_since,
+        # The window's nodes are the live ones: the machines up that the notice prices.
+        "idle_notice": idle.notice_text(cluster, nodes=[n.node for n in read.nodes]) or None,
         "nodes": [
             {
                 "name": node.node.name,
@@ -835,7 +841,11 @@ def cluster_metrics(
             "invalid_window",
             f"window must be one of {', '.join(metrics.WINDOWS)}, not {window[:32]!r}.",
         )
-    cluster = Cluster.objects.filter(project=request.project, pk=cluster_id).first()
+    cluster = (
+        Cluster.objects.filter(project=request.project, pk=cluster_id)
+        .select_related("machine_type")  # the idle notice's GPUs a machine
+        .first()
+    )
     if cluster is None:
         raise ApiError(404, "not_found", f"There is no cluster {cluster_id} in your project.")
     return {"data": metrics_report(cluster, metrics.window(cluster, window))}

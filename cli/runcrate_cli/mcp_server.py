@@ -267,6 +267,7 @@ class MetricsAnswer(BaseModel):
     start: str
     end: str
     idle_since: str | None = Field(description="Every GPU idle since then (a notice), or null.")
+    idle_notice: str | None = Field(description="The idle notice's words, or null.")
     nodes: list[NodeMetrics]
     message: str = Field(description="The nodes' health and utilisation in a sentence.")
 
@@ -372,13 +373,15 @@ def metrics_summary(cluster_id: int, data: dict[str, Any]) -> dict[str, Any]:
     if silent:
         parts.append(f"no report yet from {', '.join(silent)}")
     if data.get("idle_since"):
-        parts.append(f"every GPU idle since {data['idle_since']} (nothing is stopped)")
+        notice = data.get("idle_notice") or f"every GPU idle since {data['idle_since']}"
+        parts.append(f"{notice} (nothing is stopped)")
     return {
         "cluster_id": cluster_id,
         "window": data["window"],
         "start": data["start"],
         "end": data["end"],
         "idle_since": data["idle_since"],
+        "idle_notice": data.get("idle_notice"),
         "nodes": nodes,
         "message": "; ".join(parts) + ".",
     }

@@ -859,8 +859,9 @@ def top(name: str, cluster_id: int, data: dict, *, width: int, note: str | None 
                 _throttle(gpu),
             )
     parts: list[Any] = [header]
-    if data.get("idle_since"):
-        parts.append(Text(f"Every GPU idle since {when(data['idle_since'])}.", style="yellow"))
+    if data.get("idle_notice") or data.get("idle_since"):
+        notice = data.get("idle_notice") or f"Every GPU idle since {when(data['idle_since'])}"
+        parts.append(Text(f"{notice} (nothing is stopped).", style="yellow"))
     parts.append(table if data["nodes"] else Text("No live machines."))
     parts += [Text(problem, style="red") for problem in problems]
     parts.append(Text(note or "Ctrl-C to stop.", style="dim"))

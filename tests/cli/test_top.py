@@ -173,8 +173,10 @@ def test_on_a_terminal_it_follows_new_reports_until_ctrl_c(env, tmp_path, accoun
     assert re.search(r"node-0\s+0\s+93%\s+65/93%", terminal.screen[len(first) :])
 
 
-def test_eight_gpus_a_node_fit_80_columns(env, tmp_path, account, ticker):
+def test_eight_gpus_a_node_fit_80_columns_with_the_idle_notice(env, tmp_path, account, ticker):
     cluster = ready_cluster(account, ticker, gpus=8)
+    cluster.idle_since = timezone.now() - timedelta(minutes=45)  # as the idle notice sets it
+    cluster.save(update_fields=["idle_since"])
     simulated_metrics.report()
 
     terminal = Terminal("clusters", "top", str(cluster.pk), env=env, columns=80)
@@ -192,3 +194,4 @@ def test_eight_gpus_a_node_fit_80_columns(env, tmp_path, account, ticker):
         line for line in lines if re.match(r"\s*(node-\d|healthy)?\s+\d\s+\d+(\.\d)?%", line)
     ]
     assert len(gpu_rows) == 16, frame
+    assert re.search(r"16 GPUs idle for 45 min, costing \$[\d.,]+ per hour \(nothing is", frame)

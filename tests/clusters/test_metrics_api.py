@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters import metrics, tasks
+from clusters import idle, metrics, tasks
 from clusters.models import Cluster, Node
 from tests.factories import ClusterFactory
 
@@ -93,7 +93,7 @@ def test_it_answers_each_nodes_latest_figures_health_and_series(owner, clock):
     data = response.json()["data"]
     assert data["window"] == "15m" and data["resolution_seconds"] == 15
     assert data["end"] == "2026-12-07T10:02:00Z" and data["start"] == "2026-12-07T09:47:00Z"
-    assert data["idle_since"] is None
+    assert data["idle_since"] is None and data["idle_notice"] is None
     node_0, node_1 = data["nodes"]
     assert node_0["name"] == "node-0"
     assert node_0["health"] == {"status": "healthy", "problems": []}
@@ -139,13 +139,16 @@ def test_the_hour_reads_the_minutes_rollups(owner, clock):
     assert point["utilization_percent"]["mean"] == pytest.approx(sum(sent) / 4)
 
 
-def test_it_shows_idle_since_in_the_metrics_and_the_cluster(owner, clock):
+def test_it_shows_idle_since_and_the_notice_in_the_metrics_and_the_cluster(owner, clock):
     cluster = ready_cluster(owner.project, size=2, idle_since=NOW - timedelta(minutes=45))
 
     metrics_data = get(owner, cluster.pk).json()["data"]
     cluster_data = owner.api().get(f"/api/v1/clusters/{cluster.pk}").json()["data"]
 
     assert metrics_data["idle_since"] == "2026-12-07T09:15:00Z"
+    # The page's words (clusters.idle.notice_text): 2 machines of 8 GPUs, 45 minutes.
+    assert metrics_data["idle_notice"] == idle.notice_text(cluster)
+    assert metrics_data["idle_notice"].startswith("16 GPUs idle for 45 min, costing $")
     assert cluster_data["idle_since"] == "2026-12-07T09:15:00Z"
     # A node that has not reported yet: healthy, no figures, no points.
     assert metrics_data["nodes"][0] | {"health": None} == {
@@ -199,7 +202,9 @@ def test_a_stranger_and_an_unknown_id_get_404(owner, stranger, teammate):
 
 
 def test_it_costs_the_same_queries_at_one_node_and_at_eight(owner, clock):
-    small, large = ready_cluster(owner.project, size=2), ready_cluster(owner.project, size=8)
+    idle_since = NOW - timedelta(hours=1)  # the notice is worded too
+    small = ready_cluster(owner.project, size=2, idle_since=idle_since)
+    large = ready_cluster(owner.project, size=8, idle_since=idle_since)
     for minute in range(3):
         clock.move_to(NOW + timedelta(minutes=minute))
         report(small, minute)
@@ -212,6 +217,7 @@ def test_it_costs_the_same_queries_at_one_node_and_at_eight(owner, clock):
             response = api.get(f"/api/v1/clusters/{cluster.pk}/metrics")
         assert response.status_code == 200
         assert len(response.json()["data"]["nodes"]) == cluster.size
+        assert response.json()["data"]["idle_notice"]
         counts.append(len(queries))
     assert counts[0] == counts[1]
     # The key's check, the cluster, and metrics.window's five.

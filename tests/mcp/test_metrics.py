@@ -25,7 +25,8 @@ def test_it_answers_latest_figures_health_and_a_summary_of_the_window(
     cluster.health_problems = {
         "ecc": {"node": "node-1", "message": "node-1 GPU 3: 2 uncorrectable ECC errors."}
     }
-    cluster.save(update_fields=["health_problems"])
+    cluster.idle_since = timezone.now() - timedelta(minutes=45)  # as the idle notice sets it
+    cluster.save(update_fields=["health_problems", "idle_since"])
     moments = []
     for _ in range(40):  # ten minutes of reports, every 15 s
         clock.shift(timedelta(seconds=15))
@@ -73,6 +74,9 @@ def test_it_answers_latest_figures_health_and_a_summary_of_the_window(
     assert summary["mean"] == pytest.approx(sum(sent) / len(sent))
     assert "series" not in second
     assert "unhealthy: node-1" in data["message"] and "2 live nodes" in data["message"]
+    # The page's idle notice, in its words, ten minutes of reports later.
+    assert data["idle_notice"].startswith("16 GPUs idle for 55 min, costing $")
+    assert data["idle_notice"] + " (nothing is stopped)" in data["message"]
     # Far smaller than the API's answer, which carries every point.
     api = account.api_data(f"/clusters/{cluster.pk}/metrics")
     assert size * 5 < len(json.dumps(api, separators=(",", ":")))
