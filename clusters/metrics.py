@@ -784,9 +784,7 @@ def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
         Node.objects.filter(pk__in=node_ids)
         .annotate(last_at=models.Subquery(latest))
         .filter(last_at__gte=timezone.now() - RAW_KEEP)
-        .annotate(
-            reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent"))
-        )
+        .annotate(reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent")))
         .values_list("pk", "last_at", "reported_gpus", "mean")
     )
     return {
