@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "offers",
     "clusters",
     "billing",
+    "notifications",
     # The project package last: it imports every app, and holds the `seed_demo` command.
     "config",
 ]
@@ -304,6 +305,15 @@ CELERY_IMPORTS = ["clusters.notifications", "clusters.stops"]
 CELERY_BEAT_SCHEDULE["cluster-emails"] = {
     "task": "clusters.notifications.send_cluster_emails_task",
     "schedule": 10.0,
+}
+
+# Webhooks and Slack from the same events (notifications/, docs/notifications.md): new events
+# become deliveries, due ones are sent and retried. Webhook URLs must resolve to public
+# addresses unless this is set (tests and the demo set it).
+RUNCRATE_WEBHOOKS_ALLOW_PRIVATE = env_bool("RUNCRATE_WEBHOOKS_ALLOW_PRIVATE", False)
+CELERY_BEAT_SCHEDULE["notifications"] = {
+    "task": "notifications.tasks.send_notifications",
+    "schedule": 5.0,
 }
 
 # --- Runcrate -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from accounts.api_auth import ApiKeyAuth
 from billing.api import router as billing_router
 from clusters.agent.api import router as agent_router  # nodes' agents, by node token
 from clusters.api import router as clusters_router
+from notifications.api import router as notifications_router
 from offers.api import router as offers_router
 from runcrate import views
 from runcrate.api import api, declare_error_answers
@@ -19,7 +20,14 @@ def mount_routers() -> None:
     closed: only a key with every scope and no limits may call it. Ninja gives an operation the
     API's auth as its router is added, so the default is set first."""
     api.auth = [ApiKeyAuth(None)]
-    routers = [offers_router, accounts_router, clusters_router, billing_router, agent_router]
+    routers = [
+        offers_router,
+        accounts_router,
+        clusters_router,
+        billing_router,
+        notifications_router,
+        agent_router,
+    ]
     for router in routers:
         declare_error_answers(router)
         api.add_router("/", router)

@@ -18,7 +18,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "offers": {"runcrate", "accounts"},
     "billing": {"runcrate", "accounts", "offers"},
     "clusters": {"runcrate", "accounts", "offers", "billing"},
-    "config": {"runcrate", "accounts", "offers", "billing", "clusters"},
+    "notifications": {"runcrate", "accounts", "offers", "billing", "clusters"},
+    "config": {"runcrate", "accounts", "offers", "billing", "clusters", "notifications"},
     # The client distribution: a client of the API over HTTP, no Django, none of the server.
     "runcrate_cli": set(),
 }

@@ -1,0 +1,101 @@
+"""What each channel is sent for an event: a signed webhook's JSON, or a Slack message
+(docs/notifications.md, "Bodies"). Which event type an event row is, is decided here once, from
+the event's own rule (`Event.notification`) and its stop reasons."""
+
+from django.conf import settings
+from django.urls import reverse
+
+from clusters.models import Cluster, Event
+from notifications.models import PING, Endpoint
+
+# The email an event asks for (Event.notification) and the event type it is on a channel.
+BY_NOTIFICATION = {
+    "ready": "cluster.ready",
+    "failed": "cluster.failed",
+    "degraded": "cluster.degraded",
+    "lost": "cluster.machine_lost",
+    "unhealthy": "node.unhealthy",
+    "idle": "cluster.idle",
+}
+STOPS = {Event.Reason.STOPPED_BALANCE, Event.Reason.STOPPED_BUDGET}
+
+TITLES = {
+    "cluster.ready": "is ready",
+    "cluster.failed": "failed",
+    "cluster.degraded": "is degraded",
+    "cluster.machine_lost": "lost a machine",
+    "cluster.stopped": "was stopped",
+    "node.unhealthy": "has an unhealthy node",
+    "cluster.idle": "has idle GPUs",
+}
+
+
+def event_type(event: Event) -> str | None:
+    """The channel event type of `event`, or None when channels are not told of it."""
+    if event.reason in STOPS:
+        return "cluster.stopped"
+    notification = event.notification
+    return BY_NOTIFICATION.get(notification) if notification else None
+
+
+def reasons_for(event_types: set[str]) -> list[str]:
+    """The event reasons that are one of `event_types`, as `event_type` decides."""
+    return [
+        reason for reason in Event.Reason.values if event_type(Event(reason=reason)) in event_types
+    ]
+
+
+def cluster_url(cluster: Cluster) -> str:
+    return settings.SITE_URL + reverse("clusters:detail", args=[cluster.pk])
+
+
+def webhook_body(event: Event, kind: str) -> dict:
+    cluster = event.cluster
+    return {
+        "id": event.pk,
+        "type": kind,
+        "created": int(event.at.timestamp()),
+        "data": {
+            "cluster": {
+                "id": cluster.pk,
+                "name": cluster.name,
+                "status": cluster.status,
+                "size": cluster.size,
+                "url": cluster_url(cluster),
+            },
+            "node": event.node.name if event.node else None,
+            "reason": event.reason,
+            "message": event.message,
+        },
+    }
+
+
+def slack_body(event: Event, kind: str) -> dict:
+    """A message in Slack's mrkdwn: the cluster linked, what happened, the event's words."""
+    cluster = event.cluster
+    link = f"<{cluster_url(cluster)}|{_slack_escape(cluster.name)}>"
+    return {"text": f"*Cluster {link} {TITLES[kind]}*\n{_slack_escape(event.message)}"}
+
+
+def _slack_escape(text: str) -> str:
+    """Slack's three control characters, escaped as its docs ask."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def body_for(endpoint: Endpoint, event: Event, kind: str) -> dict:
+    if endpoint.kind == Endpoint.Kind.SLACK:
+        return slack_body(event, kind)
+    return webhook_body(event, kind)
+
+
+def ping_body(endpoint: Endpoint, *, created: int) -> dict:
+    """The test delivery (*Send test*): no event, a message that says so."""
+    message = "A test from Runcrate: this endpoint receives the project's notifications."
+    if endpoint.kind == Endpoint.Kind.SLACK:
+        return {"text": f"*Runcrate test*\n{message}"}
+    return {
+        "id": None,
+        "type": PING,
+        "created": created,
+        "data": {"endpoint": {"id": endpoint.pk, "events": endpoint.events}, "message": message},
+    }

@@ -1,0 +1,206 @@
+"""Sending deliveries: one POST each attempt, retried with exponential backoff
+(docs/notifications.md, "Retries").
+
+A due delivery is claimed with a conditional update of its `next_attempt_at` (a lease), so two
+workers never send the same attempt; the POST is made outside any transaction, then its result
+is written back. A 2xx is delivered; anything else (another status, a timeout, a refused
+address) is retried after 1, 2, 4, … minutes, at most an hour apart, for RETRY_FOR from the
+delivery's creation, then failed. An endpoint whose attempts have all failed for
+SWITCH_OFF_AFTER is switched off and its creator (or the project's owners) told by email.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+
+import httpx
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from accounts.models import Membership, User
+from notifications import addresses, signing
+from notifications.models import RETRY_FOR, SWITCH_OFF_AFTER, Attempt, Delivery, Endpoint
+from runcrate.emails import send_templated
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = 10.0  # seconds, for the whole POST
+FIRST_RETRY = timedelta(minutes=1)
+MAX_RETRY = timedelta(hours=1)
+LEASE = timedelta(minutes=5)  # a claimed attempt not written back by then is due again
+BATCH = 50
+USER_AGENT = "Runcrate-Webhooks/1"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status_code: int | None
+    error: str
+
+    @property
+    def delivered(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """The wait after the `attempts`-th failed attempt: 1 min, 2, 4, … capped at MAX_RETRY."""
+    return min(FIRST_RETRY * 2 ** max(attempts - 1, 0), MAX_RETRY)
+
+
+def encode(body: dict) -> bytes:
+    """The bytes POSTed (and signed): compact JSON."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def post(endpoint: Endpoint, body: dict, *, now: datetime) -> Outcome:
+    """One POST of `body` to `endpoint`, to the address checked just now (no DNS rebinding)."""
+    try:
+        target = addresses.check_url(endpoint.url)
+    except addresses.UrlRefused as refused:
+        return Outcome(status_code=None, error=refused.message)
+    content = encode(body)
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT}
+    headers["host"] = target.host if target.port in {80, 443} else f"{target.host}:{target.port}"
+    if endpoint.kind == Endpoint.Kind.WEBHOOK:
+        headers[signing.HEADER] = signing.sign(
+            endpoint.secret, content, timestamp=int(now.timestamp())
+        )
+    try:
+        with httpx.Client(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client:
+            response = client.post(
+                target.pinned_url,
+                content=content,
+                headers=headers,
+                extensions={"sni_hostname": target.host},
+            )
+    except httpx.HTTPError as error:
+        return Outcome(status_code=None, error=f"{type(error).__name__}: {error}"[:500])
+    if 200 <= response.status_code < 300:
+        return Outcome(status_code=response.status_code, error="")
+    return Outcome(status_code=response.status_code, error=f"answered {response.status_code}")
+
+
+def claim(delivery: Delivery, *, now: datetime) -> bool:
+    """Take the delivery's due attempt for this worker; False when another took it."""
+    return bool(
+        Delivery.objects.filter(
+            pk=delivery.pk,
+            state=Delivery.State.PENDING,
+            next_attempt_at=delivery.next_attempt_at,
+        ).update(next_attempt_at=now + LEASE)
+    )
+
+
+def attempt(delivery: Delivery, *, now: datetime) -> Outcome | None:
+    """Make the delivery's due attempt and write its result; None when another worker has it."""
+    if not claim(delivery, now=now):
+        return None
+    outcome = post(delivery.endpoint, delivery.body, now=now)
+    record(delivery, outcome, now=now)
+    return outcome
+
+
+def record(delivery: Delivery, outcome: Outcome, *, now: datetime) -> None:
+    attempts = delivery.attempts + 1
+    update: dict = {
+        "attempts": attempts,
+        "last_attempt_at": now,
+        "last_status_code": outcome.status_code,
+        "last_error": outcome.error,
+    }
+    if outcome.delivered:
+        update |= {"state": Delivery.State.DELIVERED, "delivered_at": now}
+    else:
+        retry_at = now + retry_delay(attempts)
+        if retry_at > delivery.created_at + RETRY_FOR:
+            update["state"] = Delivery.State.FAILED
+        else:
+            update["next_attempt_at"] = retry_at
+    with transaction.atomic():
+        Attempt.objects.create(
+            delivery=delivery, at=now, status_code=outcome.status_code, error=outcome.error
+        )
+        Delivery.objects.filter(pk=delivery.pk).update(**update)
+        _mark_endpoint(delivery.endpoint, delivered=outcome.delivered, now=now)
+    for key, value in update.items():
+        setattr(delivery, key, value)
+
+
+def _mark_endpoint(endpoint: Endpoint, *, delivered: bool, now: datetime) -> None:
+    """The endpoint works again after a 2xx; else it has been failing since its first failure."""
+    endpoints = Endpoint.objects.filter(pk=endpoint.pk)
+    if delivered:
+        endpoints.exclude(failing_since=None).update(failing_since=None)
+        endpoint.failing_since = None
+    elif endpoints.filter(failing_since=None).update(failing_since=now):
+        endpoint.failing_since = now
+
+
+def switch_off_failing(*, now: datetime) -> list[int]:
+    """Switch off every active endpoint failing for SWITCH_OFF_AFTER, fail its pending
+    deliveries, and email its creator once (the conditional update is the claim)."""
+    switched = []
+    candidates = Endpoint.objects.filter(
+        active=True, failing_since__lte=now - SWITCH_OFF_AFTER
+    ).select_related("project", "created_by")
+    for endpoint in candidates:
+        with transaction.atomic():
+            if not Endpoint.objects.filter(pk=endpoint.pk, active=True).update(active=False):
+                continue
+            Delivery.objects.filter(endpoint=endpoint, state=Delivery.State.PENDING).update(
+                state=Delivery.State.FAILED
+            )
+        switched.append(endpoint.pk)
+        transaction.on_commit(partial(_email_switched_off, endpoint))
+    return switched
+
+
+def owners_of(endpoint: Endpoint) -> list[str]:
+    """Who is told: the endpoint's creator while a member, else the project's owners."""
+    creator = endpoint.created_by
+    if (
+        creator is not None
+        and creator.is_active
+        and Membership.objects.filter(project_id=endpoint.project_id, user=creator).exists()
+    ):
+        return [creator.email]
+    owners = User.objects.filter(
+        is_active=True,
+        memberships__project_id=endpoint.project_id,
+        memberships__role=Membership.Role.OWNER,
+    ).order_by("pk")
+    return [user.email for user in owners]
+
+
+def _email_switched_off(endpoint: Endpoint) -> None:
+    try:
+        send_templated(
+            template="webhook-switched-off",
+            to=owners_of(endpoint),
+            context={"endpoint": endpoint, "project": endpoint.project, "days": 3},
+        )
+    except Exception:
+        log.exception("could not email that endpoint %s was switched off", endpoint.pk)
+
+
+def due(*, now: datetime, limit: int = BATCH) -> list[Delivery]:
+    return list(
+        Delivery.objects.filter(
+            Q(state=Delivery.State.PENDING), next_attempt_at__lte=now, endpoint__active=True
+        )
+        .select_related("endpoint")
+        .order_by("next_attempt_at", "pk")[:limit]
+    )
+
+
+def send_due(*, now: datetime | None = None, limit: int = BATCH) -> int:
+    """Attempt every due delivery; returns how many were delivered."""
+    now = now or timezone.now()
+    delivered = 0
+    for delivery in due(now=now, limit=limit):
+        outcome = attempt(delivery, now=now)
+        delivered += bool(outcome and outcome.delivered)
+    return delivered

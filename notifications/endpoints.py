@@ -1,0 +1,78 @@
+"""A project's channels: add one (its URL checked, its events chosen), remove one, send it a
+test. The API and the admin call these; none re-implements the rules."""
+
+from datetime import datetime
+
+from accounts.models import Project, User
+from notifications import addresses, bodies, delivery
+from notifications.models import EVENT_TYPES, PING, Delivery, Endpoint
+from runcrate.errors import Refused
+
+MAX_ENDPOINTS = 20  # per project
+
+
+class EndpointRefused(Refused):
+    """`invalid_kind`, `invalid_events`, `too_many_endpoints`."""
+
+    STATUS = {"invalid_kind": 422, "invalid_events": 422, "too_many_endpoints": 422}
+
+
+def check_events(events: object) -> list[str]:
+    if (
+        not isinstance(events, list)
+        or not events
+        or not all(isinstance(kind, str) for kind in events)
+    ):
+        raise EndpointRefused(
+            "invalid_events",
+            f"events is a list of one or more of {', '.join(EVENT_TYPES)}.",
+            field="events",
+        )
+    unknown = [kind for kind in events if kind not in EVENT_TYPES]
+    if unknown:
+        raise EndpointRefused(
+            "invalid_events",
+            f"Unknown event type {', '.join(map(repr, unknown))}: choose from "
+            f"{', '.join(EVENT_TYPES)}.",
+            field="events",
+        )
+    return [kind for kind in EVENT_TYPES if kind in events]
+
+
+def create_endpoint(
+    *, project: Project, user: User, url: str, events: object, kind: str = Endpoint.Kind.WEBHOOK
+) -> Endpoint:
+    """A new endpoint, active; its secret is read from it this once by the caller."""
+    if kind not in Endpoint.Kind.values:
+        raise EndpointRefused(
+            "invalid_kind", f"kind is webhook or slack, not {kind!r}.", field="kind"
+        )
+    chosen = check_events(events)
+    addresses.check_url(url)
+    if Endpoint.objects.filter(project=project).count() >= MAX_ENDPOINTS:
+        raise EndpointRefused(
+            "too_many_endpoints",
+            f"A project has at most {MAX_ENDPOINTS} endpoints; remove one first.",
+        )
+    return Endpoint.objects.create(
+        project=project, kind=kind, url=url, events=chosen, created_by=user
+    )
+
+
+def remove_endpoint(*, endpoint: Endpoint) -> None:
+    """Gone with its log: nothing is sent to it any more."""
+    endpoint.delete()
+
+
+def send_test(*, endpoint: Endpoint, now: datetime) -> Delivery:
+    """A `ping` delivery, attempted now (and retried like any other when it fails)."""
+    ping = Delivery.objects.create(
+        endpoint=endpoint,
+        event_type=PING,
+        body=bodies.ping_body(endpoint, created=int(now.timestamp())),
+        created_at=now,
+        next_attempt_at=now,
+    )
+    if endpoint.active:
+        delivery.attempt(ping, now=now)
+    return ping
