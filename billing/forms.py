@@ -1,8 +1,12 @@
+import re
 from decimal import Decimal
 
 from django import forms
 
 from billing import budgets, payments
+from billing.models import BillingDetails
+
+TAX_ID = re.compile(r"[A-Z0-9][A-Z0-9 .\-]*")
 
 
 class TopUpForm(forms.Form):
@@ -47,3 +51,26 @@ class EnvironmentForm(BudgetForm):
     )
 
     field_order = ["name", "monthly_budget"]
+
+
+class BillingDetailsForm(forms.ModelForm):
+    """Who invoices are made out to. Every field is stripped; the address keeps its lines."""
+
+    class Meta:
+        model = BillingDetails
+        fields = ["company_name", "address", "tax_id", "invoice_email"]
+        labels = {"company_name": "Company name"}
+        widgets = {
+            "company_name": forms.TextInput(attrs={"autocomplete": "organization"}),
+            "address": forms.Textarea(attrs={"rows": 4, "autocomplete": "street-address"}),
+            "tax_id": forms.TextInput(attrs={"autocomplete": "off"}),
+            "invoice_email": forms.EmailInput(attrs={"autocomplete": "email"}),
+        }
+
+    def clean_tax_id(self) -> str:
+        value: str = self.cleaned_data["tax_id"].strip().upper()
+        if value and not TAX_ID.fullmatch(value):
+            raise forms.ValidationError(
+                "A VAT or tax ID is letters, digits, spaces, dots and hyphens, like DE123456789."
+            )
+        return value

@@ -103,7 +103,7 @@ def billing_recipients(project_ids: set[int]) -> dict[int, list[str]]:
     return recipients
 
 
-def _claim_notice(
+def claim_notice(
     *, project_id: int, kind: str, key: str, now: datetime, environment_id: int | None = None
 ) -> bool:
     """Record that a notice goes out; False when it already went (the unique row exists)."""
@@ -139,7 +139,7 @@ def warn_low_balances(standing: BalanceStanding, *, now: datetime) -> int:
     sent = 0
     for project_id in sorted(low):
         key = f"after-credit-{last_credit.get(project_id, 0)}"
-        if not _claim_notice(project_id=project_id, kind=Notice.Kind.LOW_BALANCE, key=key, now=now):
+        if not claim_notice(project_id=project_id, kind=Notice.Kind.LOW_BALANCE, key=key, now=now):
             continue
         hours = balance[project_id] / burn[project_id]
         sent += send_templated(
@@ -167,7 +167,7 @@ def warn_budgets(
         assert env.monthly_budget is not None  # BudgetStanding.warned: those with a budget
         # Once per environment, month and budget: raising the budget arms the warning again.
         key = f"{env_id}:{month:%Y-%m}:{env.monthly_budget}"
-        if not _claim_notice(
+        if not claim_notice(
             project_id=env.project_id,
             environment_id=env_id,
             kind=Notice.Kind.BUDGET_WARNING,

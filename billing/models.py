@@ -231,6 +231,7 @@ class Notice(models.Model):
     class Kind(models.TextChoices):
         LOW_BALANCE = "low_balance", "Low balance"
         BUDGET_WARNING = "budget_warning", "80% of a budget"
+        INVOICE = "invoice", "Invoice ready"
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="+")
     environment = models.ForeignKey(
@@ -277,3 +278,31 @@ class UsageDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id} on {self.day}: {self.amount}"
+
+
+class BillingDetails(models.Model):
+    """Who the project's invoices are made out to, as its owner or a manager entered them on
+    the invoices page (billing/invoices.py); a project without them gets invoices made out to
+    its name alone."""
+
+    project = models.OneToOneField(
+        "accounts.Project", on_delete=models.CASCADE, related_name="billing_details"
+    )
+    company_name = models.CharField(max_length=200)
+    address = models.TextField(max_length=1000)
+    tax_id = models.CharField(
+        "VAT or tax ID", max_length=40, blank=True, default="", help_text="Printed as entered."
+    )
+    invoice_email = models.EmailField(
+        "Email for invoices",
+        blank=True,
+        default="",
+        help_text="Where the monthly invoice email goes; empty: the owners and managers.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "billing details"
+
+    def __str__(self) -> str:
+        return self.company_name

@@ -15,6 +15,9 @@ urlpatterns = [
     path("payments/<int:pk>/demo/pay/", views.demo_pay, name="demo_pay"),
     path("stripe/webhook/", views.stripe_webhook, name="stripe_webhook"),
     path("banner/dismiss/", views.dismiss_banner, name="dismiss_banner"),
+    path("invoices/", views.invoice_list, name="invoices"),
+    path("invoices/details/", views.invoice_details, name="invoice_details"),
+    path("invoices/<str:month>/", views.invoice, name="invoice"),
     path("environments/", views.environments, name="environments"),
     path("environments/<slug:name>/budget/", views.set_budget, name="set_budget"),
 ]

@@ -16,6 +16,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.db.models import (
     BooleanField,
+    Case,
     CharField,
     Exists,
     F,
@@ -29,8 +30,9 @@ from django.db.models import (
     Subquery,
     Sum,
     Value,
+    When,
 )
-from django.db.models.functions import Now, TruncDate
+from django.db.models.functions import Now, TruncDate, TruncMonth
 from django.db.models.lookups import IsNull
 from django.utils import timezone
 
@@ -302,6 +304,11 @@ class Line:
         return hours(self.machine_seconds)
 
     @property
+    def cost(self) -> Decimal:
+        """A charge as a bill reads it: the ledger's debit, positive."""
+        return -self.amount
+
+    @property
     def is_storage(self) -> bool:
         return self.kind == LedgerEntry.Kind.STORAGE
 
@@ -492,6 +499,63 @@ def statement_page(
         lines=to_lines(rows[first : first + per_page], now=now),
         has_next=len(rows) > first + per_page,
     )
+
+
+def month_lines(*, project_id: int, month: Month, now: datetime | None = None) -> list[Line]:
+    """Every line of the month, oldest first: the statement's three parts (a line per cluster,
+    per volume, per top-up or adjustment) read whole, for the invoice (billing/invoices.py).
+    Three queries, however many lines."""
+    parts = [
+        list(part.order_by("at", "entry_id"))
+        for part in (
+            _cluster_lines(project_id, month),
+            _credit_lines(project_id, month),
+            _storage_lines(project_id, month),
+        )
+    ]
+    return to_lines(list(heapq.merge(*parts, key=_statement_key)), now=now)
+
+
+def _line_moment() -> Case:
+    """When a line that is not hourly usage falls, as the statement places it: a storage line
+    at the day it charges, a credit when it was made."""
+    return Case(
+        When(kind=LedgerEntry.Kind.STORAGE, then=F("period_start")), default=F("created_at")
+    )
+
+
+def months_with_lines(*, project_id: int) -> set[Month]:
+    """The months in which the project has a line: usage (by its days), storage (by the day it
+    charges) or a credit (by when it was made). Two queries over the per-day rollup and the
+    ledger without its hourly usage lines."""
+    days = (
+        UsageDay.objects.filter(project_id=project_id)
+        .annotate(month=TruncMonth("day"))
+        .values_list("month", flat=True)
+        .distinct()
+    )
+    others = (
+        LedgerEntry.objects.filter(project_id=project_id)
+        .exclude(kind=LedgerEntry.Kind.USAGE)
+        .annotate(month=TruncMonth(_line_moment(), tzinfo=UTC))
+        .values_list("month", flat=True)
+        .distinct()
+    )
+    found = [*days.order_by(), *others.order_by()]
+    return {Month(moment.year, moment.month) for moment in found}
+
+
+def projects_with_lines(*, month: Month) -> set[int]:
+    """The projects with a line in `month`, as `months_with_lines` counts them; two queries."""
+    days = _days_in(month).values_list("project_id", flat=True).distinct()
+    others = (
+        LedgerEntry.objects.exclude(kind=LedgerEntry.Kind.USAGE)
+        .alias(moment=_line_moment())
+        .filter(moment__gte=month.start, moment__lt=month.end)
+        .values_list("project_id", flat=True)
+        .distinct()
+    )
+    return {*days.order_by(), *others.order_by()}
 
 
 def to_lines(rows: list[tuple], *, now: datetime | None = None) -> list[Line]:

@@ -1,5 +1,6 @@
-"""The Billing page, a cluster's per-machine rows, CSV export, card top-ups, the Stripe webhook
-and the environments (budgets) page. Rules live in billing/{usage,payments,budgets}.py."""
+"""The Billing page, a cluster's per-machine rows, CSV export, card top-ups, the Stripe webhook,
+the environments (budgets) page and the invoices. Rules live in
+billing/{usage,payments,budgets,invoices}.py."""
 
 import csv
 import logging
@@ -23,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from accounts.models import Environment
 from accounts.projects import get_for_project, require_project
 from accounts.requests import ProjectRequest
-from billing import budgets, payments, usage
+from billing import budgets, invoices, payments, usage
 from billing.access import can_manage_billing
 from billing.charts import spend_chart
 from billing.context_processors import (
@@ -32,8 +33,8 @@ from billing.context_processors import (
     banner_state,
     request_summary,
 )
-from billing.forms import BudgetForm, EnvironmentForm, TopUpForm
-from billing.models import Payment
+from billing.forms import BillingDetailsForm, BudgetForm, EnvironmentForm, TopUpForm
+from billing.models import BillingDetails, Payment
 from runcrate.money import usd
 
 logger = logging.getLogger(__name__)
@@ -404,3 +405,53 @@ def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
             ),
         )
     return redirect(reverse("billing:environments"))
+
+
+# ---- invoices ----------------------------------------------------------------------------------
+
+
+def _invoices_context(request: ProjectRequest, form: BillingDetailsForm | None = None) -> dict:
+    project = request.project
+    return {
+        "months": invoices.invoice_months(project=project, now=timezone.now()),
+        "current_month": usage.Month.of(timezone.now()),
+        "details_form": form or BillingDetailsForm(instance=invoices.details_of(project)),
+        "seller": invoices.seller_lines(),
+    }
+
+
+@billing_view
+@require_GET
+def invoice_list(request: ProjectRequest) -> HttpResponse:
+    """The months with an invoice, and the billing details they are made out to."""
+    return render(request, "billing/invoices.html", _invoices_context(request))
+
+
+@billing_view
+@require_POST
+def invoice_details(request: ProjectRequest) -> HttpResponse:
+    """Save the billing details; invalid ones change nothing and say why (422)."""
+    project = request.project
+    form = BillingDetailsForm(
+        request.POST, instance=invoices.details_of(project) or BillingDetails(project=project)
+    )
+    if not form.is_valid():
+        return render(
+            request, "billing/invoices.html", _invoices_context(request, form=form), status=422
+        )
+    form.save()
+    messages.success(request, "Billing details saved: every invoice is made out to them.")
+    return redirect("billing:invoices")
+
+
+@billing_view
+@require_GET
+def invoice(request: ProjectRequest, month: str) -> HttpResponse:
+    """One month's invoice; a month that is not one, in the future or without lines is a 404."""
+    try:
+        found = invoices.invoice_for(
+            project=request.project, month=usage.Month.parse(month), now=timezone.now()
+        )
+    except (usage.MonthInvalid, invoices.NoInvoice) as refusal:
+        raise Http404(refusal.message) from None
+    return render(request, "billing/invoice.html", {"invoice": found})

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
@@ -417,6 +418,22 @@ RUNCRATE_SALES_EMAIL = env_str("RUNCRATE_SALES_EMAIL", "sales@runcrate.localhost
 RUNCRATE_MIN_BALANCE = env_decimal("RUNCRATE_MIN_BALANCE", "10.00")
 RUNCRATE_QUOTE_RATE_LIMIT = env_int("RUNCRATE_QUOTE_RATE_LIMIT", 5, minimum=1)  # per hour
 RUNCRATE_FERNET_KEYS = env_list("RUNCRATE_FERNET_KEYS")
+
+# Who sells, printed at the top of every invoice (billing/invoices.py): lines separated by "|",
+# the first the company's name, e.g. "Runcrate Clusters Inc.|1 Main St|Springfield|VAT EU123".
+RUNCRATE_INVOICE_SELLER = [
+    line.strip()
+    for line in env_str(
+        "RUNCRATE_INVOICE_SELLER", "Runcrate Clusters|support@runcrate.localhost"
+    ).split("|")
+    if line.strip()
+]
+# Last month's invoice emails, on the 1st (UTC) from 06:30, hourly that day: once per project and
+# month whatever runs again, and late enough that the meter charged the month's last hour.
+CELERY_BEAT_SCHEDULE["invoice-emails"] = {
+    "task": "billing.tasks.send_invoice_emails",
+    "schedule": crontab(minute=30, hour="6-23", day_of_month="1"),
+}
 
 # Where customers are told to write about payments (and anything else) when card payments
 # are not available here (docs/billing.md, "Adding credit").
