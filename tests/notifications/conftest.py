@@ -66,8 +66,8 @@ def local_webhooks(settings):
     return settings
 
 
-def ready_event(project, **fields) -> Event:
-    cluster = ClusterFactory(project=project, status=Cluster.Status.READY, name="train-1")
+def ready_event(project, name: str = "train-1", **fields) -> Event:
+    cluster = ClusterFactory(project=project, status=Cluster.Status.READY, name=name)
     return EventFactory(
         cluster=cluster, reason=Event.Reason.READY, message="All 2 machines are ready.", **fields
     )
