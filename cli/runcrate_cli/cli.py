@@ -25,7 +25,7 @@ from rich.live import Live
 from typer.core import TyperGroup
 
 from runcrate_cli import config, output, ssh
-from runcrate_cli.client import ApiClient, ApiError
+from runcrate_cli.client import ApiClient, ApiError, configured_client
 from runcrate_cli.keys import keys_app
 from runcrate_cli.output import Output
 
@@ -137,9 +137,7 @@ DryRun = Annotated[
 
 
 def _session(json_flag: bool) -> tuple[Output, ApiClient]:
-    out = _output(json_flag)
-    settings = config.load()
-    return out, ApiClient(api_url=settings.api_url, api_key=settings.api_key)
+    return _output(json_flag), configured_client()
 
 
 def _output(json_flag: bool) -> Output:

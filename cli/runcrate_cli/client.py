@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from runcrate_cli import config
+
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 GET_RETRY_DELAYS = (0.5, 1.0)
 PAGE_SIZE = 200  # the largest page the list endpoints give
@@ -462,3 +464,10 @@ class ApiClient:
 def _reason(error: httpx.TransportError) -> str:
     text = str(error) or type(error).__name__
     return "connection refused" if "refused" in text.lower() else text
+
+
+def configured_client() -> ApiClient:
+    """The client of the saved configuration (`runcrate login`, or RUNCRATE_API_URL and
+    RUNCRATE_API_KEY): what every command that calls the API talks through."""
+    settings = config.load()
+    return ApiClient(api_url=settings.api_url, api_key=settings.api_key)

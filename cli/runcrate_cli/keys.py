@@ -18,8 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from runcrate_cli import config
-from runcrate_cli.client import ApiClient, ApiError
+from runcrate_cli.client import ApiClient, ApiError, configured_client
 from runcrate_cli.output import Column, Output, fit_table
 
 EXIT_USAGE = 2
@@ -39,9 +38,7 @@ Json = Annotated[
 
 
 def _session(json_flag: bool) -> tuple[Output, ApiClient]:
-    out = Output(json_flag=json_flag)
-    settings = config.load()
-    return out, ApiClient(api_url=settings.api_url, api_key=settings.api_key)
+    return Output(json_flag=json_flag), configured_client()
 
 
 def _show_keys(console: Console, rows: list[dict]) -> None:
