@@ -27,7 +27,7 @@ class Planned:
 
 
 def plan_deliveries(*, now: datetime, limit: int = BATCH) -> Planned:
-    """Write the deliveries of new events for every active endpoint; five queries whatever the
+    """Write the deliveries of new events for every active endpoint; four queries whatever the
     number of endpoints, events or deliveries."""
     endpoints = list(Endpoint.objects.filter(active=True).exclude(events=[]))
     if not endpoints:
