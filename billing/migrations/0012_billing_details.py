@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('company_name', models.CharField(max_length=200)),
                 ('address', models.TextField(max_length=1000)),
-                ('tax_id', models.CharField(blank=True, default='', help_text='Printed as entered.', max_length=40, verbose_name='VAT or tax ID')),
+                ('tax_id', models.CharField(blank=True, default='', help_text='Printed on every invoice, in capitals.', max_length=40, verbose_name='VAT or tax ID')),
                 ('invoice_email', models.EmailField(blank=True, default='', help_text='Where the monthly invoice email goes; empty: the owners and managers.', max_length=254, verbose_name='Email for invoices')),
                 ('updated_at', models.DateTimeField(auto_now=True)),
                 ('project', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='billing_details', to='accounts.project')),

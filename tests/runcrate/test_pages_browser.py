@@ -33,7 +33,9 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
 from accounts.models import Environment
-from billing.models import Payment, UsageRecord
+from billing.meter import charge_usage
+from billing.models import BillingDetails, LedgerEntry, Payment, UsageRecord
+from billing.usage import Month
 from clusters import logs, metrics, volumes
 from clusters.models import Cluster, Event, Node
 from offers.models import QuoteRequest
@@ -232,6 +234,37 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
             )
             for node in billed.nodes.all()
         )
+    # Last month's invoice (issue 24): the terminated cluster ran 5 hours then, charged by the
+    # meter, with a card top-up; billing details it is made out to.
+    last_month = Month.of(now).previous
+    ran_from = last_month.start + timedelta(days=24, hours=10)
+    UsageRecord.objects.bulk_create(
+        UsageRecord(
+            project=project,
+            cluster=terminated,
+            node=node,
+            price_per_hour=offer.price_per_hour,
+            started_at=ran_from,
+            ended_at=ran_from + timedelta(hours=5, minutes=12),
+            charged_until=ran_from,
+        )
+        for node in terminated.nodes.all()
+    )
+    charge_usage(cluster_id=terminated.pk)
+    LedgerEntry.objects.create(
+        project=project,
+        kind=LedgerEntry.Kind.TOPUP,
+        amount=Decimal("500.00"),
+        note="Card top-up",
+        created_at=ran_from - timedelta(days=2),
+    )
+    BillingDetails.objects.create(
+        project=project,
+        company_name="Analytical Engines Ltd",
+        address="12 St James's Square\nLondon SW1Y 4JH\nUnited Kingdom",
+        tax_id="GB 123 4567 89",
+        invoice_email="accounts@engines.example",
+    )
     Environment.objects.create(project=project, name="research", monthly_budget=Decimal("800"))
     volumes.create_volume(project=project, name="datasets", location="us-east-2", size_gb=500)
     quote = QuoteRequest.objects.create(
@@ -339,6 +372,20 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
             in_view=(".spend-line .num", ".budget-form button"),
         ),
         Page("payment", f"/billing/payments/{payment.pk}/", "owner"),
+        Page("invoices", "/billing/invoices/", "owner"),
+        Page(
+            "invoices, details sent empty",
+            "/billing/invoices/",
+            "newcomer",
+            then=".invoice-details-card button[type=submit]",
+        ),
+        Page(
+            "invoice",
+            f"/billing/invoices/{last_month.param}/",
+            "owner",
+            in_view=(".invoice-lines td.num", ".invoice-total"),
+        ),
+        Page("invoice, this month", f"/billing/invoices/{Month.of(now).param}/", "owner"),
         Page("storage", "/storage/", "owner"),
         Page("account", "/accounts/", "owner", in_view=("#api-keys .btn", "#ssh-keys td .btn")),
         Page("password change", "/accounts/password/", "owner"),
