@@ -291,7 +291,11 @@ class BillingDetails(models.Model):
     company_name = models.CharField(max_length=200)
     address = models.TextField(max_length=1000)
     tax_id = models.CharField(
-        "VAT or tax ID", max_length=40, blank=True, default="", help_text="Printed on every invoice, in capitals."
+        "VAT or tax ID",
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="Printed on every invoice, in capitals.",
     )
     invoice_email = models.EmailField(
         "Email for invoices",
