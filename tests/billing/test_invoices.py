@@ -13,7 +13,7 @@ from django.db.models import Sum
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from billing import invoices, meter
+from billing import invoices, meter, tasks
 from billing.meter import charge_accrued
 from billing.models import BillingDetails, LedgerEntry, Notice
 from billing.usage import Month
@@ -269,3 +269,13 @@ def test_it_emails_the_invoice_to_the_address_for_invoices(march):
     invoices.send_invoice_emails(now=datetime(2026, 4, 1, 6, 30, tzinfo=UTC))
 
     assert [message.to for message in mail.outbox] == [["accounts@engines.example"]]
+
+
+def test_the_beat_sends_them_on_the_first_of_the_month(settings, march):
+    entry = settings.CELERY_BEAT_SCHEDULE["invoice-emails"]
+    assert entry["task"] == tasks.send_invoice_emails.name
+    assert entry["schedule"].day_of_month == {1}
+
+    with time_machine.travel(datetime(2026, 4, 1, 6, 30, tzinfo=UTC), tick=False):
+        assert tasks.send_invoice_emails() == 1
+        assert tasks.send_invoice_emails() == 0
