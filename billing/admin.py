@@ -134,3 +134,15 @@ class PaymentAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     list_select_related = ("project", "created_by")
     date_hierarchy = "created_at"
     readonly_fields = [field.name for field in Payment._meta.fields]
+
+
+# ---- who invoices are made out to (billing/invoices.py): the owner's, shown to staff -----------
+
+from billing.models import BillingDetails  # noqa: E402
+
+
+@admin.register(BillingDetails)
+class BillingDetailsAdmin(admin.ModelAdmin):
+    list_display = ("project", "company_name", "tax_id", "invoice_email", "updated_at")
+    search_fields = ("project__name", "company_name", "tax_id", "invoice_email")
+    list_select_related = ("project",)

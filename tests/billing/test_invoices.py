@@ -13,6 +13,7 @@ from django.db.models import Sum
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from accounts.models import User
 from billing import invoices, meter, tasks
 from billing.meter import charge_accrued
 from billing.models import BillingDetails, LedgerEntry, Notice
@@ -164,6 +165,26 @@ def test_it_answers_404_for_a_month_without_an_invoice(march, month):
         response = march.browser_client().get(f"/billing/invoices/{month}/")
 
     assert response.status_code == 404
+
+
+def test_the_billing_page_links_to_the_invoices(owner):
+    response = owner.browser_client().get("/billing/")
+
+    assert b'href="/billing/invoices/">Invoices</a>' in response.content
+
+
+def test_staff_see_the_billing_details_in_admin(owner):
+    owner.browser_client().post("/billing/invoices/details/", DETAILS)
+    staff = User.objects.create_user(email="staff@example.com", password="x", is_staff=True)
+    staff.is_superuser = True
+    staff.save()
+    client = Client()
+    client.force_login(staff)
+
+    response = client.get("/admin/billing/billingdetails/")
+
+    assert response.status_code == 200
+    assert b"Analytical Engines Ltd" in response.content
 
 
 def test_it_saves_the_billing_details(owner):
