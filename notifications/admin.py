@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
 from notifications.models import Attempt, Delivery, Endpoint
 
@@ -10,6 +11,12 @@ class EndpointAdmin(admin.ModelAdmin):
     search_fields = ["url", "project__name"]
     exclude = ["secret"]  # the signing key is the customer's; staff need not read it
     raw_id_fields = ["project", "created_by"]
+    # The URL is checked where endpoints are made (notifications/endpoints.py, the API), so
+    # staff switch one off or remove it here, and neither add one nor change where it points.
+    readonly_fields = ["url", "kind", "failing_since", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 class AttemptInline(admin.TabularInline):

@@ -112,3 +112,13 @@ def test_its_queries_do_not_grow_with_endpoints_or_events(
         setup(stranger, endpoints=3, events=5)
         with django_assert_num_queries(4):
             assert outbox.plan_deliveries(now=START).deliveries == 15
+
+
+def test_the_beat_runs_it_every_few_seconds(settings):
+    from config.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["notifications"]
+    assert entry["task"] == "notifications.tasks.send_notifications"
+    assert entry["schedule"] <= 10
+    app.loader.import_default_modules()
+    assert entry["task"] in app.tasks
