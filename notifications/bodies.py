@@ -5,8 +5,10 @@ the event's own rule (`Event.notification`) and its stop reasons."""
 from django.conf import settings
 from django.urls import reverse
 
+from billing.models import Notice
 from clusters.models import Cluster, Event
 from notifications.models import PING, Endpoint
+from runcrate.money import usd
 
 # The email an event asks for (Event.notification) and the event type it is on a channel.
 BY_NOTIFICATION = {
@@ -27,6 +29,10 @@ TITLES = {
     "cluster.stopped": "was stopped",
     "node.unhealthy": "has an unhealthy node",
     "cluster.idle": "has idle GPUs",
+}
+NOTICES = {
+    Notice.Kind.LOW_BALANCE: "billing.low_balance",
+    Notice.Kind.BUDGET_WARNING: "billing.budget_warning",
 }
 
 
@@ -52,7 +58,7 @@ def cluster_url(cluster: Cluster) -> str:
 def webhook_body(event: Event, kind: str) -> dict:
     cluster = event.cluster
     return {
-        "id": event.pk,
+        "id": f"evt_{event.pk}",
         "type": kind,
         "created": int(event.at.timestamp()),
         "data": {
@@ -86,6 +92,41 @@ def body_for(endpoint: Endpoint, event: Event, kind: str) -> dict:
     if endpoint.kind == Endpoint.Kind.SLACK:
         return slack_body(event, kind)
     return webhook_body(event, kind)
+
+
+def notice_message(notice: Notice) -> str:
+    """The billing email's news in a sentence (billing/limits.py sends the email itself)."""
+    if notice.kind == Notice.Kind.LOW_BALANCE:
+        return (
+            f"The balance of {notice.project.name} covers less than an hour of what it runs; "
+            "at zero its clusters are stopped."
+        )
+    environment = notice.environment
+    name = environment.name if environment else "an"
+    budget = usd(environment.monthly_budget) if environment else "its budget"
+    return (
+        f"The {name} environment of {notice.project.name} has spent 80% of its monthly budget "
+        f"of {budget}; at the budget its clusters are stopped."
+    )
+
+
+def notice_body(endpoint: Endpoint, notice: Notice) -> dict:
+    kind = NOTICES[Notice.Kind(notice.kind)]
+    message = notice_message(notice)
+    if endpoint.kind == Endpoint.Kind.SLACK:
+        title = "Low balance" if notice.kind == Notice.Kind.LOW_BALANCE else "Budget at 80%"
+        billing = f"<{settings.SITE_URL}/billing/|{_slack_escape(notice.project.name)}>"
+        return {"text": f"*{title}: {billing}*\n{_slack_escape(message)}"}
+    return {
+        "id": f"ntc_{notice.pk}",
+        "type": kind,
+        "created": int(notice.sent_at.timestamp()),
+        "data": {
+            "project": {"id": notice.project_id, "name": notice.project.name},
+            "environment": notice.environment.name if notice.environment else None,
+            "message": message,
+        },
+    }
 
 
 def ping_body(endpoint: Endpoint, *, created: int) -> dict:

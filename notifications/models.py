@@ -23,6 +23,8 @@ EVENT_TYPES = [
     "cluster.stopped",
     "node.unhealthy",
     "cluster.idle",
+    "billing.low_balance",
+    "billing.budget_warning",
 ]
 PING = "ping"
 
@@ -79,6 +81,10 @@ class Delivery(models.Model):
     event = models.ForeignKey(
         "clusters.Event", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # A billing notice (low balance, 80% of a budget) instead of a cluster's event.
+    notice = models.ForeignKey(
+        "billing.Notice", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     body = models.JSONField(help_text="What is POSTed, as JSON.")
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -97,7 +103,12 @@ class Delivery(models.Model):
                 fields=["endpoint", "event"],
                 condition=models.Q(event__isnull=False),
                 name="delivery_once_per_event",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["endpoint", "notice"],
+                condition=models.Q(notice__isnull=False),
+                name="delivery_once_per_notice",
+            ),
         ]
         indexes = [
             models.Index(

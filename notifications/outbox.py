@@ -1,7 +1,9 @@
 """The clusters' events become deliveries: the beat reads the event rows below (the same
-outbox the emails are sent from, clusters/notifications.py) and writes one `Delivery` per
-(endpoint, event) that the endpoint chose. The pair is unique in the database and written with
-ON CONFLICT DO NOTHING, so running this twice, or on two workers at once, delivers once.
+outbox the emails are sent from, clusters/notifications.py), and billing's notices (the
+`Notice` row each low-balance or budget email writes), and writes one `Delivery` per
+(endpoint, event or notice) that the endpoint chose. The pair is unique in the database and
+written with ON CONFLICT DO NOTHING, so running this twice, or on two workers at once,
+delivers once.
 
 Only events since the endpoint was made, and within LOOKBACK of now, are read: a new endpoint
 gets no history, and a beat that was down for less than LOOKBACK misses nothing.
@@ -10,6 +12,7 @@ gets no history, and a beat that was down for less than LOOKBACK misses nothing.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from billing.models import Notice
 from clusters.models import Event
 from notifications import bodies
 from notifications.models import Delivery, Endpoint
@@ -27,17 +30,29 @@ class Planned:
 
 
 def plan_deliveries(*, now: datetime, limit: int = BATCH) -> Planned:
-    """Write the deliveries of new events for every active endpoint; four queries whatever the
-    number of endpoints, events or deliveries."""
+    """Write the deliveries of new events and billing notices for every active endpoint; the
+    same queries whatever the number of endpoints, events or deliveries."""
     endpoints = list(Endpoint.objects.filter(active=True).exclude(events=[]))
     if not endpoints:
         return Planned(events_read=0, deliveries=0)
-    wanted = {kind for endpoint in endpoints for kind in endpoint.events}
     since = max(now - LOOKBACK, min(endpoint.created_at for endpoint in endpoints))
+    new = _event_deliveries(endpoints, since=since, now=now, limit=limit)
+    new += _notice_deliveries(endpoints, since=since, now=now, limit=limit)
+    Delivery.objects.bulk_create(new, ignore_conflicts=True)
+    return Planned(events_read=len({row.event_id for row in new}), deliveries=len(new))
+
+
+def _event_deliveries(
+    endpoints: list[Endpoint], *, since: datetime, now: datetime, limit: int
+) -> list[Delivery]:
+    wanted = {kind for endpoint in endpoints for kind in endpoint.events}
+    reasons = bodies.reasons_for(wanted)
+    if not reasons:
+        return []
     events = list(
         Event.objects.filter(
             at__gte=since,
-            reason__in=bodies.reasons_for(wanted),
+            reason__in=reasons,
             cluster__project_id__in={endpoint.project_id for endpoint in endpoints},
         )
         # An event already planned was planned for every endpoint active then: skip it, so a
@@ -55,7 +70,7 @@ def plan_deliveries(*, now: datetime, limit: int = BATCH) -> Planned:
             "endpoint_id", "event_id"
         )
     )
-    new = [
+    return [
         Delivery(
             endpoint=endpoint,
             event=event,
@@ -72,5 +87,46 @@ def plan_deliveries(*, now: datetime, limit: int = BATCH) -> Planned:
         and endpoint.wants(kind)
         and (endpoint.pk, event.pk) not in done
     ]
-    created = Delivery.objects.bulk_create(new, ignore_conflicts=True)
-    return Planned(events_read=len(events), deliveries=len(created))
+
+
+def _notice_deliveries(
+    endpoints: list[Endpoint], *, since: datetime, now: datetime, limit: int
+) -> list[Delivery]:
+    """Billing's notices (billing.Notice rows, written as its emails go out) for the endpoints
+    that chose billing.low_balance or billing.budget_warning."""
+    kinds = [
+        notice_kind
+        for notice_kind, kind in bodies.NOTICES.items()
+        if any(endpoint.wants(kind) for endpoint in endpoints)
+    ]
+    if not kinds:
+        return []
+    notices = list(
+        Notice.objects.filter(
+            sent_at__gte=since,
+            kind__in=kinds,
+            project_id__in={endpoint.project_id for endpoint in endpoints},
+        )
+        .exclude(
+            pk__in=Delivery.objects.filter(notice__isnull=False, created_at__gte=since).values(
+                "notice_id"
+            )
+        )
+        .select_related("project", "environment")
+        .order_by("sent_at", "pk")[:limit]
+    )
+    return [
+        Delivery(
+            endpoint=endpoint,
+            notice=notice,
+            event_type=bodies.NOTICES[Notice.Kind(notice.kind)],
+            body=bodies.notice_body(endpoint, notice),
+            created_at=now,
+            next_attempt_at=now,
+        )
+        for notice in notices
+        for endpoint in endpoints
+        if endpoint.project_id == notice.project_id
+        and notice.sent_at >= endpoint.created_at
+        and endpoint.wants(bodies.NOTICES[Notice.Kind(notice.kind)])
+    ]

@@ -1,10 +1,15 @@
 """The beat turns the clusters' events into deliveries: once per (endpoint, event), only the
 event types an endpoint chose, only its own project's, only what happened since it was made."""
 
+import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import time_machine
 
+from accounts.models import Environment
+from billing.limits import claim_notice
+from billing.models import Notice
 from clusters.models import Event
 from notifications import outbox
 from notifications.endpoints import create_endpoint
@@ -122,3 +127,49 @@ def test_the_beat_runs_it_every_few_seconds(settings):
     assert entry["schedule"] <= 10
     app.loader.import_default_modules()
     assert entry["task"] in app.tasks
+
+
+def test_billing_notices_are_sent_to_the_channels_that_chose_them(
+    owner, stranger, receiver, local_webhooks
+):
+    environment = Environment.objects.get(project=owner.project, name="default")
+    environment.monthly_budget = Decimal("500.00")
+    environment.save()
+    with time_machine.travel(START, tick=False):
+        endpoint = create_endpoint(
+            project=owner.project,
+            user=owner.user,
+            url=receiver.url,
+            events=["billing.low_balance", "billing.budget_warning"],
+        )
+        create_endpoint(
+            project=owner.project,
+            user=owner.user,
+            url=receiver.url,
+            events=["cluster.ready"],
+        )
+        for person in [owner, stranger]:
+            claim_notice(
+                project_id=person.project.pk, kind=Notice.Kind.LOW_BALANCE, key="a", now=START
+            )
+        claim_notice(
+            project_id=owner.project.pk,
+            environment_id=environment.pk,
+            kind=Notice.Kind.BUDGET_WARNING,
+            key="b",
+            now=START,
+        )
+        first = run_notifications()
+        second = run_notifications()
+
+    assert (first["planned"], first["delivered"], second["planned"]) == (2, 2, 0)
+    kinds = sorted(json.loads(got.body)["type"] for got in receiver.received)
+    assert kinds == ["billing.budget_warning", "billing.low_balance"]
+    budget = next(
+        json.loads(got.body)
+        for got in receiver.received
+        if json.loads(got.body)["type"] == "billing.budget_warning"
+    )
+    assert budget["data"]["environment"] == "default"
+    assert "80% of its monthly budget of $500.00" in budget["data"]["message"]
+    assert Delivery.objects.filter(endpoint=endpoint).count() == 2
