@@ -179,7 +179,8 @@ def delete_webhook(request: ApiRequest, webhook_id: int) -> Status:
     response={201: DeliveryEnvelope, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Send a test (ping) delivery now",
     description="A `ping` delivery, attempted at once; the answer is its log entry (a failure "
-    "is retried like any other delivery).",
+    "is retried like any other delivery). On a switched-off endpoint, a 2xx switches it on "
+    "again.",
 )
 def test_webhook(request: ApiRequest, webhook_id: int) -> Status:
     ping = endpoints.send_test(endpoint=_endpoint(request, webhook_id), now=timezone.now())

@@ -65,7 +65,8 @@ def remove_endpoint(*, endpoint: Endpoint) -> None:
 
 
 def send_test(*, endpoint: Endpoint, now: datetime) -> Delivery:
-    """A `ping` delivery, attempted now (and retried like any other when it fails)."""
+    """A `ping` delivery, attempted now (and retried like any other when it fails). A test that
+    a switched-off endpoint answers with a 2xx switches it on again: the receiver works."""
     ping = Delivery.objects.create(
         endpoint=endpoint,
         event_type=PING,
@@ -73,6 +74,13 @@ def send_test(*, endpoint: Endpoint, now: datetime) -> Delivery:
         created_at=now,
         next_attempt_at=now,
     )
-    if endpoint.active:
-        delivery.attempt(ping, now=now)
+    outcome = delivery.attempt(ping, now=now)
+    if outcome is not None and outcome.delivered and not endpoint.active:
+        if Endpoint.objects.filter(pk=endpoint.pk, active=False).update(active=True):
+            endpoint.active = True
+    elif not endpoint.active:
+        # Nothing retries a switched-off endpoint's deliveries: this one ends here.
+        Delivery.objects.filter(pk=ping.pk, state=Delivery.State.PENDING).update(
+            state=Delivery.State.FAILED
+        )
     return ping

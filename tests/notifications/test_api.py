@@ -185,3 +185,22 @@ def test_the_schema_documents_the_webhooks(owner):
         "/api/v1/webhooks/{webhook_id}/test",
         "/api/v1/webhooks/{webhook_id}/deliveries",
     } <= set(schema["paths"])
+
+
+def test_a_test_that_succeeds_switches_a_switched_off_endpoint_on_again(
+    owner, receiver, local_webhooks
+):
+    endpoint_id = _post(owner, url=receiver.url, events=["cluster.ready"]).json()["data"]["id"]
+    Endpoint.objects.filter(pk=endpoint_id).update(active=False)
+    client = owner.api()
+
+    receiver.status = 500
+    failed = client.post(f"/api/v1/webhooks/{endpoint_id}/test").json()["data"]
+    assert (failed["state"], failed["last_status_code"]) == ("failed", 500)
+    assert Endpoint.objects.get(pk=endpoint_id).active is False
+
+    receiver.status = 200
+    passed = client.post(f"/api/v1/webhooks/{endpoint_id}/test").json()["data"]
+    assert passed["state"] == "delivered"
+    assert Endpoint.objects.get(pk=endpoint_id).active is True
+    assert len(receiver.received) == 2
