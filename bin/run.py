@@ -195,10 +195,13 @@ def listening_at(env: dict[str, str], *, host: str, port: str) -> None:
 
 def the_demo(env: dict[str, str]) -> None:
     """`make run` is the demo (docs/settings.md, RUNCRATE_DEMO): without Stripe keys, a demo
-    payment page adds credit. Only with DEBUG on, like the demo user itself: never free credit
-    on a deployment. What the environment sets wins."""
+    payment page adds credit, and webhooks may go to private addresses. Only with DEBUG on,
+    like the demo user itself: never free credit on a deployment. What the environment sets
+    wins."""
     if env_bool("DEBUG", True):
         env.setdefault("RUNCRATE_DEMO", "true")
+        # The demo's webhooks may go to a receiver on this machine (docs/notifications.md).
+        env.setdefault("RUNCRATE_WEBHOOKS_ALLOW_PRIVATE", "true")
 
 
 def main() -> int:

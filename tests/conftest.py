@@ -82,6 +82,29 @@ def _mail_in_memory(settings):
 
 
 @pytest.fixture(autouse=True)
+def _no_outside_names(monkeypatch):
+    """No test resolves a name through DNS (the network rule): a webhook URL's host resolves
+    here only as an address literal or `localhost`, anything else as a name that does not
+    resolve. A test about resolution stubs `notifications.addresses.resolve` itself."""
+    import ipaddress
+
+    from notifications import addresses
+
+    sealed = addresses.resolve
+
+    def resolve(host: str, port: int) -> list[str]:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if host != "localhost":
+                why = f"The host {host!r} does not resolve to any address."
+                raise addresses.UrlRefused("invalid_url", why, field="url") from None
+        return sealed(host, port)
+
+    monkeypatch.setattr(addresses, "resolve", resolve)
+
+
+@pytest.fixture(autouse=True)
 def _clear_cache():
     from django.core.cache import cache
 
