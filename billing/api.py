@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypedDict
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
+import audit
 from accounts.api_auth import Scope, needs
 from accounts.models import Environment
 from accounts.requests import ApiRequest
@@ -314,7 +315,13 @@ def put_budget(request: ApiRequest, name: str, payload: BudgetIn) -> dict:
     if environment is None:
         raise ApiError(404, "not_found", f"The project has no environment named {name!r}.")
     amount = budgets.parse_budget(payload.amount)
+    before = environment.monthly_budget
     stops = budgets.set_budget(environment=environment, amount=amount, confirm=payload.confirm)
+    after = environment.monthly_budget
+    audit.record(
+        request,
+        changes={"monthly_budget": {"before": money_str(before), "after": money_str(after)}},
+    )
     spent = budgets.month_to_date_spend(environment=environment)
     return {
         "data": {

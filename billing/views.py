@@ -21,6 +21,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+import audit
 from accounts.models import Environment
 from accounts.projects import get_for_project, require_project
 from accounts.requests import ProjectRequest
@@ -35,7 +36,7 @@ from billing.context_processors import (
 )
 from billing.forms import BillingDetailsForm, BudgetForm, EnvironmentForm, TopUpForm
 from billing.models import BillingDetails, Payment
-from runcrate.money import usd
+from runcrate.money import plain, usd
 
 logger = logging.getLogger(__name__)
 
@@ -377,6 +378,7 @@ def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
         context = _environments_context(request, forms={environment.pk: form})
         return render(request, "billing/environments.html", context, status=422)
     amount = form.cleaned_data["monthly_budget"]
+    before = environment.monthly_budget
     try:
         stops = budgets.set_budget(
             environment=environment, amount=amount, confirm=request.POST.get("confirm") == "yes"
@@ -390,6 +392,7 @@ def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
             "field_name": form["monthly_budget"].html_name,
         }
         return render(request, "billing/confirm_budget.html", context)
+    audit.record(request, changes={"monthly_budget": _change(before, environment.monthly_budget)})
     if environment.monthly_budget is None:
         messages.success(request, f"{environment.name} has no monthly budget any more.")
     else:
@@ -405,6 +408,11 @@ def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
             ),
         )
     return redirect(reverse("billing:environments"))
+
+
+def _change(before: Decimal | None, after: Decimal | None) -> dict[str, str | None]:
+    """A budget's before and after for the audit log, as the API writes money ("500.00")."""
+    return {"before": plain(before), "after": plain(after)}
 
 
 # ---- invoices ----------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "clusters",
     "billing",
     "notifications",
+    "audit",
     # The project package last: it imports every app, and holds the `seed_demo` command.
     "config",
 ]
@@ -95,6 +96,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "accounts.middleware.ProjectMiddleware",
+    # One audit entry per state-changing request, after its view (audit/middleware.py).
+    "audit.middleware.AuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -117,6 +120,7 @@ TEMPLATES = [
                 "offers.context_processors.cluster_sizes",
                 "offers.context_processors.network_terms",
                 "billing.context_processors.balance",
+                "audit.context_processors.audit_link",
             ],
         },
     },

@@ -6,6 +6,7 @@ from django.urls import include, path
 
 from accounts.api import router as accounts_router
 from accounts.api_auth import ApiKeyAuth
+from audit.api import router as audit_router
 from billing.api import router as billing_router
 from clusters.agent.api import router as agent_router  # nodes' agents, by node token
 from clusters.api import router as clusters_router
@@ -26,6 +27,7 @@ def mount_routers() -> None:
         clusters_router,
         billing_router,
         notifications_router,
+        audit_router,
         agent_router,
     ]
     for router in routers:
@@ -46,6 +48,7 @@ urlpatterns = [
     path("clusters/", include("clusters.urls")),
     path("storage/", include("clusters.storage_urls")),
     path("billing/", include("billing.urls")),
+    path("audit/", include("audit.urls")),
 ]
 
 # Our own outages (the database, the broker) are 503s, never 500s: runcrate/outages.py.

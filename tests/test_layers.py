@@ -15,11 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 MAY_IMPORT: dict[str, set[str]] = {
     "runcrate": set(),
     "accounts": {"runcrate"},
-    "offers": {"runcrate", "accounts"},
-    "billing": {"runcrate", "accounts", "offers"},
-    "clusters": {"runcrate", "accounts", "offers", "billing"},
-    "notifications": {"runcrate", "accounts", "offers", "billing", "clusters"},
-    "config": {"runcrate", "accounts", "offers", "billing", "clusters", "notifications"},
+    # The audit log sits just above accounts, so every app may record in it (docs/audit.md).
+    "audit": {"runcrate", "accounts"},
+    "offers": {"runcrate", "accounts", "audit"},
+    "billing": {"runcrate", "accounts", "audit", "offers"},
+    "clusters": {"runcrate", "accounts", "audit", "offers", "billing"},
+    "notifications": {"runcrate", "accounts", "audit", "offers", "billing", "clusters"},
+    "config": {"runcrate", "accounts", "audit", "offers", "billing", "clusters", "notifications"},
     # The client distribution: a client of the API over HTTP, no Django, none of the server.
     "runcrate_cli": set(),
 }

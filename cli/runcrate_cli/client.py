@@ -100,6 +100,7 @@ class ApiClient:
         api_key: str | None,
         timeout: httpx.Timeout = TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        user_agent: str = "runcrate-cli/1",
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.api_key = api_key
@@ -107,7 +108,7 @@ class ApiClient:
             base_url=f"{self.api_url}/api/v1",
             timeout=timeout,
             transport=transport,
-            headers={"user-agent": "runcrate-cli/1", "accept": "application/json"},
+            headers={"user-agent": user_agent, "accept": "application/json"},
         )
 
     def __enter__(self) -> ApiClient:

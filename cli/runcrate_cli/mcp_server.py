@@ -419,7 +419,8 @@ def build_server(
         key = key_for(ctx)
         if key is None and config_problem is not None:
             raise ApiError("bad_config", config_problem)
-        return ApiClient(api_url=api_url, api_key=key)
+        # The audit log tells the MCP's calls from the CLI's by this (docs/audit.md).
+        return ApiClient(api_url=api_url, api_key=key, user_agent="runcrate-mcp/1")
 
     def call(ctx: Context, work: Callable[[ApiClient], dict[str, Any]]) -> CallToolResult:
         try:

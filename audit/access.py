@@ -1,0 +1,16 @@
+"""Who sees a project's audit log: its owners and managers (SPEC §5), as the permission table
+says (accounts/permissions.py, "team.view": the log is the team's history)."""
+
+from accounts import permissions
+from accounts.models import Project, User
+
+ACTION = "team.view"
+
+
+def can_see_audit(*, user: User, project: Project | None) -> bool:
+    return permissions.allowed(permissions.role_of(user, project), ACTION)
+
+
+def require_audit(*, user: User, project: Project | None) -> None:
+    """The permission table's refusal (403 `role_forbidden` in the API) for anyone else."""
+    permissions.require(user, project, ACTION)

@@ -1,0 +1,214 @@
+"""Writing the audit log (docs/audit.md): who acted, through which channel, on what.
+
+`entry_for_request` reads all of it from a request after its view ran; `system` writes the
+system's own actions (the balance and budget stops). A failure to write is logged and never
+fails what it records: the entry is written in the same request, but a lost entry is better
+than a refused action.
+"""
+
+import logging
+import re
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.db import models, transaction
+from django.http import HttpRequest, HttpResponse
+from django.urls import ResolverMatch
+
+from accounts.models import ApiKey, Project, User
+from audit.models import Entry
+from runcrate.api import api
+
+logger = logging.getLogger(__name__)
+
+# Where a view's `audit.record` leaves its before/after for the middleware.
+CHANGES_ATTRIBUTE = "_audit_changes"
+# What the client distribution sends (cli/runcrate_cli/client.py): "runcrate-cli/1".
+USER_AGENT_CHANNELS = {"runcrate-cli/": Entry.Channel.CLI, "runcrate-mcp/": Entry.Channel.MCP}
+_PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
+
+
+def record(request: HttpRequest, *, changes: dict[str, Any]) -> None:
+    """Say what the request changed (`{"monthly_budget": {"before": "500.00", "after":
+    "50.00"}}`): the middleware writes it with the request's one entry."""
+    setattr(request, CHANGES_ATTRIBUTE, {**getattr(request, CHANGES_ATTRIBUTE, {}), **changes})
+
+
+def system(
+    *,
+    project: Project | None,
+    action: str,
+    object_type: str = "",
+    object_id: object = "",
+    changes: dict[str, Any] | None = None,
+) -> Entry | None:
+    """An action of the system itself (no person): `cluster.stopped_balance` on a cluster."""
+    return _write(
+        project=project,
+        actor=Entry.Actor.SYSTEM,
+        channel=Entry.Channel.SYSTEM,
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        changes=changes or {},
+    )
+
+
+def write_for_request(
+    request: HttpRequest, response: HttpResponse, *, user: User | None
+) -> Entry | None:
+    """The request's one entry, from what its view left on it; `user` is who was signed in
+    before the view (a logout ends the session the view ran in)."""
+    key = getattr(request, "auth", None)
+    key = key if isinstance(key, ApiKey) else None
+    if key is not None:
+        user = key.user
+    if user is None:
+        return None
+    match = request.resolver_match
+    action = action_of(request, match)
+    object_type, object_id = object_of(match)
+    is_admin = match is not None and match.app_name == "admin"
+    return _write(
+        project=_project_of(request, key=key, match=match, is_admin=is_admin),
+        actor=(Entry.Actor.API_KEY if key else Entry.Actor.STAFF if is_admin else Entry.Actor.USER),
+        channel=channel_of(request, key=key, is_admin=is_admin),
+        user=user,
+        api_key=key,
+        ip=client_ip(request),
+        method=request.method or "",
+        path=request.path[:2000],
+        action=action,
+        object_type=object_type,
+        object_id=object_id,
+        status_code=response.status_code,
+        changes=getattr(request, CHANGES_ATTRIBUTE, {}),
+    )
+
+
+def action_of(request: HttpRequest, match: ResolverMatch | None) -> str:
+    """The URL pattern's name ("clusters:terminate"), or for the API the operation id of the
+    method called ("clusters_api_terminate_cluster"): an API path names every method's
+    operations alike."""
+    if match is None:
+        return request.path[:200]
+    if match.namespace == "api" and match.route:
+        path = "/" + _PARAMETER.sub(r"{\1}", match.route)
+        operations = _operation_ids().get(path, {})
+        return operations.get((request.method or "").lower(), match.view_name)
+    return match.view_name
+
+
+def object_of(match: ResolverMatch | None) -> tuple[str, str]:
+    """The object the URL names: its type from the collection before the first parameter
+    (`clusters/<int:pk>/` a cluster) or from the parameter's own name (`<cluster_id>`)."""
+    if match is None or not match.kwargs:
+        return "", ""
+    segments = match.route.split("/")
+    for index, segment in enumerate(segments):
+        found = _PARAMETER.search(segment)
+        if found is None:
+            continue
+        name = found.group(1)
+        value = str(match.kwargs.get(name, ""))[:200]
+        if name.endswith("_id") and name != "object_id":
+            return name.removesuffix("_id"), value
+        collection = segments[index - 1] if index else ""
+        return collection.removesuffix("s")[:64], value
+    return "", ""
+
+
+def channel_of(request: HttpRequest, *, key: ApiKey | None, is_admin: bool) -> str:
+    if is_admin:
+        return Entry.Channel.ADMIN
+    agent = request.headers.get("User-Agent", "")
+    for prefix, channel in USER_AGENT_CHANNELS.items():
+        if agent.startswith(prefix):
+            return channel
+    return Entry.Channel.API if key else Entry.Channel.DASHBOARD
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """REMOTE_ADDR, or behind the proxy the project trusts (RUNCRATE_CLIENT_IP_HEADER, as the
+    login throttle reads it) the last address that proxy added."""
+    raw = request.META.get("REMOTE_ADDR", "")
+    header = settings.RUNCRATE_CLIENT_IP_HEADER
+    if header:
+        forwarded = request.META.get("HTTP_" + header.upper().replace("-", "_"), "")
+        raw = forwarded.split(",")[-1].strip() or raw
+    try:
+        return models.GenericIPAddressField().to_python(raw) or None
+    except Exception:
+        return None
+
+
+def _project_of(
+    request: HttpRequest, *, key: ApiKey | None, match: ResolverMatch | None, is_admin: bool
+) -> Project | None:
+    if key is not None:
+        return key.project
+    if is_admin:
+        return _admin_object_project(match)
+    project = getattr(request, "project", None)
+    return project if project else None  # a user in no project has a falsy lazy project
+
+
+def _admin_object_project(match: ResolverMatch | None) -> Project | None:
+    """The project of the object an admin page changes (`admin:clusters_cluster_change`), so
+    the project's owners see staff's actions on it."""
+    if match is None or "object_id" not in match.kwargs:
+        return None
+    for model in apps.get_models():
+        label = f"{model._meta.app_label}_{model._meta.model_name}_"
+        if match.url_name and match.url_name.startswith(label):
+            row = model._default_manager.filter(pk=match.kwargs["object_id"]).first()
+            if isinstance(row, Project):
+                return row
+            project_id = getattr(row, "project_id", None)
+            return Project.objects.filter(pk=project_id).first() if project_id else None
+    return None
+
+
+_OPERATIONS: dict[str, dict[str, str]] = {}
+
+
+def _operation_ids() -> dict[str, dict[str, str]]:
+    """Path → method → operation id, from the API's own schema, read once."""
+    if not _OPERATIONS:
+        schema = api.get_openapi_schema()
+        for path, operations in schema["paths"].items():
+            _OPERATIONS[path] = {
+                method: operation["operationId"] for method, operation in operations.items()
+            }
+    return _OPERATIONS
+
+
+def _write(
+    *,
+    project: Project | None,
+    actor: str,
+    channel: str,
+    action: str,
+    user: User | None = None,
+    api_key: ApiKey | None = None,
+    **fields: Any,
+) -> Entry | None:
+    try:
+        # A savepoint: a failed write must not break the transaction of what it records.
+        with transaction.atomic():
+            return Entry.objects.create(
+                project=project,
+                actor=actor,
+                channel=channel,
+                action=action[:200],
+                user=user,
+                user_email=user.email if user else "",
+                api_key=api_key,
+                api_key_ref=str(api_key.pk) if api_key else "",
+                api_key_name=api_key.name if api_key else "",
+                **fields,
+            )
+    except Exception:
+        logger.exception("could not write the audit entry for %s", action)
+        return None

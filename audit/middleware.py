@@ -1,0 +1,36 @@
+"""One audit entry for every state-changing request, written after its view (docs/audit.md):
+here, so no view can forget. Which requests are exempt, and why: audit/exempt.py."""
+
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse
+
+from accounts.models import User
+from audit import exempt, log
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class AuditMiddleware:
+    """After AuthenticationMiddleware: the signed-in user is read before the view, since a
+    logout ends it; an API key's user is known only after (the API's auth sets it)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method not in STATE_CHANGING:
+            return self.get_response(request)
+        user = request.user if request.user.is_authenticated else None
+        response = self.get_response(request)
+        if response.status_code != 405 and not self._exempt(request):
+            log.write_for_request(request, response, user=user if isinstance(user, User) else None)
+        return response
+
+    @staticmethod
+    def _exempt(request: HttpRequest) -> bool:
+        match = request.resolver_match
+        if match is None:  # no route answered it: nothing changed
+            return True
+        action = log.action_of(request, match)
+        return exempt.exemption(path=request.path, action=action) is not None
