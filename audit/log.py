@@ -12,9 +12,10 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.http import HttpRequest, HttpResponse
-from django.urls import ResolverMatch
+from django.urls import Resolver404, ResolverMatch, resolve
 
 from accounts.models import ApiKey, Project, User
 from audit.models import Entry
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 CHANGES_ATTRIBUTE = "_audit_changes"
 # What the client distribution sends (cli/runcrate_cli/client.py): "runcrate-cli/1".
 USER_AGENT_CHANNELS = {"runcrate-cli/": Entry.Channel.CLI, "runcrate-mcp/": Entry.Channel.MCP}
+ADMIN_PREFIX = "/admin/"  # where config/urls.py mounts admin
 _PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
 
 
@@ -56,10 +58,15 @@ def system(
 
 
 def write_for_request(
-    request: HttpRequest, response: HttpResponse, *, user: User | None
+    request: HttpRequest,
+    response: HttpResponse,
+    *,
+    user: User | None,
+    admin_project: Project | None = None,
 ) -> Entry | None:
     """The request's one entry, from what its view left on it; `user` is who was signed in
-    before the view (a logout ends the session the view ran in)."""
+    before the view (a logout ends the session the view ran in), `admin_project` the project of
+    the object an admin page acts on, read before the view."""
     key = getattr(request, "auth", None)
     key = key if isinstance(key, ApiKey) else None
     if key is not None:
@@ -69,9 +76,9 @@ def write_for_request(
     match = request.resolver_match
     action = action_of(request, match)
     object_type, object_id = object_of(match)
-    is_admin = match is not None and match.app_name == "admin"
+    is_admin = match is not None and match.namespace == "admin"
     return _write(
-        project=_project_of(request, key=key, match=match, is_admin=is_admin),
+        project=admin_project if is_admin else _project_of(request, key=key),
         actor=(Entry.Actor.API_KEY if key else Entry.Actor.STAFF if is_admin else Entry.Actor.USER),
         channel=channel_of(request, key=key, is_admin=is_admin),
         user=user,
@@ -143,26 +150,33 @@ def client_ip(request: HttpRequest) -> str | None:
         return None
 
 
-def _project_of(
-    request: HttpRequest, *, key: ApiKey | None, match: ResolverMatch | None, is_admin: bool
-) -> Project | None:
+def _project_of(request: HttpRequest, *, key: ApiKey | None) -> Project | None:
     if key is not None:
         return key.project
-    if is_admin:
-        return _admin_object_project(match)
     project = getattr(request, "project", None)
     return project if project else None  # a user in no project has a falsy lazy project
 
 
-def _admin_object_project(match: ResolverMatch | None) -> Project | None:
-    """The project of the object an admin page changes (`admin:clusters_cluster_change`), so
-    the project's owners see staff's actions on it."""
-    if match is None or "object_id" not in match.kwargs:
+def is_admin_path(request: HttpRequest) -> bool:
+    return request.path_info.startswith(ADMIN_PREFIX)
+
+
+def admin_project(request: HttpRequest) -> Project | None:
+    """The project of the object an admin page acts on (`admin:clusters_cluster_change`), so
+    the project's owners see staff's actions on it; None for a page that names no object."""
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        return None
+    if "object_id" not in match.kwargs:
         return None
     for model in apps.get_models():
         label = f"{model._meta.app_label}_{model._meta.model_name}_"
         if match.url_name and match.url_name.startswith(label):
-            row = model._default_manager.filter(pk=match.kwargs["object_id"]).first()
+            try:
+                row = model._default_manager.filter(pk=match.kwargs["object_id"]).first()
+            except (ValueError, ValidationError):  # a pk admin itself will answer 404 for
+                return None
             if isinstance(row, Project):
                 return row
             project_id = getattr(row, "project_id", None)

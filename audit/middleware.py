@@ -22,9 +22,16 @@ class AuditMiddleware:
         if request.method not in STATE_CHANGING:
             return self.get_response(request)
         user = request.user if request.user.is_authenticated else None
+        # Before the view: a delete in admin leaves no object to read the project from after.
+        admin_project = log.admin_project(request) if log.is_admin_path(request) else None
         response = self.get_response(request)
         if response.status_code != 405 and not self._exempt(request):
-            log.write_for_request(request, response, user=user if isinstance(user, User) else None)
+            log.write_for_request(
+                request,
+                response,
+                user=user if isinstance(user, User) else None,
+                admin_project=admin_project,
+            )
         return response
 
     @staticmethod
