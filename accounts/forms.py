@@ -9,7 +9,7 @@ from django.contrib.auth import password_validation
 
 from accounts import throttle
 from accounts.keys import NAME_MAX_LENGTH
-from accounts.models import ApiKey, User
+from accounts.models import ApiKey, Membership, User
 from accounts.signup import normalize_email
 
 
@@ -168,3 +168,12 @@ class SshKeyForm(forms.Form):
         ),
         help_text="The one line in your .pub file, e.g. the output of 'cat ~/.ssh/id_ed25519.pub'.",
     )
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(max_length=254)
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.DEVELOPER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Membership.Role.choices)

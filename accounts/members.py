@@ -12,11 +12,13 @@ Clusters are the higher layer's rows: they are read here through the project's o
 """
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Max, OuterRef, QuerySet, Subquery
 
-from accounts.models import Membership, Project, User
+from accounts import permissions
+from accounts.models import ApiKey, Membership, Project, User
 from runcrate.errors import Refused
 
 OWNER = Membership.Role.OWNER
@@ -92,3 +94,80 @@ def check_keeps_an_owner(project: Project, *, owners_after: Iterable[int]) -> No
             f"The project {project.name!r} needs an owner: keep one member in the owner role "
             "(make another member its owner before removing or changing this one).",
         )
+
+
+# --- the team page and the API: list, change a role, remove --------------------------------------
+
+
+def members_of(project: Project) -> QuerySet[Membership]:
+    """The project's memberships with `key_last_used`: the newest use of the member's API keys
+    in this project (one query for the whole list)."""
+    newest = (
+        ApiKey.objects.filter(project_id=OuterRef("project_id"), user_id=OuterRef("user_id"))
+        .values("user_id")
+        .annotate(newest=Max("last_used_at"))
+        .values("newest")
+    )
+    return (
+        project.memberships.select_related("user")
+        .annotate(key_last_used=Subquery(newest))
+        .order_by("user__email")
+    )
+
+
+def last_activity(membership: Membership) -> datetime | None:
+    """The later of the member's last login and their keys' last use (`members_of`)."""
+    seen = [membership.user.last_login, getattr(membership, "key_last_used", None)]
+    return max((moment for moment in seen if moment is not None), default=None)
+
+
+def _locked(project: Project, membership: Membership) -> Membership:
+    """The membership read again under a lock on the project row (owner counts are decided
+    there, so two changes cannot each leave the other the last owner)."""
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+    return Membership.objects.select_related("user").get(pk=membership.pk, project=project)
+
+
+def _owners_after(project: Project, *, without: int, plus: Iterable[int] = ()) -> list[int]:
+    owners = project.memberships.filter(role=OWNER).exclude(user_id=without)
+    return [*owners.values_list("user_id", flat=True), *plus]
+
+
+def change_role(*, project: Project, by: User, membership: Membership, role: str) -> Membership:
+    """Give the member `role`. Managers change developers and managers; only an owner makes or
+    unmakes owners; the last owner stays one."""
+    if role not in Membership.Role.values:
+        raise MembershipRefused(
+            "invalid_role",
+            f"There is no role {str(role)[:20]!r}: a role is one of "
+            f"{', '.join(Membership.Role.values)}.",
+        )
+    with transaction.atomic():
+        membership = _locked(project, membership)
+        touches_owner = OWNER in (role, membership.role)
+        permissions.require(by, project, "team.make_owner" if touches_owner else "team.change_role")
+        if membership.role == role:
+            return membership
+        if membership.role == OWNER:
+            check_keeps_an_owner(
+                project, owners_after=_owners_after(project, without=membership.user_id)
+            )
+        membership.role = role
+        membership.save(update_fields=["role"])  # its post_save forgets the member's cached keys
+    return membership
+
+
+def remove_member(*, project: Project, by: User, membership: Membership) -> None:
+    """Remove the member (or let a member leave). Their API keys of this project stop at the next
+    request (the membership's post_delete forgets them, and a key whose user is no member is
+    refused); their sessions no longer reach the project; their clusters stay with it."""
+    with transaction.atomic():
+        membership = _locked(project, membership)
+        if membership.user_id != by.pk:
+            action = "team.remove_owner" if membership.role == OWNER else "team.remove"
+            permissions.require(by, project, action)
+        if membership.role == OWNER:
+            check_keeps_an_owner(
+                project, owners_after=_owners_after(project, without=membership.user_id)
+            )
+        membership.delete()

@@ -5,7 +5,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.functional import SimpleLazyObject
 
 from accounts.models import Project
-from accounts.projects import project_for
+from accounts.projects import chosen_project_id, project_for
 from accounts.requests import AnonymousRequest, ProjectRequest
 
 
@@ -19,8 +19,8 @@ class ProjectMiddleware:
         # What ProjectRequest declares (accounts/requests.py): a lazy project, read (one query)
         # only where a view uses it, and falsy for a user in no project (require_project).
         if request.user.is_authenticated:
-            user = request.user
-            lazy = cast(Project, SimpleLazyObject(lambda: project_for(user)))
+            user, chosen = request.user, chosen_project_id(request)
+            lazy = cast(Project, SimpleLazyObject(lambda: project_for(user, chosen)))
             cast(ProjectRequest, request).project = lazy
         else:
             cast(AnonymousRequest, request).project = None

@@ -1,5 +1,6 @@
 import hashlib
 import secrets
+from datetime import datetime
 from decimal import Decimal
 from typing import ClassVar
 
@@ -234,3 +235,36 @@ class UnforgottenKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key_hash[:12]}… at {self.failed_at:%Y-%m-%d %H:%M:%S}"
+
+
+class Invitation(models.Model):
+    """An email invited into a project with a role. The link carries a random token; only its
+    hash is kept (as for API keys), so the table alone opens nothing. Single use: accepting
+    stamps `accepted_at`; revoking deletes the row (accounts/invitations.py)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Membership.Role.choices)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.project} ({self.role})"
+
+    def is_pending(self, *, now: datetime) -> bool:
+        return self.accepted_at is None and now < self.expires_at

@@ -3,8 +3,8 @@
 from typing import TypeVar
 
 from django.db import transaction
-from django.db.models import Model, QuerySet, Subquery
-from django.http import Http404
+from django.db.models import Case, Model, QuerySet, Subquery, Value, When
+from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Environment, Membership, Project, User
@@ -15,11 +15,37 @@ DEFAULT_ENVIRONMENT = "default"
 M = TypeVar("M", bound=Model)
 
 
-def project_for(user: User) -> Project | None:
-    membership = (
-        Membership.objects.select_related("project").filter(user=user).order_by("pk").first()
-    )
-    return membership.project if membership else None
+# The session key of the project a user in several projects switched to (the top bar's form,
+# accounts/views.py `switch_project`).
+SESSION_KEY = "runcrate_project_id"
+
+
+def _memberships(user: User, chosen: int | None) -> QuerySet[Membership]:
+    """The user's memberships, the chosen project's first, then the oldest: a choice of a
+    project the user has left falls back to their first, as with no choice at all."""
+    memberships = Membership.objects.filter(user=user)
+    if chosen is None:
+        return memberships.order_by("pk")
+    first = Case(When(project_id=chosen, then=Value(0)), default=Value(1))
+    return memberships.order_by(first, "pk")
+
+
+def chosen_project_id(request: HttpRequest) -> int | None:
+    session = getattr(request, "session", None)
+    value = session.get(SESSION_KEY) if session is not None else None
+    return value if isinstance(value, int) else None
+
+
+def project_for(user: User, chosen: int | None = None) -> Project | None:
+    """The project the user acts in: the one chosen (a project id) if they are its member,
+    else their first."""
+    memberships = list(_memberships(user, chosen).select_related("project"))
+    if not memberships:
+        return None
+    project = memberships[0].project
+    # Every project of the user, for the top bar's switcher, from this same query.
+    project.switchable = [m.project for m in memberships]  # type: ignore[attr-defined]
+    return project
 
 
 @transaction.atomic
@@ -49,7 +75,7 @@ def get_for_project(request: ProjectRequest, queryset: QuerySet[M], **lookup: ob
 
 def in_project(request: ProjectRequest, queryset: QuerySet[M]) -> QuerySet[M]:
     """`queryset` narrowed to the request's project inside its own query: the project is a
-    subquery (the user's first membership, as `project_for` picks it), not a row read first.
+    subquery (the one `project_for` picks), not a row read first.
     A user in no project matches nothing. For answers that must cost one query, the poll's."""
-    first = Membership.objects.filter(user=request.user).order_by("pk").values("project_id")[:1]
+    first = _memberships(request.user, chosen_project_id(request)).values("project_id")[:1]
     return queryset.filter(project_id=Subquery(first))

@@ -71,4 +71,11 @@ urlpatterns = [
     path("ssh-keys/", views.ssh_keys, name="ssh_keys"),
     path("ssh-keys/add/", views.add_ssh_key, name="add_ssh_key"),
     path("ssh-keys/<int:pk>/remove/", views.remove_ssh_key, name="remove_ssh_key"),
+    path("members/", views.team, name="members"),
+    path("members/invite/", views.invite, name="invite"),
+    path("members/<int:pk>/role/", views.change_role, name="change_role"),
+    path("members/<int:pk>/remove/", views.remove_member, name="remove_member"),
+    path("invitations/<int:pk>/revoke/", views.revoke_invitation, name="revoke_invitation"),
+    path("invitations/<str:token>/", views.invitation, name="invitation"),
+    path("project/", views.switch_project, name="switch_project"),
 ]

@@ -6,18 +6,20 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from accounts import keys, throttle
-from accounts.forms import ApiKeyForm, SignupForm, SshKeyForm
-from accounts.models import ApiKey, Project, SshKey
-from accounts.projects import get_for_project, require_project
+from accounts import invitations, keys, members, permissions, throttle
+from accounts.forms import ApiKeyForm, InviteForm, RoleForm, SignupForm, SshKeyForm
+from accounts.models import ApiKey, Invitation, Membership, Project, SshKey
+from accounts.projects import SESSION_KEY, get_for_project, require_project
 from accounts.requests import ProjectRequest
 from accounts.signup import EmailTaken, sign_up
 
@@ -46,8 +48,8 @@ def signup(request: HttpRequest) -> HttpResponse:
             form.add_error("email", "An account with this email already exists.")
         else:
             login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-            return redirect(settings.LOGIN_REDIRECT_URL)
-    return render(request, "accounts/signup.html", {"form": form})
+            return redirect(_next_url(request) or settings.LOGIN_REDIRECT_URL)
+    return render(request, "accounts/signup.html", {"form": form, "next": _next_url(request)})
 
 
 def _retry_after(response: HttpResponse, refusal: throttle.Throttled) -> HttpResponse:
@@ -96,7 +98,7 @@ def _project(request: ProjectRequest) -> Project:
     return require_project(request)
 
 
-def _next_url(request: ProjectRequest) -> str:
+def _next_url(request: HttpRequest) -> str:
     """A page of this site to return to after adding a key, or ""."""
     next_url = request.POST.get("next") or request.GET.get("next") or ""
     safe = url_has_allowed_host_and_scheme(
@@ -235,3 +237,163 @@ def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
         return _render_account(request, "ssh_keys", ssh_keys_notice=notice)
     messages.success(request, notice)
     return redirect(reverse("accounts:account") + "#ssh-keys")
+
+
+# --- members and invitations (docs/accounts.md, "Members and invitations") ----------------------
+
+
+def _team_project(request: ProjectRequest) -> Project:
+    """The request's project, for a member whose role may see the team; a developer gets a
+    403, as on the billing pages."""
+    project = require_project(request)
+    if not permissions.allowed(permissions.role_of(request.user, project), "team.view"):
+        raise PermissionDenied(permissions.refusal("team.view").message)
+    return project
+
+
+def _render_members(
+    request: ProjectRequest, project: Project, *, status: int = 200, **extra: object
+) -> HttpResponse:
+    role = permissions.role_of(request.user, project)
+    team = list(members.members_of(project))
+    for membership in team:
+        membership.last_activity = members.last_activity(membership)  # type: ignore[attr-defined]
+    context = {
+        "project": project,
+        "members": team,
+        "invitations": invitations.pending(project, now=timezone.now()).select_related(
+            "invited_by"
+        ),
+        "invite_form": InviteForm(),
+        "roles": Membership.Role.choices,
+        "may_touch_owners": permissions.allowed(role, "team.make_owner"),
+        "nav_section": "accounts",
+        **extra,
+    }
+    return render(request, "accounts/members.html", context, status=status)
+
+
+@login_required
+def team(request: ProjectRequest) -> HttpResponse:
+    return _render_members(request, _team_project(request))
+
+
+@login_required
+@require_POST
+def invite(request: ProjectRequest) -> HttpResponse:
+    project = _team_project(request)
+    form = InviteForm(request.POST)
+    if form.is_valid():
+        try:
+            invitation = invitations.invite(
+                project=project,
+                by=request.user,
+                email=form.cleaned_data["email"],
+                role=form.cleaned_data["role"],
+                now=timezone.now(),
+            )
+        except (invitations.InvitationRefused, permissions.PermissionRefused) as refusal:
+            form.add_error(refusal.field, refusal.message)
+        else:
+            messages.success(request, f"Invitation sent to {invitation.email}.")
+            return redirect("accounts:members")
+    return _render_members(request, project, invite_form=form, status=422)
+
+
+def _member(request: ProjectRequest, pk: int) -> Membership:
+    return get_for_project(request, Membership.objects.select_related("user"), pk=pk)
+
+
+def _refused(request: ProjectRequest, project: Project, refusal) -> HttpResponse:
+    return _render_members(request, project, refusal=refusal.message, status=refusal.status)
+
+
+@login_required
+@require_POST
+def change_role(request: ProjectRequest, pk: int) -> HttpResponse:
+    project = _team_project(request)
+    membership = _member(request, pk)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        return _render_members(request, project, refusal="Choose a role.", status=422)
+    try:
+        members.change_role(
+            project=project, by=request.user, membership=membership, role=form.cleaned_data["role"]
+        )
+    except (members.MembershipRefused, permissions.PermissionRefused) as refusal:
+        return _refused(request, project, refusal)
+    messages.success(request, f"{membership.user.email} is now a {form.cleaned_data['role']}.")
+    return redirect("accounts:members")
+
+
+@login_required
+@require_POST
+def remove_member(request: ProjectRequest, pk: int) -> HttpResponse:
+    project = require_project(request)
+    membership = _member(request, pk)
+    leaving = membership.user_id == request.user.pk
+    if not leaving:
+        project = _team_project(request)
+    try:
+        members.remove_member(project=project, by=request.user, membership=membership)
+    except (members.MembershipRefused, permissions.PermissionRefused) as refusal:
+        if leaving and not permissions.allowed(membership.role, "team.view"):
+            raise PermissionDenied(refusal.message) from None
+        return _refused(request, project, refusal)
+    if leaving:
+        request.session.pop(SESSION_KEY, None)
+        messages.success(request, f"You left {project.name}.")
+        return redirect(settings.LOGIN_REDIRECT_URL)
+    messages.success(request, f"{membership.user.email} was removed from {project.name}.")
+    return redirect("accounts:members")
+
+
+@login_required
+@require_POST
+def revoke_invitation(request: ProjectRequest, pk: int) -> HttpResponse:
+    project = _team_project(request)
+    invitation = get_for_project(request, Invitation.objects.all(), pk=pk)
+    try:
+        invitations.revoke(invitation=invitation, by=request.user)
+    except permissions.PermissionRefused as refusal:
+        return _refused(request, project, refusal)
+    messages.success(request, f"The invitation of {invitation.email} was withdrawn.")
+    return redirect("accounts:members")
+
+
+@require_http_methods(["GET", "POST"])
+def invitation(request: HttpRequest, token: str) -> HttpResponse:
+    """The link in the invitation email. Anyone may open it: a link that does not work says
+    why (410 used or expired, 404 unknown); a visitor is asked to log in or sign up and comes
+    back here (`next`); the invited user joins with a POST (the button), never on a GET."""
+    now = timezone.now()
+    try:
+        found = invitations.find(token, now=now)
+    except invitations.InvitationRefused as refusal:
+        page = {"refusal": refusal.message}
+        return render(request, "accounts/invitation.html", page, status=refusal.status)
+    context: dict[str, object] = {"invitation": found, "next": request.path}
+    if request.method == "POST" and request.user.is_authenticated:
+        try:
+            membership = invitations.accept(token=token, user=request.user, now=now)
+        except invitations.InvitationRefused as refusal:
+            context["refusal"] = refusal.message
+            return render(request, "accounts/invitation.html", context, status=refusal.status)
+        request.session[SESSION_KEY] = membership.project_id
+        messages.success(request, f"You joined {membership.project.name} as a {membership.role}.")
+        return redirect(settings.LOGIN_REDIRECT_URL)
+    return render(request, "accounts/invitation.html", context)
+
+
+@login_required
+@require_POST
+def switch_project(request: ProjectRequest) -> HttpResponse:
+    """The top bar's project switcher: only a project the user is a member of."""
+    raw = str(request.POST.get("project", ""))
+    if (
+        not raw.isdigit()
+        or not Membership.objects.filter(user=request.user, project_id=int(raw)).exists()
+    ):
+        raise Http404("You are not a member of that project.")
+    request.session[SESSION_KEY] = int(raw)
+    return redirect(settings.LOGIN_REDIRECT_URL)

@@ -1,0 +1,64 @@
+"""The permission table (accounts/permissions.py): one home for who may do what (SPEC §5)."""
+
+import pytest
+
+from accounts import permissions
+from accounts.models import Membership
+from billing.access import BILLING_ROLES, can_manage_billing
+
+OWNER, MANAGER, DEVELOPER = (
+    Membership.Role.OWNER,
+    Membership.Role.MANAGER,
+    Membership.Role.DEVELOPER,
+)
+
+
+@pytest.mark.parametrize(
+    ("role", "action", "expected"),
+    [
+        (OWNER, "project.delete", True),
+        (MANAGER, "project.delete", False),
+        (MANAGER, "team.invite_developer", True),
+        (MANAGER, "team.invite_manager", True),
+        (MANAGER, "team.invite_owner", False),
+        (DEVELOPER, "team.invite_developer", False),
+        (DEVELOPER, "team.view", False),
+        (DEVELOPER, "billing.view", False),
+        (DEVELOPER, "budgets.manage", False),
+        (DEVELOPER, "clusters.manage", True),
+        (DEVELOPER, "keys.own", True),
+        (None, "clusters.manage", False),
+    ],
+)
+def test_the_table_answers_for_each_role(role, action, expected):
+    assert permissions.allowed(role, action) is expected
+
+
+def test_an_action_not_in_the_table_fails_loudly():
+    with pytest.raises(KeyError):
+        permissions.allowed(OWNER, "team.everything")
+
+
+def test_the_refusal_names_the_roles_needed():
+    refusal = permissions.refusal("team.invite_developer", DEVELOPER)
+
+    assert refusal.code == "role_forbidden"
+    assert refusal.status == 403
+    assert refusal.message.startswith("Only an owner or a manager may invite members.")
+    assert "developer" in refusal.message
+
+
+def test_billing_reads_the_table(owner, teammate):
+    assert tuple(BILLING_ROLES) == permissions.roles_for("billing.manage")
+    assert can_manage_billing(user=owner.user, project=owner.project)
+    assert not can_manage_billing(user=teammate.user, project=owner.project)
+    Membership.objects.filter(user=teammate.user).update(role=MANAGER)
+    assert can_manage_billing(user=teammate.user, project=owner.project)
+
+
+def test_role_of_reads_the_current_row(owner, teammate, stranger, django_assert_num_queries):
+    with django_assert_num_queries(1):
+        assert permissions.role_of(teammate.user, owner.project) == DEVELOPER
+    assert permissions.role_of(stranger.user, owner.project) is None
+    Membership.objects.filter(user=teammate.user).update(role=MANAGER)
+    assert permissions.role_of(teammate.user, owner.project) == MANAGER
