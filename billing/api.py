@@ -12,6 +12,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
 import audit
+from accounts import permissions
 from accounts.api_auth import Scope, needs
 from accounts.models import Environment
 from accounts.requests import ApiRequest
@@ -43,9 +44,8 @@ BILLING = needs(Scope.BILLING)
 def _billing_project(request: ApiRequest):
     project = request.project
     if not can_manage_billing(user=request.user, project=project):
-        raise ApiError(
-            403, "forbidden", "Only the project's owners and managers see and manage billing."
-        )
+        # 403 role_forbidden, worded by the permission table (accounts/permissions.py).
+        raise permissions.refusal("billing.view", permissions.role_of(request.user, project))
     return project
 
 

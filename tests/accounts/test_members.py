@@ -231,3 +231,185 @@ def test_a_project_with_clusters_cannot_be_deleted_either(staff, owner):
 
     assert "Cannot delete project" in response.content.decode()
     assert Project.objects.filter(pk=owner.project.pk).exists()
+
+
+# --- the members page, roles and removal (issue 24 item 1) ---------------------------------------
+
+MANAGER = Membership.Role.MANAGER
+
+
+def make(person, role: str) -> None:
+    Membership.objects.filter(project=person.project, user=person.user).update(role=role)
+
+
+def membership_of(person, project: Project) -> Membership:
+    return Membership.objects.get(project=project, user=person.user)
+
+
+def test_the_page_lists_members_with_their_role_and_last_activity(
+    owner, teammate, django_assert_max_num_queries
+):
+    from django.utils import timezone
+
+    used = timezone.now().replace(microsecond=0)
+    teammate.user.api_keys.update(last_used_at=used)
+    client = owner.browser_client()
+
+    with django_assert_max_num_queries(12):
+        response = client.get("/accounts/members/")
+
+    assert response.status_code == 200
+    rows = {m.user.email: m for m in response.context["members"]}
+    assert rows["teammate@example.com"].role == DEVELOPER
+    assert rows["teammate@example.com"].last_activity == used
+    assert rows["owner@example.com"].role == OWNER
+
+
+def test_a_developer_gets_no_team_billing_or_budget_page(owner, teammate):
+    client = teammate.browser_client()
+
+    assert client.get("/accounts/members/").status_code == 403
+    assert client.get("/billing/").status_code == 403
+    assert client.post("/billing/environments/default/budget/", {"amount": "5"}).status_code == 403
+    assert client.post("/accounts/members/invite/", {"email": "a@example.com"}).status_code == 403
+
+
+def test_a_developer_gets_role_forbidden_from_the_billing_api(owner, teammate):
+    response = teammate.api().get("/api/v1/billing/balance")
+
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "role_forbidden"
+    assert "Only an owner or a manager" in error["message"]
+
+
+def test_a_stranger_cannot_reach_another_projects_member(owner, teammate, stranger):
+    make(stranger, OWNER)
+    target = membership_of(teammate, owner.project)
+    client = stranger.browser_client()
+
+    assert client.post(f"/accounts/members/{target.pk}/role/", {"role": OWNER}).status_code == 404
+    assert client.post(f"/accounts/members/{target.pk}/remove/").status_code == 404
+    assert Membership.objects.get(pk=target.pk).role == DEVELOPER
+
+
+def test_an_owner_changes_a_role_and_a_key_acts_with_the_new_one(owner, teammate):
+    target = membership_of(teammate, owner.project)
+    api = teammate.api()
+    assert api.get("/api/v1/billing/balance").status_code == 403
+
+    response = owner.browser_client().post(
+        f"/accounts/members/{target.pk}/role/", {"role": MANAGER}
+    )
+    assert response.status_code == 302
+    assert api.get("/api/v1/billing/balance").status_code == 200
+
+    owner.browser_client().post(f"/accounts/members/{target.pk}/role/", {"role": DEVELOPER})
+    assert api.get("/api/v1/billing/balance").status_code == 403  # demoted: its key too
+
+
+def test_a_manager_cannot_make_an_owner_nor_touch_one(owner, teammate):
+    make(teammate, MANAGER)
+    client = teammate.browser_client()
+    mine = membership_of(teammate, owner.project)
+    theirs = membership_of(owner, owner.project)
+
+    assert client.post(f"/accounts/members/{mine.pk}/role/", {"role": OWNER}).status_code == 403
+    assert client.post(f"/accounts/members/{theirs.pk}/role/", {"role": MANAGER}).status_code == 403
+    assert client.post(f"/accounts/members/{theirs.pk}/remove/").status_code == 403
+    assert Membership.objects.get(pk=theirs.pk).role == OWNER
+    assert Membership.objects.get(pk=mine.pk).role == MANAGER
+
+
+def test_the_last_owner_can_neither_leave_nor_be_demoted(owner, teammate):
+    client = owner.browser_client()
+    mine = membership_of(owner, owner.project)
+
+    demoted = client.post(f"/accounts/members/{mine.pk}/role/", {"role": DEVELOPER})
+    left = client.post(f"/accounts/members/{mine.pk}/remove/")
+
+    assert demoted.status_code == 422
+    assert "needs an owner" in demoted.content.decode()
+    assert left.status_code == 422
+    assert Membership.objects.get(pk=mine.pk).role == OWNER
+
+
+def test_an_owner_may_step_down_once_another_owner_exists(owner, teammate):
+    make(teammate, OWNER)
+    mine = membership_of(owner, owner.project)
+
+    response = owner.browser_client().post(f"/accounts/members/{mine.pk}/role/", {"role": MANAGER})
+
+    assert response.status_code == 302
+    assert Membership.objects.get(pk=mine.pk).role == MANAGER
+
+
+def test_a_removed_members_session_and_key_stop_at_the_next_request(owner, teammate):
+    cluster = live_cluster(teammate, "stays")
+    browser, api = teammate.browser_client(), teammate.api()
+    assert browser.get("/accounts/").context["project"] == owner.project
+    assert api.get("/api/v1/me").status_code == 200  # cached now
+    assert browser.get(f"/clusters/{cluster.pk}/").status_code == 200
+    target = membership_of(teammate, owner.project)
+
+    response = owner.browser_client().post(f"/accounts/members/{target.pk}/remove/")
+
+    assert response.status_code == 302
+    assert not Membership.objects.filter(pk=target.pk).exists()
+    assert api.get("/api/v1/me").status_code == 401
+    assert browser.get(f"/clusters/{cluster.pk}/").status_code == 404
+    assert not browser.get("/accounts/").context["project"]
+    cluster.refresh_from_db()
+    assert cluster.project == owner.project  # the clusters stay with the project
+
+
+def test_a_developer_may_leave(owner, teammate):
+    mine = membership_of(teammate, owner.project)
+
+    response = teammate.browser_client().post(f"/accounts/members/{mine.pk}/remove/")
+
+    assert response.status_code == 302
+    assert not Membership.objects.filter(pk=mine.pk).exists()
+
+
+def test_the_forms_need_csrf(owner, teammate):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner.user)
+    target = membership_of(teammate, owner.project)
+
+    assert client.post(f"/accounts/members/{target.pk}/remove/").status_code == 403
+    assert Membership.objects.filter(pk=target.pk).exists()
+
+
+# --- switching projects (the top bar) -----------------------------------------------------------
+
+
+def test_a_member_of_two_projects_switches_from_the_top_bar(owner, stranger):
+    Membership.objects.create(project=stranger.project, user=owner.user, role=DEVELOPER)
+    client = owner.browser_client()
+    page = client.get("/accounts/").content.decode()
+    assert 'action="/accounts/project/"' in page
+    assert stranger.project.name.replace("'", "&#x27;") in page
+
+    response = client.post("/accounts/project/", {"project": stranger.project.pk})
+
+    assert response.status_code == 302
+    assert client.get("/accounts/").context["project"] == stranger.project
+    # Leaving that project falls back to the first one.
+    Membership.objects.filter(project=stranger.project, user=owner.user).delete()
+    assert client.get("/accounts/").context["project"] == owner.project
+
+
+def test_one_cannot_switch_into_a_project_one_is_not_in(owner, stranger):
+    client = owner.browser_client()
+
+    assert client.post("/accounts/project/", {"project": stranger.project.pk}).status_code == 404
+    assert client.post("/accounts/project/", {"project": "x"}).status_code == 404
+    assert client.get("/accounts/").context["project"] == owner.project
+
+
+def test_a_user_in_one_project_sees_no_switcher(owner):
+    assert (
+        'action="/accounts/project/"'
+        not in owner.browser_client().get("/accounts/").content.decode()
+    )
