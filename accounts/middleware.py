@@ -1,10 +1,13 @@
 from collections.abc import Callable
 from typing import cast
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.utils.functional import SimpleLazyObject
 
-from accounts.models import Project
+from accounts import otp
+from accounts.models import Project, User
 from accounts.projects import chosen_project_id, project_for
 from accounts.requests import AnonymousRequest, ProjectRequest
 
@@ -25,3 +28,26 @@ class ProjectMiddleware:
         else:
             cast(AnonymousRequest, request).project = None
         return self.get_response(request)
+
+
+class TwoFactorRequired:
+    """Sends a member of a project that requires two-factor sign-in, who has not set it up, to
+    the setup page before any other page. Placed after ProjectMiddleware: it reads the project
+    the request acts in (the row the views read anyway), and a device only when the project
+    requires one. The API (bearer keys, no session) is not affected."""
+
+    OPEN_PREFIXES = ("/accounts/security/", "/accounts/logout/", "/accounts/login/", "/api/")
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.user.is_authenticated and not self._open(request.path):
+            project = cast(ProjectRequest, request).project
+            if otp.required_but_missing(project, cast(User, request.user)):
+                return redirect("accounts:security")
+        return self.get_response(request)
+
+    def _open(self, path: str) -> bool:
+        static = "/" + settings.STATIC_URL.lstrip("/")
+        return path.startswith((*self.OPEN_PREFIXES, static))

@@ -66,6 +66,9 @@ class Project(models.Model):
         db_default=Decimal("0.00"),
         editable=False,
     )
+    # Set by an owner: every member must have two-factor sign-in before any other page
+    # (accounts/middleware.py TwoFactorRequired; API keys are not affected).
+    require_two_factor = models.BooleanField(default=False, db_default=False)
 
     def __str__(self) -> str:
         return self.name

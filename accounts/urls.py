@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
-from accounts import views
+from accounts import two_factor_views, views
 from accounts.forms import LoginForm, PasswordResetForm
 
 app_name = "accounts"
@@ -18,6 +18,16 @@ urlpatterns = [
         ),
         name="login",
     ),
+    path("login/verify/", two_factor_views.verify, name="two_factor_verify"),
+    path("security/", two_factor_views.security, name="security"),
+    path("security/setup/", two_factor_views.setup, name="two_factor_setup"),
+    path(
+        "security/recovery-codes/",
+        two_factor_views.recovery_codes,
+        name="two_factor_recovery_codes",
+    ),
+    path("security/turn-off/", two_factor_views.turn_off, name="two_factor_turn_off"),
+    path("security/require/", two_factor_views.require, name="two_factor_require"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "password/",

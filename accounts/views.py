@@ -16,7 +16,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from accounts import invitations, keys, members, permissions, throttle
+from accounts import invitations, keys, members, otp, permissions, throttle
 from accounts.forms import ApiKeyForm, InviteForm, RoleForm, SignupForm, SshKeyForm
 from accounts.models import ApiKey, Invitation, Membership, Project, SshKey
 from accounts.projects import SESSION_KEY, get_for_project, require_project
@@ -68,6 +68,14 @@ def _throttled(form) -> str | None:
 class LoginView(auth_views.LoginView):
     """Django's login view, answering 429 while the account or the address is locked out, and
     503 while the limits cannot be counted (no password is checked then)."""
+
+    def form_valid(self, form):
+        # A user with two-factor sign-in on is not logged in yet: the code is asked next.
+        user = form.get_user()
+        if otp.has_device(user):
+            otp.park(self.request, user=user, next_url=self.get_success_url())
+            return redirect("accounts:two_factor_verify")
+        return super().form_valid(form)
 
     def form_invalid(self, form):
         response = super().form_invalid(form)

@@ -69,6 +69,10 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "anymail",
+    # Two-factor sign-in: TOTP devices and recovery codes (accounts/otp.py).
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
     # Listed so the API's docs page serves Swagger UI from our static files, not a CDN.
     "ninja",
     "runcrate",
@@ -98,6 +102,8 @@ MIDDLEWARE = [
     "accounts.middleware.ProjectMiddleware",
     # One audit entry per state-changing request, after its view (audit/middleware.py).
     "audit.middleware.AuditMiddleware",
+    # A member of a project that requires two-factor sign-in sets it up before any other page.
+    "accounts.middleware.TwoFactorRequired",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -171,6 +177,8 @@ RUNCRATE_CLIENT_IP_HEADER = env_str("RUNCRATE_CLIENT_IP_HEADER")
 RATELIMIT_FAIL_OPEN = False
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "clusters:list"
+# The name authenticator apps show beside a two-factor code (accounts/otp.py).
+OTP_TOTP_ISSUER = "Runcrate"
 LOGOUT_REDIRECT_URL = "accounts:login"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
