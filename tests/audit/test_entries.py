@@ -1,6 +1,7 @@
 """What one entry says: the actor and channel of each way in (dashboard, an API key, the CLI,
 MCP, admin, the system), a budget's before and after, and that a failed write fails nothing."""
 
+import threading
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -8,6 +9,7 @@ import anyio
 import httpx
 import pytest
 import time_machine
+from django.db import connections
 from django.test import Client
 from mcp import Client as McpClient
 
@@ -44,6 +46,8 @@ class DjangoTransport(httpx.BaseTransport):
             content_type=headers.pop("content-type", "application/json"),
             headers=headers,
         )
+        if threading.current_thread() is not threading.main_thread():
+            connections.close_all()  # the MCP SDK's worker thread: leave no connection open
         return httpx.Response(
             answer.status_code, headers=dict(answer.items()), content=answer.content
         )
