@@ -1,14 +1,15 @@
-"""The accounts API: who the key belongs to, the project's SSH keys, and its API keys."""
+"""The accounts API: who the key belongs to, the project's SSH keys, its API keys and members."""
 
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
+from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
-from accounts import keys
+from accounts import invitations, keys, members, permissions
 from accounts.api_auth import FULL_KEY, Scope, needs
-from accounts.models import ApiKey, SshKey
+from accounts.models import ApiKey, Membership, SshKey
 from accounts.requests import ApiRequest
 from runcrate.api import (
     ApiError,
@@ -288,4 +289,148 @@ def revoke_api_key(request: ApiRequest, key_id: int) -> Status:
     if key is None:
         raise ApiError(404, "not_found", f"Your project has no API key {key_id}.")
     keys.revoke_api_key(key=key)
+    return Status(204, None)
+
+
+# --- members (docs/api.md, "Members") ---------------------------------------------------------
+
+MEMBERS_RULE = (
+    "The key acts with the current role of the member who made it (403 `role_forbidden` "
+    "names the role needed: owners and managers manage the team, only owners touch owners). "
+    + KEYS_RULE
+)
+
+
+class MemberOut(Schema):
+    id: int = Field(description="The membership's id, for PATCH and DELETE.")
+    email: str
+    name: str
+    role: str = Field(description="owner, manager or developer.")
+    joined_at: datetime
+    last_activity: datetime | None = Field(
+        description="The later of the last login and the last use of their API keys here."
+    )
+
+
+class MemberEnvelope(Schema):
+    data: MemberOut
+
+
+class MemberList(Schema):
+    data: list[MemberOut]
+    meta: ListMeta
+
+
+class InvitationOut(Schema):
+    id: int
+    email: str
+    role: str
+    expires_at: datetime
+
+
+class InvitationEnvelope(Schema):
+    data: InvitationOut
+
+
+class InviteIn(Schema):
+    email: str = Field(max_length=254)
+    role: str = Field(description="owner, manager or developer.")
+
+
+class MemberPatch(Schema):
+    role: str = Field(description="owner, manager or developer.")
+
+
+def _member_out(membership: Membership) -> dict:
+    return {
+        "id": membership.pk,
+        "email": membership.user.email,
+        "name": membership.user.name,
+        "role": membership.role,
+        "joined_at": membership.created_at,
+        "last_activity": members.last_activity(membership),
+    }
+
+
+def _membership(request: ApiRequest, member_id: int) -> Membership:
+    membership = members.members_of(request.project).filter(pk=member_id).first()
+    if membership is None:
+        raise ApiError(404, "not_found", f"Your project has no member {member_id}.")
+    return membership
+
+
+@router.get(
+    "/members",
+    auth=FULL_KEY,
+    response={200: MemberList, 401: ErrorOut, 403: ErrorOut},
+    summary="List the project's members",
+    description=MEMBERS_RULE,
+)
+def list_members(
+    request: ApiRequest,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Offset = 0,
+) -> dict:
+    permissions.require(request.user, request.project, "team.view")
+    queryset = members.members_of(request.project)
+    return paginated(queryset, limit=limit, offset=offset, render=_member_out)
+
+
+@router.post(
+    "/members",
+    auth=FULL_KEY,
+    response={201: InvitationEnvelope, 401: ErrorOut, 403: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+    summary="Invite a member by email",
+    description="Emails a single-use link valid 7 days; the invitee joins with `role` once "
+    "they log in or sign up with that email. Refusals: 409 `already_member`, 422 "
+    "`invalid_email`, `invalid_role`. " + MEMBERS_RULE,
+)
+def invite_member(request: ApiRequest, payload: InviteIn) -> Status:
+    invitation = invitations.invite(
+        project=request.project,
+        by=request.user,
+        email=payload.email,
+        role=payload.role,
+        now=timezone.now(),
+    )
+    return Status(201, {"data": invitation})
+
+
+@router.patch(
+    "/members/{member_id}",
+    auth=FULL_KEY,
+    response={
+        200: MemberEnvelope,
+        401: ErrorOut,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        422: ErrorOut,
+    },
+    summary="Change a member's role",
+    description="422 `no_owner` when it would leave the project without an owner. " + MEMBERS_RULE,
+)
+def change_member(request: ApiRequest, member_id: int, payload: MemberPatch) -> dict:
+    membership = members.change_role(
+        project=request.project,
+        by=request.user,
+        membership=_membership(request, member_id),
+        role=payload.role,
+    )
+    return {"data": _member_out(_membership(request, membership.pk))}
+
+
+@router.delete(
+    "/members/{member_id}",
+    auth=FULL_KEY,
+    response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
+    summary="Remove a member",
+    description="Their API keys for the project answer 401 from the next call; their clusters "
+    "stay. A member may remove themselves (leave); 422 `no_owner` for the last owner. "
+    + MEMBERS_RULE,
+)
+def remove_member(request: ApiRequest, member_id: int) -> Status:
+    members.remove_member(
+        project=request.project, by=request.user, membership=_membership(request, member_id)
+    )
     return Status(204, None)

@@ -413,3 +413,84 @@ def test_a_user_in_one_project_sees_no_switcher(owner):
         'action="/accounts/project/"'
         not in owner.browser_client().get("/accounts/").content.decode()
     )
+
+
+# --- the API: /api/v1/members -------------------------------------------------------------------
+
+
+def test_the_api_lists_members_for_an_owner_and_refuses_a_developer(owner, teammate):
+    listed = owner.api().get("/api/v1/members")
+
+    assert listed.status_code == 200
+    emails = {row["email"]: row["role"] for row in listed.json()["data"]}
+    assert emails == {"owner@example.com": OWNER, "teammate@example.com": DEVELOPER}
+    refused = teammate.api().get("/api/v1/members")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "role_forbidden"
+
+
+def test_the_api_invites_and_a_developer_cannot(
+    owner, teammate, django_capture_on_commit_callbacks
+):
+    from django.core import mail
+
+    with django_capture_on_commit_callbacks(execute=True):
+        created = owner.api().post(
+            "/api/v1/members",
+            {"email": "Api@Example.com", "role": DEVELOPER},
+            content_type="application/json",
+        )
+
+    assert created.status_code == 201
+    assert created.json()["data"]["email"] == "api@example.com"
+    assert mail.outbox[0].to == ["api@example.com"]
+    refused = teammate.api().post(
+        "/api/v1/members",
+        {"email": "b@example.com", "role": DEVELOPER},
+        content_type="application/json",
+    )
+    assert refused.status_code == 403
+    assert refused.json()["error"]["message"].startswith("Only an owner or a manager may invite")
+    bad = owner.api().post(
+        "/api/v1/members",
+        {"email": "b@example.com", "role": "root"},
+        content_type="application/json",
+    )
+    assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_role")
+
+
+def test_the_api_changes_a_role_and_removes_a_member(owner, teammate, stranger):
+    target = membership_of(teammate, owner.project)
+    api = owner.api()
+
+    changed = api.patch(
+        f"/api/v1/members/{target.pk}", {"role": MANAGER}, content_type="application/json"
+    )
+    assert changed.status_code == 200
+    assert changed.json()["data"]["role"] == MANAGER
+    assert stranger.api().delete(f"/api/v1/members/{target.pk}").status_code == 404
+
+    assert api.delete(f"/api/v1/members/{target.pk}").status_code == 204
+    assert teammate.api().get("/api/v1/me").status_code == 401
+
+
+def test_the_api_keeps_the_last_owner(owner, teammate):
+    mine = membership_of(owner, owner.project)
+
+    demoted = owner.api().patch(
+        f"/api/v1/members/{mine.pk}", {"role": DEVELOPER}, content_type="application/json"
+    )
+
+    assert (demoted.status_code, demoted.json()["error"]["code"]) == (422, "no_owner")
+    assert owner.api().delete(f"/api/v1/members/{mine.pk}").status_code == 422
+    assert Membership.objects.get(pk=mine.pk).role == OWNER
+
+
+def test_a_demoted_managers_key_is_demoted_too(owner, teammate):
+    make(teammate, MANAGER)
+    api = teammate.api()
+    assert api.get("/api/v1/members").status_code == 200
+
+    make(teammate, DEVELOPER)
+
+    assert api.get("/api/v1/members").status_code == 403
