@@ -1,12 +1,15 @@
 """One audit entry for every state-changing request, written after its view (docs/audit.md):
 here, so no view can forget. Which requests are exempt, and why: audit/exempt.py."""
 
+import logging
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
 from accounts.models import User
 from audit import exempt, log
+
+logger = logging.getLogger(__name__)
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -23,15 +26,23 @@ class AuditMiddleware:
             return self.get_response(request)
         user = request.user if request.user.is_authenticated else None
         # Before the view: a delete in admin leaves no object to read the project from after.
-        admin_project = log.admin_project(request) if log.is_admin_path(request) else None
+        admin_project = None
+        if log.is_admin_path(request):
+            try:
+                admin_project = log.admin_project(request)
+            except Exception:
+                logger.exception("could not read the project of %s", request.path)
         response = self.get_response(request)
-        if response.status_code != 405 and not self._exempt(request):
-            log.write_for_request(
-                request,
-                response,
-                user=user if isinstance(user, User) else None,
-                admin_project=admin_project,
-            )
+        try:
+            if response.status_code != 405 and not self._exempt(request):
+                log.write_for_request(
+                    request,
+                    response,
+                    user=user if isinstance(user, User) else None,
+                    admin_project=admin_project,
+                )
+        except Exception:  # what the log cannot write never fails what it records
+            logger.exception("could not write the audit entry for %s", request.path)
         return response
 
     @staticmethod

@@ -248,3 +248,19 @@ def test_a_view_records_changes_on_the_request_it_handles():
         "a": {"before": 1, "after": 2},
         "b": {"before": None, "after": "x"},
     }
+
+
+def test_a_failure_reading_the_request_is_logged_and_the_request_still_answers(
+    owner, monkeypatch, caplog
+):
+    cluster = ClusterFactory(project=owner.project, status=Cluster.Status.READY)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the log")
+
+    monkeypatch.setattr(log, "object_of", broken)
+    response = owner.browser_client().post(f"/clusters/{cluster.pk}/terminate/")
+
+    assert response.status_code == 302
+    assert "could not write the audit entry for /clusters/" in caplog.text
+    assert not Entry.objects.exists()
