@@ -31,8 +31,11 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
+from django_otp.oath import totp
 
+from accounts import otp
 from accounts.models import Environment
+from accounts.projects import create_project
 from billing.meter import charge_usage
 from billing.models import BillingDetails, LedgerEntry, Payment, UsageRecord
 from billing.usage import Month
@@ -134,6 +137,23 @@ def seed_figures(cluster: Cluster, now) -> None:
             ]
             metrics.store(node.pk, cluster.pk, gpus=gpus, host=None, at=at)
     metrics.roll_up(60, now=now)
+
+
+@dataclass
+class Parked(Person):
+    """A user with two-factor sign-in on whose password was just right: the browser holds a
+    session that waits for their code (accounts/otp.py), not a logged-in one."""
+
+
+def with_two_factor(email: str) -> Person:
+    user = UserFactory(email=email)
+    project = create_project(owner=user, name="Secured")
+    otp.confirm_setup(user=user, code=totp_now(otp.pending_setup(user)))
+    return Person(user=user, project=project, key="")
+
+
+def totp_now(device) -> str:
+    return f"{totp(device.bin_key, step=device.step, t0=device.t0):06d}"
 
 
 def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page]]:
@@ -287,7 +307,15 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
     uid = urlsafe_base64_encode(force_bytes(newcomer.user.pk))
     token = default_token_generator.make_token(newcomer.user)
 
-    people = {"owner": owner, "newcomer": newcomer, "staff": staff}
+    secured = with_two_factor("secured@example.com")
+    parked = with_two_factor("parked@example.com")
+    people = {
+        "owner": owner,
+        "newcomer": newcomer,
+        "staff": staff,
+        "secured": secured,
+        "parked": Parked(user=parked.user, project=parked.project, key=""),
+    }
     pages = [
         Page("sign-up", "/accounts/signup/", "anonymous"),
         Page("sign-up, sent empty", "/accounts/signup/", "anonymous", then="button[type=submit]"),
@@ -389,6 +417,23 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("storage", "/storage/", "owner"),
         Page("account", "/accounts/", "owner", in_view=("#api-keys .btn", "#ssh-keys td .btn")),
         Page("password change", "/accounts/password/", "owner"),
+        Page("two-factor verify", "/accounts/login/verify/", "parked", nav=False),
+        Page(
+            "two-factor verify, sent empty",
+            "/accounts/login/verify/",
+            "parked",
+            nav=False,
+            then="button:text('Verify')",
+        ),
+        Page("two-factor security, off", "/accounts/security/", "owner"),
+        Page("two-factor security, on", "/accounts/security/", "secured"),
+        Page("two-factor setup", "/accounts/security/setup/", "newcomer"),
+        Page(
+            "two-factor setup, sent empty",
+            "/accounts/security/setup/",
+            "newcomer",
+            then="button:text('Confirm and turn on')",
+        ),
         # Swagger UI draws this page inside the dashboard's frame: each operation's summary is
         # a button holding other controls (nested-interactive) and its tags skip a heading
         # level (heading-order), markup of its own that a stylesheet cannot change; its
@@ -560,7 +605,12 @@ def check(page, target: Page, mode: str, shots: Path | None, base_url: str) -> l
 
 def session_cookie(person: Person, url: str) -> dict:
     client = Client()
-    client.force_login(person.user)
+    if isinstance(person, Parked):
+        client.post(
+            "/accounts/login/", {"username": person.user.email, "password": "correct-horse-battery"}
+        )
+    else:
+        client.force_login(person.user)
     return {"name": settings.SESSION_COOKIE_NAME, "value": client.session.session_key, "url": url}
 
 
