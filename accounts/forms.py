@@ -7,7 +7,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import forms as auth_forms
 from django.contrib.auth import password_validation
 
-from accounts import throttle
+from accounts import otp, throttle
 from accounts.keys import NAME_MAX_LENGTH
 from accounts.models import ApiKey, Membership, User
 from accounts.signup import normalize_email
@@ -95,7 +95,19 @@ class SignupForm(forms.Form):
 
 
 class AdminLoginForm(ThrottledLogin, AdminAuthenticationForm):
-    """The admin's login, counted like the dashboard's (staff accounts are worth the most)."""
+    """The admin's login, counted like the dashboard's (staff accounts are worth the most). It
+    asks for no second factor, so a user who has one turned on is sent to the dashboard's
+    login, which does (docs/accounts.md, "Two-factor sign-in"): the password alone never opens
+    the admin to them."""
+
+    def confirm_login_allowed(self, user: User) -> None:
+        super().confirm_login_allowed(user)
+        if otp.has_device(user):
+            raise forms.ValidationError(
+                "This account signs in with a second factor: log in on the dashboard's login "
+                "page (/accounts/login/?next=/admin/), then open the admin.",
+                code="two_factor",
+            )
 
 
 class PasswordResetForm(auth_forms.PasswordResetForm):

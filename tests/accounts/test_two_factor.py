@@ -62,6 +62,23 @@ def test_it_does_not_log_in_with_the_password_alone(owner, client):
     assert client.get("/accounts/")["Location"].startswith(LOGIN)
 
 
+def test_the_admin_login_does_not_open_with_the_password_alone(client, db):
+    staff = User.objects.create_superuser(email="staff@example.com", password=PASSWORD)
+    turn_on(staff)
+
+    response = client.post(
+        "/admin/login/?next=/admin/", {"username": staff.email, "password": PASSWORD}
+    )
+
+    assert "signs in with a second factor" in text(response)
+    assert not get_user(client).is_authenticated
+    other = User.objects.create_superuser(email="other@example.com", password=PASSWORD)
+    opened = client.post(
+        "/admin/login/?next=/admin/", {"username": other.email, "password": PASSWORD}
+    )
+    assert opened.status_code == 302 and get_user(client) == other  # no device: as before
+
+
 def test_it_logs_in_with_the_right_code_and_goes_to_next(owner, client, _frozen):
     device, _ = turn_on(owner.user)
     _frozen.shift(timedelta(seconds=30))  # the code used to confirm cannot be used again
