@@ -33,6 +33,7 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 from django_otp.oath import totp
 
+import audit
 from accounts import otp
 from accounts.models import Environment
 from accounts.projects import create_project
@@ -233,6 +234,14 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         },
     )
     EventFactory(cluster=idle, reason=Event.Reason.NODE_UNHEALTHY, message=f"{ecc}.")
+    # The audit log with a line of the system's and one with a budget's before and after.
+    audit.system(
+        project=project,
+        action="cluster.stopped_balance",
+        object_type="cluster",
+        object_id=terminated.pk,
+        changes={"status": ["ready", "stopped"]},
+    )
     # The Logs & jobs tab with a machine's logs and the head's jobs read (simulated machines).
     for node, group in (
         (degraded.nodes.get(index=1), "logs"),
@@ -416,6 +425,8 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("invoice, this month", f"/billing/invoices/{Month.of(now).param}/", "owner"),
         Page("storage", "/storage/", "owner"),
         Page("account", "/accounts/", "owner", in_view=("#api-keys .btn", "#ssh-keys td .btn")),
+        Page("audit log", "/audit/", "owner"),
+        Page("audit log, a bad filter", "/audit/?since=yesterday-ish", "owner"),
         Page("password change", "/accounts/password/", "owner"),
         Page("two-factor verify", "/accounts/login/verify/", "parked", nav=False),
         Page(
