@@ -6,7 +6,7 @@ class AccountsConfig(AppConfig):
     name = "accounts"
 
     def ready(self) -> None:
-        from accounts import keys
+        from accounts import keys, otp
         from accounts.models import ApiKey, Membership, Project, User
 
         # The API key cache forgets what changed (accounts/keys.py says why signals).
@@ -16,3 +16,5 @@ class AccountsConfig(AppConfig):
         post_save.connect(keys.forget_projects_keys, sender=Project)
         post_save.connect(keys.forget_members_keys, sender=Membership)
         post_delete.connect(keys.forget_members_keys, sender=Membership)
+        post_save.connect(otp.refresh_member, sender=Membership)
+        post_delete.connect(otp.refresh_member, sender=Membership)

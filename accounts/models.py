@@ -41,6 +41,11 @@ class User(AbstractUser):
     last_name = None  # type: ignore[assignment]
     name = models.CharField(max_length=150, blank=True)
     email = models.EmailField("email address", unique=True)
+    two_factor_required = models.BooleanField(
+        default=False,
+        help_text="One of their projects requires two-factor sign-in (accounts/otp.py keeps it "
+        "with the projects' and memberships' changes), read from the row every request loads.",
+    )
 
     USERNAME_FIELD = "email"
     REQUIRED_FIELDS: ClassVar[list[str]] = []

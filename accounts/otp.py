@@ -16,11 +16,12 @@ import qrcode
 import qrcode.image.svg
 from django.core import signing
 from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from accounts.models import Project, User
+from accounts.models import Membership, Project, User
 
 RECOVERY_CODES = 10
 RECOVERY_DEVICE = "recovery"
@@ -46,10 +47,13 @@ def has_device(user: User) -> bool:
     return TOTPDevice.objects.filter(user=user, confirmed=True).exists()
 
 
-def required_but_missing(project: Project | None, user: User) -> bool:
-    """Whether `project` requires two-factor sign-in and `user` has not set it up. Reads no row
-    when the project does not require it (its flag is on the row the request already has)."""
-    return bool(project and project.require_two_factor and not has_device(user))
+def required_but_missing(user: User) -> bool:
+    """Whether one of `user`'s projects requires two-factor sign-in and they have not set it
+    up. Reads no row while none requires it: the flag is on the user's row, which every request
+    of a logged-in user loads anyway (`User.two_factor_required`, kept by `refresh_required`).
+    A second factor is the person's sign-in, so a project that requires it requires it of its
+    members in every project they sign in to."""
+    return user.two_factor_required and not has_device(user)
 
 
 def set_required(*, project: Project, required: bool) -> None:
@@ -57,6 +61,19 @@ def set_required(*, project: Project, required: bool) -> None:
     caller has checked the user is an owner."""
     Project.objects.filter(pk=project.pk).update(require_two_factor=required)
     project.require_two_factor = required
+    refresh_required(User.objects.filter(memberships__project=project))
+
+
+def refresh_required(users: QuerySet[User]) -> None:
+    """Set `two_factor_required` of `users` from their memberships now: one UPDATE. Called when
+    a project's requirement changes and when a membership comes or goes (accounts/apps.py)."""
+    needs = Membership.objects.filter(user=OuterRef("pk"), project__require_two_factor=True)
+    User.objects.filter(pk__in=users.values("pk")).update(two_factor_required=Exists(needs))
+
+
+def refresh_member(sender: object, instance: Membership, **kwargs: object) -> None:
+    """A membership saved or deleted: its user's requirement, again (a signal receiver)."""
+    refresh_required(User.objects.filter(pk=instance.user_id))
 
 
 # Turning it on and off.

@@ -51,9 +51,14 @@ def allowed(role: str | None, action: str) -> bool:
 
 
 def role_of(user: User, project: Project | None) -> str | None:
-    """The user's role in the project now (one query), None for a non-member."""
+    """The user's role in the project now (one query), None for a non-member. The request's
+    own project (accounts.projects.project_for) already read it with the membership it was
+    found by: no query then."""
     if project is None or not user.is_authenticated:
         return None
+    known = getattr(project, "member_role", None)
+    if known is not None and known[0] == user.pk:
+        return known[1]
     return (
         Membership.objects.filter(project=project, user=user).values_list("role", flat=True).first()
     )

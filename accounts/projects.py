@@ -45,6 +45,8 @@ def project_for(user: User, chosen: int | None = None) -> Project | None:
     project = memberships[0].project
     # Every project of the user, for the top bar's switcher, from this same query.
     project.switchable = [m.project for m in memberships]  # type: ignore[attr-defined]
+    # And the user's role in it, which permissions.role_of reads for this request's user.
+    project.member_role = (user.pk, memberships[0].role)  # type: ignore[attr-defined]
     return project
 
 

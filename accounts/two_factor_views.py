@@ -94,7 +94,7 @@ def _render_security(request: ProjectRequest, status: int = 200, **extra: object
     context: dict[str, object] = {
         "enabled": otp.has_device(user),
         "codes_left": otp.recovery_codes_left(user),
-        "required": otp.required_but_missing(project, user),
+        "required": otp.required_but_missing(user),
         "project": project,
         "is_owner": _is_owner(request),
         "code_form": CodeForm(),

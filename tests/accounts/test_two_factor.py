@@ -14,7 +14,7 @@ from django_otp.oath import totp
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from accounts import otp
-from accounts.models import User
+from accounts.models import Membership, User
 
 PASSWORD = "correct-horse-battery"
 LOGIN, VERIFY, SECURITY = "/accounts/login/", "/accounts/login/verify/", "/accounts/security/"
@@ -252,11 +252,26 @@ def test_only_an_owner_with_a_device_may_require_it(owner, teammate):
 
 
 def test_the_requirement_reads_no_row_when_off(owner, django_assert_num_queries):
-    with django_assert_num_queries(0):
-        assert not otp.required_but_missing(owner.project, owner.user)
-    owner.project.require_two_factor = True
-    with django_assert_num_queries(1):
-        assert otp.required_but_missing(owner.project, owner.user)
+    with django_assert_num_queries(0):  # the flag is on the user's row the request has
+        assert not otp.required_but_missing(owner.user)
+    otp.set_required(project=owner.project, required=True)
+    owner.user.refresh_from_db()
+    assert owner.user.two_factor_required
+    with django_assert_num_queries(1):  # then the device
+        assert otp.required_but_missing(owner.user)
+
+
+def test_a_member_joining_or_leaving_a_requiring_project_is_flagged_or_not(owner, stranger):
+    otp.set_required(project=owner.project, required=True)
+    joined = Membership.objects.create(project=owner.project, user=stranger.user, role="developer")
+    stranger.user.refresh_from_db()
+    assert stranger.user.two_factor_required
+    joined.delete()
+    stranger.user.refresh_from_db()
+    assert not stranger.user.two_factor_required
+    otp.set_required(project=owner.project, required=False)
+    owner.user.refresh_from_db()
+    assert not owner.user.two_factor_required
 
 
 def test_the_pages_refuse_get_where_they_change_something(owner):
