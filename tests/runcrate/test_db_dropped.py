@@ -271,7 +271,9 @@ def test_killing_the_databases_backends_under_load_gives_no_500(owner, offer):
                 statuses.append(call().status_code)
             if round_ % 6 == 0:  # five creates, each retried with its key until it lands
                 key, name = str(uuid.uuid4()), f"load-{round_}"
-                for _ in range(20):
+                # Until it lands: a create whose every try is cut by a kill (one every 0.1 s,
+                # on a loaded machine) is retried, as a client with its key would.
+                for _ in range(60):
                     status = create(api, name, key).status_code
                     statuses.append(status)
                     if status != 503:
