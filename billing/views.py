@@ -13,6 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse
+from django.http.request import RawPostDataException
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -309,8 +310,17 @@ def demo_pay(request: ProjectRequest, pk: int) -> HttpResponse:
 def stripe_webhook(request: HttpRequest) -> HttpResponse:
     """Stripe's signed events; anything not signed with our secret, or stale, is a 400."""
     try:
+        payload = request.body
+    except RawPostDataException:
+        # A form body (multipart) already read as a form by a middleware: never Stripe's JSON.
+        return HttpResponse(
+            "Rejected: a Stripe event is a JSON body, not a form.\n",
+            status=400,
+            content_type="text/plain",
+        )
+    try:
         result = payments.handle_webhook(
-            payload=request.body, signature=request.headers.get("Stripe-Signature")
+            payload=payload, signature=request.headers.get("Stripe-Signature")
         )
     except payments.WebhookRejected as rejected:
         logger.warning("Stripe webhook rejected: %s", rejected)

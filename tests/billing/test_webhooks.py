@@ -51,6 +51,16 @@ def completed(payment: Payment, **kwargs) -> str:
     )
 
 
+def test_it_answers_400_for_a_form_body_and_changes_nothing(payment):
+    response = Client().post(URL, data={"type": "checkout.session.completed"})  # multipart
+
+    assert response.status_code == 400
+    assert b"a JSON body, not a form" in response.content
+    payment.refresh_from_db()
+    assert payment.status == Payment.Status.OPEN
+    assert not LedgerEntry.objects.filter(project=payment.project).exists()
+
+
 def test_it_credits_the_balance_for_a_signed_paid_checkout(payment):
     payload = completed(payment)
 
