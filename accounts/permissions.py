@@ -29,6 +29,8 @@ TABLE: dict[str, tuple[tuple[str, ...], str]] = {
     "billing.manage": (MANAGERS, "manage billing"),
     "budgets.manage": (MANAGERS, "manage budgets"),
     "project.delete": ((OWNER,), "delete the project"),
+    "project.require_two_factor": ((OWNER,), "require two-factor sign-in of every member"),
+    "audit.view": (MANAGERS, "see the audit log"),
     "clusters.manage": (EVERYONE, "manage clusters"),
     "volumes.manage": (EVERYONE, "manage volumes"),
     "keys.own": (EVERYONE, "keep their own SSH and API keys"),

@@ -10,8 +10,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts import otp, throttle
-from accounts.models import Membership, User
+from accounts import otp, permissions, throttle
+from accounts.models import User
 from accounts.requests import ProjectRequest
 
 VERIFY_TEMPLATE = "accounts/two_factor_verify.html"
@@ -79,13 +79,10 @@ def verify(request: HttpRequest) -> HttpResponse:
 
 
 def _is_owner(request: ProjectRequest) -> bool:
+    """Whether the user may require two-factor sign-in of the project (the permission table)."""
     project = request.project
-    return (
-        bool(project)
-        and Membership.objects.filter(
-            project=project, user=request.user, role=Membership.Role.OWNER
-        ).exists()
-    )
+    role = permissions.role_of(request.user, project) if project else None
+    return permissions.allowed(role, "project.require_two_factor")
 
 
 def _render_security(request: ProjectRequest, status: int = 200, **extra: object) -> HttpResponse:

@@ -1,10 +1,10 @@
 """Who sees a project's audit log: its owners and managers (SPEC §5), as the permission table
-says (accounts/permissions.py, "team.view": the log is the team's history)."""
+says (accounts/permissions.py, "audit.view")."""
 
 from accounts import permissions
 from accounts.models import Project, User
 
-ACTION = "team.view"
+ACTION = "audit.view"
 
 
 def can_see_audit(*, user: User, project: Project | None) -> bool:
