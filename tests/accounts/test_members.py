@@ -494,3 +494,10 @@ def test_a_demoted_managers_key_is_demoted_too(owner, teammate):
     make(teammate, DEVELOPER)
 
     assert api.get("/api/v1/members").status_code == 403
+
+
+def test_the_account_page_links_the_team_for_whoever_may_see_it(owner, teammate):
+    link = b'href="/accounts/members/">Members and invitations</a>'
+
+    assert link in owner.browser_client().get("/accounts/").content
+    assert link not in teammate.browser_client().get("/accounts/").content  # a developer
