@@ -20,6 +20,7 @@ from django.urls import Resolver404, ResolverMatch, resolve
 from accounts.models import ApiKey, Project, User
 from audit.models import Entry
 from runcrate.api import api
+from runcrate.gunicorn_conf import redact
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def write_for_request(
         api_key=key,
         ip=client_ip(request),
         method=request.method or "",
-        path=request.path[:2000],
+        path=redact(request.path)[:2000],  # an invitation's token is no history
         action=action,
         object_type=object_type,
         object_id=object_id,

@@ -24,6 +24,9 @@ REDACTED = "[redacted]"
 _SECRET_PATHS = re.compile(
     r"(?P<prefix>/password-reset/)(?!sent/|complete/)[^/\s?#\"]+/(?!set-password/)[^/\s?#\"]+"
 )
+# The members' invitation link: its last segment is the token (`/accounts/invitations/<token>/`;
+# `<pk>/revoke/` carries none).
+_INVITATION_PATHS = re.compile(r"(?P<prefix>/invitations/)(?!\d+/revoke/)[^/\s?#\"&]+")
 # Query parameters that carry secrets, whatever page they are sent to: a token, key, secret,
 # signature, password or code (an invite, a verification link, a one-time login).
 _SECRET_PARAMETERS = re.compile(
@@ -45,6 +48,7 @@ _SECRET_ATOMS = {
 def redact(text: str) -> str:
     """`text` (a path, a request line, a query string, a URL) with every secret replaced."""
     text = _SECRET_PATHS.sub(rf"\g<prefix>{REDACTED}/{REDACTED}", text)
+    text = _INVITATION_PATHS.sub(rf"\g<prefix>{REDACTED}", text)
     return _SECRET_PARAMETERS.sub(rf"\g<name>{REDACTED}", text)
 
 

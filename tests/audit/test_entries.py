@@ -264,3 +264,11 @@ def test_a_failure_reading_the_request_is_logged_and_the_request_still_answers(
     assert response.status_code == 302
     assert "could not write the audit entry for /clusters/" in caplog.text
     assert not Entry.objects.exists()
+
+
+def test_an_invitation_links_token_stays_out_of_the_log(owner, stranger):
+    stranger.browser_client().post("/accounts/invitations/Zq3-secret_T0ken/")
+
+    entry = Entry.objects.get(path__startswith="/accounts/invitations/")
+    assert entry.path == "/accounts/invitations/[redacted]/"
+    assert not Entry.objects.filter(path__contains="Zq3-secret_T0ken").exists()

@@ -85,7 +85,16 @@ def test_a_secret_in_a_query_string_and_credential_headers_are_redacted(tmp_path
         "/accounts/password-reset/MTI/set-password/",
         "/clusters/12/?page=2",
         "/healthz?access-log-probe",
+        "/accounts/invitations/12/revoke/",
     ],
 )
 def test_a_url_without_a_secret_is_logged_as_it_came(path):
     assert redact(f"GET {path} HTTP/1.1") == f"GET {path} HTTP/1.1"
+
+
+def test_an_invitation_links_token_is_never_logged():
+    line = redact("POST /accounts/invitations/Zq3-secret_T0ken/ HTTP/1.1")
+    signup = redact("GET /accounts/signup/?next=/accounts/invitations/Zq3-secret_T0ken/ HTTP/1.1")
+
+    assert line == "POST /accounts/invitations/[redacted]/ HTTP/1.1"
+    assert "Zq3-secret_T0ken" not in signup
