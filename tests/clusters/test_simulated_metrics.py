@@ -45,15 +45,17 @@ def cluster_of(
 
 
 def busy_moment(node_id: int) -> datetime:
-    """The first minute from NOW in the node's busy part of its cycle (quiet_moment: quiet)."""
-    moment = NOW
-    while not busy(node_id, moment):
+    """The start of the node's first busy spell after NOW: a minute busy after one quiet, so
+    the two minutes the test reports from it are all busy, whatever the node's id shifts its
+    cycle by (quiet_moment: the first quiet minute after a given moment)."""
+    moment = NOW + timedelta(minutes=1)
+    while not (busy(node_id, moment) and not busy(node_id, moment - timedelta(minutes=1))):
         moment += timedelta(minutes=1)
     return moment
 
 
-def quiet_moment(node_id: int) -> datetime:
-    moment = NOW
+def quiet_moment(node_id: int, after: datetime = NOW) -> datetime:
+    moment = after
     while busy(node_id, moment):
         moment += timedelta(minutes=1)
     return moment
@@ -127,7 +129,7 @@ def test_the_figures_change_with_the_clock_and_follow_utilisation(owner, clock):
     for second in range(0, 120, 15):
         clock.move_to(start + timedelta(seconds=second))
         simulated_metrics.report()
-    quiet = quiet_moment(node.pk)
+    quiet = quiet_moment(node.pk, after=start + timedelta(minutes=2))
     clock.move_to(quiet)
     simulated_metrics.report()
 
