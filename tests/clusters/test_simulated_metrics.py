@@ -106,7 +106,9 @@ def test_the_figures_are_the_node_and_the_clocks_and_pass_the_agents_checks(owne
         assert gpu.temperature_c is not None and 65 < gpu.temperature_c < 85
         assert gpu.ecc_uncorrected == 0 and gpu.retired_pages_pending is False
         assert "gpu_idle" not in (gpu.throttle or [])
-    assert read.host is not None and read.host.network_rx_bytes == 3600 * 120_000_000
+    # Bytes moved since the cluster joined (an hour before NOW), at the simulated rate.
+    moved = int((moment - (NOW - timedelta(hours=1))).total_seconds()) * 120_000_000
+    assert read.host is not None and read.host.network_rx_bytes == moved
 
 
 def test_it_uses_the_gpus_the_check_in_counted_and_their_memory(owner, clock):
