@@ -129,7 +129,14 @@ def test_mcp_is_recorded_as_mcp(owner, monkeypatch):
         async with McpClient(server) as session:
             return await session.call_tool("terminate_cluster", {"cluster": str(cluster.pk)})
 
-    result = anyio.run(terminate)
+    # On a thread of its own: a browser test before this one (Playwright's sync API) may leave
+    # an event loop running on the main thread, where anyio.run would refuse to start.
+    results: list = []
+    runner = threading.Thread(target=lambda: results.append(anyio.run(terminate)))
+    runner.start()
+    runner.join(timeout=60)
+    assert results, "the MCP call did not finish within 60 s"
+    result = results[0]
 
     assert not result.is_error, result.content
     assert made and made[0]["user_agent"].startswith("runcrate-mcp/")
