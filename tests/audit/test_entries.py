@@ -5,7 +5,6 @@ import threading
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-import anyio
 import httpx
 import pytest
 import time_machine
@@ -24,6 +23,7 @@ from runcrate_cli import client as cli_client
 from runcrate_cli import mcp_server
 from tests.billing.conftest import add_credit, bill_cluster
 from tests.factories import ClusterFactory
+from tests.mcp.aio import run_async
 
 NOW = datetime(2026, 3, 20, 12, 0, tzinfo=UTC)
 
@@ -129,14 +129,7 @@ def test_mcp_is_recorded_as_mcp(owner, monkeypatch):
         async with McpClient(server) as session:
             return await session.call_tool("terminate_cluster", {"cluster": str(cluster.pk)})
 
-    # On a thread of its own: a browser test before this one (Playwright's sync API) may leave
-    # an event loop running on the main thread, where anyio.run would refuse to start.
-    results: list = []
-    runner = threading.Thread(target=lambda: results.append(anyio.run(terminate)))
-    runner.start()
-    runner.join(timeout=60)
-    assert results, "the MCP call did not finish within 60 s"
-    result = results[0]
+    result = run_async(terminate)  # on a thread of its own (tests/mcp/aio.py says why)
 
     assert not result.is_error, result.content
     assert made and made[0]["user_agent"].startswith("runcrate-mcp/")
