@@ -1,8 +1,10 @@
 """The webhooks API: a project's signed webhooks and Slack channels, a test, and the log.
 
 Listing and the log need the `read` scope, adding an endpoint and sending a test `create`,
-removing one `terminate`, as for SSH keys. Everything is within the key's project: another
-project's endpoint is a 404. Refusals are 422 with a code (docs/notifications.md).
+removing one `terminate`, as for SSH keys; and every operation a role the permission table lets
+manage notifications (owners and managers: 403 `role_forbidden` for a developer's key).
+Everything is within the key's project: another project's endpoint is a 404. Refusals are 422
+with a code (docs/notifications.md).
 """
 
 from datetime import datetime
@@ -19,6 +21,11 @@ from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
 from runcrate.api import ApiError, ErrorOut, ListMeta, Offset, paginated
 
 router = Router(tags=["webhooks"])
+
+ROLE_RULE = (
+    " Owners and managers only (the permission table's `notifications.manage`): a developer's "
+    "key gets 403 `role_forbidden`."
+)
 
 
 class WebhookIn(Schema):
@@ -107,9 +114,7 @@ def _delivery(delivery: Delivery) -> dict:
         "event_id": delivery.event_id,
         "state": delivery.state,
         "attempts": delivery.attempts,
-        "next_attempt_at": (
-            delivery.next_attempt_at if delivery.state == Delivery.State.PENDING else None
-        ),
+        "next_attempt_at": delivery.next_try_at,
         "last_status_code": delivery.last_status_code,
         "last_error": delivery.last_error,
         "delivered_at": delivery.delivered_at,
@@ -119,7 +124,12 @@ def _delivery(delivery: Delivery) -> dict:
     }
 
 
+def _manage(request: ApiRequest) -> None:
+    endpoints.require_manage(user=request.user, project=request.project)
+
+
 def _endpoint(request: ApiRequest, webhook_id: int) -> Endpoint:
+    _manage(request)
     endpoint = Endpoint.objects.filter(project=request.project, pk=webhook_id).first()
     if endpoint is None:
         raise ApiError(404, "not_found", f"Your project has no webhook {webhook_id}.")
@@ -131,12 +141,14 @@ def _endpoint(request: ApiRequest, webhook_id: int) -> Endpoint:
     auth=needs(Scope.READ),
     response={200: WebhookList, 401: ErrorOut, 403: ErrorOut},
     summary="List webhooks and Slack channels",
+    description="Oldest first; never a secret." + ROLE_RULE,
 )
 def list_webhooks(
     request: ApiRequest,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Offset = 0,
 ) -> dict:
+    _manage(request)
     queryset = Endpoint.objects.filter(project=request.project).order_by("created_at", "pk")
     return paginated(queryset, limit=limit, offset=offset, render=_webhook)
 
@@ -148,9 +160,11 @@ def list_webhooks(
     summary="Add a webhook or Slack channel",
     description="`secret` in the answer is shown this once: it signs every delivery "
     "(X-Runcrate-Signature, docs/notifications.md). Refusals, 422: `invalid_url`, "
-    "`url_not_https`, `url_private`, `invalid_events`, `invalid_kind`, `too_many_endpoints`.",
+    "`url_not_https`, `url_private`, `invalid_events`, `invalid_kind`, `too_many_endpoints`."
+    + ROLE_RULE,
 )
 def create_webhook(request: ApiRequest, payload: WebhookIn) -> Status:
+    _manage(request)
     endpoint = endpoints.create_endpoint(
         project=request.project,
         user=request.user,
@@ -166,7 +180,7 @@ def create_webhook(request: ApiRequest, payload: WebhookIn) -> Status:
     auth=needs(Scope.TERMINATE),
     response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Remove a webhook or Slack channel",
-    description="Nothing more is sent to it; its delivery log goes with it.",
+    description="Nothing more is sent to it; its delivery log goes with it." + ROLE_RULE,
 )
 def delete_webhook(request: ApiRequest, webhook_id: int) -> Status:
     endpoints.remove_endpoint(endpoint=_endpoint(request, webhook_id))
@@ -180,7 +194,7 @@ def delete_webhook(request: ApiRequest, webhook_id: int) -> Status:
     summary="Send a test (ping) delivery now",
     description="A `ping` delivery, attempted at once; the answer is its log entry (a failure "
     "is retried like any other delivery). On a switched-off endpoint, a 2xx switches it on "
-    "again.",
+    "again." + ROLE_RULE,
 )
 def test_webhook(request: ApiRequest, webhook_id: int) -> Status:
     ping = endpoints.send_test(endpoint=_endpoint(request, webhook_id), now=timezone.now())
@@ -193,7 +207,7 @@ def test_webhook(request: ApiRequest, webhook_id: int) -> Status:
     auth=needs(Scope.READ),
     response={200: DeliveryList, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="The delivery log of a webhook",
-    description="Newest first, each with its attempts and their status codes.",
+    description="Newest first, each with its attempts and their status codes." + ROLE_RULE,
 )
 def list_deliveries(
     request: ApiRequest,

@@ -1,20 +1,35 @@
-"""A project's channels: add one (its URL checked, its events chosen), remove one, send it a
-test. The API and the admin call these; none re-implements the rules."""
+"""A project's channels: who may manage them, add one (its URL checked, its events chosen),
+list them with how they fare, remove one, send it a test. The pages, the API and the admin
+call these; none re-implements the rules."""
 
 from datetime import datetime
 
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+
+from accounts import permissions
 from accounts.models import Project, User
 from notifications import addresses, bodies, delivery
-from notifications.models import EVENT_TYPES, PING, Delivery, Endpoint
+from notifications.models import EVENT_TYPES, PING, Attempt, Delivery, Endpoint
 from runcrate.errors import Refused
 
 MAX_ENDPOINTS = 20  # per project
+# The permission table's action (accounts/permissions.py): owners and managers.
+MANAGE = "notifications.manage"
 
 
 class EndpointRefused(Refused):
     """`invalid_kind`, `invalid_events`, `too_many_endpoints`."""
 
     STATUS = {"invalid_kind": 422, "invalid_events": 422, "too_many_endpoints": 422}
+
+
+def may_manage(*, user: User, project: Project | None) -> bool:
+    return permissions.allowed(permissions.role_of(user, project), MANAGE)
+
+
+def require_manage(*, user: User, project: Project | None) -> None:
+    """The permission table's refusal (403 `role_forbidden` in the API) for anyone else."""
+    permissions.require(user, project, MANAGE)
 
 
 def check_events(events: object) -> list[str]:
@@ -56,6 +71,22 @@ def create_endpoint(
         )
     return Endpoint.objects.create(
         project=project, kind=kind, url=url, events=chosen, created_by=user
+    )
+
+
+def endpoints_of(project: Project) -> QuerySet[Endpoint]:
+    """The project's endpoints, oldest first, each with `last_success_at` and `last_failure_at`:
+    its latest attempt answered with a 2xx, and its latest one that was not (another status, a
+    timeout, a refused address), None when there was none. One query, however many there are."""
+    tries = Attempt.objects.filter(delivery__endpoint=OuterRef("pk")).order_by("-at", "-pk")
+    succeeded = Q(status_code__gte=200, status_code__lt=300)
+    return (
+        Endpoint.objects.filter(project=project)
+        .annotate(
+            last_success_at=Subquery(tries.filter(succeeded).values("at")[:1]),
+            last_failure_at=Subquery(tries.exclude(succeeded).values("at")[:1]),
+        )
+        .order_by("created_at", "pk")
     )
 
 

@@ -8,7 +8,7 @@ and sent by notifications/delivery.py.
 """
 
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
@@ -69,6 +69,14 @@ class Endpoint(models.Model):
     def wants(self, event_type: str) -> bool:
         return event_type == PING or event_type in self.events
 
+    @property
+    def switch_off_at(self) -> datetime | None:
+        """When the beat switches this endpoint off if nothing it is sent succeeds before
+        (notifications/delivery.py `switch_off_failing`); None while it works, or once off."""
+        if not self.active or self.failing_since is None:
+            return None
+        return self.failing_since + SWITCH_OFF_AFTER
+
 
 class Delivery(models.Model):
     class State(models.TextChoices):
@@ -120,6 +128,11 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} to {self.endpoint_id} ({self.state})"
+
+    @property
+    def next_try_at(self) -> datetime | None:
+        """When it is attempted next: None once delivered or failed."""
+        return self.next_attempt_at if self.state == self.State.PENDING else None
 
 
 class Attempt(models.Model):

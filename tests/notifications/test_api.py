@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Membership
 from notifications.models import Delivery, Endpoint
 from notifications.signing import verify
 from tests.factories import issue_key
@@ -116,7 +116,8 @@ def test_the_log_costs_the_same_queries_for_more_deliveries(
 
     add(1)
     client.get(url)  # the key is cached after its first use
-    with django_assert_num_queries(4) as few:
+    # The key maker's role (read on every call), the endpoint, the count, the page, the tries.
+    with django_assert_num_queries(5) as few:
         assert client.get(url).status_code == 200
     add(9)
     with django_assert_num_queries(len(few.captured_queries)):
@@ -204,3 +205,34 @@ def test_a_test_that_succeeds_switches_a_switched_off_endpoint_on_again(
     assert passed["state"] == "delivered"
     assert Endpoint.objects.get(pk=endpoint_id).active is True
     assert len(receiver.received) == 2
+
+
+def test_a_developers_key_gets_403_role_forbidden_and_changes_nothing(owner, teammate, production):
+    endpoint_id = _post(owner, url="https://127.0.0.1/h", events=["cluster.ready"]).json()["data"][
+        "id"
+    ]
+    client = teammate.api()
+
+    answers = [
+        client.get("/api/v1/webhooks"),
+        _post(teammate, url="https://127.0.0.1/x", events=["cluster.ready"]),
+        client.delete(f"/api/v1/webhooks/{endpoint_id}"),
+        client.post(f"/api/v1/webhooks/{endpoint_id}/test"),
+        client.get(f"/api/v1/webhooks/{endpoint_id}/deliveries"),
+    ]
+
+    assert [answer.status_code for answer in answers] == [403] * 5
+    assert {answer.json()["error"]["code"] for answer in answers} == {"role_forbidden"}
+    assert "Only an owner or a manager" in answers[0].json()["error"]["message"]
+    assert list(Endpoint.objects.values_list("pk", flat=True)) == [endpoint_id]
+    assert not Delivery.objects.exists()
+
+
+def test_a_managers_key_manages_webhooks(owner, teammate, production):
+    Membership.objects.filter(user=teammate.user).update(role=Membership.Role.MANAGER)
+
+    added = _post(teammate, url="https://127.0.0.1/x", events=["cluster.ready"])
+    listed = teammate.api().get("/api/v1/webhooks")
+
+    assert added.status_code == 201
+    assert [row["id"] for row in listed.json()["data"]] == [added.json()["data"]["id"]]
