@@ -49,6 +49,7 @@ urlpatterns = [
     path("storage/", include("clusters.storage_urls")),
     path("billing/", include("billing.urls")),
     path("audit/", include("audit.urls")),
+    path("notifications/", include("notifications.urls")),
 ]
 
 # Our own outages (the database, the broker) are 503s, never 500s: runcrate/outages.py.

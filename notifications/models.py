@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django.utils.text import Truncator
 
 # Every event type a channel may choose (docs/notifications.md, "Events"); `ping` is the test.
 EVENT_TYPES = [
@@ -31,6 +32,8 @@ PING = "ping"
 # How long a delivery is retried, and after how long failing an endpoint is switched off.
 RETRY_FOR = timedelta(hours=24)
 SWITCH_OFF_AFTER = timedelta(days=3)
+# The characters of a URL the pages show.
+SHORT_URL_LENGTH = 60
 
 
 def new_secret() -> str:
@@ -68,6 +71,12 @@ class Endpoint(models.Model):
 
     def wants(self, event_type: str) -> bool:
         return event_type == PING or event_type in self.events
+
+    @property
+    def short_url(self) -> str:
+        """The URL as the pages show it, cut with an ellipsis when long: a Slack URL ends in its
+        token, its secret, which stays mostly off the screen."""
+        return Truncator(self.url).chars(SHORT_URL_LENGTH)
 
     @property
     def switch_off_at(self) -> datetime | None:
