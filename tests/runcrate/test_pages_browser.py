@@ -42,6 +42,7 @@ from billing.models import BillingDetails, LedgerEntry, Payment, UsageRecord
 from billing.usage import Month
 from clusters import logs, metrics, volumes
 from clusters.models import Cluster, Event, Node
+from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
 from offers.models import QuoteRequest
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.conftest import Person
@@ -242,6 +243,57 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         object_id=terminated.pk,
         changes={"status": ["ready", "stopped"]},
     )
+    # Notification channels: a webhook with a delivered, a retrying and a failed delivery, one
+    # failing for a day, a Slack channel switched off (its long URL shortened), one never sent.
+    hook = Endpoint.objects.create(
+        project=project,
+        url="https://hooks.engines.example/runcrate",
+        events=["cluster.ready", "cluster.failed", "billing.low_balance"],
+    )
+    for hours_ago, state, tries in (
+        (3, Delivery.State.DELIVERED, [(503, "answered 503"), (200, "")]),
+        (
+            2,
+            Delivery.State.PENDING,
+            [(None, "ConnectError: [Errno 111] Connection refused by hooks.engines.example:443")],
+        ),
+        (1, Delivery.State.FAILED, [(404, "answered 404")]),
+    ):
+        created = now - timedelta(hours=hours_ago)
+        sent = Delivery.objects.create(
+            endpoint=hook,
+            event_type="cluster.ready",
+            body={},
+            state=state,
+            attempts=len(tries),
+            created_at=created,
+            next_attempt_at=created + timedelta(minutes=2),
+            delivered_at=created + timedelta(minutes=1) if state == "delivered" else None,
+        )
+        for minutes, (status_code, error) in enumerate(tries):
+            Attempt.objects.create(
+                delivery=sent,
+                at=created + timedelta(minutes=minutes),
+                status_code=status_code,
+                error=error,
+            )
+    Endpoint.objects.create(
+        project=project,
+        url="https://hooks.engines.example/failing",
+        events=["node.unhealthy"],
+        failing_since=now - timedelta(days=1),
+    )
+    Endpoint.objects.create(
+        project=project,
+        kind=Endpoint.Kind.SLACK,
+        url="https://hooks.slack.com/services/T0ENGINES/B0CLUSTERS/abcdefghijklmnopqrstuvwx",
+        events=list(EVENT_TYPES),
+        active=False,
+        failing_since=now - timedelta(days=4),
+    )
+    unsent = Endpoint.objects.create(
+        project=project, url="https://hooks.engines.example/new", events=["cluster.idle"]
+    )
     # The Logs & jobs tab with a machine's logs and the head's jobs read (simulated machines).
     for node, group in (
         (degraded.nodes.get(index=1), "logs"),
@@ -427,6 +479,17 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("account", "/accounts/", "owner", in_view=("#api-keys .btn", "#ssh-keys td .btn")),
         Page("audit log", "/audit/", "owner"),
         Page("audit log, a bad filter", "/audit/?since=yesterday-ish", "owner"),
+        Page("notifications, none yet", "/notifications/", "newcomer"),
+        Page("notifications", "/notifications/", "owner", in_view=("td.num .btn",)),
+        Page(
+            "notifications, add sent empty",
+            "/notifications/",
+            "newcomer",
+            then="button:text('Add channel')",
+        ),
+        Page("notifications, a delivery log", f"/notifications/{hook.pk}/", "owner"),
+        Page("notifications, an empty log", f"/notifications/{unsent.pk}/", "owner"),
+        Page("notifications, remove", f"/notifications/{hook.pk}/remove/", "owner"),
         Page("password change", "/accounts/password/", "owner"),
         Page("two-factor verify", "/accounts/login/verify/", "parked", nav=False),
         Page(
