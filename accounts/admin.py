@@ -10,7 +10,7 @@ from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
-from accounts import keys
+from accounts import keys, permissions
 from accounts import members as rules  # who may leave a project (ProjectAdmin has `members`)
 from accounts.forms import AdminLoginForm
 from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
@@ -100,6 +100,13 @@ class MembershipInline(admin.TabularInline):
     extra = 0
     autocomplete_fields: ClassVar[tuple[str, ...]] = ("user", "project")
     formset: type[BaseInlineFormSet] = UserMembershipsFormSet
+    readonly_fields = ("may",)
+
+    @admin.display(description="May (the permission table)")
+    def may(self, obj: Membership) -> str:
+        """What the saved role allows, from accounts/permissions.py: what staff grant by
+        choosing a role."""
+        return ", ".join(permissions.abilities_of(obj.role)) if obj.pk else "-"
 
 
 @admin.register(User)

@@ -281,6 +281,39 @@ def _duplicate(name: str) -> KeyRefused:
     )
 
 
+# --- whose keys a new cluster gets (docs/teams.md, "SSH keys on clusters") ---------------------
+
+
+def chosen_by_default(key: SshKey, user: User | None) -> bool:
+    """Whether a cluster gets `key` when its creator `user` chooses no keys: the creator's own
+    and the project's shared keys (those no member added: staff's, or a deleted user's). Staff
+    creating for the project (no user) give every key."""
+    return user is None or key.created_by_id in (None, user.pk)
+
+
+def default_cluster_keys(*, project: Project, user: User | None) -> list[SshKey]:
+    """The project's keys `chosen_by_default` for `user`, oldest first (one query)."""
+    every = SshKey.objects.filter(project=project).select_related("created_by").order_by("pk")
+    return [key for key in every if chosen_by_default(key, user)]
+
+
+def members_cluster_keys(*, project: Project, member_ids: Iterable[int]) -> QuerySet[SshKey]:
+    """Every key the members `member_ids` (their membership ids, as the members API lists
+    them) added to the project."""
+    users = Membership.objects.filter(project=project, pk__in=member_ids).values("user_id")
+    return (
+        SshKey.objects.filter(project=project, created_by__in=users)
+        .select_related("created_by")
+        .order_by("pk")
+    )
+
+
+def key_holder(key: SshKey) -> dict[str, str]:
+    """What a cluster keeps of a key it was created with: the connect panel's "whose keys"."""
+    owner = key.created_by.email if key.created_by_id and key.created_by else ""
+    return {"name": key.name, "fingerprint": key.fingerprint, "owner": owner}
+
+
 def remove_ssh_key(*, key: SshKey) -> None:
     """Remove a key. Clusters already running keep it in their machines until they end."""
     SshKey.objects.filter(pk=key.pk).delete()

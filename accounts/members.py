@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Max, OuterRef, QuerySet, Subquery
 
 from accounts import permissions
-from accounts.models import ApiKey, Membership, Project, User
+from accounts.models import ApiKey, Membership, Project, SshKey, User
 from runcrate.errors import Refused
 
 OWNER = Membership.Role.OWNER
@@ -160,7 +160,8 @@ def change_role(*, project: Project, by: User, membership: Membership, role: str
 def remove_member(*, project: Project, by: User, membership: Membership) -> None:
     """Remove the member (or let a member leave). Their API keys of this project stop at the next
     request (the membership's post_delete forgets them, and a key whose user is no member is
-    refused); their sessions no longer reach the project; their clusters stay with it."""
+    refused); their sessions no longer reach the project; their SSH keys are removed from it;
+    their clusters stay with it."""
     with transaction.atomic():
         membership = _locked(project, membership)
         if membership.user_id != by.pk:
@@ -171,3 +172,6 @@ def remove_member(*, project: Project, by: User, membership: Membership) -> None
                 project, owners_after=_owners_after(project, without=membership.user_id)
             )
         membership.delete()
+        # Their SSH keys go too: no new cluster lets them in. Clusters already running keep
+        # the keys they were created with (Cluster.key_holders says whose) until they end.
+        SshKey.objects.filter(project=project, created_by_id=membership.user_id).delete()

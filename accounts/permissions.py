@@ -7,7 +7,16 @@ a key, so an API key acts with its maker's current role: a demoted manager's key
 the next request.
 """
 
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
+
 from accounts.models import Membership, Project, User
+from accounts.projects import require_project
+from accounts.requests import ProjectRequest
 from runcrate.errors import Refused
 
 Role = Membership.Role
@@ -31,6 +40,7 @@ TABLE: dict[str, tuple[tuple[str, ...], str]] = {
     "project.delete": ((OWNER,), "delete the project"),
     "project.require_two_factor": ((OWNER,), "require two-factor sign-in of every member"),
     "audit.view": (MANAGERS, "see the audit log"),
+    "notifications.manage": (MANAGERS, "manage webhooks and Slack channels"),
     "clusters.manage": (EVERYONE, "manage clusters"),
     "volumes.manage": (EVERYONE, "manage volumes"),
     "keys.own": (EVERYONE, "keep their own SSH and API keys"),
@@ -46,6 +56,17 @@ class PermissionRefused(Refused):
 def roles_for(action: str) -> tuple[str, ...]:
     """The roles allowed `action`; a KeyError for an action not in the table (fail loudly)."""
     return TABLE[action][0]
+
+
+def abilities_of(role: str) -> list[str]:
+    """What `role` may do, in the table's words and order, each said once ("see billing",
+    "manage clusters", ...): the members page's legend and the admin's column."""
+    return list(dict.fromkeys(what for roles, what in TABLE.values() if role in roles))
+
+
+def legend() -> list[tuple[str, list[str]]]:
+    """Every role's label with what it may do, owner first."""
+    return [(str(role.label), abilities_of(role)) for role in Role]
 
 
 def allowed(role: str | None, action: str) -> bool:
@@ -97,3 +118,57 @@ def invite_action(role: str) -> str:
         MANAGER: "team.invite_manager",
         DEVELOPER: "team.invite_developer",
     }[Role(role)]
+
+
+def require_page(request: ProjectRequest, action: str) -> Project:
+    """The request's project when the member's role allows `action`; else the 403 page with
+    the table's sentence (PermissionDenied), or the 404 of a user in no project."""
+    project = require_project(request)
+    role = role_of(request.user, project)
+    if not allowed(role, action):
+        raise PermissionDenied(refusal(action, role).message)
+    return project
+
+
+def page_requires(action: str) -> Callable:
+    """A view's decorator: logged in, acting in a project, and in a role the table allows
+    `action`. Anyone else gets the 403 page with the table's sentence ("Only an owner or a
+    manager may see billing. Your role in this project is developer."): the page exists, so a
+    member is told why it is not theirs, rather than shown a 404. No query of its own: the
+    request's project already read the role (accounts/projects.py `project_for`)."""
+    roles_for(action)  # an action not in the table fails at import, not at the first request
+
+    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @login_required
+        @wraps(view)
+        def wrapper(request: ProjectRequest, *args, **kwargs) -> HttpResponse:
+            require_page(request, action)
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+class Abilities:
+    """What the request's member may do, for the templates: `{% if may.billing_view %}` asks
+    the table for "billing.view" (the first underscore is the action's dot). The role is read
+    once, when a template first asks; a page that asks nothing reads nothing."""
+
+    def __init__(self, user: User | None, project: Project | None) -> None:
+        self._user = user
+        self._project = project  # maybe the request's lazy project: not read until asked
+        self._role: tuple[str | None] | None = None
+
+    @property
+    def role(self) -> str | None:
+        if self._role is None:
+            known = self._user is not None and self._user.is_authenticated and self._project
+            self._role = (role_of(self._user, self._project) if known else None,)  # type: ignore[arg-type]
+        return self._role[0]
+
+    def __getitem__(self, key: str) -> bool:
+        action = key.replace("_", ".", 1)
+        if action not in TABLE:
+            raise KeyError(f"No action {action!r} in the permission table.")
+        return allowed(self.role, action)

@@ -152,7 +152,7 @@ def ssh_keys(request: ProjectRequest) -> HttpResponse:
 
 
 @never_cache  # the response holds the one copy of the new key: no cache may keep it
-@login_required
+@permissions.page_requires("keys.own")
 @require_POST
 def create_api_key(request: ProjectRequest) -> HttpResponse:
     project = _project(request)
@@ -178,7 +178,7 @@ def _confirm(request: ProjectRequest, **context: object) -> HttpResponse:
     return render(request, "accounts/confirm.html", context)
 
 
-@login_required
+@permissions.page_requires("keys.own")
 @require_http_methods(["GET", "POST"])
 def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, ApiKey.objects.all(), pk=pk)
@@ -201,7 +201,7 @@ def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
     return redirect(reverse("accounts:account") + "#api-keys")
 
 
-@login_required
+@permissions.page_requires("keys.own")
 @require_POST
 def add_ssh_key(request: ProjectRequest) -> HttpResponse:
     project = _project(request)
@@ -229,7 +229,7 @@ def add_ssh_key(request: ProjectRequest) -> HttpResponse:
     return redirect(next_url or reverse("accounts:account") + "#ssh-keys")
 
 
-@login_required
+@permissions.page_requires("keys.own")
 @require_http_methods(["GET", "POST"])
 def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, SshKey.objects.all(), pk=pk)
@@ -258,10 +258,7 @@ def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
 def _team_project(request: ProjectRequest) -> Project:
     """The request's project, for a member whose role may see the team; a developer gets a
     403, as on the billing pages."""
-    project = require_project(request)
-    if not permissions.allowed(permissions.role_of(request.user, project), "team.view"):
-        raise PermissionDenied(permissions.refusal("team.view").message)
-    return project
+    return permissions.require_page(request, "team.view")
 
 
 def _render_members(
@@ -279,6 +276,7 @@ def _render_members(
         ),
         "invite_form": InviteForm(),
         "roles": Membership.Role.choices,
+        "role_legend": permissions.legend(),
         "may_touch_owners": permissions.allowed(role, "team.make_owner"),
         "nav_section": "accounts",
         **extra,

@@ -7,10 +7,6 @@ from accounts.models import Project, User
 ACTION = "audit.view"
 
 
-def can_see_audit(*, user: User, project: Project | None) -> bool:
-    return permissions.allowed(permissions.role_of(user, project), ACTION)
-
-
 def require_audit(*, user: User, project: Project | None) -> None:
     """The permission table's refusal (403 `role_forbidden` in the API) for anyone else."""
     permissions.require(user, project, ACTION)

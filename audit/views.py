@@ -1,18 +1,18 @@
-"""The audit log's page and its CSV export: owners and managers only; anyone else gets no page
-(404, as a page they may not see does not exist for them)."""
+"""The audit log's page and its CSV export: owners and managers only; a developer gets the 403
+page saying so (accounts/permissions.py, "audit.view")."""
 
 import csv
 import json
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 
+from accounts import permissions
 from accounts.models import Project
-from accounts.projects import require_project
 from accounts.requests import ProjectRequest
-from audit.access import can_see_audit
+from audit.access import ACTION
 from audit.filters import entries
 from audit.forms import FilterForm
 from audit.models import Entry
@@ -35,10 +35,7 @@ CSV_COLUMNS = [
 
 
 def _audit_project(request: ProjectRequest) -> Project:
-    project = require_project(request)
-    if not can_see_audit(user=request.user, project=project):
-        raise Http404("No such page.")
-    return project
+    return permissions.require_page(request, ACTION)
 
 
 @login_required

@@ -3,12 +3,11 @@ neither the balance nor the bills (SPEC §5). The roles are the permission table
 (accounts/permissions.py, "billing.manage")."""
 
 from accounts import permissions
-from accounts.models import Membership, Project, User
+from accounts.models import Project, User
 
 BILLING_ROLES = permissions.roles_for("billing.manage")
 
 
 def can_manage_billing(*, user: User, project: Project | None) -> bool:
-    if project is None or not user.is_authenticated:
-        return False
-    return Membership.objects.filter(project=project, user=user, role__in=BILLING_ROLES).exists()
+    """No query for the request's own project, whose role is read already."""
+    return permissions.allowed(permissions.role_of(user, project), "billing.manage")

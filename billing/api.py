@@ -17,7 +17,6 @@ from accounts.api_auth import Scope, needs
 from accounts.models import Environment
 from accounts.requests import ApiRequest
 from billing import balances, budgets, usage
-from billing.access import can_manage_billing
 from billing.meter import HOUR
 from billing.models import LedgerEntry
 from runcrate.api import (
@@ -41,12 +40,11 @@ MAX_PRICE = Decimal("1000000000")
 BILLING = needs(Scope.BILLING)
 
 
-def _billing_project(request: ApiRequest):
-    project = request.project
-    if not can_manage_billing(user=request.user, project=project):
-        # 403 role_forbidden, worded by the permission table (accounts/permissions.py).
-        raise permissions.refusal("billing.view", permissions.role_of(request.user, project))
-    return project
+def _billing_project(request: ApiRequest, action: str = "billing.view"):
+    """The key's project when its maker's role allows `action`; else 403 role_forbidden,
+    worded by the permission table (accounts/permissions.py)."""
+    permissions.require(request.user, request.project, action)
+    return request.project
 
 
 # ---- balance ----------------------------------------------------------------------------------
@@ -310,7 +308,7 @@ class EnvironmentBudgetEnvelope(Schema):
     summary="Set or clear an environment's monthly budget",
 )
 def put_budget(request: ApiRequest, name: str, payload: BudgetIn) -> dict:
-    project = _billing_project(request)
+    project = _billing_project(request, "budgets.manage")
     environment = Environment.objects.filter(project=project, name=name).first()
     if environment is None:
         raise ApiError(404, "not_found", f"The project has no environment named {name!r}.")

@@ -5,12 +5,10 @@ billing/{usage,payments,budgets,invoices}.py."""
 import csv
 import logging
 from decimal import Decimal
-from functools import wraps
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.request import RawPostDataException
@@ -23,11 +21,11 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 import audit
+from accounts import permissions
 from accounts.models import Environment
 from accounts.projects import get_for_project, require_project
 from accounts.requests import ProjectRequest
 from billing import budgets, invoices, payments, usage
-from billing.access import can_manage_billing
 from billing.charts import spend_chart
 from billing.context_processors import (
     BANNER_COOKIE,
@@ -42,18 +40,9 @@ from runcrate.money import plain, usd
 logger = logging.getLogger(__name__)
 
 
-def billing_view(view):
-    """Logged in, in a project, and allowed to see billing (owners and managers)."""
-
-    @login_required
-    @wraps(view)
-    def wrapper(request: ProjectRequest, *args, **kwargs) -> HttpResponse:
-        project = require_project(request)
-        if not can_manage_billing(user=request.user, project=project):
-            raise PermissionDenied("Only the project's owners and managers see billing.")
-        return view(request, *args, **kwargs)
-
-    return wrapper
+# Logged in, in a project, and allowed to see billing (owners and managers): a developer gets
+# the 403 page with the permission table's sentence.
+billing_view = permissions.page_requires("billing.view")
 
 
 def _month(request: ProjectRequest) -> tuple[usage.Month, str]:
@@ -379,7 +368,7 @@ def environments(request: ProjectRequest) -> HttpResponse:
     return render(request, "billing/environments.html", _environments_context(request))
 
 
-@billing_view
+@permissions.page_requires("budgets.manage")
 @require_POST
 def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
     environment = get_for_project(request, Environment.objects.all(), name=name)

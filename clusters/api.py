@@ -237,7 +237,14 @@ class ClusterIn(Schema):
     )
     software: str = Field("none", description="none, slurm, kubernetes or ray.")
     ssh_key_ids: list[int] | None = Field(
-        None, description="The project's SSH keys to install; default: all of them."
+        None,
+        description="SSH keys of the project to install, by id. With neither this nor "
+        "member_ids: the creator's own keys and the project's shared keys (docs/teams.md).",
+    )
+    member_ids: list[int] | None = Field(
+        None,
+        description="Members (ids from GET /api/v1/members) whose every SSH key is installed, "
+        "beside ssh_key_ids. 422 `unknown_member` for an id not in the project.",
     )
     environment: str = Field(DEFAULT_ENVIRONMENT, description="An environment's name.")
     volume_id: int | None = Field(
@@ -427,7 +434,7 @@ def _detail(cluster: Cluster) -> dict:
 REFUSAL_CODES = (
     "Refusals: 422 `invalid_nodes`, 404 `unknown_offer`, 402 `insufficient_balance`, "
     "409 `not_enough_machines`, 422 `software_not_offered`, 422 `invalid_name`, "
-    "409 `name_taken`, 422 `no_ssh_keys`, 404 `unknown_environment`, 422 "
+    "409 `name_taken`, 422 `no_ssh_keys`, 422 `unknown_member`, 404 `unknown_environment`, 422 "
     "`volume_not_allowed` (not the project's, another location, a community offer), 409 "
     "`volume_in_use`, 403 `key_limit_exceeded` (the key's machines per cluster or USD per "
     "hour), 402 `budget_reached`, 403 `scope_missing`; with a `plan_token`, 422 "
@@ -489,6 +496,7 @@ def _create(request: ApiRequest, payload: ClusterIn) -> idempotency.Answer:
         name=payload.name,
         software=payload.software,
         ssh_key_ids=payload.ssh_key_ids,
+        member_ids=payload.member_ids,
         volume_id=payload.volume_id,
         api_key=request.auth,
     )

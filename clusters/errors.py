@@ -20,6 +20,7 @@ class ClusterRefused(Refused):
         "name_taken": 409,
         "no_ssh_keys": 422,
         "unknown_ssh_key": 422,
+        "unknown_member": 422,
         "unknown_environment": 404,
         "invalid_state": 409,
         "invalid_count": 422,

@@ -7,7 +7,8 @@ import string
 
 from django import forms
 
-from accounts.models import Environment, Project, SshKey
+from accounts import keys
+from accounts.models import Environment, Project, SshKey, User
 from accounts.projects import DEFAULT_ENVIRONMENT
 from clusters import volumes
 from clusters.errors import ClusterRefused
@@ -89,19 +90,27 @@ class ClusterForm(forms.Form):
         required=False, error_messages={"invalid": "Choose a volume from the list."}
     )
 
-    def __init__(self, *args, project: Project, offer: Offer, **kwargs) -> None:
+    def __init__(
+        self, *args, project: Project, offer: Offer, user: User | None = None, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.chosen_offer = offer  # `offer` is the form's field
         self.project = project
         self._model_field("environment").queryset = project.environments.all()
-        self._model_field("ssh_keys").queryset = project.ssh_keys.all()
+        # Every member's keys may be chosen, each shown with whose it is; the creator's own and
+        # the shared ones are ticked (accounts/keys.py `default_cluster_keys`, as the API's).
+        self._model_field("ssh_keys").queryset = project.ssh_keys.select_related(
+            "created_by"
+        ).order_by("pk")
         if offer.max_nodes >= MIN_NODES:
             self.fields["nodes"].widget.attrs["max"] = offer.max_nodes
         if not self.is_bound:
             self.initial.setdefault("environment", DEFAULT_ENVIRONMENT)
-            keys = self._model_field("ssh_keys").queryset
-            assert keys is not None  # set above
-            self.initial.setdefault("ssh_keys", list(keys))
+            # The queryset's own rows (cached on it): has_ssh_keys then costs no query.
+            every = self._model_field("ssh_keys").queryset
+            assert every is not None  # set above
+            default = [key for key in every if keys.chosen_by_default(key, user)]
+            self.initial.setdefault("ssh_keys", default)
 
     def _model_field(self, name: str) -> forms.ModelChoiceField:
         field = self.fields[name]

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts import permissions
 from accounts.projects import get_for_project
 from accounts.requests import ProjectRequest
 from clusters import logs
@@ -52,7 +53,7 @@ def logs_node(request: ProjectRequest, pk: int) -> HttpResponse:
     return _node_answer(request, cluster, request.GET.get("node"))
 
 
-@login_required
+@permissions.page_requires("clusters.manage")
 @require_POST
 def logs_fetch(request: ProjectRequest, pk: int) -> HttpResponse:
     """Fetch logs (group `logs`, any running machine) or Refresh jobs (group `jobs`, the head):

@@ -110,6 +110,13 @@ class Cluster(models.Model):
         help_text="The SSH public keys installed on every node, fixed at creation."
     )
     ssh_keys = models.ManyToManyField("accounts.SshKey", blank=True, related_name="clusters")
+    key_holders = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Each key installed at creation, as it was then: name, fingerprint and the "
+        "email of the member who added it (empty for a shared key). It stays true after the key "
+        "is removed from the project, as the key stays on the machines until the cluster ends.",
+    )
 
     created_at = models.DateTimeField(default=timezone.now)
     joined_at = models.DateTimeField(

@@ -110,8 +110,8 @@ def plan(
     body: dict[str, Any],
 ) -> Plan:
     """Plan a create of `body` (the create's fields: offer_id, nodes, name, software,
-    ssh_key_ids, volume_id; `environment` already found): every check the create runs, or its
-    refusal (ClusterRefused, exactly as the create raises it). Reserves and writes nothing."""
+    ssh_key_ids, member_ids, volume_id; `environment` already found): every check the create
+    runs, or its refusal (ClusterRefused, exactly as the create raises it). Writes nothing."""
     checked = lifecycle.plan_create(
         project=project,
         environment=environment,
@@ -120,8 +120,10 @@ def plan(
         name=body["name"],
         software=body["software"],
         ssh_key_ids=body["ssh_key_ids"],
+        member_ids=body["member_ids"],
         volume_id=body["volume_id"],
         api_key=api_key,
+        user=user,
     )
     assert checked.offer is not None  # a self-serve create always has its offer
     sees_billing = can_manage_billing(user=user, project=project) and (

@@ -28,6 +28,7 @@ from django.utils.cache import patch_vary_headers
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts import permissions
 from accounts.projects import get_for_project, in_project, require_project
 from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
@@ -281,7 +282,7 @@ def _summary(request: ProjectRequest, offer: Offer, nodes: int) -> dict:
     }
 
 
-@login_required
+@permissions.page_requires("clusters.manage")
 @require_http_methods(["GET", "POST"])
 def cluster_new(request: ProjectRequest) -> HttpResponse:
     # The price card reads the project's balance and the form its keys: a user in no project
@@ -300,7 +301,7 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
 
     suggested = ""
     if request.method == "POST":
-        form = ClusterForm(request.POST, project=project, offer=offer)
+        form = ClusterForm(request.POST, project=project, offer=offer, user=request.user)
         if form.is_valid():
             cleaned = form.cleaned_data
             try:
@@ -328,7 +329,7 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
                 initial[key] = data[key]
         if "name" not in initial:
             initial["name"] = suggested = suggest_name(project=project, offer=offer, nodes=nodes)
-        form = ClusterForm(initial=initial, project=project, offer=offer)
+        form = ClusterForm(initial=initial, project=project, offer=offer, user=request.user)
 
     machine_type = offer.machine_type
     assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
@@ -1020,7 +1021,7 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
 # --- actions --------------------------------------------------------------------------------
 
 
-@login_required
+@permissions.page_requires("clusters.manage")
 @require_http_methods(["GET", "POST"])
 def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST terminates: the confirmation works without JavaScript."""
@@ -1040,7 +1041,7 @@ def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
     return redirect("clusters:detail", pk=cluster.pk)
 
 
-@login_required
+@permissions.page_requires("clusters.manage")
 @require_POST
 def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
@@ -1053,7 +1054,7 @@ def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
     return redirect("clusters:detail", pk=cluster.pk)
 
 
-@login_required
+@permissions.page_requires("clusters.manage")
 @require_POST
 def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
@@ -1072,7 +1073,7 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
     return redirect("clusters:tab", pk=cluster.pk, tab="machines")
 
 
-@login_required
+@permissions.page_requires("clusters.manage")
 @require_POST
 def cluster_network_test(request: ProjectRequest, pk: int) -> HttpResponse:
     """Start the network test. Without JavaScript: a message and back to the page; with htmx:
@@ -1173,7 +1174,7 @@ def _get_volume_for_user(request: ProjectRequest, pk: int) -> Volume:
     return get_for_project(request, queryset, pk=pk)
 
 
-@login_required
+@permissions.page_requires("volumes.manage")
 @require_http_methods(["GET", "POST"])
 def storage(request: ProjectRequest) -> HttpResponse:
     """The project's volumes, and the form that creates one."""
@@ -1217,7 +1218,7 @@ def storage(request: ProjectRequest) -> HttpResponse:
     return render(request, "clusters/storage.html", context, status=400 if form.errors else 200)
 
 
-@login_required
+@permissions.page_requires("volumes.manage")
 @require_http_methods(["GET", "POST"])
 def volume_delete(request: ProjectRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST deletes: refused while a cluster holds the volume."""

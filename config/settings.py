@@ -126,7 +126,7 @@ TEMPLATES = [
                 "offers.context_processors.cluster_sizes",
                 "offers.context_processors.network_terms",
                 "billing.context_processors.balance",
-                "audit.context_processors.audit_link",
+                "accounts.context_processors.abilities",
             ],
         },
     },

@@ -11,7 +11,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from accounts.models import ApiKey, Environment, Project, SshKey, User
+from accounts import keys
+from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
 from billing import balances, budgets, ledger
 from clusters import connect, volumes
 from clusters.errors import ClusterRefused
@@ -117,14 +118,52 @@ def new_nodes(
 # --- create ------------------------------------------------------------------------------------
 
 
-def _resolve_ssh_keys(*, project: Project, ssh_key_ids: list[int] | None) -> list[SshKey]:
-    keys = SshKey.objects.filter(project=project).order_by("pk")
-    if ssh_key_ids is None:
-        found = list(keys)
-    else:
+def _resolve_ssh_keys(
+    *,
+    project: Project,
+    user: User | None,
+    ssh_key_ids: list[int] | None,
+    member_ids: list[int] | None,
+) -> list[SshKey]:
+    """The keys a new cluster gets (docs/teams.md, "SSH keys on clusters"): the keys asked for
+    by id and every key of the members asked for; with neither, the creator's own and the
+    project's shared ones (accounts/keys.py `default_cluster_keys`)."""
+    if ssh_key_ids is None and member_ids is None:
+        found = list(keys.default_cluster_keys(project=project, user=user))
+        if not found:
+            raise ClusterRefused(
+                "no_ssh_keys",
+                "Add an SSH public key first (or choose one): every node needs a key to let you in."
+                if user is None or not SshKey.objects.filter(project=project).exists()
+                else "You have no SSH key in this project: add yours, or choose the keys of the "
+                "members who will log in.",
+                field="ssh_keys",
+            )
+        return found
+    chosen: dict[int, SshKey] = {}
+    if member_ids:
+        wanted_members = set(member_ids)
+        known = set(
+            Membership.objects.filter(project=project, pk__in=wanted_members).values_list(
+                "pk", flat=True
+            )
+        )
+        if wanted_members - known:
+            raise ClusterRefused(
+                "unknown_member",
+                f"Member {', '.join(str(m) for m in sorted(wanted_members - known))} is not in "
+                "this project (GET /api/v1/members lists its members).",
+                field="members",
+            )
+        chosen.update(
+            (key.pk, key)
+            for key in keys.members_cluster_keys(project=project, member_ids=wanted_members)
+        )
+    if ssh_key_ids:
         wanted = set(ssh_key_ids)
-        found = list(keys.filter(pk__in=wanted))
-        missing = wanted - {k.pk for k in found}
+        by_id = SshKey.objects.filter(project=project, pk__in=wanted).select_related("created_by")
+        chosen.update((key.pk, key) for key in by_id)
+        missing = wanted - set(chosen)
         if missing:
             raise ClusterRefused(
                 "unknown_ssh_key",
@@ -132,13 +171,16 @@ def _resolve_ssh_keys(*, project: Project, ssh_key_ids: list[int] | None) -> lis
                 "project's keys.",
                 field="ssh_keys",
             )
-    if not found:
+    if not chosen:
         raise ClusterRefused(
             "no_ssh_keys",
-            "Add an SSH public key first (or choose one): every node needs a key to let you in.",
+            "Add an SSH public key first (or choose one): every node needs a key to let you in."
+            if member_ids is None
+            else "The members chosen have no SSH key in this project: choose keys or members "
+            "who have one.",
             field="ssh_keys",
         )
-    return found
+    return [chosen[pk] for pk in sorted(chosen)]
 
 
 @dataclass(frozen=True)
@@ -246,6 +288,8 @@ def check_create(
     ssh_key_ids: list[int] | None = None,
     volume_id: int | None = None,
     quoted: Quoted | None = None,
+    user: User | None = None,
+    member_ids: list[int] | None = None,
 ) -> Checked:
     """The create's checks that need no lock, in SPEC §2's order: the environment, the size,
     the offer and its capacity, the name and its uniqueness, the software, the volume, the SSH
@@ -290,7 +334,9 @@ def check_create(
         volume = volumes.volume_to_attach(
             project=project, volume_id=volume_id, machine_type=machine_type
         )
-    keys = _resolve_ssh_keys(project=project, ssh_key_ids=ssh_key_ids)
+    chosen_keys = _resolve_ssh_keys(
+        project=project, user=user, ssh_key_ids=ssh_key_ids, member_ids=member_ids
+    )
     require_balance(
         project=project,
         price_per_hour=price_per_machine_hour * nodes,
@@ -301,7 +347,7 @@ def check_create(
         machine_type=machine_type,
         price_per_machine_hour=price_per_machine_hour,
         volume=volume,
-        keys=keys,
+        keys=chosen_keys,
     )
 
 
@@ -331,6 +377,8 @@ def plan_create(
     ssh_key_ids: list[int] | None = None,
     volume_id: int | None = None,
     api_key: ApiKey | None = None,
+    user: User | None = None,
+    member_ids: list[int] | None = None,
 ) -> Checked:
     """Every check `create_cluster` runs, in its order, reserving and writing nothing: what
     the create would find, or the refusal it would give at this moment (clusters/plans.py)."""
@@ -343,6 +391,8 @@ def plan_create(
         software=software,
         ssh_key_ids=ssh_key_ids,
         volume_id=volume_id,
+        user=user,
+        member_ids=member_ids,
     )
     with transaction.atomic():  # the locks of check_locked, let go at once
         check_locked(
@@ -376,6 +426,7 @@ def create_cluster(
     volume_id: int | None = None,
     api_key: ApiKey | None = None,
     quoted: Quoted | None = None,
+    member_ids: list[int] | None = None,
 ) -> Cluster:
     """Validate a request (SPEC §2, in this order: `check_create`, then `check_locked`), reserve
     every host, create the cluster, attach the volume `volume_id` if one is asked for. Made
@@ -399,8 +450,10 @@ def create_cluster(
         ssh_key_ids=ssh_key_ids,
         volume_id=volume_id,
         quoted=quoted,
+        user=user,
+        member_ids=member_ids,
     )
-    machine_type, volume, keys = checked.machine_type, checked.volume, checked.keys
+    machine_type, volume, chosen = checked.machine_type, checked.volume, checked.keys
     try:
         with transaction.atomic():
             # The environment's row, locked until the cluster is committed: a budget change
@@ -424,7 +477,8 @@ def create_cluster(
                 size=nodes,
                 software=software,
                 status=Status.PROVISIONING,
-                authorized_keys="\n".join(k.public_key.strip() for k in keys) + "\n",
+                authorized_keys="\n".join(k.public_key.strip() for k in chosen) + "\n",
+                key_holders=[keys.key_holder(key) for key in chosen],
                 created_at=now,
                 give_up_at=now + give_up_after(machine_type.slow_boot),
                 quote=quoted.quote if quoted else None,
@@ -432,7 +486,7 @@ def create_cluster(
                 needs_work=True,
             )
             DueCluster.objects.create(cluster=cluster)  # with needs_work: the tick advances it
-            cluster.ssh_keys.set(keys)
+            cluster.ssh_keys.set(chosen)
             if volume is not None:
                 volumes.attach(volume=volume, cluster=cluster, now=now)
             new_nodes(cluster=cluster, hosts=hosts, first_index=0, is_worker=False, now=now)

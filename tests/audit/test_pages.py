@@ -134,8 +134,11 @@ def test_a_bad_api_filter_is_a_422(owner, entries):
 def test_a_developer_gets_no_page_no_link_and_a_403(teammate, entries):
     client = teammate.browser_client()
 
-    assert client.get("/audit/").status_code == 404
-    assert client.get("/audit/export.csv").status_code == 404
+    page = client.get("/audit/")
+    assert page.status_code == 403
+    assert "Only an owner or a manager may see the audit log." in page.content.decode()
+    assert "owner@example.com" not in page.content.decode()
+    assert client.get("/audit/export.csv").status_code == 403
     assert 'href="/audit/"' not in client.get("/clusters/").content.decode()
     response = teammate.api().get("/api/v1/audit")
     assert response.status_code == 403

@@ -78,10 +78,11 @@ def steps_queries(queries: list[str]) -> list[str]:
     return [q for q in queries if q.startswith('SELECT 1 AS "a"')]  # the exists() of the steps
 
 
-def test_it_costs_three_queries_for_an_empty_project_and_none_once_it_has_clusters(owner):
+def test_it_costs_two_queries_for_an_empty_project_and_none_once_it_has_clusters(owner):
     client = owner.browser_client()
     empty = queries_of(client, "/clusters/")
-    assert len(steps_queries(empty)) == 3  # keys, credit, and who may add credit
+    # Keys and credit; who may add credit is the role the request's project read already.
+    assert len(steps_queries(empty)) == 2
     credit(owner.project, "25.00")
     assert len(steps_queries(queries_of(client, "/clusters/"))) == 2
 
@@ -90,7 +91,7 @@ def test_it_costs_three_queries_for_an_empty_project_and_none_once_it_has_cluste
     assert steps_queries(busy) == []
     # Instead: the rows' own query, their costs, and their GPU utilisation traces (one query
     # for the page, tests/clusters/test_cluster_list.py).
-    assert len(busy) == len(empty) - 3 + 3
+    assert len(busy) == len(empty) - 2 + 3
 
 
 def test_a_stranger_sees_only_their_own_progress(owner, stranger):
