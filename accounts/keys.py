@@ -281,7 +281,7 @@ def _duplicate(name: str) -> KeyRefused:
     )
 
 
-# --- whose keys a new cluster gets (docs/teams.md, "SSH keys on clusters") ---------------------
+# --- whose keys a new cluster gets (docs/accounts.md, "SSH keys on clusters") ---------------------
 
 
 def chosen_by_default(key: SshKey, user: User | None) -> bool:

@@ -129,11 +129,6 @@ def _render_account(request: ProjectRequest, partial: str, **extra: object) -> H
         context["environments"] = project.environments.all()
         context["api_keys"] = keys.project_api_keys(project)
         context["ssh_keys"] = SshKey.objects.filter(project=project).order_by("name", "pk")
-        # The links to the team and to the notification channels, for whoever the permission
-        # table lets see them.
-        role = permissions.role_of(request.user, project)
-        context["sees_team"] = permissions.allowed(role, "team.view")
-        context["sees_notifications"] = permissions.allowed(role, "notifications.manage")
     template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
     return render(request, template, context)
 

@@ -239,7 +239,7 @@ class ClusterIn(Schema):
     ssh_key_ids: list[int] | None = Field(
         None,
         description="SSH keys of the project to install, by id. With neither this nor "
-        "member_ids: the creator's own keys and the project's shared keys (docs/teams.md).",
+        "member_ids: the creator's own keys and the project's shared keys (docs/accounts.md).",
     )
     member_ids: list[int] | None = Field(
         None,

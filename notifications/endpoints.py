@@ -23,10 +23,6 @@ class EndpointRefused(Refused):
     STATUS = {"invalid_kind": 422, "invalid_events": 422, "too_many_endpoints": 422}
 
 
-def may_manage(*, user: User, project: Project | None) -> bool:
-    return permissions.allowed(permissions.role_of(user, project), MANAGE)
-
-
 def require_manage(*, user: User, project: Project | None) -> None:
     """The permission table's refusal (403 `role_forbidden` in the API) for anyone else."""
     permissions.require(user, project, MANAGE)

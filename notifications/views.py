@@ -1,20 +1,20 @@
 """The notification channels' pages (docs/notifications.md, "The page"): a project's signed
 webhooks and Slack channels, adding one (a webhook's secret shown once), a test, removing one,
 and each one's delivery log. Owners and managers only, as the permission table's
-`notifications.manage` says; anyone else gets no page (404, as a page they may not see does
-not exist for them)."""
+`notifications.manage` says; a developer gets the 403 page saying so, as on billing
+(accounts/permissions.py `require_page`)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts import permissions
 from accounts.models import Project
-from accounts.projects import require_project
 from accounts.requests import ProjectRequest
 from notifications import endpoints
 from notifications.addresses import UrlRefused
@@ -27,10 +27,7 @@ NEW_ENDPOINT_SESSION_KEY = "notifications_new_endpoint"
 
 
 def _notifications_project(request: ProjectRequest) -> Project:
-    project = require_project(request)
-    if not endpoints.may_manage(user=request.user, project=project):
-        raise Http404("No such page.")
-    return project
+    return permissions.require_page(request, endpoints.MANAGE)
 
 
 def _get_endpoint_for_user(request: ProjectRequest, endpoint_id: int) -> Endpoint:

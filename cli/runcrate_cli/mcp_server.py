@@ -87,8 +87,8 @@ SoftwareArg = Annotated[
 SshKeyIds = Annotated[
     list[int] | None,
     Field(
-        description="The project's SSH keys to install (ids from list_ssh_keys); none for all "
-        "of them.",
+        description="The project's SSH keys to install (ids from list_ssh_keys); none for the "
+        "key owner's own keys and the project's shared ones.",
         min_length=1,
     ),
 ]

@@ -125,7 +125,7 @@ def _resolve_ssh_keys(
     ssh_key_ids: list[int] | None,
     member_ids: list[int] | None,
 ) -> list[SshKey]:
-    """The keys a new cluster gets (docs/teams.md, "SSH keys on clusters"): the keys asked for
+    """The keys a new cluster gets (docs/accounts.md, "SSH keys on clusters"): the keys asked for
     by id and every key of the members asked for; with neither, the creator's own and the
     project's shared ones (accounts/keys.py `default_cluster_keys`)."""
     if ssh_key_ids is None and member_ids is None:

@@ -1,4 +1,4 @@
-"""A team from the invitation to a developer's cluster (docs/teams.md): the owner invites a
+"""A team from the invitation to a developer's cluster (docs/accounts.md): the owner invites a
 developer by email; the developer joins through the link, creates a cluster that gets their own
 key (not the owner's), terminates it, and meets the permission table's refusals for billing,
 budgets and the team, in the dashboard and in the API with a key of their own."""

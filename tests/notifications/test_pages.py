@@ -1,6 +1,6 @@
 """The dashboard's page of a project's channels, /notifications/: the list with each channel's
 state, adding one (a webhook's secret shown once), a test, removing one, and each one's
-delivery log; owners and managers only, a developer and a stranger get 404."""
+delivery log; owners and managers only: a developer gets 403, a stranger's channel is 404."""
 
 import json
 from datetime import UTC, datetime, timedelta
@@ -325,7 +325,7 @@ def test_an_empty_log_says_what_it_is_for(owner):
     assert f'action="/notifications/{endpoint.pk}/test/"' in body
 
 
-def test_a_developer_gets_no_page_and_changes_nothing(owner, teammate, production):
+def test_a_developer_is_refused_every_page_and_changes_nothing(owner, teammate, production):
     endpoint = _endpoint(owner)
     client = teammate.browser_client()
 
@@ -341,7 +341,8 @@ def test_a_developer_gets_no_page_and_changes_nothing(owner, teammate, productio
         client.post(f"/notifications/{endpoint.pk}/remove/"),
     ]
 
-    assert [answer.status_code for answer in answers] == [404] * 6
+    assert [answer.status_code for answer in answers] == [403] * 6
+    assert "Only an owner or a manager may manage webhooks" in answers[0].content.decode()
     assert list(Endpoint.objects.values_list("pk", flat=True)) == [endpoint.pk]
     assert not Delivery.objects.exists()
     assert "/notifications/" not in client.get("/accounts/").content.decode()
