@@ -35,7 +35,7 @@ from django_otp.oath import totp
 
 import audit
 from accounts import otp
-from accounts.models import Environment
+from accounts.models import Environment, Membership
 from accounts.projects import create_project
 from billing.meter import charge_usage
 from billing.models import BillingDetails, LedgerEntry, Payment, UsageRecord
@@ -370,8 +370,19 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
 
     secured = with_two_factor("secured@example.com")
     parked = with_two_factor("parked@example.com")
+    developer = Person(user=UserFactory(email="dev@example.com"), project=project, key="")
+    Membership.objects.create(project=project, user=developer.user, role=Membership.Role.DEVELOPER)
+    # Whose keys are on it, as the Connect tab says.
+    Cluster.objects.filter(pk=ready.pk).update(
+        key_holders=[
+            {"name": "laptop", "fingerprint": "SHA256:x", "owner": owner.user.email},
+            {"name": "dev-desktop", "fingerprint": "SHA256:y", "owner": developer.user.email},
+            {"name": "deploy", "fingerprint": "SHA256:z", "owner": ""},
+        ]
+    )
     people = {
         "owner": owner,
+        "developer": developer,
         "newcomer": newcomer,
         "staff": staff,
         "secured": secured,
@@ -478,6 +489,9 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("storage", "/storage/", "owner"),
         Page("account", "/accounts/", "owner", in_view=("#api-keys .btn", "#ssh-keys td .btn")),
         Page("audit log", "/audit/", "owner"),
+        Page("members", "/accounts/members/", "owner"),
+        Page("clusters, as a developer", "/clusters/", "developer"),
+        Page("403, billing as a developer", "/billing/", "developer"),
         Page("audit log, a bad filter", "/audit/?since=yesterday-ish", "owner"),
         Page("notifications, none yet", "/notifications/", "newcomer"),
         Page("notifications", "/notifications/", "owner", in_view=("td.num .btn",)),
@@ -647,7 +661,7 @@ def check(page, target: Page, mode: str, shots: Path | None, base_url: str) -> l
     if target.ready:
         page.wait_for_selector(target.ready)
     problems: list[str] = []
-    expected_status = 404 if target.name.startswith("404") else 200
+    expected_status = int(target.name[:3]) if target.name[:3] in ("403", "404") else 200
     if response is None or response.status != expected_status:
         status = response.status if response else "none"
         problems.append(f"answered {status}, not {expected_status}")
