@@ -197,7 +197,18 @@ class NetworkTestEnvelope(Schema):
     data: NetworkTestOut
 
 
+class KeyHolderOut(Schema):
+    name: str
+    fingerprint: str
+    owner: str = Field(description="The email of the member who added it; empty: a shared key.")
+
+
 class ClusterOut(ClusterSummaryOut):
+    ssh_keys: list[KeyHolderOut] = Field(
+        description="The SSH keys installed on every machine, as they were at creation "
+        '(docs/accounts.md, "SSH keys on clusters"); empty for a cluster made before this '
+        "was recorded."
+    )
     events: list[EventOut] = Field(description="Every transition and failure, oldest first.")
     acceptance: AcceptanceOut | None = Field(
         description="The acceptance report measured inside `network`, before billing started; "
@@ -416,6 +427,7 @@ def health(cluster: Cluster, node_name: str) -> dict:
 def _detail(cluster: Cluster) -> dict:
     return {
         **_summary(cluster),
+        "ssh_keys": cluster.key_holders,
         "events": [
             {
                 "at": event.at,

@@ -159,6 +159,8 @@ def test_a_member_removed_takes_their_keys_but_not_what_a_cluster_recorded(
     assert answer.status_code == 201, answer.json()
     cluster = Cluster.objects.get(name="team-run")
     assert sorted(k["name"] for k in cluster.key_holders) == ["deploy", "dev-laptop"]
+    holders = {k["name"]: k["owner"] for k in answer.json()["data"]["ssh_keys"]}
+    assert holders == {"deploy": "", "dev-laptop": "dev@example.com"}
     connect = owner.browser_client().get(f"/clusters/{cluster.pk}/connect/").content.decode()
     assert "dev@example.com's" in connect and "(shared)" in connect
 
