@@ -8,8 +8,9 @@ from django.utils.functional import SimpleLazyObject
 
 from accounts import otp
 from accounts.models import Project, User
-from accounts.projects import chosen_project_id, project_for
+from accounts.projects import SESSION_KEY, chosen_project_id, project_for
 from accounts.requests import AnonymousRequest, ProjectRequest
+from runcrate.emails import PROJECT_PARAM
 
 
 class ProjectMiddleware:
@@ -22,12 +23,26 @@ class ProjectMiddleware:
         # What ProjectRequest declares (accounts/requests.py): a lazy project, read (one query)
         # only where a view uses it, and falsy for a user in no project (require_project).
         if request.user.is_authenticated:
-            user, chosen = request.user, chosen_project_id(request)
-            lazy = cast(Project, SimpleLazyObject(lambda: project_for(user, chosen)))
-            cast(ProjectRequest, request).project = lazy
+            user, asked = request.user, _asked_project(request)
+            chosen = asked if asked is not None else chosen_project_id(request)
+
+            def find() -> Project | None:
+                project = project_for(user, chosen)
+                # A link that names a project of the user's (an email's) switches to it, as
+                # the top bar's switcher does; one that names another project is ignored.
+                if asked is not None and project and project.pk == asked:
+                    request.session[SESSION_KEY] = asked
+                return project
+
+            cast(ProjectRequest, request).project = cast(Project, SimpleLazyObject(find))
         else:
             cast(AnonymousRequest, request).project = None
         return self.get_response(request)
+
+
+def _asked_project(request: HttpRequest) -> int | None:
+    raw = request.GET.get(PROJECT_PARAM, "")
+    return int(raw) if raw.isdigit() and len(raw) < 12 else None
 
 
 class TwoFactorRequired:

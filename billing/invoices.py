@@ -131,6 +131,7 @@ def send_invoice_emails(*, now: datetime) -> int:
         sent += send_templated(
             template="billing-invoice-ready",
             to=invoice_recipients(project, invoice.details),
+            project_id=project.pk,
             context={
                 "invoice": invoice,
                 "path": reverse("billing:invoice", args=[month.param]),

@@ -145,6 +145,7 @@ def warn_low_balances(standing: BalanceStanding, *, now: datetime) -> int:
         sent += send_templated(
             template="billing-low-balance",
             to=recipients.get(project_id, []),
+            project_id=project_id,
             context={
                 "balance": balance[project_id],
                 "burn_rate": burn[project_id],
@@ -178,6 +179,7 @@ def warn_budgets(
         sent += send_templated(
             template="billing-budget-warning",
             to=recipients.get(env.project_id, []),
+            project_id=env.project_id,
             context={
                 "environment": env,
                 "spent": spend[env_id],

@@ -22,7 +22,7 @@ from django.utils import timezone
 from accounts.models import Membership, User
 from clusters import connect
 from clusters.models import STEP_NAMES, Cluster, Event, Node
-from runcrate.emails import send_templated
+from runcrate.emails import project_url, send_templated
 from runcrate.money import usd
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,10 @@ def _connect_context(cluster: Cluster) -> dict:
     if not shape.nodes:
         return {}
     info = connect.details(shape)
-    site = settings.SITE_URL
+
+    def link(path: str) -> str:
+        return project_url(cluster.project_id, path)
+
     return {
         # Without an address of its own or a gateway there is nothing to print yet.
         "ssh_command": info["ssh"][0]["command"] or "",
@@ -66,10 +69,10 @@ def _connect_context(cluster: Cluster) -> dict:
         "hostfile_path": shape.hostfile_path,
         "peers": _peers([node.name for node in shape.nodes[1:]]),
         "connect": info,
-        "ssh_config_url": site + reverse("clusters:ssh_config", args=[cluster.pk]),
-        "hostfile_url": site + reverse("clusters:hostfile", args=[cluster.pk]),
-        "kubeconfig_url": site + reverse("clusters:kubeconfig", args=[cluster.pk]),
-        "quote_url": site + reverse("offers:quote") + "?interconnect=infiniband",
+        "ssh_config_url": link(reverse("clusters:ssh_config", args=[cluster.pk])),
+        "hostfile_url": link(reverse("clusters:hostfile", args=[cluster.pk])),
+        "kubeconfig_url": link(reverse("clusters:kubeconfig", args=[cluster.pk])),
+        "quote_url": link(reverse("offers:quote") + "?interconnect=infiniband"),
     }
 
 
@@ -82,8 +85,11 @@ def _peers(names: list[str]) -> str:
 def email_context(event: Event) -> dict:
     cluster = event.cluster
     machine_type = cluster.machine_type
-    site = settings.SITE_URL
-    detail = site + reverse("clusters:detail", args=[cluster.pk])
+
+    def link(path: str) -> str:
+        # Opened by a member of several projects, it acts in the cluster's (runcrate/emails.py).
+        return project_url(cluster.project_id, path)
+
     context = {
         "cluster": cluster,
         "event": event,
@@ -95,9 +101,9 @@ def email_context(event: Event) -> dict:
         "price_per_hour": usd(cluster.price_per_machine_hour * cluster.size),
         "node_name": event.node.name if event.node else cluster.failure_node,
         "step_name": STEP_NAMES.get(event.step, event.step).lower(),
-        "cluster_url": detail,
-        "terminate_url": site + reverse("clusters:terminate", args=[cluster.pk]),
-        "offers_url": site + reverse("offers:picker") + f"?gpu={machine_type.gpu.slug}",
+        "cluster_url": link(reverse("clusters:detail", args=[cluster.pk])),
+        "terminate_url": link(reverse("clusters:terminate", args=[cluster.pk])),
+        "offers_url": link(reverse("offers:picker") + f"?gpu={machine_type.gpu.slug}"),
     }
     if event.notification == "ready":
         context.update(_connect_context(cluster))
@@ -124,6 +130,7 @@ def send_event_email(*, event: Event) -> int:
             template=f"cluster-{kind}",
             to=recipients_for(event.cluster),
             context=email_context(event),
+            project_id=event.cluster.project_id,
         )
     except Exception:
         # Give the claim back so the next run sends it; only this claim, not a newer one.

@@ -135,6 +135,7 @@ def send_stop_emails(*, now: datetime | None = None) -> int:
                     "reason": "balance" if reason == Event.Reason.STOPPED_BALANCE else "budget",
                     "environment": clusters[0].environment,
                 },
+                project_id=clusters[0].project_id,
             )
         except Exception:
             Event.objects.filter(pk__in=[event.pk for event in events]).update(emailed_at=None)
