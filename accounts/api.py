@@ -56,11 +56,19 @@ class SshKeyOut(Schema):
     type: str = Field(description="ssh-ed25519, ssh-rsa, ecdsa-sha2-nistp256, …")
     fingerprint: str = Field(description="As `ssh-keygen -lf` prints it: SHA256:…")
     public_key: str = Field(description="The key in OpenSSH's one-line format.")
+    owner: str = Field(
+        description="The email of the member who added it; empty for a shared key (staff's, or "
+        "a deleted user's). A new cluster gets its creator's own and the shared keys by default."
+    )
     created_at: datetime
 
     @staticmethod
     def resolve_type(obj: SshKey) -> str:
         return obj.key_type
+
+    @staticmethod
+    def resolve_owner(obj: SshKey) -> str:
+        return obj.created_by.email if obj.created_by_id and obj.created_by else ""
 
 
 class SshKeyEnvelope(Schema):
@@ -119,8 +127,8 @@ def list_ssh_keys(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Offset = 0,
 ) -> dict:
-    queryset = SshKey.objects.filter(project=request.project).order_by("name", "pk")
-    return paginated(queryset, limit=limit, offset=offset)
+    queryset = SshKey.objects.filter(project=request.project).select_related("created_by")
+    return paginated(queryset.order_by("name", "pk"), limit=limit, offset=offset)
 
 
 @router.post(
@@ -142,7 +150,8 @@ def create_ssh_key(request: ApiRequest, payload: SshKeyIn) -> Status:
 
 
 def _ssh_key(request: ApiRequest, key_id: int) -> SshKey:
-    key = SshKey.objects.filter(project=request.project, pk=key_id).first()
+    found = SshKey.objects.filter(project=request.project, pk=key_id)
+    key = found.select_related("created_by").first()
     if key is None:
         raise ApiError(404, "not_found", f"Your project has no SSH key {key_id}.")
     return key
@@ -163,10 +172,11 @@ def get_ssh_key(request: ApiRequest, key_id: int) -> dict:
     auth=needs(Scope.TERMINATE),
     response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Remove an SSH key",
-    description="Clusters already running keep the key on their machines until they end.",
+    description="Clusters already running keep the key on their machines until they end. A "
+    "developer removes only their own keys: another member's is 403 `role_forbidden`.",
 )
 def delete_ssh_key(request: ApiRequest, key_id: int) -> Status:
-    keys.remove_ssh_key(key=_ssh_key(request, key_id))
+    keys.remove_ssh_key(key=_ssh_key(request, key_id), by=request.user)
     return Status(204, None)
 
 

@@ -24,6 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
+from accounts import permissions
 from accounts.models import (
     ApiKey,
     Membership,
@@ -314,8 +315,24 @@ def key_holder(key: SshKey) -> dict[str, str]:
     return {"name": key.name, "fingerprint": key.fingerprint, "owner": owner}
 
 
-def remove_ssh_key(*, key: SshKey) -> None:
-    """Remove a key. Clusters already running keep it in their machines until they end."""
+def removal_refusal(*, user: User, key: SshKey) -> permissions.PermissionRefused | None:
+    """Why `user` may not remove `key`, or None: a member removes their own keys; another's,
+    or a shared one, only an owner or a manager (the permission table's `keys.remove_others`)."""
+    if key.created_by_id == user.pk:
+        return None
+    role = permissions.role_of(user, key.project)
+    return (
+        None
+        if permissions.allowed(role, "keys.remove_others")
+        else (permissions.refusal("keys.remove_others", role))
+    )
+
+
+def remove_ssh_key(*, key: SshKey, by: User) -> None:
+    """Remove a key, for `by` if they may (PermissionRefused, 403 `role_forbidden`, otherwise).
+    Clusters already running keep it in their machines until they end."""
+    if (refusal := removal_refusal(user=by, key=key)) is not None:
+        raise refusal
     SshKey.objects.filter(pk=key.pk).delete()
 
 

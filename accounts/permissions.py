@@ -44,6 +44,7 @@ TABLE: dict[str, tuple[tuple[str, ...], str]] = {
     "clusters.manage": (EVERYONE, "manage clusters"),
     "volumes.manage": (EVERYONE, "manage volumes"),
     "keys.own": (EVERYONE, "keep their own SSH and API keys"),
+    "keys.remove_others": (MANAGERS, "remove another member's SSH key"),
 }
 
 

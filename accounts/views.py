@@ -128,7 +128,8 @@ def _render_account(request: ProjectRequest, partial: str, **extra: object) -> H
     if project:  # a lazy object: falsy, never None, for a user in no project
         context["environments"] = project.environments.all()
         context["api_keys"] = keys.project_api_keys(project)
-        context["ssh_keys"] = SshKey.objects.filter(project=project).order_by("name", "pk")
+        ssh_keys = SshKey.objects.filter(project=project).select_related("created_by")
+        context["ssh_keys"] = ssh_keys.order_by("name", "pk")
     template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
     return render(request, template, context)
 
@@ -228,6 +229,8 @@ def add_ssh_key(request: ProjectRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, SshKey.objects.all(), pk=pk)
+    if (refusal := keys.removal_refusal(user=request.user, key=key)) is not None:
+        raise PermissionDenied(refusal.message)
     if request.method == "GET":
         return _confirm(
             request,
@@ -239,7 +242,7 @@ def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
             action=reverse("accounts:remove_ssh_key", args=[key.pk]),
             button="Remove key",
         )
-    keys.remove_ssh_key(key=key)
+    keys.remove_ssh_key(key=key, by=request.user)
     notice = f"SSH key '{key.name}' removed."
     if request.htmx:
         return _render_account(request, "ssh_keys", ssh_keys_notice=notice)

@@ -26,6 +26,7 @@ def test_it_adds_a_key_and_answers_201_with_it(owner):
             "type": "ssh-ed25519",
             "fingerprint": keygen_fingerprint(line),
             "public_key": line,
+            "owner": "owner@example.com",
             "created_at": "2030-05-06T07:08:09Z",
         }
     }
@@ -83,7 +84,16 @@ def test_it_lists_the_projects_keys_with_meta(owner, teammate):
     body = response.json()
     assert [key["name"] for key in body["data"]] == ["a", "b"]
     assert body["data"][0]["fingerprint"] == keygen_fingerprint(lines[1])
-    assert set(body["data"][0]) == {"id", "name", "type", "fingerprint", "public_key", "created_at"}
+    assert set(body["data"][0]) == {
+        "id",
+        "name",
+        "type",
+        "fingerprint",
+        "public_key",
+        "owner",
+        "created_at",
+    }
+    assert body["data"][0]["owner"] == "teammate@example.com"
     assert body["meta"] == {"total": 3, "limit": 2, "offset": 0}
     assert [k["name"] for k in owner.api().get("/api/v1/ssh-keys?offset=2").json()["data"]] == ["c"]
 

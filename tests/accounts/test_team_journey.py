@@ -202,3 +202,40 @@ def test_an_unknown_member_or_a_member_without_keys_is_refused_and_nothing_is_re
     assert (by_default.status_code, by_default.json()["error"]["code"]) == (422, "no_ssh_keys")
     assert "You have no SSH key in this project" in by_default.json()["error"]["message"]
     assert not Cluster.objects.exists()
+
+
+def test_a_developer_removes_only_their_own_ssh_keys(owner, teammate):
+    owners = keys.add_ssh_key(
+        project=owner.project, user=owner.user, name="owner-laptop", public_key=ed25519_line()
+    )
+    shared = keys.add_ssh_key(
+        project=owner.project, user=None, name="deploy", public_key=ed25519_line()
+    )
+    theirs = keys.add_ssh_key(
+        project=owner.project, user=teammate.user, name="dev-laptop", public_key=ed25519_line()
+    )
+    client = teammate.browser_client()
+
+    account = client.get("/accounts/").content.decode()
+    page = client.post(f"/accounts/ssh-keys/{owners.pk}/remove/")
+    api = teammate.api().delete(f"/api/v1/ssh-keys/{shared.pk}")
+    listed = {k["name"]: k["owner"] for k in teammate.api().get("/api/v1/ssh-keys").json()["data"]}
+
+    assert f"/accounts/ssh-keys/{theirs.pk}/remove/" in account
+    assert f"/accounts/ssh-keys/{owners.pk}/remove/" not in account
+    assert page.status_code == 403
+    assert "Only an owner or a manager may remove another member" in page.content.decode()
+    assert (api.status_code, api.json()["error"]["code"]) == (403, "role_forbidden")
+    assert set(owner.project.ssh_keys.values_list("name", flat=True)) == {
+        "owner-laptop",
+        "deploy",
+        "dev-laptop",
+    }
+    assert listed == {
+        "owner-laptop": "owner@example.com",
+        "deploy": "",
+        "dev-laptop": "teammate@example.com",
+    }
+    assert client.post(f"/accounts/ssh-keys/{theirs.pk}/remove/").status_code == 302
+    assert owner.api().delete(f"/api/v1/ssh-keys/{shared.pk}").status_code == 204
+    assert set(owner.project.ssh_keys.values_list("name", flat=True)) == {"owner-laptop"}
