@@ -408,7 +408,10 @@ def clusters_create(
     software: Annotated[str, typer.Option(help="none, slurm, kubernetes or ray.")] = "none",
     ssh_key: Annotated[
         list[str] | None,
-        typer.Option("--ssh-key", help="An SSH key's id or name (repeat it); default: yours and the shared ones."),
+        typer.Option(
+            "--ssh-key",
+            help="An SSH key's id or name (repeat it); default: yours and the shared ones.",
+        ),
     ] = None,
     volume: Annotated[
         str | None, typer.Option(help="A volume's id or name, mounted at /shared/volume.")
