@@ -62,3 +62,47 @@ def test_role_of_reads_the_current_row(owner, teammate, stranger, django_assert_
     assert permissions.role_of(stranger.user, owner.project) is None
     Membership.objects.filter(user=teammate.user).update(role=MANAGER)
     assert permissions.role_of(teammate.user, owner.project) == MANAGER
+
+
+def test_every_may_a_template_asks_names_an_action_of_the_table():
+    """A template's `may.x_y` that is not in the table would read as false, silently: a link
+    hidden from everyone. Every one asked is an action."""
+    import re
+    from pathlib import Path
+
+    from django.conf import settings
+
+    asked = set()
+    for folder in [*settings.TEMPLATES[0]["DIRS"], *Path(settings.BASE_DIR).glob("*/templates")]:
+        for template in Path(folder).rglob("*.html"):
+            asked |= set(re.findall(r"\bmay\.(\w+)", template.read_text()))
+
+    assert {"billing_view", "audit_view", "team_view"} <= asked
+    unknown = {key for key in asked if key.replace("_", ".", 1) not in permissions.TABLE}
+    assert unknown == set()
+
+
+def test_abilities_read_the_role_once_and_refuse_an_unknown_action(
+    owner, teammate, django_assert_num_queries
+):
+    may = permissions.Abilities(teammate.user, owner.project)
+
+    with django_assert_num_queries(1):
+        assert not may["billing_view"]
+        assert may["clusters_manage"]
+        assert not may["keys_remove_others"]
+    with pytest.raises(KeyError, match="no.such"):
+        may["no_such"]
+    assert not permissions.Abilities(None, None)["clusters_manage"]
+
+
+def test_the_legend_says_what_each_role_may_do_owner_first():
+    legend = dict(permissions.legend())
+
+    assert list(legend) == ["Owner", "Manager", "Developer"]
+    assert legend["Developer"] == [
+        "manage clusters",
+        "manage volumes",
+        "keep their own SSH and API keys",
+    ]
+    assert "delete the project" in legend["Owner"] and "delete the project" not in legend["Manager"]
