@@ -3,13 +3,14 @@ code (or a recovery code, once) logs in; wrong codes count against the login's l
 may require it of every member (accounts/otp.py, docs/accounts.md)."""
 
 import re
-from datetime import timedelta
+import time
+import zlib
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
 from django.contrib.auth import get_user
 from django.test import Client
-from django.utils import timezone
 from django_otp.oath import totp
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
@@ -21,10 +22,28 @@ LOGIN, VERIFY, SECURITY = "/accounts/login/", "/accounts/login/verify/", "/accou
 SETUP = "/accounts/security/setup/"
 
 
+def _inside_the_login_windows(*values: str, period: int = 15 * 60, room: int = 120) -> datetime:
+    """A moment from now with at least `room` seconds left in the login limits' fixed window of
+    every value. django-ratelimit ends a value's window at a multiple of the period plus the
+    value's crc32 (django_ratelimit.core._get_window): a test that moves the clock by a minute
+    from an arbitrary instant would cross the end of one now and then, and its counts restart."""
+    start = int(time.time())
+    for moment in range(start, start + period, 5):
+        ends = []
+        for value in values:
+            end = moment - moment % period + zlib.crc32(value.encode()) % period
+            ends.append(end + period if end < moment else end)
+        if all(end - moment >= room for end in ends):
+            return datetime.fromtimestamp(moment, tz=UTC)
+    raise AssertionError("no moment inside every window")  # cannot happen with room < period / 2
+
+
 @pytest.fixture(autouse=True)
 def _frozen():
-    # The limits count in windows of the clock, and a TOTP code is the clock's: frozen, moved.
-    with time_machine.travel(timezone.now(), tick=False) as traveller:
+    # The limits count in windows of the clock, and a TOTP code is the clock's: frozen, moved,
+    # well inside the windows of the owner's account and of the test client's address.
+    moment = _inside_the_login_windows("owner@example.com", "127.0.0.1")
+    with time_machine.travel(moment, tick=False) as traveller:
         yield traveller
 
 
