@@ -321,11 +321,9 @@ def removal_refusal(*, user: User, key: SshKey) -> permissions.PermissionRefused
     if key.created_by_id == user.pk:
         return None
     role = permissions.role_of(user, key.project)
-    return (
-        None
-        if permissions.allowed(role, "keys.remove_others")
-        else (permissions.refusal("keys.remove_others", role))
-    )
+    if permissions.allowed(role, "keys.remove_others"):
+        return None
+    return permissions.refusal("keys.remove_others", role)
 
 
 def remove_ssh_key(*, key: SshKey, by: User) -> None:

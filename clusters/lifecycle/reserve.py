@@ -129,7 +129,7 @@ def _resolve_ssh_keys(
     by id and every key of the members asked for; with neither, the creator's own and the
     project's shared ones (accounts/keys.py `default_cluster_keys`)."""
     if ssh_key_ids is None and member_ids is None:
-        found = list(keys.default_cluster_keys(project=project, user=user))
+        found = keys.default_cluster_keys(project=project, user=user)
         if not found:
             raise ClusterRefused(
                 "no_ssh_keys",
