@@ -253,6 +253,26 @@ def main() -> int:
             "--queues=machines",
             "--hostname=machines@%h",
         ],
+        # A tenant's host (log fetches) and a customer's receiver (webhooks, Slack): each on a
+        # worker of its own, so neither can hold the machines' or the default queue.
+        "logs": [
+            *celery,
+            "worker",
+            f"--loglevel={log_level}",
+            "--pool=threads",
+            "--concurrency=4",
+            "--queues=logs",
+            "--hostname=logs@%h",
+        ],
+        "notify": [
+            *celery,
+            "worker",
+            f"--loglevel={log_level}",
+            "--pool=threads",
+            "--concurrency=4",
+            "--queues=notifications",
+            "--hostname=notify@%h",
+        ],
         "beat": [*celery, "beat", f"--loglevel={log_level}"],
     }
     stopped = threading.Event()

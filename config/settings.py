@@ -292,15 +292,23 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A worker started without -Q consumes both (tests, a one-process deployment); `make run` and
 # production run one worker per queue (docs/architecture.md, "Workers and queues").
 CELERY_TASK_DEFAULT_QUEUE = "celery"
+# Two more queues hold work whose other end is someone else's: a tenant's host (`logs`: reading a
+# node's logs or the head's jobs) and a customer's webhook receiver or Slack (`notifications`).
+# Each is bounded by a deadline, and each has its own worker, so a slow or hostile other end
+# fills only its own queue, never the one that starts and stops other customers' machines.
 CELERY_TASK_QUEUES = (
     Queue("celery", routing_key="celery"),
     Queue("machines", routing_key="machines"),
+    Queue("logs", routing_key="logs"),
+    Queue("notifications", routing_key="notifications"),
 )
 CELERY_TASK_ROUTES = {
     "clusters.tasks.node_work": {"queue": "machines"},
     "clusters.tasks.network_test": {"queue": "machines"},
-    # A node's logs or the head's jobs, read over SSH (clusters/logs.py): slow work on hosts.
-    "clusters.tasks.fetch_logs": {"queue": "machines"},
+    # A node's logs or the head's jobs, read over SSH (clusters/logs.py): a tenant's host.
+    "clusters.tasks.fetch_logs": {"queue": "logs"},
+    # Webhook and Slack deliveries (notifications/delivery.py): a customer's receiver.
+    "notifications.tasks.send_notifications": {"queue": "notifications"},
 }
 # A publish that fails (the broker is down) fails fast: the caller records what happened, and
 # the tick hands the work out again once the broker is back (clusters/lifecycle/dispatch.py).

@@ -32,7 +32,7 @@ def _workers(processes: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def test_it_names_web_then_the_workers_and_beat(processes):
     # Web first: honcho gives the first process $PORT, the others $PORT + 100, + 200, …
-    assert list(processes) == ["web", "worker", "machines", "beat"]
+    assert list(processes) == ["web", "worker", "machines", "logs", "notify", "beat"]
     assert processes["web"][:2] == ["gunicorn", "config.wsgi"]
 
 
@@ -44,7 +44,12 @@ def test_its_workers_consume_every_queue_the_settings_route_to(processes):
         name: _queues(argv) for name, argv in _workers(processes).items() if "worker" in argv
     }
 
-    assert workers == {"worker": {"celery"}, "machines": {"machines"}}
+    assert workers == {
+        "worker": {"celery"},
+        "machines": {"machines"},
+        "logs": {"logs"},
+        "notify": {"notifications"},
+    }
     consumed = set().union(*workers.values())
     assert routed <= declared
     assert consumed == declared

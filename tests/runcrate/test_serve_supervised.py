@@ -161,9 +161,16 @@ def served(tmp_path_factory) -> Iterator[Served]:
 def test_it_says_it_restarts_a_process_that_dies(served):
     output = served.output()
 
-    assert "make serve: supervising web, worker, machines, beat." in output
+    assert "make serve: supervising web, worker, machines, logs, notify, beat." in output
     assert "A process that dies is restarted" in output
-    assert {name for name, _ in STARTED.findall(output)} == {"web", "worker", "machines", "beat"}
+    assert {name for name, _ in STARTED.findall(output)} == {
+        "web",
+        "worker",
+        "machines",
+        "logs",
+        "notify",
+        "beat",
+    }
 
 
 def test_a_killed_worker_is_back_within_10_s_and_the_web_answers_throughout(served):
