@@ -621,6 +621,12 @@ def get_cluster(request: ApiRequest, cluster_id: int) -> dict:
     return {"data": _detail(_get_cluster(request, cluster_id))}
 
 
+def _answer(request: ApiRequest, cluster_id: int) -> dict:
+    """An action's answer, read inside its transaction (`outages.commit`): once it commits,
+    nothing is left to read, so a connection that drops then cannot turn its 202 into a 503."""
+    return {"data": _detail(_get_cluster(request, cluster_id))}
+
+
 ACTION_RESPONSES = {
     202: ClusterEnvelope,
     401: ErrorOut,
@@ -641,8 +647,12 @@ ACTION_RESPONSES = {
 )
 def terminate_cluster(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    lifecycle.terminate(cluster=cluster, user=request.user)
-    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+    def terminate() -> dict:
+        lifecycle.terminate(cluster=cluster, user=request.user)
+        return _answer(request, cluster_id)
+
+    return Status(202, outages.commit(terminate))
 
 
 @router.post(
@@ -654,8 +664,12 @@ def terminate_cluster(request: ApiRequest, cluster_id: int) -> Status:
 )
 def retry_install(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    lifecycle.retry_install(cluster=cluster)
-    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+    def retry() -> dict:
+        lifecycle.retry_install(cluster=cluster)
+        return _answer(request, cluster_id)
+
+    return Status(202, outages.commit(retry))
 
 
 @router.post(
@@ -669,12 +683,12 @@ def retry_install(request: ApiRequest, cluster_id: int) -> Status:
 )
 def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)
-    lifecycle.add_workers(
-        cluster=cluster,
-        count=payload.count,
-        api_key=request.auth,
-    )
-    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+    def add() -> dict:
+        lifecycle.add_workers(cluster=cluster, count=payload.count, api_key=request.auth)
+        return _answer(request, cluster_id)
+
+    return Status(202, outages.commit(add))
 
 
 @router.post(

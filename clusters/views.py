@@ -41,7 +41,7 @@ from clusters.models import STEP_NAMES, Cluster, Event, Node, Volume, give_up_af
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, MachineType
 from offers.offers import Offer, get_offer, list_offers, same_shape_first
 from offers.quotes import quotes_for
-from runcrate import durations
+from runcrate import durations, outages
 from runcrate.money import usd
 
 CLUSTERS_PER_PAGE = 50
@@ -1031,7 +1031,7 @@ def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
         context = {"cluster": cluster, "machines": machines}
         return render(request, "clusters/terminate.html", context)
     try:
-        lifecycle.terminate(cluster=cluster, user=request.user)
+        outages.commit(lambda: lifecycle.terminate(cluster=cluster, user=request.user))
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:
@@ -1046,7 +1046,7 @@ def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
 def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
     try:
-        lifecycle.retry_install(cluster=cluster)
+        outages.commit(lambda: lifecycle.retry_install(cluster=cluster))
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:
@@ -1064,7 +1064,7 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
         messages.error(request, "Say how many workers to add, as a whole number.")
         return redirect("clusters:detail", pk=cluster.pk)
     try:
-        lifecycle.add_workers(cluster=cluster, count=count)
+        outages.commit(lambda: lifecycle.add_workers(cluster=cluster, count=count))
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:

@@ -6,13 +6,19 @@ each passes by itself. They are answered **503** with `Retry-After`, never 500: 
 `service_unavailable` under /api/v1/ (`runcrate/api.py`) and the 503 page elsewhere
 (`runcrate/middleware.py`), so a client knows to send the same request again. Everything else
 unexpected stays a logged 500.
+
+A request that changed something and then lost its connection is no "send it again": the change
+is there, and a retry would be refused (409) or done twice. Its transaction runs in `commit`,
+which tells a COMMIT that happened from one that did not when the connection drops at the
+COMMIT itself, and its answer is built inside that transaction, or read back with
+`after_commit`; docs/architecture.md, "Our own outages".
 """
 
 from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection, transaction
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -55,15 +61,66 @@ def is_outage(error: BaseException | None) -> bool:
     return False
 
 
+# How many fresh connections a committed change's answer (or its COMMIT's outcome) is tried on:
+# one drop is the common case; a second, right after, is a database being cut over and over.
+READ_BACK_TRIES = 3
+
+
 def after_commit(read: Callable[[], T]) -> T:
-    """Read back what a committed change made, once more on a fresh connection when the
-    connection dropped after the commit: the change happened, and its answer (a create's 201)
-    must say so rather than a 503 that invites a second create. Inside a transaction nothing is
-    committed yet, so an outage there is raised as it is (the caller's 503; it rolled back)."""
+    """Read back what a committed change made, on a fresh connection when the connection
+    dropped after the commit (up to READ_BACK_TRIES in all): the change happened, and its
+    answer (a create's 201) must say so rather than a 503 that invites a second create. Inside
+    a transaction nothing is committed yet, so an outage there is raised as it is (the caller's
+    503; it rolled back)."""
+    for _ in range(READ_BACK_TRIES - 1):
+        try:
+            return read()
+        except OUTAGES:
+            if connection.in_atomic_block:
+                raise
+            connection.close()
+    return read()
+
+
+def commit(change: Callable[[], T]) -> T:
+    """Run `change` (a state change and the answer it builds) in one transaction, and return
+    what it returned once that transaction committed.
+
+    A connection that drops at the COMMIT leaves the outcome unknown to the client: the server
+    may have committed and died before saying so. Then the transaction's id, read when it
+    began, is asked of the database on a fresh connection (`pg_xact_status`): committed, the
+    change's result is returned as if nothing had dropped; aborted, or the database still out of
+    reach, the outage is raised (a 503: nothing changed, or we cannot tell). An on_commit hook
+    that meets an outage (a broker away) after the COMMIT is told apart the same way. Inside an
+    outer transaction (a test's) `change` simply runs: the COMMIT is not ours."""
+    if connection.in_atomic_block or connection.vendor != "postgresql":
+        with transaction.atomic():
+            return change()
+    xid = ""
+    changed = False
     try:
-        return read()
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("select pg_current_xact_id()::text")
+                xid = cursor.fetchone()[0]
+            result = change()
+            changed = True  # what follows is the COMMIT and the on_commit hooks
     except OUTAGES:
-        if connection.in_atomic_block:
+        if not changed or not _committed(xid):
             raise
+    return result
+
+
+def _committed(xid: str) -> bool:
+    """Whether the transaction `xid` committed, asked on a fresh connection; the outage is
+    raised again when the database cannot be asked."""
+    for attempt in range(READ_BACK_TRIES):
         connection.close()
-        return read()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("select pg_xact_status(%s::xid8)", [xid])
+                return cursor.fetchone()[0] == "committed"
+        except OUTAGES:
+            if attempt == READ_BACK_TRIES - 1:
+                raise
+    return False

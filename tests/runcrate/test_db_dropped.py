@@ -12,15 +12,17 @@ from decimal import Decimal
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import OperationalError, close_old_connections, connection
+from django.db import OperationalError, close_old_connections, connection, transaction
 from django.test import Client
+from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
-from clusters.models import Cluster
+from clusters import lifecycle
+from clusters.models import Cluster, Event, Node
 from runcrate import outages
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.conftest import postgres_only
-from tests.factories import LocationFactory
+from tests.factories import ClusterFactory, LocationFactory
 
 ME = "/api/v1/me"
 KILL = (
@@ -212,6 +214,191 @@ def test_a_create_whose_connection_drops_after_its_commit_answers_201(owner, off
     assert kills and kills[0] >= 1
     assert response.json()["data"]["name"] == "after-commit"
     assert Cluster.objects.filter(name="after-commit").count() == 1
+
+
+# --- an action whose commit succeeded (terminate, add workers, retry install) ----------------
+# The change commits, then the connection is killed: after the COMMIT (an on_commit hook of the
+# test's) or at it (the COMMIT went through, its answer was lost). Either way the answer is the
+# action's success, never a 503 whose retry would be refused with 409.
+
+
+@pytest.fixture
+def in_memory():
+    with lifecycle.dispatching_to(lifecycle.CollectingDispatcher()) as dispatcher:
+        yield dispatcher
+
+
+def ready_cluster(owner) -> Cluster:
+    now = timezone.now()
+    credit(owner.project)  # adding workers needs an hour of the grown cluster
+    return ClusterFactory(
+        project=owner.project,
+        machine_type=machine_type_with_hosts(free=3),
+        status=Cluster.Status.READY,
+        joined_at=now,
+        ready_at=now,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+
+
+def degraded_cluster(owner) -> Cluster:
+    return ClusterFactory(
+        project=owner.project,
+        software=Cluster.Software.SLURM,
+        status=Cluster.Status.DEGRADED,
+        failure_reason="install_failed",
+        joined_at=timezone.now(),
+        machines=True,
+        machines__status=Node.Status.JOINED,
+        machines__step=Node.Step.INSTALL,
+    )
+
+
+# (what to do, the lifecycle function it calls, the cluster it needs, the body, the status after)
+ACTIONS = {
+    "terminate": ("terminate", ready_cluster, None, Cluster.Status.TERMINATING),
+    "workers": ("add_workers", ready_cluster, {"count": 1}, Cluster.Status.READY),
+    "retry-install": ("retry_install", degraded_cluster, None, Cluster.Status.INSTALLING),
+}
+
+
+def act(api: Client, cluster: Cluster, action: str):
+    body = ACTIONS[action][2]
+    url = f"/api/v1/clusters/{cluster.pk}/{action}"
+    if body is None:
+        return api.post(url)
+    return api.post(url, body, content_type="application/json")
+
+
+def assert_done(cluster: Cluster, action: str, response) -> None:
+    cluster.refresh_from_db()
+    assert cluster.status == ACTIONS[action][3]
+    assert response.status_code == 202, response.content
+    assert response.json()["data"]["status"] == ACTIONS[action][3]
+    if action == "workers":
+        assert cluster.nodes.count() == 3
+        assert len(response.json()["data"]["machines"]) == 3
+
+
+@pytest.fixture
+def kill_after_commit(monkeypatch):
+    """The named lifecycle action, with every other backend killed once its change commits
+    (a hook of its transaction): the request's own connection dies between the commit and its
+    answer."""
+    killer = _killer_connection()
+    kills: list[int] = []
+
+    def patch(name: str) -> list[int]:
+        real = getattr(lifecycle, name)
+
+        def then_killed(**kwargs):
+            result = real(**kwargs)
+            transaction.on_commit(lambda: kills.append(kill_backends(killer)))
+            return result
+
+        monkeypatch.setattr(lifecycle, name, then_killed)
+        return kills
+
+    yield patch
+    killer.close()
+    connection.close()
+
+
+@pytest.fixture
+def commit_then_drop(monkeypatch):
+    """The request's COMMIT goes through, then its connection is killed before the answer of
+    the COMMIT arrives: the client sees the COMMIT fail. `before=True`: killed before the
+    COMMIT, which then fails for real (nothing committed). Only the first COMMIT after `patch`."""
+    killer = _killer_connection()
+    real_commit = connection.commit
+    dropped: list[int] = []
+
+    def patch(*, before: bool = False) -> list[int]:
+        def commit():
+            if dropped:  # once: the request's first COMMIT
+                return real_commit()
+            if before:
+                dropped.append(kill_backends(killer))
+                return real_commit()
+            real_commit()
+            dropped.append(kill_backends(killer))
+            raise OperationalError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(connection, "commit", commit)
+        return dropped
+
+    yield patch
+    monkeypatch.undo()
+    killer.close()
+    connection.close()
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("action", ACTIONS)
+def test_an_action_whose_connection_drops_after_its_commit_answers_202(
+    owner, in_memory, kill_after_commit, action
+):
+    cluster = ACTIONS[action][1](owner)
+    kills = kill_after_commit(ACTIONS[action][0])
+
+    response = act(served(owner, api=True), cluster, action)
+
+    assert kills and kills[0] >= 1
+    assert_done(cluster, action, response)
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("action", ACTIONS)
+def test_an_action_whose_commit_went_through_as_its_connection_dropped_answers_202(
+    owner, in_memory, commit_then_drop, action
+):
+    """The COMMIT itself raised: its outcome is asked of the database (pg_xact_status)."""
+    cluster = ACTIONS[action][1](owner)
+    dropped = commit_then_drop()
+
+    response = act(served(owner, api=True), cluster, action)
+
+    assert dropped and dropped[0] >= 1
+    assert_done(cluster, action, response)
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_an_action_whose_commit_did_not_happen_answers_503_and_changed_nothing(
+    owner, in_memory, commit_then_drop
+):
+    cluster = ready_cluster(owner)
+    dropped = commit_then_drop(before=True)
+
+    response = act(served(owner, api=True), cluster, "terminate")
+
+    assert dropped and dropped[0] >= 1
+    assert_unavailable_envelope(response)
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.READY
+    assert not cluster.events.filter(reason=Event.Reason.TERMINATE_REQUESTED).exists()
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_terminate_from_the_page_whose_commit_went_through_says_so(
+    owner, in_memory, commit_then_drop
+):
+    cluster = ready_cluster(owner)
+    browser = served(owner, api=False)
+    commit_then_drop()
+
+    response = browser.post(f"/clusters/{cluster.pk}/terminate/")
+
+    assert response.status_code == 302, response.content[:300]
+    assert response["Location"] == f"/clusters/{cluster.pk}/"
+    page = browser.get(response["Location"]).content.decode()
+    assert f"Terminating {cluster.name}: every machine stops and billing ends now." in page
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.TERMINATING
 
 
 # --- a load of real requests while the database's backends are killed ------------------------
