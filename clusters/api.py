@@ -499,18 +499,22 @@ def _create(request: ApiRequest, payload: ClusterIn) -> idempotency.Answer:
             payload.plan_token, project=project, api_key=request.auth, body=payload.create_body()
         )
     environment = _environment(request, payload.environment)
-    cluster = lifecycle.create_cluster(
-        project=project,
-        user=request.user,
-        environment=environment,
-        offer_slug=payload.offer_id,
-        nodes=payload.nodes,
-        name=payload.name,
-        software=payload.software,
-        ssh_key_ids=payload.ssh_key_ids,
-        member_ids=payload.member_ids,
-        volume_id=payload.volume_id,
-        api_key=request.auth,
+    # A COMMIT that went through as the connection dropped is a create that happened (without
+    # an Idempotency-Key; with one, its record's transaction is the one that commits).
+    cluster = outages.commit(
+        lambda: lifecycle.create_cluster(
+            project=project,
+            user=request.user,
+            environment=environment,
+            offer_slug=payload.offer_id,
+            nodes=payload.nodes,
+            name=payload.name,
+            software=payload.software,
+            ssh_key_ids=payload.ssh_key_ids,
+            member_ids=payload.member_ids,
+            volume_id=payload.volume_id,
+            api_key=request.auth,
+        )
     )
     # Committed (outside Idempotency-Key's transaction): a connection lost now still answers 201.
     body = outages.after_commit(lambda: {"data": _detail(_get_cluster(request, cluster.pk))})
@@ -621,12 +625,6 @@ def get_cluster(request: ApiRequest, cluster_id: int) -> dict:
     return {"data": _detail(_get_cluster(request, cluster_id))}
 
 
-def _answer(request: ApiRequest, cluster_id: int) -> dict:
-    """An action's answer, read inside its transaction (`outages.commit`): once it commits,
-    nothing is left to read, so a connection that drops then cannot turn its 202 into a 503."""
-    return {"data": _detail(_get_cluster(request, cluster_id))}
-
-
 ACTION_RESPONSES = {
     202: ClusterEnvelope,
     401: ErrorOut,
@@ -645,14 +643,11 @@ ACTION_RESPONSES = {
     description="Stops every machine together and ends billing for all of them now; "
     "409 `invalid_state` when the cluster has already ended.",
 )
+@outages.committing
 def terminate_cluster(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-
-    def terminate() -> dict:
-        lifecycle.terminate(cluster=cluster, user=request.user)
-        return _answer(request, cluster_id)
-
-    return Status(202, outages.commit(terminate))
+    lifecycle.terminate(cluster=cluster, user=request.user)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
 @router.post(
@@ -662,14 +657,11 @@ def terminate_cluster(request: ApiRequest, cluster_id: int) -> Status:
     summary="Retry the software install",
     description="Only for a degraded cluster; otherwise 409 `invalid_state`.",
 )
+@outages.committing
 def retry_install(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
-
-    def retry() -> dict:
-        lifecycle.retry_install(cluster=cluster)
-        return _answer(request, cluster_id)
-
-    return Status(202, outages.commit(retry))
+    lifecycle.retry_install(cluster=cluster)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
 @router.post(
@@ -681,14 +673,11 @@ def retry_install(request: ApiRequest, cluster_id: int) -> Status:
     f"{MAX_NODES} machines in all (422 `invalid_count`) and within the key's limits (403 "
     "`key_limit_exceeded`); each worker is billed from the moment it is up.",
 )
+@outages.committing
 def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)
-
-    def add() -> dict:
-        lifecycle.add_workers(cluster=cluster, count=payload.count, api_key=request.auth)
-        return _answer(request, cluster_id)
-
-    return Status(202, outages.commit(add))
+    lifecycle.add_workers(cluster=cluster, count=payload.count, api_key=request.auth)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
 @router.post(

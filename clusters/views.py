@@ -1023,6 +1023,7 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
 
 @permissions.page_requires("clusters.manage")
 @require_http_methods(["GET", "POST"])
+@outages.committing
 def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST terminates: the confirmation works without JavaScript."""
     cluster = _get_cluster_for_user(request, pk)
@@ -1031,7 +1032,7 @@ def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
         context = {"cluster": cluster, "machines": machines}
         return render(request, "clusters/terminate.html", context)
     try:
-        outages.commit(lambda: lifecycle.terminate(cluster=cluster, user=request.user))
+        lifecycle.terminate(cluster=cluster, user=request.user)
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:
@@ -1043,10 +1044,11 @@ def cluster_terminate(request: ProjectRequest, pk: int) -> HttpResponse:
 
 @permissions.page_requires("clusters.manage")
 @require_POST
+@outages.committing
 def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
     try:
-        outages.commit(lambda: lifecycle.retry_install(cluster=cluster))
+        lifecycle.retry_install(cluster=cluster)
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:
@@ -1056,6 +1058,7 @@ def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
 
 @permissions.page_requires("clusters.manage")
 @require_POST
+@outages.committing
 def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
     cluster = _get_cluster_for_user(request, pk)
     try:
@@ -1064,7 +1067,7 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
         messages.error(request, "Say how many workers to add, as a whole number.")
         return redirect("clusters:detail", pk=cluster.pk)
     try:
-        outages.commit(lambda: lifecycle.add_workers(cluster=cluster, count=count))
+        lifecycle.add_workers(cluster=cluster, count=count)
     except ClusterRefused as refusal:
         messages.error(request, refusal.message)
     else:

@@ -14,11 +14,13 @@ COMMIT itself, and its answer is built inside that transaction, or read back wit
 `after_commit`; docs/architecture.md, "Our own outages".
 """
 
+import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from django.db import InterfaceError, OperationalError, connection, transaction
+from django.http import HttpRequest
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -47,6 +49,9 @@ UNAVAILABLE_MESSAGE = (
 )
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R", bound=HttpRequest)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def is_outage(error: BaseException | None) -> bool:
@@ -124,3 +129,19 @@ def _committed(xid: str) -> bool:
             if attempt == READ_BACK_TRIES - 1:
                 raise
     return False
+
+
+def committing(view: Callable[Concatenate[R, P], T]) -> Callable[Concatenate[R, P], T]:
+    """An action (a view or an API endpoint) whose change and answer are one `commit`: what it
+    answers is built before its COMMIT, so nothing after the COMMIT can fail it, and a COMMIT
+    that went through as the connection dropped answers the action's success, not a 503 whose
+    retry is refused or done twice. A GET (a confirmation page) runs as it is. Not for an
+    action that waits on another party (a test delivery): its transaction would wait too."""
+
+    @functools.wraps(view)
+    def action(request: R, *args: P.args, **kwargs: P.kwargs) -> T:
+        if request.method in SAFE_METHODS:
+            return view(request, *args, **kwargs)
+        return commit(lambda: view(request, *args, **kwargs))
+
+    return action
