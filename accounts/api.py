@@ -11,6 +11,7 @@ from accounts import invitations, keys, members, permissions
 from accounts.api_auth import FULL_KEY, Scope, needs
 from accounts.models import ApiKey, Membership, SshKey
 from accounts.requests import ApiRequest
+from runcrate import outages
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -139,6 +140,7 @@ def list_ssh_keys(
     description="Refused with 422 `invalid_ssh_key` (the message says what is wrong) or 409 "
     "`ssh_key_exists` when the project already has the key.",
 )
+@outages.committing
 def create_ssh_key(request: ApiRequest, payload: SshKeyIn) -> Status:
     key = keys.add_ssh_key(
         project=request.project,
@@ -175,6 +177,7 @@ def get_ssh_key(request: ApiRequest, key_id: int) -> dict:
     description="Clusters already running keep the key on their machines until they end. A "
     "developer removes only their own keys: another member's is 403 `role_forbidden`.",
 )
+@outages.committing
 def delete_ssh_key(request: ApiRequest, key_id: int) -> Status:
     keys.remove_ssh_key(key=_ssh_key(request, key_id), by=request.user)
     return Status(204, None)
@@ -274,6 +277,7 @@ def list_api_keys(
     "and limits asked for; `key` in the answer is shown this once. Refusals: 422 "
     "`invalid_name`, `invalid_scope`, `invalid_limit`. " + KEYS_RULE,
 )
+@outages.committing
 def create_api_key(request: ApiRequest, payload: ApiKeyIn) -> Status:
     key, raw = keys.issue_api_key(
         user=request.user,
@@ -294,6 +298,7 @@ def create_api_key(request: ApiRequest, payload: ApiKeyIn) -> Status:
     description="At once: the next call with it answers 401. Revoking a revoked key changes "
     "nothing (204). Another project's key is a 404. " + KEYS_RULE,
 )
+@outages.committing
 def revoke_api_key(request: ApiRequest, key_id: int) -> Status:
     key = keys.project_api_keys(request.project).filter(pk=key_id).first()
     if key is None:
@@ -395,6 +400,7 @@ def list_members(
     "they log in or sign up with that email. Refusals: 409 `already_member`, 422 "
     "`invalid_email`, `invalid_role`. " + MEMBERS_RULE,
 )
+@outages.committing
 def invite_member(request: ApiRequest, payload: InviteIn) -> Status:
     invitation = invitations.invite(
         project=request.project,
@@ -420,6 +426,7 @@ def invite_member(request: ApiRequest, payload: InviteIn) -> Status:
     summary="Change a member's role",
     description="422 `no_owner` when it would leave the project without an owner. " + MEMBERS_RULE,
 )
+@outages.committing
 def change_member(request: ApiRequest, member_id: int, payload: MemberPatch) -> dict:
     membership = members.change_role(
         project=request.project,
@@ -439,6 +446,7 @@ def change_member(request: ApiRequest, member_id: int, payload: MemberPatch) -> 
     "stay. A member may remove themselves (leave); 422 `no_owner` for the last owner. "
     + MEMBERS_RULE,
 )
+@outages.committing
 def remove_member(request: ApiRequest, member_id: int) -> Status:
     members.remove_member(
         project=request.project, by=request.user, membership=_membership(request, member_id)

@@ -22,6 +22,7 @@ from accounts.models import ApiKey, Invitation, Membership, Project, SshKey
 from accounts.projects import SESSION_KEY, get_for_project, require_project
 from accounts.requests import ProjectRequest
 from accounts.signup import EmailTaken, sign_up
+from runcrate import outages
 
 
 @require_http_methods(["GET", "POST"])
@@ -150,6 +151,7 @@ def ssh_keys(request: ProjectRequest) -> HttpResponse:
 @never_cache  # the response holds the one copy of the new key: no cache may keep it
 @permissions.page_requires("keys.own")
 @require_POST
+@outages.committing
 def create_api_key(request: ProjectRequest) -> HttpResponse:
     project = _project(request)
     form = ApiKeyForm(request.POST)
@@ -176,6 +178,7 @@ def _confirm(request: ProjectRequest, **context: object) -> HttpResponse:
 
 @permissions.page_requires("keys.own")
 @require_http_methods(["GET", "POST"])
+@outages.committing
 def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, ApiKey.objects.all(), pk=pk)
     if request.method == "GET":
@@ -199,6 +202,7 @@ def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
 
 @permissions.page_requires("keys.own")
 @require_POST
+@outages.committing
 def add_ssh_key(request: ProjectRequest) -> HttpResponse:
     project = _project(request)
     form = SshKeyForm(request.POST)
@@ -227,6 +231,7 @@ def add_ssh_key(request: ProjectRequest) -> HttpResponse:
 
 @permissions.page_requires("keys.own")
 @require_http_methods(["GET", "POST"])
+@outages.committing
 def remove_ssh_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, SshKey.objects.all(), pk=pk)
     if (refusal := keys.removal_refusal(user=request.user, key=key)) is not None:
@@ -289,6 +294,7 @@ def team(request: ProjectRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@outages.committing
 def invite(request: ProjectRequest) -> HttpResponse:
     project = _team_project(request)
     form = InviteForm(request.POST)
@@ -319,6 +325,7 @@ def _refused(request: ProjectRequest, project: Project, refusal) -> HttpResponse
 
 @login_required
 @require_POST
+@outages.committing
 def change_role(request: ProjectRequest, pk: int) -> HttpResponse:
     project = _team_project(request)
     membership = _member(request, pk)
@@ -337,6 +344,7 @@ def change_role(request: ProjectRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@outages.committing
 def remove_member(request: ProjectRequest, pk: int) -> HttpResponse:
     project = require_project(request)
     membership = _member(request, pk)
@@ -359,6 +367,7 @@ def remove_member(request: ProjectRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@outages.committing
 def revoke_invitation(request: ProjectRequest, pk: int) -> HttpResponse:
     project = _team_project(request)
     invitation = get_for_project(request, Invitation.objects.all(), pk=pk)

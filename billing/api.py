@@ -19,6 +19,7 @@ from accounts.requests import ApiRequest
 from billing import balances, budgets, usage
 from billing.meter import HOUR
 from billing.models import LedgerEntry
+from runcrate import outages
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -307,6 +308,7 @@ class EnvironmentBudgetEnvelope(Schema):
     },
     summary="Set or clear an environment's monthly budget",
 )
+@outages.committing
 def put_budget(request: ApiRequest, name: str, payload: BudgetIn) -> dict:
     project = _billing_project(request, "budgets.manage")
     environment = Environment.objects.filter(project=project, name=name).first()

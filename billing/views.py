@@ -35,6 +35,7 @@ from billing.context_processors import (
 )
 from billing.forms import BillingDetailsForm, BudgetForm, EnvironmentForm, TopUpForm
 from billing.models import BillingDetails, Payment
+from runcrate import outages
 from runcrate.money import plain, usd
 
 logger = logging.getLogger(__name__)
@@ -370,6 +371,7 @@ def environments(request: ProjectRequest) -> HttpResponse:
 
 @permissions.page_requires("budgets.manage")
 @require_POST
+@outages.committing
 def set_budget(request: ProjectRequest, name: str) -> HttpResponse:
     environment = get_for_project(request, Environment.objects.all(), name=name)
     form = BudgetForm(request.POST, prefix=f"env-{environment.pk}")

@@ -18,6 +18,7 @@ from accounts.api_auth import Scope, needs
 from accounts.requests import ApiRequest
 from notifications import endpoints
 from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
+from runcrate import outages
 from runcrate.api import ApiError, ErrorOut, ListMeta, Offset, paginated
 
 router = Router(tags=["webhooks"])
@@ -163,6 +164,7 @@ def list_webhooks(
     "`url_not_https`, `url_private`, `invalid_events`, `invalid_kind`, `too_many_endpoints`."
     + ROLE_RULE,
 )
+@outages.committing
 def create_webhook(request: ApiRequest, payload: WebhookIn) -> Status:
     _manage(request)
     endpoint = endpoints.create_endpoint(
@@ -182,6 +184,7 @@ def create_webhook(request: ApiRequest, payload: WebhookIn) -> Status:
     summary="Remove a webhook or Slack channel",
     description="Nothing more is sent to it; its delivery log goes with it." + ROLE_RULE,
 )
+@outages.committing
 def delete_webhook(request: ApiRequest, webhook_id: int) -> Status:
     endpoints.remove_endpoint(endpoint=_endpoint(request, webhook_id))
     return Status(204, None)

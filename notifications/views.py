@@ -20,6 +20,7 @@ from notifications import endpoints
 from notifications.addresses import UrlRefused
 from notifications.forms import EndpointForm
 from notifications.models import SWITCH_OFF_AFTER, Delivery, Endpoint
+from runcrate import outages
 
 PAGE_SIZE = 50
 # The id of the webhook just added, kept in the session until the list shows its secret, once.
@@ -68,6 +69,7 @@ def endpoint_list(request: ProjectRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@outages.committing
 def add_endpoint(request: ProjectRequest) -> HttpResponse:
     project = _notifications_project(request)
     form = EndpointForm(request.POST)
@@ -130,6 +132,7 @@ def send_test(request: ProjectRequest, endpoint_id: int) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@outages.committing
 def remove_endpoint(request: ProjectRequest, endpoint_id: int) -> HttpResponse:
     """A GET asks to confirm (the list's Remove is a link, so it works without JavaScript);
     the POST removes."""
