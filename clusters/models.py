@@ -462,6 +462,13 @@ class Node(models.Model):
     health_at = models.DateTimeField(
         null=True, blank=True, help_text="When its agent last sent a health report."
     )
+    metrics_paced_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The pace of its agent's metrics reports (clusters/metrics.py `take_report`): "
+        "a report is taken while this is at most a burst ahead of now, and moves it on by one "
+        "interval.",
+    )
 
     version = models.PositiveBigIntegerField(
         default=0,
