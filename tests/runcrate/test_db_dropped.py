@@ -7,22 +7,26 @@ only this one), from a connection of the test's own, while the requests run."""
 
 import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import OperationalError, close_old_connections, connection, transaction
+from django.db import OperationalError, close_old_connections, connection
 from django.test import Client
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
+from accounts.models import ApiKey, Invitation, Membership, SshKey
 from clusters import lifecycle
 from clusters.models import Cluster, Event, Node
 from runcrate import outages
+from tests.accounts.sshkeys import ed25519_line
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
-from tests.conftest import postgres_only
-from tests.factories import ClusterFactory, LocationFactory
+from tests.conftest import Person, postgres_only
+from tests.factories import ClusterFactory, LocationFactory, issue_key
 
 ME = "/api/v1/me"
 KILL = (
@@ -282,48 +286,26 @@ def assert_done(cluster: Cluster, action: str, response) -> None:
 
 
 @pytest.fixture
-def kill_after_commit(monkeypatch):
-    """The named lifecycle action, with every other backend killed once its change commits
-    (a hook of its transaction): the request's own connection dies between the commit and its
-    answer."""
-    killer = _killer_connection()
-    kills: list[int] = []
-
-    def patch(name: str) -> list[int]:
-        real = getattr(lifecycle, name)
-
-        def then_killed(**kwargs):
-            result = real(**kwargs)
-            transaction.on_commit(lambda: kills.append(kill_backends(killer)))
-            return result
-
-        monkeypatch.setattr(lifecycle, name, then_killed)
-        return kills
-
-    yield patch
-    killer.close()
-    connection.close()
-
-
-@pytest.fixture
-def commit_then_drop(monkeypatch):
-    """The request's COMMIT goes through, then its connection is killed before the answer of
-    the COMMIT arrives: the client sees the COMMIT fail. `before=True`: killed before the
-    COMMIT, which then fails for real (nothing committed). Only the first COMMIT after `patch`."""
+def drop_at_commit(monkeypatch):
+    """The request's first COMMIT, with every other backend of the test database killed
+    around it (the request's own among them): `after` it went through (the next query fails),
+    `at` it (it went through, then the client is told it failed, as when the server dies
+    before its answer arrives), or `before` it (it fails for real: nothing committed)."""
     killer = _killer_connection()
     real_commit = connection.commit
     dropped: list[int] = []
 
-    def patch(*, before: bool = False) -> list[int]:
+    def patch(when: str) -> list[int]:
         def commit():
             if dropped:  # once: the request's first COMMIT
                 return real_commit()
-            if before:
+            if when == "before":
                 dropped.append(kill_backends(killer))
                 return real_commit()
             real_commit()
             dropped.append(kill_backends(killer))
-            raise OperationalError("server closed the connection unexpectedly")
+            if when == "at":
+                raise OperationalError("server closed the connection unexpectedly")
 
         monkeypatch.setattr(connection, "commit", commit)
         return dropped
@@ -336,28 +318,14 @@ def commit_then_drop(monkeypatch):
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("when", ["after", "at"])
 @pytest.mark.parametrize("action", ACTIONS)
-def test_an_action_whose_connection_drops_after_its_commit_answers_202(
-    owner, in_memory, kill_after_commit, action
+def test_a_cluster_action_whose_commit_went_through_answers_202(
+    owner, in_memory, drop_at_commit, action, when
 ):
+    """`at`: the COMMIT itself raised, and its outcome is asked of the database."""
     cluster = ACTIONS[action][1](owner)
-    kills = kill_after_commit(ACTIONS[action][0])
-
-    response = act(served(owner, api=True), cluster, action)
-
-    assert kills and kills[0] >= 1
-    assert_done(cluster, action, response)
-
-
-@postgres_only
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("action", ACTIONS)
-def test_an_action_whose_commit_went_through_as_its_connection_dropped_answers_202(
-    owner, in_memory, commit_then_drop, action
-):
-    """The COMMIT itself raised: its outcome is asked of the database (pg_xact_status)."""
-    cluster = ACTIONS[action][1](owner)
-    dropped = commit_then_drop()
+    dropped = drop_at_commit(when)
 
     response = act(served(owner, api=True), cluster, action)
 
@@ -368,10 +336,10 @@ def test_an_action_whose_commit_went_through_as_its_connection_dropped_answers_2
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_an_action_whose_commit_did_not_happen_answers_503_and_changed_nothing(
-    owner, in_memory, commit_then_drop
+    owner, in_memory, drop_at_commit
 ):
     cluster = ready_cluster(owner)
-    dropped = commit_then_drop(before=True)
+    dropped = drop_at_commit("before")
 
     response = act(served(owner, api=True), cluster, "terminate")
 
@@ -384,12 +352,13 @@ def test_an_action_whose_commit_did_not_happen_answers_503_and_changed_nothing(
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("when", ["after", "at"])
 def test_a_terminate_from_the_page_whose_commit_went_through_says_so(
-    owner, in_memory, commit_then_drop
+    owner, in_memory, drop_at_commit, when
 ):
     cluster = ready_cluster(owner)
     browser = served(owner, api=False)
-    commit_then_drop()
+    drop_at_commit(when)
 
     response = browser.post(f"/clusters/{cluster.pk}/terminate/")
 
@@ -399,6 +368,123 @@ def test_a_terminate_from_the_page_whose_commit_went_through_says_so(
     assert f"Terminating {cluster.name}: every machine stops and billing ends now." in page
     cluster.refresh_from_db()
     assert cluster.status == Cluster.Status.TERMINATING
+
+
+# --- the project's other changes: keys, members, budgets, channels ---------------------------
+
+
+@dataclass
+class Change:
+    """One API call that changes something: how to make it, its success, how to see it done."""
+
+    method: str
+    url: Callable[[Person], str]
+    body: dict | None
+    success: int
+    done: Callable[[Person], bool]
+
+
+def _teammate(owner: Person) -> Membership:
+    return Membership.objects.get(project=owner.project, user__email="teammate@example.com")
+
+
+def _spare_key(owner: Person) -> ApiKey:
+    return ApiKey.objects.get(project=owner.project, name="spare")
+
+
+CHANGES = {
+    "add ssh key": Change(
+        "post",
+        lambda owner: "/api/v1/ssh-keys",
+        {"name": "desk", "public_key": ed25519_line()},
+        201,
+        lambda owner: SshKey.objects.filter(project=owner.project, name="desk").exists(),
+    ),
+    "remove ssh key": Change(
+        "delete",
+        lambda owner: f"/api/v1/ssh-keys/{SshKey.objects.get(name='laptop').pk}",
+        None,
+        204,
+        lambda owner: not SshKey.objects.filter(name="laptop").exists(),
+    ),
+    "issue api key": Change(
+        "post",
+        lambda owner: "/api/v1/keys",
+        {"name": "agent"},
+        201,
+        lambda owner: ApiKey.objects.filter(project=owner.project, name="agent").exists(),
+    ),
+    "revoke api key": Change(
+        "delete",
+        lambda owner: f"/api/v1/keys/{_spare_key(owner).pk}",
+        None,
+        204,
+        lambda owner: _spare_key(owner).revoked_at is not None,
+    ),
+    "set budget": Change(
+        "put",
+        lambda owner: "/api/v1/environments/default/budget",
+        {"amount": "750.00"},
+        200,
+        lambda owner: (
+            owner.project.environments.get(name="default").monthly_budget == Decimal("750.00")
+        ),
+    ),
+    "invite member": Change(
+        "post",
+        lambda owner: "/api/v1/members",
+        {"email": "new@example.com", "role": "developer"},
+        201,
+        lambda owner: Invitation.objects.filter(email="new@example.com").exists(),
+    ),
+    "change role": Change(
+        "patch",
+        lambda owner: f"/api/v1/members/{_teammate(owner).pk}",
+        {"role": "manager"},
+        200,
+        lambda owner: _teammate(owner).role == Membership.Role.MANAGER,
+    ),
+    "remove member": Change(
+        "delete",
+        lambda owner: f"/api/v1/members/{_teammate(owner).pk}",
+        None,
+        204,
+        lambda owner: not Membership.objects.filter(user__email="teammate@example.com").exists(),
+    ),
+}
+
+
+def make_change(api: Client, owner: Person, change: Change):
+    call = getattr(api, change.method)
+    if change.body is None:
+        return call(change.url(owner))
+    return call(change.url(owner), change.body, content_type="application/json")
+
+
+@pytest.fixture
+def project_to_change(owner, teammate):
+    ssh_key(owner.project)
+    issue_key(user=owner.user, project=owner.project, name="spare")
+    return owner
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("when", ["after", "at"])
+@pytest.mark.parametrize("name", CHANGES)
+def test_a_change_whose_commit_went_through_answers_its_success(
+    project_to_change, drop_at_commit, name, when
+):
+    owner, change = project_to_change, CHANGES[name]
+    api = served(owner, api=True)
+    assert not change.done(owner)
+    dropped = drop_at_commit(when)
+
+    response = make_change(api, owner, change)
+
+    assert dropped and dropped[0] >= 1
+    assert change.done(owner)
+    assert response.status_code == change.success, response.content
 
 
 # --- a load of real requests while the database's backends are killed ------------------------
