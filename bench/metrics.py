@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from django.conf import settings
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -326,15 +326,20 @@ def metrics_section(ctx: Context) -> None:
         raise RuntimeError(f"the report was not kept: {first.status_code} {first.content!r}")
     settle()
     ctx.note(f"Timing {reports} rounds of the bare view, the check-in and an 8-GPU report…")
-    timings = time_calls(client, calls, rounds=reports)
-    queries = {}
-    for name, (path, body, headers) in calls.items():
-        with CaptureQueriesContext(connection) as captured:
-            if body:
-                client.post(path, body, content_type="application/json", headers=headers)
-            else:
-                client.get(path, headers=headers)
-        queries[name] = len(captured)  # BEGIN and COMMIT count: each is a round trip
+    # The node's pace (metrics.take_report) lifted: every timed report is taken and written, as
+    # an agent keeping its interval's is, instead of being answered 429 after the burst.
+    with override_settings(RUNCRATE_METRICS_SECONDS=0):
+        timings = time_calls(client, calls, rounds=reports)
+        queries = {}
+        for name, (path, body, headers) in calls.items():
+            with CaptureQueriesContext(connection) as captured:
+                if body:
+                    client.post(path, body, content_type="application/json", headers=headers)
+                else:
+                    client.get(path, headers=headers)
+            queries[name] = len(captured)  # BEGIN and COMMIT count: each is a round trip
+    if set(timings["report"].statuses) != {200}:
+        raise RuntimeError(f"timed reports were refused: {dict(timings['report'].statuses)}")
     base = timings["check-in"].median_ms
     ctx.emit(
         format_rows(

@@ -25,8 +25,8 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, models
-from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, When
-from django.db.models.functions import Cast, Trunc
+from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, Value, When
+from django.db.models.functions import Cast, Coalesce, Greatest, Trunc
 from django.utils import timezone
 
 from clusters.agent.service import AgentRefused, ReportingNode, reporting_node
@@ -216,18 +216,85 @@ def record(*, node_id: int, token: str, report: Any) -> int | None:
     endpoint's `metrics_seconds`), or None when nothing is kept (its cluster is not ready or
     degraded, or the node not live): the agent then waits for its check-in to say when.
 
-    Three queries at most, whatever the GPU count, and no BEGIN or COMMIT besides: the node
-    and its token (the check-in's refusals: a wrong token, an unknown or released node), one
-    insert of the GPU rows, one of the node's. A report it cannot read is refused before
-    anything is written."""
+    Four queries at most, whatever the GPU count, and no BEGIN or COMMIT besides: the node
+    and its token (the check-in's refusals: a wrong token, an unknown or released node), the
+    node's pace (`take_report`: a report sooner than the agent was told to send it is refused,
+    429), one insert of the GPU rows, one of the node's. A report it cannot read, or naming
+    GPUs the machine does not have, is refused before anything is written."""
     gpus, host = clean_report(report)
     sender = reporting_node(node_id, token)
     if not recording(cluster_status=sender.cluster_status, node_status=sender.node_status):
         return None
+    check_gpu_indexes(gpus, machine_gpus=sender.machine_gpus)
     at = timezone.now()
+    take_report(sender.node_id, now=at)
     store(sender.node_id, sender.cluster_id, gpus=gpus, host=host, at=at)
     _judge_gpu_health(sender, gpus, at=at)
     return settings.RUNCRATE_METRICS_SECONDS
+
+
+def check_gpu_indexes(gpus: list[dict[str, Any]], *, machine_gpus: int) -> None:
+    """Refuse (invalid_report, 422) a report naming a GPU the machine does not have: more GPUs
+    than its machine type's `gpus_per_machine`, or an index outside 0 … that count - 1. Its
+    figures would otherwise be judged as this node's GPUs' health (fake ECC errors of GPU 63
+    on a 2-GPU node degrading the cluster)."""
+    if len(gpus) > machine_gpus:
+        raise AgentRefused(
+            "invalid_report",
+            f"gpus lists {len(gpus)} GPUs; this machine has {machine_gpus}.",
+        )
+    foreign = sorted(gpu["index"] for gpu in gpus if gpu["index"] >= machine_gpus)
+    if foreign:
+        raise AgentRefused(
+            "invalid_report",
+            f"gpus names GPU {', '.join(map(str, foreign))}; this machine's GPUs are numbered "
+            f"0 to {machine_gpus - 1}.",
+        )
+
+
+# A node's agent may send this many reports in a row sooner than its interval (a report sent
+# late and the next on time, an agent restarted) before it must keep to the interval.
+METRICS_BURST = 3
+
+
+class TooManyReports(AgentRefused):
+    """A metrics report sooner than the node's pace allows (429); `retry_after` is the whole
+    seconds until one is taken again."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            "too_many_reports",
+            f"This node reports more often than every {settings.RUNCRATE_METRICS_SECONDS} s; "
+            f"send the next report in {retry_after} s.",
+        )
+        self.retry_after = retry_after
+
+
+def take_report(node_id: int, *, now: datetime) -> None:
+    """Count one report of `node_id` against its pace, or refuse it (TooManyReports): at most
+    METRICS_BURST reports at once, then one every RUNCRATE_METRICS_SECONDS (the interval its
+    agent is told), however many arrive at once. A generic cell rate: `Node.metrics_paced_until`
+    moves on by one interval with each report taken, and a report is taken while it is at most
+    METRICS_BURST - 1 intervals ahead of now. One conditional UPDATE, so two reports arriving
+    together cannot both take the last place; a refused one reads the row once more, for its
+    Retry-After, and stores nothing."""
+    interval = timedelta(seconds=settings.RUNCRATE_METRICS_SECONDS)
+    latest = now + interval * (METRICS_BURST - 1)
+    taken = (
+        Node.objects.filter(pk=node_id)
+        .filter(Q(metrics_paced_until__isnull=True) | Q(metrics_paced_until__lte=latest))
+        .update(
+            metrics_paced_until=Greatest(Coalesce("metrics_paced_until", Value(now)), Value(now))
+            + Value(interval)
+        )
+    )
+    if taken:
+        return
+    paced_until = (
+        Node.objects.filter(pk=node_id).values_list("metrics_paced_until", flat=True).first()
+    )
+    wait = (paced_until - latest).total_seconds() if paced_until is not None else 1
+    raise TooManyReports(retry_after=max(math.ceil(wait), 1))
 
 
 def _judge_gpu_health(sender: ReportingNode, gpus: list[dict[str, Any]], *, at: datetime) -> None:

@@ -159,5 +159,8 @@ def report_metrics(request: HttpRequest, node_id: int, payload: MetricsIn):
             report={"gpus": payload.gpus, "node": payload.node},
         )
     except AgentRefused as refused:
-        return error_response(request, refused.status, refused.code, refused.message)
+        response = error_response(request, refused.status, refused.code, refused.message)
+        if isinstance(refused, metrics.TooManyReports):
+            response["Retry-After"] = str(refused.retry_after)
+        return response
     return {"data": {"metrics_seconds": seconds}}

@@ -68,6 +68,7 @@ import atexit
 import ipaddress
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -1332,6 +1333,11 @@ class Agent:
                 self._metrics_off = True
                 log.info("the dashboard takes no metrics (404: %s); sending none", _why(error))
                 return
+            wait = _retry_after(error) if error.code == 429 else None
+            if wait is not None and self._metrics_seconds is not None:
+                # Too soon for the dashboard: the next report waits as long as it asks, or the
+                # interval, whichever is longer.
+                self._metrics_at = self._clock() + max(wait - self._metrics_seconds, 0.0)
             self._note("metrics", f"the dashboard refused metrics: {error.code} ({_why(error)})")
             return
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -1349,6 +1355,15 @@ class Agent:
             return self.next_check_in_seconds()
         self._note("dashboard", f"the dashboard answered {error.code} ({_why(error)}); retrying")
         return self.settings.retry_seconds
+
+
+def _retry_after(error: urllib.error.HTTPError) -> float | None:
+    """The seconds a refusal's `Retry-After` asks to wait (at most an hour), or None."""
+    try:
+        seconds = float(error.headers.get("Retry-After", ""))
+    except (TypeError, ValueError):
+        return None
+    return min(seconds, 3600.0) if math.isfinite(seconds) and seconds > 0 else None
 
 
 def _why(error: urllib.error.HTTPError) -> str:

@@ -25,7 +25,12 @@ from clusters.models import Cluster, Node
 class AgentRefused(Exception):
     """A report the node's agent must not retry as is."""
 
-    STATUS = {"bad_token": 403, "node_released": 410, "invalid_report": 422}
+    STATUS = {
+        "bad_token": 403,
+        "node_released": 410,
+        "invalid_report": 422,
+        "too_many_reports": 429,
+    }
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -86,6 +91,7 @@ class ReportingNode:
     accepted_gpus: int = 0  # the GPUs its agent saw at acceptance (`Node.gpus`)
     gpu_health: dict[str, Any] = field(default_factory=dict)  # the conditions kept on it
     gpu_problems_open: bool = False  # its cluster has open GPU problems naming it
+    machine_gpus: int = 0  # the GPUs its machine has (the cluster's machine type's)
 
 
 def reporting_node(node: int, token: str) -> ReportingNode:
@@ -94,7 +100,8 @@ def reporting_node(node: int, token: str) -> ReportingNode:
     refusals (a wrong token or an unknown node alike, then a released node), and no lock: such
     a report changes nothing another writer reads, so it never waits on the cluster's row. The
     same read brings what the GPU health judgement asks first (the node's accepted GPUs, its
-    GPU conditions, its cluster's open problems), so a healthy report needs no other."""
+    GPU conditions, its cluster's open problems) and the GPUs its machine has, so a healthy
+    report needs no other."""
     possible = isinstance(node, int) and 0 < node < 2**63
     row = (
         Node.objects.filter(pk=node if possible else 0)
@@ -107,12 +114,21 @@ def reporting_node(node: int, token: str) -> ReportingNode:
             "gpus",
             "gpu_health",
             "cluster__health_problems",
+            "cluster__machine_type__gpus_per_machine",
         )
         .first()
     )
-    cluster_id, expected, status, cluster_status, index, gpus, gpu_health, problems = (
-        row if row is not None else (None, "", "", "", 0, [], {}, {})
-    )
+    (
+        cluster_id,
+        expected,
+        status,
+        cluster_status,
+        index,
+        gpus,
+        gpu_health,
+        problems,
+        machine_gpus,
+    ) = row if row is not None else (None, "", "", "", 0, [], {}, {}, 0)
     if not _token_matches(token, expected) or cluster_id is None:
         raise AgentRefused("bad_token", NOT_THIS_NODE)
     if status in (Node.Status.FAILED, Node.Status.ENDED):
@@ -127,6 +143,7 @@ def reporting_node(node: int, token: str) -> ReportingNode:
         accepted_gpus=len(gpus) if isinstance(gpus, list) else 0,
         gpu_health=gpu_health or {},
         gpu_problems_open=any(key.startswith(gpu_problem) for key in problems or {}),
+        machine_gpus=machine_gpus,
     )
 
 

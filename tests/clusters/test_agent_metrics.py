@@ -353,10 +353,12 @@ class _Handler(BaseHTTPRequestHandler):
         at = self.server.clock.now - self.server.started
         self.server.sent.append(Sent(kind, at, self.headers["Authorization"], body))
         answers = self.server.answers[kind]
-        status, payload = answers.pop(0) if len(answers) > 1 else answers[0]
+        status, payload, *headers = answers.pop(0) if len(answers) > 1 else answers[0]
         content = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        for name, value in (headers[0] if headers else {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(content)))
         self.end_headers()
         self.wfile.write(content)
@@ -372,7 +374,8 @@ class Dashboard(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.clock = clock
         self.started = clock.now
-        self.answers: dict[str, list[tuple[int, dict]]] = {
+        # (status, body) or (status, body, headers)
+        self.answers: dict[str, list[tuple]] = {
             "check-in": [RELEASED],
             "metrics": [TAKEN],
         }
@@ -490,6 +493,26 @@ def test_a_refused_or_unanswered_report_is_logged_once_and_sent_again_next_inter
         "sending metrics every 15 s",
     ]
     assert TOKEN not in caplog.text
+
+
+def test_a_report_refused_as_too_soon_waits_the_retry_after_it_was_told(
+    dashboard, clock, lab_gpus, caplog
+):
+    caplog.set_level(logging.INFO, logger="runcrate-agent")
+    dashboard.answers["check-in"] = [joined(metrics_seconds=15)] * 4 + [RELEASED]
+    too_soon = refusal(429, "too_many_reports", "This node reports more often than every 15 s.")
+    dashboard.answers["metrics"] = [
+        TAKEN,
+        (*too_soon, {"Retry-After": "40"}),  # longer than the interval: waited out
+        (*too_soon, {"Retry-After": "5"}),  # shorter: the interval still holds
+        TAKEN,
+    ]
+
+    assert new_agent(dashboard, clock).run() == 1
+
+    sent = [at for path, at in dashboard.timeline() if path == "metrics"]
+    assert sent[:5] == [0, 15, 55, 70, 85]
+    assert "the dashboard refused metrics: 429 (This node reports more often" in caplog.text
 
 
 def test_a_dashboard_without_the_metrics_endpoint_gets_no_more_after_its_404(
