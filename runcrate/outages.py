@@ -101,6 +101,10 @@ def commit(change: Callable[[], T]) -> T:
     if connection.in_atomic_block or connection.vendor != "postgresql":
         with transaction.atomic():
             return change()
+    # A connection the server dropped since the last request is replaced now (CONN_HEALTH_CHECKS
+    # does so at a request's first query, but not inside a transaction, where it would be
+    # ours).
+    connection.close_if_health_check_failed()
     xid = ""
     changed = False
     try:

@@ -8,6 +8,7 @@ only this one), from a connection of the test's own, while the requests run."""
 import threading
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -19,7 +20,7 @@ from django.test import Client
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
-from accounts.models import ApiKey, Invitation, Membership, SshKey
+from accounts.models import ApiKey, Environment, Invitation, Membership, SshKey
 from clusters import lifecycle
 from clusters.models import Cluster, Event, Node
 from runcrate import outages
@@ -490,6 +491,31 @@ def test_a_change_whose_commit_went_through_answers_its_success(
 # --- a load of real requests while the database's backends are killed ------------------------
 
 
+@contextmanager
+def killing(pace: float = 0.1):
+    """Every other backend of the test database killed every `pace` seconds by a second
+    thread, for the block; yields how many each kill ended (read it after the block)."""
+    stop = threading.Event()
+    killed: list[int] = []
+    killer = _killer_connection()
+
+    def keep_killing() -> None:
+        while not stop.is_set():
+            killed.append(kill_backends(killer))
+            stop.wait(pace)  # a pace between kills, not a wait for anything
+
+    thread = threading.Thread(target=keep_killing, daemon=True)
+    thread.start()
+    try:
+        yield killed
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        killer.close()
+        connection.close()
+    assert not thread.is_alive()
+
+
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_it_replaces_a_connection_the_server_dropped_between_requests(owner):
@@ -525,20 +551,9 @@ def test_killing_the_databases_backends_under_load_gives_no_500(owner, offer):
         lambda: browser.get("/clusters/"),
         lambda: browser.get("/accounts/"),
     ]
-    stop = threading.Event()
-    killed: list[int] = []
-    killer = _killer_connection()
-
-    def keep_killing() -> None:
-        while not stop.is_set():
-            killed.append(kill_backends(killer))
-            stop.wait(0.1)  # a pace between kills, not a wait for anything
-
-    thread = threading.Thread(target=keep_killing, daemon=True)
-    thread.start()
     statuses: list[int] = []
     made: dict[str, int] = {}
-    try:
+    with killing() as killed:
         for round_ in range(30):
             for call in calls:
                 statuses.append(call().status_code)
@@ -553,13 +568,7 @@ def test_killing_the_databases_backends_under_load_gives_no_500(owner, offer):
                     if status != 503:
                         break
                 made[name] = status
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        killer.close()
-        connection.close()
 
-    assert not thread.is_alive()
     assert sum(killed) >= 10, "the load must actually have lost connections"
     assert 500 not in statuses, sorted(set(statuses))
     assert set(statuses) <= {200, 201, 503}, sorted(set(statuses))
@@ -567,3 +576,96 @@ def test_killing_the_databases_backends_under_load_gives_no_500(owner, offer):
     assert set(made.values()) == {201}, made
     for name in made:
         assert Cluster.objects.filter(name=name).count() == 1
+
+
+ROUNDS = 10
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_every_action_that_committed_under_the_killer_answered_its_success(owner, in_memory):
+    """Terminates (API and page), add workers, API keys issued and revoked and budgets set,
+    each sent once while every backend is killed over and over: none is a 500, each is its
+    success or a 503, and every one that committed answered its success (a 503 only for what
+    did not happen, so sending it again is right)."""
+    machine_type = machine_type_with_hosts(free=ROUNDS)
+    credit(owner.project, "5000.00")
+    now = timezone.now()
+
+    def ready() -> Cluster:
+        return ClusterFactory(
+            project=owner.project,
+            machine_type=machine_type,
+            status=Cluster.Status.READY,
+            joined_at=now,
+            ready_at=now,
+            machines=True,
+            machines__status=Node.Status.JOINED,
+        )
+
+    by_api, by_page = [ready() for _ in range(ROUNDS)], [ready() for _ in range(ROUNDS // 2)]
+    growing = ready()
+    for i in range(ROUNDS):
+        issue_key(user=owner.user, project=owner.project, name=f"spare-{i}")
+        Environment.objects.create(project=owner.project, name=f"env-{i}")
+    spares = ApiKey.objects.filter(name__startswith="spare-")
+    spare_ids = list(spares.order_by("pk").values_list("pk", flat=True))
+    api, browser = served(owner, api=True), served(owner, api=False)
+    answers: dict[str, list[tuple[object, int]]] = {
+        "terminate": [],
+        "page": [],
+        "workers": [],
+        "issue": [],
+        "revoke": [],
+        "budget": [],
+    }
+    json = "application/json"
+    with killing(pace=0.06) as killed:
+        for i in range(ROUNDS):
+            cluster = by_api[i]
+            answers["terminate"].append(
+                (cluster.pk, api.post(f"/api/v1/clusters/{cluster.pk}/terminate").status_code)
+            )
+            if i < len(by_page):
+                cluster = by_page[i]
+                response = browser.post(f"/clusters/{cluster.pk}/terminate/")
+                answers["page"].append((cluster.pk, response.status_code))
+            url = f"/api/v1/clusters/{growing.pk}/workers"
+            response = api.post(url, {"count": 1}, content_type=json)
+            answers["workers"].append((i, response.status_code))
+            name = f"agent-{i}"
+            response = api.post("/api/v1/keys", {"name": name}, content_type=json)
+            answers["issue"].append((name, response.status_code))
+            key_id = spare_ids[i]
+            answers["revoke"].append((key_id, api.delete(f"/api/v1/keys/{key_id}").status_code))
+            env = f"env-{i}"
+            url = f"/api/v1/environments/{env}/budget"
+            response = api.put(url, {"amount": "100.00"}, content_type=json)
+            answers["budget"].append((env, response.status_code))
+
+    assert sum(killed) >= 5, "the load must actually have lost connections"
+    statuses = {status for kind in answers.values() for _, status in kind}
+    assert 500 not in statuses, answers
+    terminating = set(
+        Cluster.objects.filter(status=Cluster.Status.TERMINATING).values_list("pk", flat=True)
+    )
+    issued = set(ApiKey.objects.filter(name__startswith="agent-").values_list("name", flat=True))
+    revoked = set(spares.filter(revoked_at__isnull=False).values_list("pk", flat=True))
+    budgeted = set(
+        Environment.objects.filter(monthly_budget=Decimal("100.00")).values_list("name", flat=True)
+    )
+    committed = {
+        "terminate": terminating,
+        "page": terminating,
+        "issue": issued,
+        "revoke": revoked,
+        "budget": budgeted,
+    }
+    success = {"terminate": 202, "page": 302, "workers": 202, "issue": 201, "revoke": 204}
+    success["budget"] = 200
+    for kind, done in committed.items():
+        for what, status in answers[kind]:
+            assert status == (success[kind] if what in done else 503), (kind, what, answers)
+    added = growing.nodes.count() - growing.size
+    assert added == [status for _, status in answers["workers"]].count(202), answers["workers"]
+    assert {status for _, status in answers["workers"]} <= {202, 503}
