@@ -28,6 +28,7 @@ from clusters.drivers import get_driver
 from clusters.drivers.base import JOB_KINDS, NODE_LOG_KINDS, DriverError, LogKind
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, LogFetch, Node, NodeLog, private_ip
+from runcrate.text import visible_controls
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,13 @@ class Text:
     log: NodeLog
     title: str
     slug: str
+
+    @property
+    def shown(self) -> str:
+        """The text with its control characters made visible (ESC as ␛: runcrate.text
+        `visible_controls`): what the host printed is shown, never replayed. The download
+        gives the same, or the raw text with `?raw=1`."""
+        return visible_controls(self.log.output)
 
 
 @dataclass(frozen=True)

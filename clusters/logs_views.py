@@ -21,6 +21,7 @@ from accounts.requests import ProjectRequest
 from clusters import logs
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, NodeLog
+from runcrate.text import visible_controls
 
 # htmx stops polling on this status (the cluster ended: nothing more to read).
 STOP_POLLING = 286
@@ -109,7 +110,9 @@ def logs_jobs(request: ProjectRequest, pk: int) -> HttpResponse:
 @login_required
 @require_GET
 def logs_download(request: ProjectRequest, pk: int, node: str, kind: str) -> HttpResponse:
-    """A kept text as a text/plain attachment, named after the cluster, machine and text."""
+    """A kept text as a text/plain attachment, named after the cluster, machine and text, its
+    control characters made visible as on the page (a `cat` of it replays no escape sequence);
+    `?raw=1` gives the text as the host printed it, named `….raw.txt`."""
     cluster = _cluster(request, pk)
     if not cluster.is_live:
         raise Http404("This cluster has ended; its logs are gone.")
@@ -121,9 +124,11 @@ def logs_download(request: ProjectRequest, pk: int, node: str, kind: str) -> Htt
     )
     if text is None:
         raise Http404("No such log.")
-    response = HttpResponse(text.output, content_type="text/plain; charset=utf-8")
+    raw = request.GET.get("raw") == "1"
+    output = text.output if raw else visible_controls(text.output)
+    response = HttpResponse(output, content_type="text/plain; charset=utf-8")
     stamp = text.fetched_at.strftime("%Y%m%dT%H%M%SZ")
     response["Content-Disposition"] = (
-        f'attachment; filename="{cluster.name}-{node}-{kind}-{stamp}.txt"'
+        f'attachment; filename="{cluster.name}-{node}-{kind}-{stamp}{".raw" if raw else ""}.txt"'
     )
     return response

@@ -87,3 +87,28 @@ def too_deep(*, name: str, max_depth: int = MAX_DEPTH) -> InvalidText:
     return InvalidText(
         "too_deep", f"{name} nests objects and lists more than {max_depth} levels deep."
     )
+
+
+# --- text from a host, shown -------------------------------------------------------------------
+
+# How a control character a host printed is shown (a log on the page, its download): the C0
+# controls and DEL as their Unicode control pictures (ESC as ␛, CR as ␍, NUL as ␀), the C1
+# controls (no pictures) and the bidirectional controls (which reorder what follows) as `\xNN` /
+# `\uNNNN`. Line feed and tab stay: they are the text's layout, and move no terminal's cursor
+# anywhere it would not go for plain text.
+_VISIBLE: dict[int, str] = {
+    **{code: chr(0x2400 + code) for code in range(0x20) if chr(code) not in "\n\t"},
+    0x7F: "\u2421",
+    **{code: f"\\x{code:02x}" for code in range(0x80, 0xA0)},
+    **{
+        code: f"\\u{code:04x}"
+        for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+    },
+}
+
+
+def visible_controls(text: str) -> str:
+    """`text` with every control character but line feed and tab made visible (_VISIBLE): a
+    host's output shown or downloaded replays no escape sequence in a browser's copy or a
+    terminal's `cat`."""
+    return text.translate(_VISIBLE)
