@@ -17,7 +17,7 @@ Reason = Event.Reason
 
 
 def release(work: UnitOfWork) -> None:
-    freed = []
+    reimaged, kept_out = [], []
     for node in work.nodes:
         if not node.holds_host or node.status not in Node.RELEASED:
             continue
@@ -32,11 +32,12 @@ def release(work: UnitOfWork) -> None:
             # is dirty, offered to no one until staff reimage it (docs/inventory.md).
             if stop.pristine:
                 work.set_host(node, Host.State.FREE)
+                reimaged.append(node)
             else:
                 work.set_host(node, Host.State.DIRTY)
                 assert node.host_id is not None  # set_host: reserved with its host
                 work.host_reports[node.host_id] = stop.why
-            freed.append(node)
+                kept_out.append(node)
         elif start is not None and start.reason == Reason.HOST_KEY_MISMATCH:
             # Never connected to, so nothing to wipe; and it must not serve anyone until
             # staff know why it offers another key (re-imaged, or not the machine at all).
@@ -58,15 +59,34 @@ def release(work: UnitOfWork) -> None:
             )
         elif not work.backing_off(stop):
             work.hand_off(node, Action(ActionKind.STOP))
-    if freed:
+    if reimaged or kept_out:
         still_held = any(n.holds_host for n in work.nodes)
-        names = ", ".join(n.name for n in freed)
         work.event(
             Reason.HOST_RELEASED,
-            f"Released {names}: stopped, and reimaged before anyone else uses "
-            f"{'them' if len(freed) > 1 else 'it'}."
+            released_words(reimaged=reimaged, kept_out=kept_out)
             + ("" if still_held else " Every machine of this cluster is released."),
         )
+
+
+def released_words(*, reimaged: list[Node], kept_out: list[Node]) -> str:
+    """The release event's words, true of what the stop did (its `Released.pristine`): machines
+    reimaged and found pristine, and machines that were not (no reimage command ran, or the
+    check found a difference), which no one else gets until staff reimage them. Staff's reason
+    (`Released.why`) is kept on the host, not told the tenant."""
+    said = []
+    if reimaged:
+        said.append(f"{_names(reimaged)}: stopped, reimaged and found clean")
+    if kept_out:
+        them = "them" if len(kept_out) > 1 else "it"
+        said.append(
+            f"{_names(kept_out)}: stopped and not reimaged yet; no one else gets {them} until "
+            f"staff reimage {them}"
+        )
+    return f"Released {'; '.join(said)}."
+
+
+def _names(nodes: list[Node]) -> str:
+    return ", ".join(n.name for n in nodes)
 
 
 def take_offline(work: UnitOfWork, node: Node, message: str, why: str) -> None:
