@@ -692,6 +692,7 @@ def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Sta
     "another status (or without node-0 and another machine up), 409 `network_test_running` "
     "while one runs.",
 )
+@outages.committing
 def run_network_test(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     started = lifecycle.run_network_test(cluster=cluster, user=request.user)
@@ -1057,6 +1058,7 @@ def list_volumes(
     "409 `name_taken`, 422 `unknown_location`, 422 `location_cannot_attach` (no offer there can "
     "attach a volume), 422 `invalid_size`.",
 )
+@outages.committing
 def create_volume(request: ApiRequest, payload: VolumeIn) -> Status:
     volume = volumes.create_volume(
         project=request.project,
@@ -1075,6 +1077,7 @@ def create_volume(request: ApiRequest, payload: VolumeIn) -> Status:
     description="Deletes it and its files, and ends its billing; 409 `volume_in_use` while it "
     "is attached to a cluster.",
 )
+@outages.committing
 def delete_volume(request: ApiRequest, volume_id: int) -> Status:
     volume = volumes.live_volumes(request.project).filter(pk=volume_id).first()
     if volume is None:

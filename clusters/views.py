@@ -1078,6 +1078,7 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
 
 @permissions.page_requires("clusters.manage")
 @require_POST
+@outages.committing
 def cluster_network_test(request: ProjectRequest, pk: int) -> HttpResponse:
     """Start the network test. Without JavaScript: a message and back to the page; with htmx:
     the page's poll answer at once, so the running test shows and the page polls fast."""
@@ -1179,6 +1180,7 @@ def _get_volume_for_user(request: ProjectRequest, pk: int) -> Volume:
 
 @permissions.page_requires("volumes.manage")
 @require_http_methods(["GET", "POST"])
+@outages.committing
 def storage(request: ProjectRequest) -> HttpResponse:
     """The project's volumes, and the form that creates one."""
     project = require_project(request)
@@ -1223,6 +1225,7 @@ def storage(request: ProjectRequest) -> HttpResponse:
 
 @permissions.page_requires("volumes.manage")
 @require_http_methods(["GET", "POST"])
+@outages.committing
 def volume_delete(request: ProjectRequest, pk: int) -> HttpResponse:
     """GET asks for confirmation, POST deletes: refused while a cluster holds the volume."""
     volume = _get_volume_for_user(request, pk)

@@ -32,6 +32,7 @@ from offers.quotes import (
     quotes_for,
     request_quote,
 )
+from runcrate import outages
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -383,6 +384,7 @@ def quote_json(quote: QuoteRequest) -> dict:
     response={201: QuoteCreated, 429: ErrorOut},
     summary="Request a quote",
 )
+@outages.committing
 def create_quote(request: ApiRequest, payload: QuoteIn) -> Status:
     """Ask for reserved capacity, more than 64 machines or InfiniBand/RoCE. The requester
     and the sales team get an email. At most a few requests per project per hour (429)."""

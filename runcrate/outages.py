@@ -97,8 +97,11 @@ def commit(change: Callable[[], T]) -> T:
     change's result is returned as if nothing had dropped; aborted, or the database still out of
     reach, the outage is raised (a 503: nothing changed, or we cannot tell). An on_commit hook
     that meets an outage (a broker away) after the COMMIT is told apart the same way. Inside an
-    outer transaction (a test's) `change` simply runs: the COMMIT is not ours."""
-    if connection.in_atomic_block or connection.vendor != "postgresql":
+    outer transaction (Idempotency-Key's, a test's) `change` simply runs, with no savepoint:
+    the COMMIT is not ours."""
+    if connection.in_atomic_block:
+        return change()  # not our COMMIT: the outer transaction's owner answers for it
+    if connection.vendor != "postgresql":
         with transaction.atomic():
             return change()
     # A connection the server dropped since the last request is replaced now (CONN_HEALTH_CHECKS

@@ -669,3 +669,37 @@ def test_every_action_that_committed_under_the_killer_answered_its_success(owner
     added = growing.nodes.count() - growing.size
     assert added == [status for _, status in answers["workers"]].count(202), answers["workers"]
     assert {status for _, status in answers["workers"]} <= {202, 503}
+
+
+# --- every action of the API is one `outages.commit` -----------------------------------------
+
+# The operations that change something and are not `outages.committing`, each with why.
+NOT_COMMITTING = {
+    "create_cluster": "outages.commit for the change, then after_commit for the answer; with an "
+    "Idempotency-Key the record's transaction holds the create",
+    "plan_cluster": "changes nothing",
+    "delete_machine": "changes nothing: always 405",
+    "test_webhook": "waits on the receiver: a transaction around it would wait too",
+    "check_in": "the agent's: it sends again by itself",
+    "network": "the agent's: it sends again by itself",
+    "report_metrics": "the agent's: it sends again by itself",
+}
+
+
+def test_every_operation_that_changes_something_is_one_commit():
+    """A new POST, PUT, PATCH or DELETE of the API is `outages.committing`, or named above."""
+    import config.urls  # noqa: F401  (mounts every router)
+    from runcrate.api import api
+
+    one_commit = outages.committing(lambda request: request).__code__
+    left_out = []
+    for _, router in api._routers:
+        for operations in router.path_operations.values():
+            for operation in operations.operations:
+                if not set(operation.methods) - outages.SAFE_METHODS:
+                    continue
+                view = operation.view_func
+                if view.__code__ is not one_commit and view.__name__ not in NOT_COMMITTING:
+                    left_out.append(f"{view.__module__}.{view.__name__}")
+
+    assert left_out == []
