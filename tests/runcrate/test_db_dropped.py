@@ -671,6 +671,61 @@ def test_every_action_that_committed_under_the_killer_answered_its_success(owner
     assert {status for _, status in answers["workers"]} <= {202, 503}
 
 
+@dataclass
+class Form:
+    """One dashboard form that changes something: where it posts, what, how to see it done."""
+
+    url: Callable[[Person], str]
+    data: Callable[[Person], dict]
+    done: Callable[[Person], bool]
+
+
+def _default_environment(owner: Person) -> Environment:
+    return owner.project.environments.get(name="default")
+
+
+FORMS = {
+    "revoke api key": Form(
+        lambda owner: f"/accounts/api-keys/{_spare_key(owner).pk}/revoke/",
+        lambda owner: {},
+        lambda owner: _spare_key(owner).revoked_at is not None,
+    ),
+    "add ssh key": Form(
+        lambda owner: "/accounts/ssh-keys/add/",
+        lambda owner: {"name": "desk", "public_key": ed25519_line()},
+        lambda owner: SshKey.objects.filter(project=owner.project, name="desk").exists(),
+    ),
+    "set budget": Form(
+        lambda owner: "/billing/environments/default/budget/",
+        lambda owner: {f"env-{_default_environment(owner).pk}-monthly_budget": "250"},
+        lambda owner: _default_environment(owner).monthly_budget == Decimal("250"),
+    ),
+    "change role": Form(
+        lambda owner: f"/accounts/members/{_teammate(owner).pk}/role/",
+        lambda owner: {"role": "manager"},
+        lambda owner: _teammate(owner).role == Membership.Role.MANAGER,
+    ),
+}
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", FORMS)
+def test_a_form_whose_commit_went_through_as_its_connection_dropped_redirects(
+    project_to_change, drop_at_commit, name
+):
+    owner, form = project_to_change, FORMS[name]
+    browser = served(owner, api=False)
+    url, data = form.url(owner), form.data(owner)
+    dropped = drop_at_commit("at")
+
+    response = browser.post(url, data)
+
+    assert dropped and dropped[0] >= 1
+    assert form.done(owner)
+    assert response.status_code == 302, response.content[:300]
+
+
 # --- every action of the API is one `outages.commit` -----------------------------------------
 
 # The operations that change something and are not `outages.committing`, each with why.
