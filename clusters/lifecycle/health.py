@@ -110,10 +110,7 @@ def find_problems(cluster: Cluster, nodes: list[Node], *, now: datetime) -> list
     names = {n.name for n in joined}
     cutoff = now - timedelta(seconds=FRESH_INTERVALS * settings.RUNCRATE_HEALTH_SECONDS)
     fresh = [n for n in joined if n.health and n.health_at is not None and n.health_at >= cutoff]
-    problems = []
-    network = _network_problem(fresh, names, {n.name: n.index for n in joined})
-    if network is not None:
-        problems.append(network)
+    problems: list[Problem] = []
     for node in fresh:
         expected = set(expected_services(cluster, node))
         for service, running in sorted(node.health.get("services", {}).items()):
@@ -149,14 +146,23 @@ def find_problems(cluster: Cluster, nodes: list[Node], *, now: datetime) -> list
             )
     for node in joined:
         problems += gpu_problems(node, now=now)
-    return problems
+    # The machines' own problems help name the one the private network lost: a machine whose
+    # /shared hangs or whose daemons stopped is the likelier end of a broken link.
+    suspects = {p.node for p in problems}
+    network = _network_problem(fresh, names, {n.name: n.index for n in joined}, suspects)
+    return [network, *problems] if network is not None else problems
 
 
-def _network_problem(fresh: list[Node], names: set[str], index: dict[str, int]) -> Problem | None:
+def _network_problem(
+    fresh: list[Node], names: set[str], index: dict[str, int], suspects: frozenset[str] | set[str]
+) -> Problem | None:
     """The pairs of joined machines that cannot reach each other (either one said so), named by
     the machine most of them involve: a machine cut off from the others is in every failing
-    pair, whichever end reported it. Among equals the one the others cannot reach comes first
-    (its own report may not be in yet), then the later node."""
+    pair, whichever end reported it. Among equals (the two machines of a pair), the one with a
+    problem of its own in `suspects` (its /shared hangs, a daemon stopped: two machines that
+    cannot reach each other look the same from either end, but the one whose private interface
+    is down also loses what it reaches over it) comes first, then the one the others cannot
+    reach (its own report may not be in yet), then the later node."""
     pairs: set[frozenset[str]] = set()
     named_by_others: dict[str, int] = dict.fromkeys(names, 0)
     for node in fresh:
@@ -172,7 +178,9 @@ def _network_problem(fresh: list[Node], names: set[str], index: dict[str, int]) 
         for pair in pairs:
             for name in pair:
                 degree[name] = degree.get(name, 0) + 1
-        culprit = max(degree, key=lambda n: (degree[n], named_by_others[n], index[n]))
+        culprit = max(
+            degree, key=lambda n: (degree[n], n in suspects, named_by_others[n], index[n])
+        )
         others = sorted(
             (next(iter(p - {culprit})) for p in pairs if culprit in p), key=index.__getitem__
         )

@@ -378,6 +378,28 @@ def test_a_problem_report_costs_the_same_queries_whatever_the_size(
         agent_check_in(node=n.pk, token=token, gpus=[], health=body)
 
 
+def test_a_machine_cut_off_in_a_pair_is_named_from_its_own_report_alone(project, clock):
+    """rc0 cut on node-1 of a two-machine cluster: node-1's report comes first, saying it cannot
+    reach node-0 and that its /shared (node-0's, over the private network) does not answer.
+    Two machines that cannot reach each other look the same from either end; node-1's own
+    problem names it, and the email's subject names node-1, not node-0."""
+    cluster, _, _ = ready(project, clock, nodes=2)
+    clock.shift(timedelta(seconds=60))
+    hung = {"path": "/shared", "mounted": True, "answers": False, "error": "timed out"}
+
+    beat(cluster, 1, report(cluster, 1, unreached={"node-0"}, shared=hung))
+
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.DEGRADED
+    assert cluster.failure_node == "node-1"
+    [event] = events(cluster)
+    assert event.node.name == "node-1"
+    assert event.message.startswith("node-1 cannot reach node-0 over the private network.")
+    assert send_pending_cluster_emails() == 1
+    [email] = mail.outbox
+    assert email.subject == f"Cluster {cluster.name} is degraded: node-1 is unhealthy"
+
+
 def test_network_naming_among_equals():
     """Two machines that cannot reach each other: the one the other could not reach is named;
     when each says so of the other, the later one; two cut-off machines are both named."""
@@ -389,12 +411,12 @@ def test_network_naming_among_equals():
         nodes[i].health = {"peers": {n: n not in unreached for n in names - {f"node-{i}"}}}
         return nodes[i]
 
-    one = health._network_problem([says(0, "node-1")], names, index)
+    one = health._network_problem([says(0, "node-1")], names, index, set())
     assert (one.node, one.message) == (
         "node-1",
         "node-1 cannot reach node-0 over the private network",
     )
-    both = health._network_problem([says(0, "node-1"), says(1, "node-0")], names, index)
+    both = health._network_problem([says(0, "node-1"), says(1, "node-0")], names, index, set())
     assert both.node == "node-1"
     two = health._network_problem(
         [
@@ -405,6 +427,7 @@ def test_network_naming_among_equals():
         ],
         names,
         index,
+        set(),
     )
     # Both are in four failing pairs; node-3 is the one more others could not reach.
     assert two.message == (
