@@ -296,14 +296,16 @@ def create_api_key(request: ApiRequest, payload: ApiKeyIn) -> Status:
     response={204: None, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
     summary="Revoke an API key",
     description="At once: the next call with it answers 401. Revoking a revoked key changes "
-    "nothing (204). Another project's key is a 404. " + KEYS_RULE,
+    "nothing (204). Another project's key is a 404. A member revokes their own keys; another "
+    "member's needs an owner or a manager, an owner's an owner (403 `role_forbidden`). "
+    + KEYS_RULE,
 )
 @outages.committing
 def revoke_api_key(request: ApiRequest, key_id: int) -> Status:
     key = keys.project_api_keys(request.project).filter(pk=key_id).first()
     if key is None:
         raise ApiError(404, "not_found", f"Your project has no API key {key_id}.")
-    keys.revoke_api_key(key=key)
+    keys.revoke_api_key(key=key, by=request.user)
     return Status(204, None)
 
 

@@ -315,15 +315,46 @@ def key_holder(key: SshKey) -> dict[str, str]:
     return {"name": key.name, "fingerprint": key.fingerprint, "owner": owner}
 
 
-def removal_refusal(*, user: User, key: SshKey) -> permissions.PermissionRefused | None:
-    """Why `user` may not remove `key`, or None: a member removes their own keys; another's,
-    or a shared one, only an owner or a manager (the permission table's `keys.remove_others`)."""
-    if key.created_by_id == user.pk:
+def _holder_id(key: SshKey | ApiKey) -> int | None:
+    """The member whose key it is: an SSH key's adder (None for a shared one), an API key's
+    maker."""
+    return key.created_by_id if isinstance(key, SshKey) else key.user_id
+
+
+def holders_roles(project: Project) -> dict[int, str]:
+    """Every member's role in the project, by user id (one query): what `removal_refusal`
+    asks of each key on a page that lists many."""
+    rows = Membership.objects.filter(project=project).values_list("user_id", "role")
+    return dict(rows)
+
+
+def removal_refusal(
+    *, user: User, key: SshKey | ApiKey, roles: dict[int, str] | None = None
+) -> permissions.PermissionRefused | None:
+    """Why `user` may not remove (an SSH key) or revoke (an API key) `key`, or None: the one
+    rule for both. A member removes their own keys; another member's, or a shared one, needs
+    `keys.remove_others` (owners and managers); an owner's key, `keys.remove_owners` (only
+    owners), as only an owner removes an owner. `roles` (`holders_roles`) spares a query per
+    key on a page."""
+    holder = _holder_id(key)
+    if holder == user.pk:
         return None
-    role = permissions.role_of(user, key.project)
-    if permissions.allowed(role, "keys.remove_others"):
-        return None
-    return permissions.refusal("keys.remove_others", role)
+    if roles is None:
+        roles = holders_roles(key.project)
+    role = roles.get(user.pk)
+    if not permissions.allowed(role, "keys.remove_others"):
+        return permissions.refusal("keys.remove_others", role)
+    owners_key = holder is not None and roles.get(holder) == permissions.OWNER
+    if owners_key and not permissions.allowed(role, "keys.remove_owners"):
+        return permissions.refusal("keys.remove_owners", role)
+    return None
+
+
+def removable(*, user: User, project: Project, keys: Iterable[SshKey | ApiKey]) -> set[int]:
+    """The pks of `keys` that `user` may remove or revoke: the page shows *Remove* and *Revoke*
+    on these only."""
+    roles = holders_roles(project)
+    return {key.pk for key in keys if removal_refusal(user=user, key=key, roles=roles) is None}
 
 
 def remove_ssh_key(*, key: SshKey, by: User) -> None:
@@ -444,9 +475,13 @@ def project_api_keys(project: Project) -> QuerySet[ApiKey]:
     )
 
 
-def revoke_api_key(*, key: ApiKey) -> bool:
+def revoke_api_key(*, key: ApiKey, by: User | None = None) -> bool:
     """Revoke a key at once: the next call with it is refused, the cache answering or not.
-    False when it was already revoked (nothing changes)."""
+    False when it was already revoked (nothing changes). For a member `by`, only when they may
+    (`removal_refusal`; PermissionRefused, 403 `role_forbidden`, otherwise); staff's admin and
+    the shell pass no one."""
+    if by is not None and (refusal := removal_refusal(user=by, key=key)) is not None:
+        raise refusal
     revoked_at = timezone.now()
     # One transaction: were the cache not to answer, the record that its copy of the key
     # could not be forgotten commits with the revocation itself (`forget_api_keys`).

@@ -44,7 +44,8 @@ TABLE: dict[str, tuple[tuple[str, ...], str]] = {
     "clusters.manage": (EVERYONE, "manage clusters"),
     "volumes.manage": (EVERYONE, "manage volumes"),
     "keys.own": (EVERYONE, "keep their own SSH and API keys"),
-    "keys.remove_others": (MANAGERS, "remove another member's SSH key"),
+    "keys.remove_others": (MANAGERS, "remove another member's SSH key or revoke their API key"),
+    "keys.remove_owners": ((OWNER,), "remove an owner's SSH key or revoke their API key"),
 }
 
 

@@ -128,9 +128,17 @@ def _render_account(request: ProjectRequest, partial: str, **extra: object) -> H
     }
     if project:  # a lazy object: falsy, never None, for a user in no project
         context["environments"] = project.environments.all()
-        context["api_keys"] = keys.project_api_keys(project)
-        ssh_keys = SshKey.objects.filter(project=project).select_related("created_by")
-        context["ssh_keys"] = ssh_keys.order_by("name", "pk")
+        api_keys = list(keys.project_api_keys(project))
+        in_project = SshKey.objects.filter(project=project).select_related("created_by")
+        ssh_keys = list(in_project.order_by("name", "pk"))
+        context["api_keys"], context["ssh_keys"] = api_keys, ssh_keys
+        # *Revoke* and *Remove* only where the rule allows them (accounts/keys.py).
+        context["removable_api_keys"] = keys.removable(
+            user=request.user, project=project, keys=api_keys
+        )
+        context["removable_ssh_keys"] = keys.removable(
+            user=request.user, project=project, keys=ssh_keys
+        )
     template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
     return render(request, template, context)
 
@@ -181,6 +189,8 @@ def _confirm(request: ProjectRequest, **context: object) -> HttpResponse:
 @outages.committing
 def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
     key = get_for_project(request, ApiKey.objects.all(), pk=pk)
+    if (refusal := keys.removal_refusal(user=request.user, key=key)) is not None:
+        raise PermissionDenied(refusal.message)
     if request.method == "GET":
         return _confirm(
             request,
@@ -192,7 +202,8 @@ def revoke_api_key(request: ProjectRequest, pk: int) -> HttpResponse:
             action=reverse("accounts:revoke_api_key", args=[key.pk]),
             button="Revoke key",
         )
-    notice = f"API key '{key.name}' revoked." if keys.revoke_api_key(key=key) else None
+    revoked = keys.revoke_api_key(key=key, by=request.user)
+    notice = f"API key '{key.name}' revoked." if revoked else None
     if request.htmx:
         return _render_account(request, "api_keys", api_keys_notice=notice)
     if notice:
