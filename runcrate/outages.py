@@ -11,10 +11,11 @@ A request that changed something and then lost its connection is no "send it aga
 is there, and a retry would be refused (409) or done twice. Its transaction runs in `commit`,
 which tells a COMMIT that happened from one that did not when the connection drops at the
 COMMIT itself, and its answer is built inside that transaction, or read back with
-`after_commit`; docs/architecture.md, "Our own outages".
+`after_commit`; docs/api.md, "An action that committed answers its success".
 """
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -69,6 +70,9 @@ def is_outage(error: BaseException | None) -> bool:
 # How many fresh connections a committed change's answer (or its COMMIT's outcome) is tried on:
 # one drop is the common case; a second, right after, is a database being cut over and over.
 READ_BACK_TRIES = 3
+# How long a transaction killed at its COMMIT is waited for to be decided: 20 x 0.05 s.
+STATUS_POLLS = 20
+STATUS_POLL_SECONDS = 0.05
 
 
 def after_commit(read: Callable[[], T]) -> T:
@@ -129,13 +133,25 @@ def _committed(xid: str) -> bool:
     for attempt in range(READ_BACK_TRIES):
         connection.close()
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("select pg_xact_status(%s::xid8)", [xid])
-                return cursor.fetchone()[0] == "committed"
+            return _status(xid) == "committed"
         except OUTAGES:
             if attempt == READ_BACK_TRIES - 1:
                 raise
     return False
+
+
+def _status(xid: str) -> str | None:
+    """The transaction's status once it is decided: a backend killed at its COMMIT may still
+    be ending when we ask ("in progress"), for a moment; still undecided after about a second,
+    it counts as not known to have committed."""
+    with connection.cursor() as cursor:
+        for _ in range(STATUS_POLLS):
+            cursor.execute("select pg_xact_status(%s::xid8)", [xid])
+            status = cursor.fetchone()[0]
+            if status != "in progress":
+                return status
+            time.sleep(STATUS_POLL_SECONDS)
+    return status
 
 
 def committing(view: Callable[Concatenate[R, P], T]) -> Callable[Concatenate[R, P], T]:

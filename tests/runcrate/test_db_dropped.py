@@ -371,6 +371,27 @@ def test_a_terminate_from_the_page_whose_commit_went_through_says_so(
     assert cluster.status == Cluster.Status.TERMINATING
 
 
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ends", ["commit", "rollback"])
+def test_it_waits_for_a_transaction_still_ending_to_say_whether_it_committed(ends):
+    """A backend killed at its COMMIT may still be ending when its outcome is asked: the
+    answer waits for it (bounded), then says what it became."""
+    other = _killer_connection()
+    try:
+        other.execute("begin")
+        xid = other.execute("select pg_current_xact_id()::text").fetchone()[0]
+        timer = threading.Timer(0.2, lambda: other.execute(ends))
+        timer.start()
+        committed = outages._committed(xid)
+        timer.join(timeout=5)
+    finally:
+        other.close()
+        connection.close()
+
+    assert committed is (ends == "commit")
+
+
 # --- the project's other changes: keys, members, budgets, channels ---------------------------
 
 
