@@ -24,8 +24,8 @@ from runcrate.api import ErrorOut, error_response
 router = Router(tags=["agent"], auth=None)
 
 # What an agent's call answers besides 200: each refusal AgentRefused makes (an unknown node,
-# a wrong token, a released node, a report it cannot read).
-REFUSALS = {status: ErrorOut for status in {*AgentRefused.STATUS.values(), 400}}
+# a wrong token, a released node, a report it cannot read); a metrics report also its 429.
+REFUSALS = {status: ErrorOut for status in {*AgentRefused.STATUS.values(), 400} - {429}}
 
 
 class CheckInIn(Schema):
@@ -148,7 +148,7 @@ def network(request: HttpRequest, node_id: int, payload: NetworkIn):
 
 @router.post(
     "/agent/nodes/{node_id}/metrics",
-    response={200: dict[str, Any], **REFUSALS},
+    response={200: dict[str, Any], **REFUSALS, 429: ErrorOut},
     summary="An agent reports its GPUs' and its node's figures",
 )
 def report_metrics(request: HttpRequest, node_id: int, payload: MetricsIn):
