@@ -19,7 +19,7 @@ from django.db.models import Prefetch
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import Membership, User
+from accounts import recipients
 from clusters import connect
 from clusters.models import STEP_NAMES, Cluster, Event, Node
 from runcrate.emails import project_url, send_templated
@@ -36,15 +36,9 @@ def notifying_reasons() -> list[str]:
 
 
 def recipients_for(cluster: Cluster) -> list[str]:
-    """The cluster's creator; when there is none any more, the project's owners."""
-    if cluster.created_by is not None and cluster.created_by.is_active:
-        return [cluster.created_by.email]
-    owners = User.objects.filter(
-        is_active=True,
-        memberships__project_id=cluster.project_id,
-        memberships__role=Membership.Role.OWNER,
-    ).order_by("pk")
-    return [user.email for user in owners]
+    """The cluster's creator while a member of its project, else the project's owners
+    (accounts/recipients.py, the one rule), read as the email goes out."""
+    return recipients.told_about(cluster.project_id, maker_id=cluster.created_by_id)
 
 
 # The ready email lists every node's SSH command up to this many; the page has them all.

@@ -23,6 +23,7 @@ from celery import shared_task
 from django.utils import timezone
 
 import audit
+from accounts import recipients as told
 from billing import limits, metering
 from clusters import lifecycle
 from clusters.models import Cluster, Event
@@ -103,7 +104,7 @@ def send_stop_emails(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     pending = list(
         Event.objects.filter(reason__in=STOP_EVENTS, emailed_at__isnull=True)
-        .select_related("cluster__environment", "cluster__created_by")
+        .select_related("cluster__environment")
         .order_by("pk")
     )
     claimed = [
@@ -122,10 +123,9 @@ def send_stop_emails(*, now: datetime | None = None) -> int:
     for (project_id, reason), events in sorted(groups.items()):
         clusters = [event.cluster for event in events]
         to = list(recipients.get(project_id, []))
-        for cluster in clusters:
-            creator = cluster.created_by.email if cluster.created_by is not None else None
-            if creator and creator not in to:
-                to.append(creator)
+        # The creators too, while members (accounts/recipients.py: members only, read now).
+        creators = told.members_among(project_id, [c.created_by_id for c in clusters])
+        to += [email for email in creators if email not in to]
         try:
             sent += send_templated(
                 template="cluster-stopped",

@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.models import Membership, User
+from accounts import recipients
 from notifications import addresses, signing
 from notifications.models import RETRY_FOR, SWITCH_OFF_AFTER, Attempt, Delivery, Endpoint
 from runcrate.emails import send_templated
@@ -159,20 +159,9 @@ def switch_off_failing(*, now: datetime) -> list[int]:
 
 
 def owners_of(endpoint: Endpoint) -> list[str]:
-    """Who is told: the endpoint's creator while a member, else the project's owners."""
-    creator = endpoint.created_by
-    if (
-        creator is not None
-        and creator.is_active
-        and Membership.objects.filter(project_id=endpoint.project_id, user=creator).exists()
-    ):
-        return [creator.email]
-    owners = User.objects.filter(
-        is_active=True,
-        memberships__project_id=endpoint.project_id,
-        memberships__role=Membership.Role.OWNER,
-    ).order_by("pk")
-    return [user.email for user in owners]
+    """Who is told: the endpoint's creator while a member, else the project's owners
+    (accounts/recipients.py, the one rule)."""
+    return recipients.told_about(endpoint.project_id, maker_id=endpoint.created_by_id)
 
 
 def _email_switched_off(endpoint: Endpoint) -> None:
