@@ -384,6 +384,9 @@ RUNCRATE_SSH_CONNECT_SECONDS = env_float("RUNCRATE_SSH_CONNECT_SECONDS", 10.0)
 RUNCRATE_SSH_COMMAND_SECONDS = env_float("RUNCRATE_SSH_COMMAND_SECONDS", 600.0)
 # How long a host's reimage command may run, and then how long the host has to answer again.
 RUNCRATE_REIMAGE_SECONDS = env_float("RUNCRATE_REIMAGE_SECONDS", 900.0)
+# How long one read of a host (a baseline, the check before reuse) may take in all; past it the
+# host is not verified and stays dirty (clusters/drivers/pristine.py).
+RUNCRATE_VERIFY_SECONDS = env_float("RUNCRATE_VERIFY_SECONDS", 600.0)
 # Where hosts fetch k3s (Kubernetes on ssh hosts): a release's folder, upstream or a mirror of it
 # (`k3s`, `sha256sum-amd64.txt`, the air-gap images).
 RUNCRATE_K3S_URL = env_str(

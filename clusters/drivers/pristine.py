@@ -36,6 +36,7 @@ import os
 import re
 import stat
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,9 +68,46 @@ OWN_SESSION = frozenset({"/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-serv
 SOCKET_TABLES = ("tcp", "tcp6", "udp", "udp6")
 TCP_LISTEN = "0A"
 UDP_UNCONNECTED = "07"
+# Bounds on the read, so nothing a host holds can stall the dashboard (docs/inventory.md): a
+# file the reader opens must be a regular file by lstat first (never a link, FIFO or device);
+# each read takes at most READ_CAP bytes of it, all of them at most TOTAL_CAP; every SFTP reply
+# must come within REPLY_SECONDS (the channel's timeout, set by the caller), and the whole read
+# ends by its deadline (DEADLINE_SECONDS unless the caller gives one).
+READ_CAP = 32 * 1024 * 1024  # dpkg's status file is a few MB on a large image
+KEYS_CAP = 1024 * 1024  # an authorized_keys file
+TOTAL_CAP = 4 * 1024 * 1024 * 1024
+REPLY_SECONDS = 20.0
+DEADLINE_SECONDS = 600.0
 SHOWN = 200  # differences listed; the count says how many more
 CLUSTER_KEY = "/.ssh/runcrate_cluster"  # where bootstrap.sh puts every cluster's key
 PRIVATE_NETWORK = ipaddress.ip_network(models.PRIVATE_NETWORK)
+
+
+class Unverified(Exception):
+    """The read could not finish within its bounds (deadline or byte cap): the host is not
+    verified, and says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _Bounds:
+    """The deadline and the bytes left of one read of a host."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.left = TOTAL_CAP
+
+    def check(self) -> None:
+        if time.monotonic() >= self.deadline:
+            raise Unverified(f"the read of the host did not finish within {self.seconds:.0f} s")
+
+    def take(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise Unverified(f"the host holds more than {TOTAL_CAP} bytes to read")
 
 
 @dataclass(frozen=True)
@@ -78,23 +116,30 @@ class Difference:
     message: str
 
 
-def read(sftp: paramiko.SFTPClient) -> dict:
-    """The host as the product sees it now: a JSON-able dict (what a baseline stores)."""
+def read(sftp: paramiko.SFTPClient, *, seconds: float = DEADLINE_SECONDS) -> dict:
+    """The host as the product sees it now: a JSON-able dict (what a baseline stores). Raises
+    Unverified when it cannot be read within `seconds` or the byte caps. A file it must read
+    that is not a regular file (a link, a FIFO, a device) is never opened: it is named under
+    "irregular", which a pristine host has none of."""
+    bounds = _Bounds(seconds)
+    irregular: dict[str, str] = {}
     files: dict[str, str] = {}
     for tree in HASHED_TREES:
-        _walk(sftp, tree, files, hashed=True)
+        _walk(sftp, tree, files, hashed=True, bounds=bounds)
     for tree in STAT_TREES:
-        _walk(sftp, tree, files, hashed=False)
-    passwd = _text(sftp, "/etc/passwd")
+        _walk(sftp, tree, files, hashed=False, bounds=bounds)
+    passwd = _text(sftp, "/etc/passwd", bounds=bounds, irregular=irregular)
+    status = _text(sftp, "/var/lib/dpkg/status", bounds=bounds, irregular=irregular)
     return {
         "version": 1,
         "files": files,
-        "packages": _packages(_text(sftp, "/var/lib/dpkg/status")),
+        "packages": _packages(status),
         "users": sorted(_users(passwd)),
-        "authorized_keys": _authorized_keys(sftp, passwd),
-        "sockets": sorted(_sockets(sftp)),
-        "programs": sorted(_programs(sftp)),
-        "cluster_processes": sorted(_cluster_processes(sftp)),
+        "authorized_keys": _authorized_keys(sftp, passwd, bounds=bounds, irregular=irregular),
+        "sockets": sorted(_sockets(sftp, bounds=bounds, irregular=irregular)),
+        "programs": sorted(_programs(sftp, bounds=bounds)),
+        "cluster_processes": sorted(_cluster_processes(sftp, bounds=bounds, irregular=irregular)),
+        "irregular": irregular,
     }
 
 
@@ -103,6 +148,8 @@ def differences(baseline: dict, now: dict) -> list[Difference]:
     found: list[Difference] = [
         Difference("process", f"process {entry}") for entry in now.get("cluster_processes", ())
     ]
+    for path, what in sorted(now.get("irregular", {}).items()):
+        found.append(Difference("file", f"{path} is {what}, not a regular file: not read"))
     for user in sorted(set(now["users"]) - set(baseline.get("users", ()))):
         found.append(Difference("user", f"a user {user} that was not there"))
     for user in sorted(set(baseline.get("users", ())) - set(now["users"])):
@@ -147,7 +194,15 @@ def report(found: list[Difference]) -> str:
 # --- reading ------------------------------------------------------------------------------------
 
 
-def _walk(sftp: paramiko.SFTPClient, top: str, files: dict[str, str], *, hashed: bool) -> None:
+def _walk(
+    sftp: paramiko.SFTPClient,
+    top: str,
+    files: dict[str, str],
+    *,
+    hashed: bool,
+    bounds: _Bounds,
+) -> None:
+    bounds.check()
     try:
         entries = sftp.listdir_attr(top)
     except OSError:
@@ -166,31 +221,98 @@ def _walk(sftp: paramiko.SFTPClient, top: str, files: dict[str, str], *, hashed:
                 files[path] = "l ?"
         elif stat.S_ISDIR(mode):
             files[path] = f"d {bits} {owner}"
-            _walk(sftp, path, files, hashed=hashed)
+            _walk(sftp, path, files, hashed=hashed, bounds=bounds)
         elif stat.S_ISREG(mode):
             size = entry.st_size or 0
             if hashed and size <= LARGEST_HASHED:
-                files[path] = f"f {bits} {owner} {_sha256(sftp, path, size)}"
+                files[path] = f"f {bits} {owner} {_sha256(sftp, path, size, bounds)}"
             else:
                 files[path] = f"f {bits} {owner} {size} {entry.st_mtime}"
         else:
             files[path] = f"o {bits} {owner}"  # a socket, fifo or device node
 
 
-def _sha256(sftp: paramiko.SFTPClient, path: str, size: int) -> str:
+def _sha256(sftp: paramiko.SFTPClient, path: str, size: int, bounds: _Bounds) -> str:
+    """The sha256 of a file the walk found regular (by lstat: the directory listing's). A FIFO
+    swapped in since the listing blocks the open on the host; the channel's timeout and the
+    deadline bound that (SFTP has no O_NONBLOCK)."""
+    bounds.check()
     try:
-        with sftp.open(path, "rb") as handle:
-            handle.prefetch(size)
-            return hashlib.sha256(handle.read()).hexdigest()
+        data = _capped(sftp, path, LARGEST_HASHED, bounds, prefetch=size)
     except OSError as error:
+        if isinstance(error, TimeoutError):
+            raise
         return f"unreadable ({error.strerror or error})"
+    return hashlib.sha256(data).hexdigest()
 
 
-def _text(sftp: paramiko.SFTPClient, path: str) -> str:
+def _capped(
+    sftp: paramiko.SFTPClient, path: str, cap: int, bounds: _Bounds, *, prefetch: int = 0
+) -> bytes:
+    """At most `cap` bytes of `path` (more is an Unverified: a file that grew past its cap)."""
+    with sftp.open(path, "rb") as handle:
+        if prefetch:
+            handle.prefetch(prefetch)
+        chunks, got = [], 0
+        while True:
+            bounds.check()
+            chunk = handle.read(min(1024 * 1024, cap + 1 - got))
+            if not chunk:
+                break
+            got += len(chunk)
+            bounds.take(len(chunk))
+            if got > cap:
+                raise Unverified(f"{path} holds more than the {cap} bytes it may")
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def regular(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    """None when `path` is a regular file or absent (by lstat: a link is not followed), else
+    what it is ("a link to /dev/zero", "a FIFO", "a device", "a socket", "a folder")."""
     try:
-        with sftp.open(path, "rb") as handle:
-            return handle.read().decode(errors="replace")
-    except OSError:
+        mode = sftp.lstat(path).st_mode or 0
+    except OSError as error:
+        if isinstance(error, TimeoutError):
+            raise
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a link to {sftp.readlink(path)}"
+        except OSError:
+            return "a link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a file"
+
+
+def _text(
+    sftp: paramiko.SFTPClient,
+    path: str,
+    *,
+    bounds: _Bounds,
+    irregular: dict[str, str],
+) -> str:
+    """The text of a regular file, at most READ_CAP bytes; "" when absent or unreadable. A file
+    that is not regular is never opened: it goes into `irregular`."""
+    bounds.check()
+    what = regular(sftp, path)
+    if what:
+        irregular[path] = what
+        return ""
+    try:
+        return _capped(sftp, path, READ_CAP, bounds).decode(errors="replace")
+    except OSError as error:
+        if isinstance(error, TimeoutError):
+            raise
         return ""
 
 
@@ -215,7 +337,9 @@ def _users(passwd: str) -> set[str]:
     return {line.split(":", 1)[0] for line in passwd.splitlines() if ":" in line}
 
 
-def _authorized_keys(sftp: paramiko.SFTPClient, passwd: str) -> dict[str, str]:
+def _authorized_keys(
+    sftp: paramiko.SFTPClient, passwd: str, *, bounds: _Bounds, irregular: dict[str, str]
+) -> dict[str, str]:
     """{path: sha256} of every user's authorized_keys and authorized_keys2 that exists."""
     homes = {"/root"}
     for line in passwd.splitlines():
@@ -226,19 +350,28 @@ def _authorized_keys(sftp: paramiko.SFTPClient, passwd: str) -> dict[str, str]:
     for home in sorted(homes):
         for name in ("authorized_keys", "authorized_keys2"):
             path = f"{home.rstrip('/')}/.ssh/{name}"
-            try:
-                with sftp.open(path, "rb") as handle:
-                    found[path] = hashlib.sha256(handle.read()).hexdigest()
-            except OSError:
+            bounds.check()
+            what = regular(sftp, path)
+            if what:
+                irregular[path] = what
+                found[path] = what
                 continue
+            try:
+                data = _capped(sftp, path, KEYS_CAP, bounds)
+            except OSError as error:
+                if isinstance(error, TimeoutError):
+                    raise
+                continue
+            found[path] = hashlib.sha256(data).hexdigest()
     return found
 
 
-def _sockets(sftp: paramiko.SFTPClient) -> set[str]:
+def _sockets(sftp: paramiko.SFTPClient, *, bounds: _Bounds, irregular: dict[str, str]) -> set[str]:
     """Listening TCP and unconnected UDP sockets: "tcp 0.0.0.0:22", "udp6 [::]:5353"."""
     found = set()
     for table in SOCKET_TABLES:
-        found |= listening(table, _text(sftp, f"/proc/net/{table}"))
+        text = _text(sftp, f"/proc/net/{table}", bounds=bounds, irregular=irregular)
+        found |= listening(table, text)
     return found
 
 
@@ -269,7 +402,7 @@ def _address(hex_address: str) -> str:
     return f"[{ipaddress.IPv6Address(b''.join(words))}]"
 
 
-def _programs(sftp: paramiko.SFTPClient) -> set[str]:
+def _programs(sftp: paramiko.SFTPClient, *, bounds: _Bounds) -> set[str]:
     """The executables of the running processes (kernel threads have none), but our own
     session's. A program whose file was replaced or deleted since it started reads
     "PATH (deleted)": never one of the baseline's."""
@@ -279,6 +412,7 @@ def _programs(sftp: paramiko.SFTPClient) -> set[str]:
     except OSError:
         return found
     for pid in pids:
+        bounds.check()
         try:
             exe = sftp.readlink(f"/proc/{pid}/exe")
         except OSError:
@@ -288,23 +422,32 @@ def _programs(sftp: paramiko.SFTPClient) -> set[str]:
     return found
 
 
-def _cluster_processes(sftp: paramiko.SFTPClient) -> list[str]:
+def _cluster_processes(
+    sftp: paramiko.SFTPClient, *, bounds: _Bounds, irregular: dict[str, str]
+) -> list[str]:
     """Every process of a cluster still running ("812 uses a cluster's key: ssh -i …"), read
     from /proc, but our own session's."""
-    private = private_sockets(_text(sftp, "/proc/net/tcp"))
+    private = private_sockets(_text(sftp, "/proc/net/tcp", bounds=bounds, irregular=irregular))
     found: list[str] = []
     try:
         pids = [name for name in sftp.listdir("/proc") if name.isdigit()]
     except OSError:
         return found
     for pid in sorted(pids, key=int):
+        bounds.check()
         try:
             if sftp.readlink(f"/proc/{pid}/exe") in OWN_SESSION:
                 continue
-            with sftp.open(f"/proc/{pid}/cmdline", "rb") as handle:
-                cmdline = handle.read()
+            cmdline_path = f"/proc/{pid}/cmdline"
+            what = regular(sftp, cmdline_path)
+            if what:
+                irregular[cmdline_path] = what
+                continue
+            cmdline = _capped(sftp, cmdline_path, KEYS_CAP, bounds)
             fds = [sftp.readlink(f"/proc/{pid}/fd/{fd}") for fd in sftp.listdir(f"/proc/{pid}/fd")]
-        except OSError:
+        except OSError as error:
+            if isinstance(error, TimeoutError):
+                raise
             continue  # a kernel thread, or a process that ended meanwhile
         why = cluster_process(cmdline, fds, private)
         if why:

@@ -274,8 +274,16 @@ def read_host(host: Host) -> dict:
     """What the host is now, read over SFTP by the product's own code (pristine.read)."""
     with host_session(host) as session:
         sftp = session.client.open_sftp()
+        sftp.get_channel().settimeout(pristine.REPLY_SECONDS)  # a FIFO opened blocks no longer
         try:
-            return pristine.read(sftp)
+            return pristine.read(sftp, seconds=settings.RUNCRATE_VERIFY_SECONDS)
+        except pristine.Unverified as error:
+            raise DriverError(f"{session.where}: not verified: {error.message}") from None
+        except TimeoutError:
+            raise DriverError(
+                f"{session.where}: not verified: the host did not answer a read within "
+                f"{pristine.REPLY_SECONDS:.0f} s"
+            ) from None
         except (paramiko.SSHException, OSError) as error:
             raise DriverError(f"{session.where}: the connection broke: {error}") from None
         finally:

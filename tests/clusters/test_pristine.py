@@ -160,6 +160,11 @@ class FakeProc:
             return [*self.processes, "net", "self"]
         return list(self.processes[path.split("/")[2]][2])
 
+    def lstat(self, path):
+        import os
+
+        return os.stat_result((0o100444, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+
     def readlink(self, path):
         parts = path.split("/")
         exe, _, fds = self.processes[parts[2]]
@@ -182,7 +187,7 @@ def test_it_names_every_cluster_process_it_reads_and_never_its_own_session():
             "91": ("/usr/bin/sleep", b"sleep\x00600\x00", {"3": "/root/.ssh/runcrate_cluster"}),
         }
     )
-    assert pristine._cluster_processes(sftp) == [
+    assert pristine._cluster_processes(sftp, bounds=pristine._Bounds(60), irregular={}) == [
         "77 uses a cluster's key: ssh -x -a -oClearAllForwardings=yes "
         "-oStrictHostKeyChecking=yes -oIdentityFile=/root/.ssh/runcrate_cluster "
         "root@10.77.0.1 -s sftp",
@@ -234,3 +239,96 @@ def test_a_reimage_that_fails_or_hangs_says_so(db, command, message):
         pristine.run_reimage(host, command=command, timeout=1)
     assert failed.value.message.startswith("the reimage of gpu-8 ")
     assert message in failed.value.message
+
+
+class Planted:
+    """An SFTP server over planted files: path -> bytes (a regular file), or a st_mode of
+    something else (a FIFO, a link). Opening anything but a regular file fails the test: on a
+    host it would hang (a FIFO) or never end (a link to /dev/zero)."""
+
+    def __init__(self, files: dict[str, bytes | int], links: dict[str, str] | None = None):
+        self.files = files
+        self.links = links or {}
+        self.opened: list[str] = []
+
+    def lstat(self, path):
+        import os
+
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        entry = self.files[path]
+        mode = entry if isinstance(entry, int) else 0o100644
+        size = 0 if isinstance(entry, int) else len(entry)
+        return os.stat_result((mode, 0, 0, 1, 0, 0, size, 0, 0, 0))
+
+    def readlink(self, path):
+        return self.links[path]
+
+    def open(self, path, mode):
+        import io
+
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        entry = self.files[path]
+        assert isinstance(entry, bytes), f"{path} is not a regular file and was opened"
+        self.opened.append(path)
+        return io.BytesIO(entry)
+
+
+FIFO = 0o010644
+LINK = 0o120777
+PASSWD = b"root:x:0:0:root:/root:/bin/bash\nevil:x:1000:1000::/home/evil:/bin/sh\n"
+
+
+def test_a_fifo_or_a_link_where_a_file_is_read_is_never_opened_and_is_a_difference():
+    sftp = Planted(
+        {
+            "/etc/passwd": PASSWD,
+            "/var/lib/dpkg/status": LINK,
+            "/root/.ssh/authorized_keys": b"ssh-ed25519 AAAA staff\n",
+            "/home/evil/.ssh/authorized_keys": FIFO,
+            "/home/evil/.ssh/authorized_keys2": LINK,
+        },
+        links={
+            "/var/lib/dpkg/status": "/dev/zero",
+            "/home/evil/.ssh/authorized_keys2": "/dev/zero",
+        },
+    )
+    bounds, irregular = pristine._Bounds(60), {}
+    passwd = pristine._text(sftp, "/etc/passwd", bounds=bounds, irregular=irregular)
+    status = pristine._text(sftp, "/var/lib/dpkg/status", bounds=bounds, irregular=irregular)
+    keys = pristine._authorized_keys(sftp, passwd, bounds=bounds, irregular=irregular)
+
+    assert status == ""
+    assert sftp.opened == ["/etc/passwd", "/root/.ssh/authorized_keys"]
+    assert irregular == {
+        "/var/lib/dpkg/status": "a link to /dev/zero",
+        "/home/evil/.ssh/authorized_keys": "a FIFO",
+        "/home/evil/.ssh/authorized_keys2": "a link to /dev/zero",
+    }
+    now = baseline() | {"irregular": irregular}
+    assert [d.message for d in pristine.differences(baseline(), now)] == [
+        "/home/evil/.ssh/authorized_keys is a FIFO, not a regular file: not read",
+        "/home/evil/.ssh/authorized_keys2 is a link to /dev/zero, not a regular file: not read",
+        "/var/lib/dpkg/status is a link to /dev/zero, not a regular file: not read",
+    ]
+    assert set(keys) == {
+        "/root/.ssh/authorized_keys",
+        "/home/evil/.ssh/authorized_keys",
+        "/home/evil/.ssh/authorized_keys2",
+    }
+
+
+def test_a_file_longer_than_its_cap_is_not_read_past_it(monkeypatch):
+    monkeypatch.setattr(pristine, "READ_CAP", 1000)
+    sftp = Planted({"/etc/passwd": PASSWD * 100})
+    with pytest.raises(pristine.Unverified, match="more than the 1000 bytes"):
+        pristine._text(sftp, "/etc/passwd", bounds=pristine._Bounds(60), irregular={})
+
+
+def test_a_read_past_its_deadline_is_not_a_verification():
+    bounds = pristine._Bounds(30)
+    bounds.check()
+    bounds.deadline -= 31  # 31 s later, on the monotonic clock
+    with pytest.raises(pristine.Unverified, match="did not finish within 30 s"):
+        pristine._text(Planted({"/etc/passwd": PASSWD}), "/etc/passwd", bounds=bounds, irregular={})
