@@ -728,11 +728,28 @@ def check_health(request: dict[str, Any], settings: Settings) -> dict[str, Any]:
     this node mounts it) whether /shared answers. Bounded: a few seconds whatever is wrong."""
     peers = {str(k): str(v) for k, v in (request.get("peers") or {}).items()}
     running = running_processes()
-    return {
+    report = {
         "peers": probe_all(peers, settings.probe_port),
         "services": {str(name): str(name) in running for name in request.get("services") or []},
         "shared": shared_health(settings.shared_mount) if settings.shared_mount else None,
     }
+    up = interface_up(settings.interface)
+    if up is not None:
+        report["interface_up"] = up
+    return report
+
+
+def interface_up(interface: str | None, sys_net: Path = Path("/sys/class/net")) -> bool | None:
+    """Whether this node's private network interface is up (IFF_UP in its flags); None where it
+    has none. Two machines that cannot reach each other look the same from either end: the one
+    whose interface is down is the one cut off."""
+    if interface is None:
+        return None
+    try:
+        flags = int((sys_net / interface / "flags").read_text().strip(), 16)
+    except (OSError, ValueError):
+        return None
+    return bool(flags & 0x1)
 
 
 # --- metrics: what the GPUs and the node are doing ------------------------------------------

@@ -384,7 +384,8 @@ MAX_HEALTH_SERVICES = 20
 
 def clean_health(health: Any) -> dict[str, Any] | None:
     """A health report as the agent sends it (`peers`: name -> reached, `services`: name ->
-    running, `shared`: null or {path, mounted, answers, error}), checked and cut to what is
+    running, `shared`: null or {path, mounted, answers, error}, `interface_up`: absent or whether
+    its private network's interface is up), checked and cut to what is
     kept; None when there is none. A report of another shape is refused (422), saying what."""
     if health is None:
         return None
@@ -431,6 +432,15 @@ def clean_health(health: Any) -> dict[str, Any] | None:
             "error": error[:300] if error else None,
         }
     cleaned["shared"] = shared
+    # Whether the node's private network interface is up (an agent without a WireGuard
+    # interface leaves it out).
+    interface_up = health.get("interface_up")
+    if interface_up is not None:
+        if not isinstance(interface_up, bool):
+            raise AgentRefused(
+                "invalid_report", "health.interface_up must be true, false or absent."
+            )
+        cleaned["interface_up"] = interface_up
     return cleaned
 
 

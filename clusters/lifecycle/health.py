@@ -92,6 +92,7 @@ def report_has_problem(report: dict) -> bool:
         or not all(report.get("services", {}).values())
         or (shared.get("mounted") is True and shared.get("answers") is False)
         or shared.get("mounted") is False
+        or report.get("interface_up") is False
     )
 
 
@@ -123,6 +124,15 @@ def find_problems(cluster: Cluster, nodes: list[Node], *, now: datetime) -> list
                         f"{service} runs again on {node.name}",
                     )
                 )
+        if node.health.get("interface_up") is False:
+            problems.append(
+                Problem(
+                    f"interface:{node.name}",
+                    node.name,
+                    f"{node.name}'s private network interface is down",
+                    f"{node.name}'s private network interface is up again",
+                )
+            )
         shared = node.health.get("shared") or {}
         path = shared.get("path") or "/shared"
         if shared.get("mounted") is True and shared.get("answers") is False:
@@ -147,7 +157,7 @@ def find_problems(cluster: Cluster, nodes: list[Node], *, now: datetime) -> list
     for node in joined:
         problems += gpu_problems(node, now=now)
     # The machines' own problems help name the one the private network lost: a machine whose
-    # /shared hangs or whose daemons stopped is the likelier end of a broken link.
+    # interface is down, whose /shared hangs or whose daemons stopped is the likelier end.
     suspects = {p.node for p in problems}
     network = _network_problem(fresh, names, {n.name: n.index for n in joined}, suspects)
     return [network, *problems] if network is not None else problems
@@ -159,9 +169,9 @@ def _network_problem(
     """The pairs of joined machines that cannot reach each other (either one said so), named by
     the machine most of them involve: a machine cut off from the others is in every failing
     pair, whichever end reported it. Among equals (the two machines of a pair), the one with a
-    problem of its own in `suspects` (its /shared hangs, a daemon stopped: two machines that
-    cannot reach each other look the same from either end, but the one whose private interface
-    is down also loses what it reaches over it) comes first, then the one the others cannot
+    problem of its own in `suspects` (its private interface down, its /shared hung, a daemon
+    stopped: two machines that cannot reach each other look the same from either end) comes
+    first, then the one the others cannot
     reach (its own report may not be in yet), then the later node."""
     pairs: set[frozenset[str]] = set()
     named_by_others: dict[str, int] = dict.fromkeys(names, 0)

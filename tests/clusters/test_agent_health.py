@@ -209,3 +209,15 @@ def test_it_reads_the_health_interval_from_its_configuration(tmp_path):
     environ = {"RUNCRATE_AGENT_HEALTH_SECONDS": "0"}
     with pytest.raises(SystemExit, match="health_seconds must be positive"):
         runcrate_agent.load_config(environ, path)
+
+
+def test_the_report_says_whether_the_private_interface_is_up(tmp_path):
+    from clusters.agent.runcrate_agent import interface_up
+
+    (tmp_path / "rc0").mkdir()
+    (tmp_path / "rc0" / "flags").write_text("0x1091\n")  # UP, POINTOPOINT, NOARP, RUNNING
+    assert interface_up("rc0", tmp_path) is True
+    (tmp_path / "rc0" / "flags").write_text("0x1090\n")  # `ip link set rc0 down`
+    assert interface_up("rc0", tmp_path) is False
+    assert interface_up("wg9", tmp_path) is None  # no such interface: left out of the report
+    assert interface_up(None, tmp_path) is None

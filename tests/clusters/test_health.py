@@ -400,6 +400,27 @@ def test_a_machine_cut_off_in_a_pair_is_named_from_its_own_report_alone(project,
     assert email.subject == f"Cluster {cluster.name} is degraded: node-1 is unhealthy"
 
 
+def test_a_pair_names_the_machine_whose_interface_is_down(project, clock):
+    """The same with nothing mounted: node-1's agent says its private interface is down (rc0
+    down), and that names it, with the interface as a problem of its own."""
+    cluster, _, _ = ready(project, clock, nodes=2)
+    clock.shift(timedelta(seconds=60))
+    body = report(cluster, 1, unreached={"node-0"}) | {"interface_up": False}
+
+    beat(cluster, 1, body)
+
+    cluster.refresh_from_db()
+    assert cluster.failure_node == "node-1"
+    assert cluster.failure_message == (
+        "node-1 cannot reach node-0 over the private network. node-1's private network "
+        "interface is down."
+    )
+    [event] = events(cluster)
+    assert event.node.name == "node-1"
+    assert send_pending_cluster_emails() == 1
+    assert mail.outbox[0].subject == f"Cluster {cluster.name} is degraded: node-1 is unhealthy"
+
+
 def test_network_naming_among_equals():
     """Two machines that cannot reach each other: the one the other could not reach is named;
     when each says so of the other, the later one; two cut-off machines are both named."""
