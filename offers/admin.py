@@ -238,12 +238,40 @@ class HostForm(forms.ModelForm):
         return cleaned
 
 
+class BaselineFilter(admin.SimpleListFilter):
+    """The ssh hosts waiting for a baseline: offered to no one until staff record it
+    (offers.offers.offered_hosts; docs/inventory.md)."""
+
+    title = "baseline"
+    parameter_name = "baseline"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("waiting", "Waiting for one (not offered)"), ("recorded", "Recorded")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "waiting":
+            return queryset.filter(driver=Host.Driver.SSH, baseline_at__isnull=True)
+        if self.value() == "recorded":
+            return queryset.filter(baseline_at__isnull=False)
+        return queryset
+
+
 @admin.register(Host)
 class HostAdmin(ChangesOffers):
     form = HostForm
-    list_display = ["name", "machine_type", "location", "gpu", "driver", "state", "fault"]
+    list_display = [
+        "name",
+        "machine_type",
+        "location",
+        "gpu",
+        "driver",
+        "state",
+        "baseline_state",
+        "fault",
+    ]
     list_filter = [
         "state",
+        BaselineFilter,
         "driver",
         "fault",
         ("machine_type__location", admin.RelatedOnlyFieldListFilter),
@@ -269,6 +297,14 @@ class HostAdmin(ChangesOffers):
     @admin.display(description="GPU", ordering="machine_type__gpu__name")
     def gpu(self, host: Host) -> str:
         return str(host.machine_type.gpu)
+
+    @admin.display(description="baseline", ordering="baseline_at")
+    def baseline_state(self, host: Host) -> str:
+        if host.driver != Host.Driver.SSH:
+            return "none needed"
+        if host.baseline_at is None:
+            return "waiting: not offered"
+        return f"recorded {host.baseline_at:%Y-%m-%d %H:%M}"
 
     @admin.action(description="Mark offline (free hosts only)")
     def mark_offline(self, request: HttpRequest, queryset: QuerySet) -> None:

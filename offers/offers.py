@@ -298,10 +298,19 @@ def same_shape_first(offers: list[Offer], *, like: MachineType | OfferMachineTyp
     return sorted(offers, key=differs)
 
 
+def offered_hosts():
+    """The hosts anyone may rent now: free, and, for an `ssh` host, with a baseline recorded. An
+    `ssh` host without one is never offered nor reserved (docs/inventory.md, "Reimage before
+    reuse"): after its first tenant it could only go dirty. `_free_hosts` counts the same."""
+    return Host.objects.filter(state=Host.State.FREE).filter(
+        ~Q(driver=Host.Driver.SSH) | Q(baseline_at__isnull=False)
+    )
+
+
 def _free_hosts() -> RawSQL:
     """The number of free hosts of the machine type on the row, as a correlated count.
 
-    It reads only the (machine_type, state) index (an index-only scan of the free hosts);
+    It reads the (machine_type, state) index (then the free hosts' rows, for the baseline);
     joining every host and grouping instead sorts the GPU's whole inventory on each call, about
     30 times slower at 20,000 hosts. Written as SQL because Django's Subquery costs more to
     compile than the database takes to run it, on the API's hottest path. No user input
@@ -312,11 +321,15 @@ def _free_hosts() -> RawSQL:
     type_column = quote(Host._meta.get_field("machine_type").column)
     machine_type = f"{quote(MachineType._meta.db_table)}.{quote(MachineType._meta.pk.column)}"
     state = quote(Host._meta.get_field("state").column)
+    driver = quote(Host._meta.get_field("driver").column)
+    baseline_at = quote(Host._meta.get_field("baseline_at").column)
     sql = (
         f"SELECT COUNT(*) FROM {host} "  # noqa: S608 (names from the models, quoted)
-        f"WHERE {host}.{type_column} = {machine_type} AND {host}.{state} = %s"
+        f"WHERE {host}.{type_column} = {machine_type} AND {host}.{state} = %s "
+        f"AND ({host}.{driver} <> %s OR {host}.{baseline_at} IS NOT NULL)"  # offered_hosts
     )
-    return RawSQL(sql, (Host.State.FREE.value,), output_field=IntegerField())  # noqa: S611
+    parameters = (Host.State.FREE.value, Host.Driver.SSH.value)
+    return RawSQL(sql, parameters, output_field=IntegerField())  # noqa: S611
 
 
 def _with_free_hosts(queryset):

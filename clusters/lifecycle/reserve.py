@@ -36,7 +36,7 @@ from offers.models import (
     MachineType,
     QuoteRequest,
 )
-from offers.offers import Availability, Offer, get_offer
+from offers.offers import Availability, Offer, get_offer, offered_hosts
 from runcrate.money import usd
 
 Status = Cluster.Status
@@ -63,7 +63,7 @@ def reserve_hosts(*, machine_type: MachineType, count: int, now: datetime) -> li
     row locks; its IMMEDIATE transactions (see settings) already let one writer in at a time.
     The conditional update is checked either way.
     """
-    free = Host.objects.filter(machine_type=machine_type, state=Host.State.FREE).order_by("pk")
+    free = offered_hosts().filter(machine_type=machine_type).order_by("pk")
     hosts: list[Host] = []
     if connection.features.has_select_for_update_skip_locked:
         try:

@@ -398,3 +398,34 @@ def test_a_zero_budget_set_while_creates_are_in_flight_leaves_no_cluster_billed(
     assert set(
         Cluster.objects.filter(environment=environment).values_list("status", "stop_reason")
     ) == {(Cluster.Status.TERMINATING, Cluster.StopReason.BUDGET)}
+
+
+def test_an_ssh_host_without_a_baseline_is_never_offered_nor_reserved(person):
+    from django.utils import timezone
+
+    from offers.offers import get_offer
+    from tests.factories import HostFactory
+
+    machine_type = inventory(hosts=1)
+    waiting = HostFactory.create_batch(3, machine_type=machine_type, driver=Host.Driver.SSH)
+    ready = HostFactory(
+        machine_type=machine_type,
+        driver=Host.Driver.SSH,
+        baseline={"version": 1},
+        baseline_at=timezone.now(),
+    )
+
+    offer = get_offer(slug=machine_type.slug, nodes=2)
+    assert offer is not None
+    assert offer.nodes_available == 2  # the simulated host and the one with a baseline
+    error = refused(person[1], machine_type, nodes=3)
+    assert error.code == "not_enough_machines"
+    assert "only 2 are free" in error.message
+
+    cluster = create(person[1], machine_type, nodes=2)
+    taken = set(Node.objects.filter(cluster=cluster).values_list("host_id", flat=True))
+    assert ready.pk in taken
+    assert taken.isdisjoint(h.pk for h in waiting)
+    assert all(
+        h.state == Host.State.FREE for h in Host.objects.filter(pk__in=[h.pk for h in waiting])
+    )

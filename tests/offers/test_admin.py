@@ -359,3 +359,16 @@ def test_it_lists_the_track_records_read_only(staff_client):
     assert "Save" not in change.content.decode()
     assert delete.status_code == 403
     assert TrackRecord.objects.filter(pk=record.pk).exists()
+
+
+def test_the_hosts_list_shows_the_ssh_hosts_waiting_for_a_baseline(staff_client):
+    from django.utils import timezone
+
+    waiting = HostFactory(name="gpu-waiting", driver=Host.Driver.SSH)
+    HostFactory(name="gpu-recorded", driver=Host.Driver.SSH, baseline_at=timezone.now())
+    HostFactory(name="sim-host")
+
+    listing = staff_client.get(reverse("admin:offers_host_changelist"), {"baseline": "waiting"})
+
+    assert [h.name for h in listing.context["cl"].result_list] == [waiting.name]
+    assert "waiting: not offered" in listing.content.decode()
