@@ -728,7 +728,7 @@ def check_health(request: dict[str, Any], settings: Settings) -> dict[str, Any]:
     this node mounts it) whether /shared answers. Bounded: a few seconds whatever is wrong."""
     peers = {str(k): str(v) for k, v in (request.get("peers") or {}).items()}
     running = running_processes()
-    report = {
+    report: dict[str, Any] = {
         "peers": probe_all(peers, settings.probe_port),
         "services": {str(name): str(name) in running for name in request.get("services") or []},
         "shared": shared_health(settings.shared_mount) if settings.shared_mount else None,
