@@ -350,10 +350,9 @@ def removal_refusal(
     return None
 
 
-def removable(*, user: User, project: Project, keys: Iterable[SshKey | ApiKey]) -> set[int]:
-    """The pks of `keys` that `user` may remove or revoke: the page shows *Remove* and *Revoke*
-    on these only."""
-    roles = holders_roles(project)
+def removable(*, user: User, keys: Iterable[SshKey | ApiKey], roles: dict[int, str]) -> set[int]:
+    """The pks of `keys` that `user` may remove or revoke, `roles` their project's
+    (`holders_roles`): the page shows *Remove* and *Revoke* on these only."""
     return {key.pk for key in keys if removal_refusal(user=user, key=key, roles=roles) is None}
 
 

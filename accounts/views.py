@@ -133,11 +133,12 @@ def _render_account(request: ProjectRequest, partial: str, **extra: object) -> H
         ssh_keys = list(in_project.order_by("name", "pk"))
         context["api_keys"], context["ssh_keys"] = api_keys, ssh_keys
         # *Revoke* and *Remove* only where the rule allows them (accounts/keys.py).
+        roles = keys.holders_roles(project)
         context["removable_api_keys"] = keys.removable(
-            user=request.user, project=project, keys=api_keys
+            user=request.user, keys=api_keys, roles=roles
         )
         context["removable_ssh_keys"] = keys.removable(
-            user=request.user, project=project, keys=ssh_keys
+            user=request.user, keys=ssh_keys, roles=roles
         )
     template = f"accounts/account.html#{partial}" if request.htmx else "accounts/account.html"
     return render(request, template, context)
