@@ -19,6 +19,7 @@ from offers.inventory import (
     check_host_field,
     host_setup_problems,
     take_hosts_offline,
+    waiting_for_baseline,
     why_fixed_while_serving,
 )
 from offers.models import GpuModel, Host, Location, MachineType, QuoteRequest, TrackRecord
@@ -250,7 +251,7 @@ class BaselineFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "waiting":
-            return queryset.filter(driver=Host.Driver.SSH, baseline_at__isnull=True)
+            return queryset & waiting_for_baseline()
         if self.value() == "recorded":
             return queryset.filter(baseline_at__isnull=False)
         return queryset

@@ -976,6 +976,12 @@ def load_inventory(data: Any, *, dry_run: bool = False) -> LoadReport:
 # --- taking hosts out of service and back ---------------------------------------------------------
 
 
+def waiting_for_baseline():
+    """The `ssh` hosts with no baseline recorded: offered to no one until staff record it
+    (`manage.py record_baselines`; offers.offers.offered_hosts)."""
+    return Host.objects.filter(driver=Host.Driver.SSH, baseline_at__isnull=True)
+
+
 def take_hosts_offline(*, host_ids: Iterable[int]) -> int:
     """Take free hosts out of service; returns how many went offline.
 

@@ -817,3 +817,15 @@ def test_it_loads_a_locations_and_a_hosts_reimage_command_and_the_host_wins(db):
     assert own.reimage_command == "bmc-reimage $RUNCRATE_HOST_ADDRESS"
     grouped = Host.objects.select_related("machine_type__location").get(name="use2-bm-001")
     assert grouped.reimage_command == '/opt/ops/rebuild --host "$RUNCRATE_HOST_NAME"'
+
+
+def test_the_command_names_each_ssh_host_waiting_for_a_baseline(db, tmp_path):
+    out = StringIO()
+
+    call_command("load_inventory", str(write(tmp_path, inventory())), stdout=out)
+
+    waiting = [line for line in out.getvalue().splitlines() if "waiting for a baseline" in line]
+    assert waiting == [
+        "gpu-ssh-1: waiting for a baseline, offered to no one until it is recorded "
+        "(manage.py record_baselines, or the host admin's Record baseline)"
+    ]

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from offers.inventory import InventoryError, load_inventory_file
+from offers.inventory import InventoryError, load_inventory_file, waiting_for_baseline
 
 
 class Command(BaseCommand):
@@ -23,3 +23,10 @@ class Command(BaseCommand):
         except InventoryError as error:
             raise CommandError(error.summary(source=file)) from None
         self.stdout.write(str(report))
+        if check:
+            return
+        for name in waiting_for_baseline().order_by("name").values_list("name", flat=True):
+            self.stdout.write(
+                f"{name}: waiting for a baseline, offered to no one until it is recorded "
+                "(manage.py record_baselines, or the host admin's Record baseline)"
+            )
