@@ -247,3 +247,38 @@ def test_a_terminate_during_the_bootstrap_waits_for_it_and_leaves_the_hosts_pris
     for node in cluster.nodes.select_related("host"):
         assert verify_host(node.host) == [], node.name
         assert_clean(fleet, node.host)
+
+
+# What a tenant plants to hang or flood the check before reuse (issue 33, L2): a FIFO, which
+# blocks whoever opens it, and links to /dev/zero, which never end.
+TRAPS = r"""
+useradd --create-home evil
+mkdir -p /home/evil/.ssh
+mkfifo /home/evil/.ssh/authorized_keys
+ln -s /dev/zero /root/.ssh/authorized_keys2
+mv /var/lib/dpkg/status /var/lib/dpkg/status.real
+ln -s /dev/zero /var/lib/dpkg/status
+"""
+
+
+def test_mark_free_on_a_booby_trapped_host_answers_in_time_and_leaves_it_dirty(fleet):
+    host = Host.objects.get(name=fleet.hosts[0].name)
+    Host.objects.filter(pk=host.pk).update(state=Host.State.DIRTY)
+    fleet.exec(host.name, TRAPS)
+    try:
+        started = time.monotonic()
+        outcome = hosts.return_to_service([host.pk])
+        took = time.monotonic() - started
+
+        assert outcome.done == []
+        assert took < 60, took  # it took forever (the FIFO) or grew without end (/dev/zero)
+        host.refresh_from_db()
+        assert host.state == Host.State.DIRTY
+        for planted in (
+            "/home/evil/.ssh/authorized_keys is a FIFO",
+            "/root/.ssh/authorized_keys2 is a link to /dev/zero",
+            "/var/lib/dpkg/status is a link to /dev/zero",
+        ):
+            assert planted in host.pristine_report
+    finally:
+        fleet.reset(host.name)
