@@ -12,9 +12,8 @@ the **baseline** recorded when staff registered the host freshly imaged
 - every file under the trees a tenant could leave something in, with its mode, owner and
   sha256: `/etc` (cron, systemd units, sudoers, ld.so.preload, sshd's configuration…),
   `/root`, `/home`, `/usr/local`, `/opt`, `/tmp`, `/var/tmp`, `/var/spool/cron`;
-- the system's programs (`/usr/bin`, `/usr/sbin`, `/usr/lib/systemd`) by mode, owner, size
-  and modification time (reading every byte would take seconds a host; the reimage is what
-  replaces them, this catches a reimage that did not happen);
+- the system's programs (`/usr/bin`, `/usr/sbin`, `/usr/lib/systemd`) with their mode,
+  owner and sha256, like the trees above;
 - the listening sockets (`/proc/net/tcp`, `tcp6`, `udp`, `udp6`) and the programs running
   (`/proc/PID/exe`);
 - any process of a cluster, found by its credentials (never a pristine host's, whatever its
@@ -58,7 +57,9 @@ HASHED_TREES = (  # noqa: S108
     "/var/tmp",  # noqa: S108
     "/var/spool/cron",
 )
-STAT_TREES = ("/usr/bin", "/usr/sbin", "/usr/lib/systemd")
+# The system's programs, by content too: a same-size `pgrep` with its time restored by
+# `touch -r` is a different sha256.
+PROGRAM_TREES = ("/usr/bin", "/usr/sbin", "/usr/lib/systemd")
 # Files that differ on every boot of a healthy host, or that the product's own connection
 # makes: never a tenant's leftover. (/tmp/systemd-private-*: systemd's per-service folders.)
 VOLATILE_PREFIXES = ("/tmp/systemd-private-", "/etc/ssh/ssh_host_")  # noqa: S108
@@ -126,8 +127,8 @@ def read(sftp: paramiko.SFTPClient, *, seconds: float = DEADLINE_SECONDS) -> dic
     files: dict[str, str] = {}
     for tree in HASHED_TREES:
         _walk(sftp, tree, files, hashed=True, bounds=bounds)
-    for tree in STAT_TREES:
-        _walk(sftp, tree, files, hashed=False, bounds=bounds)
+    for tree in PROGRAM_TREES:
+        _walk(sftp, tree, files, hashed=True, bounds=bounds)
     passwd = _text(sftp, "/etc/passwd", bounds=bounds, irregular=irregular)
     status = _text(sftp, "/var/lib/dpkg/status", bounds=bounds, irregular=irregular)
     return {

@@ -282,3 +282,21 @@ def test_mark_free_on_a_booby_trapped_host_answers_in_time_and_leaves_it_dirty(f
             assert planted in host.pristine_report
     finally:
         fleet.reset(host.name)
+
+
+def test_a_same_size_system_program_with_its_time_restored_is_found(fleet):
+    host = Host.objects.get(name=fleet.hosts[0].name)
+    fleet.exec(
+        host.name,
+        "size=$(stat -c %s /usr/bin/pgrep); cp -p /usr/bin/pgrep /tmp/pgrep.orig; "
+        "{ printf '#!/bin/sh\\nexit 1\\n'; head -c $((size - 17)) /dev/zero; } > /usr/bin/pgrep; "
+        "touch -r /tmp/pgrep.orig /usr/bin/pgrep; rm /tmp/pgrep.orig; "
+        'test "$(stat -c %s /usr/bin/pgrep)" = "$size"',
+    )
+    try:
+        started = time.monotonic()
+        found = [d.message for d in verify_host(host)]
+        print(f"verified in {time.monotonic() - started:.1f} s")
+        assert "/usr/bin/pgrep changed" in found
+    finally:
+        fleet.reset(host.name)
