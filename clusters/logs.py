@@ -4,13 +4,19 @@ Per node, on demand, its logs (what the bootstrap and the installer printed, the
 tail of the system log); on the head, what its software says of the jobs (Slurm's queue and
 nodes, Ray's jobs and status, Kubernetes' pods). The driver reads them over its own connection
 (`Driver.read_logs`, the commands in `clusters.drivers.base.log_sources`: none comes from the
-user) in a task of the `machines` queue; each text is kept whole up to 256 KB (`NodeLog`), with
+user) in a task of the `logs` queue; each text is kept whole up to 256 KB (`NodeLog`), with
 the command that produced it and when, until the next fetch of its group replaces it.
 
 At most one fetch per node and group runs, and a new one starts only once the last finished 30
 seconds ago (`claim`, one conditional UPDATE): a Logs tab left open polls the jobs every 30 s,
 and any number of open tabs cost the head one fetch every 30 s. A fetch that fails (no SSH)
 keeps the error beside the texts before it; it never changes the cluster or its nodes.
+
+The host is a tenant's, root on it: the driver reads each fetch against a deadline and a byte cap
+of its own (`clusters.drivers.ssh.LOG_FETCH_SECONDS`, `LOG_READ_BYTES`), never trusting the host's
+`tail`, and at most MAX_RUNNING_PER_CLUSTER fetches of one cluster and MAX_RUNNING_PER_PROJECT of
+one project run at once, so one project's hosts can hold only a few of the `logs` worker's threads
+and never another customer's work.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Prefetch, Q
+from django.db.models import Count, F, Prefetch, Q
 from django.utils import timezone
 
 from clusters.drivers import get_driver
@@ -35,8 +41,12 @@ log = logging.getLogger(__name__)
 # The shortest time between two fetches of one node's group: the jobs panel's refresh.
 MIN_INTERVAL = timedelta(seconds=30)
 # A fetch asked for this long ago and not finished is taken for lost (a worker that died):
-# longer than the driver's bounds (its connection, then 60 s a command).
+# well past the driver's own bounds (its connection, then LOG_FETCH_SECONDS for the whole read),
+# so a fetch still within its deadline is never started again.
 LOST_AFTER = timedelta(minutes=5)
+# Fetches running at once (asked for, not finished, not lost): per cluster and per project.
+MAX_RUNNING_PER_CLUSTER = 2
+MAX_RUNNING_PER_PROJECT = 4
 
 Group = LogFetch.Group
 
@@ -131,7 +141,12 @@ def request_fetch(*, cluster: Cluster, node: Node | None, group: str) -> LogFetc
     assert node is not None
     fetch = fetch_for(node, group)
     now = timezone.now()
-    if not claim(fetch, now=now):
+    with transaction.atomic():
+        busy = busy_refusal(cluster, now=now)
+        if busy:
+            raise ClusterRefused("logs_fetches_busy", busy, status=409)
+        claimed = claim(fetch, now=now)
+    if not claimed:
         fetch.refresh_from_db()
         if is_running(fetch, now):
             raise ClusterRefused(
@@ -154,9 +169,46 @@ def refresh_jobs(cluster: Cluster) -> LogFetch | None:
         return None
     assert head is not None
     fetch = fetch_for(head, Group.JOBS)
-    if fetch_due(fetch, timezone.now()) and claim(fetch, now=timezone.now()):
-        enqueue(fetch)
+    now = timezone.now()
+    if fetch_due(fetch, now):
+        with transaction.atomic():
+            started = not busy_refusal(cluster, now=now) and claim(fetch, now=now)
+        if started:
+            enqueue(fetch)
     return fetch
+
+
+def running_fetches(now: datetime) -> Q:
+    """The fetches asked for, not finished since, and not lost: `is_running` as a filter."""
+    return Q(requested_at__gt=now - LOST_AFTER) & (
+        Q(fetched_at__isnull=True) | Q(fetched_at__lt=F("requested_at"))
+    )
+
+
+def busy_refusal(cluster: Cluster, *, now: datetime) -> str:
+    """Why no more fetches of `cluster` may start now (its own or its project's running ones
+    are at their bound), or "". Called inside a transaction: the project's row is locked first,
+    so two requests at once cannot both take the last place."""
+    from accounts.models import Project
+
+    Project.objects.select_for_update().filter(pk=cluster.project_id).first()
+    counts = LogFetch.objects.filter(
+        running_fetches(now), node__cluster__project_id=cluster.project_id
+    ).aggregate(
+        project=Count("pk"),
+        cluster=Count("pk", filter=Q(node__cluster_id=cluster.pk)),
+    )
+    if counts["cluster"] >= MAX_RUNNING_PER_CLUSTER:
+        return (
+            f"{counts['cluster']} reads of this cluster's machines are running; start another "
+            "once one has finished (each ends within two minutes)."
+        )
+    if counts["project"] >= MAX_RUNNING_PER_PROJECT:
+        return (
+            f"{counts['project']} reads of this project's machines are running; start another "
+            "once one has finished (each ends within two minutes)."
+        )
+    return ""
 
 
 def enqueue(fetch: LogFetch) -> None:

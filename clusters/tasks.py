@@ -108,6 +108,6 @@ def simulate_metrics() -> int:
 
 @shared_task(name="clusters.tasks.fetch_logs", ignore_result=True)
 def fetch_logs(fetch_id: int) -> bool:
-    """On the `machines` queue: read a node's logs or the head's jobs over its driver and keep
+    """On the `logs` queue: read a node's logs or the head's jobs over its driver and keep
     them (clusters/logs.py). Safe twice: a second run replaces the texts with newer ones."""
     return logs.run_fetch(fetch_id=fetch_id)

@@ -382,6 +382,9 @@ RUNCRATE_SSH_KEY_FILE = Path(
 ).resolve()
 RUNCRATE_SSH_CONNECT_SECONDS = env_float("RUNCRATE_SSH_CONNECT_SECONDS", 10.0)
 RUNCRATE_SSH_COMMAND_SECONDS = env_float("RUNCRATE_SSH_COMMAND_SECONDS", 600.0)
+# The most output the dashboard reads of one command on a host (a tenant's: clusters/drivers/
+# ssh.py Session.run); past it the command is closed. A log read takes less (its own cap).
+RUNCRATE_SSH_OUTPUT_BYTES = env_int("RUNCRATE_SSH_OUTPUT_BYTES", 16 * 1024 * 1024, minimum=1024)
 # How long a host's reimage command may run, and then how long the host has to answer again.
 RUNCRATE_REIMAGE_SECONDS = env_float("RUNCRATE_REIMAGE_SECONDS", 900.0)
 # How long one read of a host (a baseline, the check before reuse) may take in all; past it the

@@ -45,6 +45,7 @@ from clusters.connect import SHARED_DIR, kube_ca, kube_token, shape_for
 from clusters.drivers import pristine, storage
 from clusters.drivers.base import (
     HOST_LOG_DIR,
+    LOG_CAP_BYTES,
     CheckResult,
     Driver,
     DriverError,
@@ -73,6 +74,12 @@ INCOMING = "/var/lib/runcrate/incoming"
 SOFTWARE_INCOMING = "/var/lib/runcrate/software"
 WIREGUARD_PORT = 51820
 REIMAGE_POLL_SECONDS = 2
+READ_CHUNK = 64 * 1024
+# A log fetch (read_logs): its whole deadline, and the most the dashboard reads of one text
+# (the host is asked for its last LOG_CAP_BYTES; a host that sends more is cut off).
+LOG_FETCH_SECONDS = 90
+LOG_READ_BYTES = 2 * LOG_CAP_BYTES + 4096
+SFTP_REPLY_SECONDS = 30  # the most one SFTP request of an upload may wait for its answer
 _STATUS_LINE = re.compile(r"^runcrate: (\w+)=(.*)$")
 
 
@@ -155,26 +162,65 @@ class Session:
         self.client = client
         self.where = where
 
-    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None):
-        """Run `command`; returns (exit status, stdout + stderr)."""
+    def run(
+        self,
+        command: str,
+        *,
+        stdin: str | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+    ) -> tuple[int, str]:
+        """Run `command`; returns (exit status, stdout + stderr).
+
+        The host is a tenant's (root on it: every program it runs may be theirs), so the
+        dashboard bounds the command itself, while it reads: `timeout` is an absolute deadline
+        for the whole command (stdin written, every byte read, the exit status), and
+        `max_bytes` the most output it reads. At either the channel is closed and DriverError
+        says which; a host that trickles one byte a minute or prints without end holds a
+        worker thread for `timeout` at most and its memory for `max_bytes` at most."""
         timeout = timeout or settings.RUNCRATE_SSH_COMMAND_SECONDS
+        cap = max_bytes or settings.RUNCRATE_SSH_OUTPUT_BYTES
+        deadline = time.monotonic() + timeout
+        name = command.split()[0] if command.split() else "the command"
+        channel = None
         try:
-            channel_in, channel_out, _ = self.client.exec_command(
-                command, timeout=timeout, get_pty=False
-            )
-            channel_out.channel.set_combine_stderr(True)
+            transport = self.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise paramiko.SSHException("the session is closed")
+            channel = transport.open_session(timeout=_left(deadline))
+            channel.set_combine_stderr(True)
+            channel.settimeout(_left(deadline))
+            channel.exec_command(command)
             if stdin is not None:
-                channel_in.write(stdin)
-                channel_in.channel.shutdown_write()
-            output = channel_out.read().decode(errors="replace")
-            status = channel_out.channel.recv_exit_status()
+                channel.settimeout(_left(deadline))
+                try:
+                    channel.sendall(stdin.encode())
+                    channel.shutdown_write()
+                except TimeoutError:
+                    raise
+                except (paramiko.SSHException, OSError):
+                    pass  # the command ended without reading all of it: its output says why
+            output = _read_bounded(channel, deadline=deadline, cap=cap)
+            if output is None:
+                raise DriverError(
+                    f"{self.where}: {name} printed more than {_size(cap)}; the dashboard "
+                    "stopped reading it and closed the command"
+                )
+            while not channel.exit_status_ready():
+                if not channel.status_event.wait(min(_left(deadline), 1.0)) and _late(deadline):
+                    raise TimeoutError
+            status = channel.recv_exit_status()
         except TimeoutError:
             raise DriverError(
-                f"{self.where}: {command.split()[0]} did not finish within {timeout:.0f} seconds"
+                f"{self.where}: {name} did not finish within {timeout:.0f} seconds; the "
+                "dashboard closed it"
             ) from None
         except (paramiko.SSHException, OSError) as error:
             raise DriverError(f"{self.where}: the connection broke: {error}") from None
-        return status, output
+        finally:
+            if channel is not None:
+                channel.close()
+        return status, output.decode(errors="replace")
 
     def upload(self, files: dict[str, tuple[str, int]], directory: str) -> None:
         """Write `files` (name -> (content, mode)) into `directory`, made mode 0700 first."""
@@ -185,6 +231,9 @@ class Session:
             raise DriverError(f"{self.where}: cannot write {directory}: {output.strip()}")
         sftp = self.client.open_sftp()
         try:
+            # Each write waits for its answer at most this long: a host that stops answering
+            # fails the upload instead of holding the worker.
+            sftp.get_channel().settimeout(SFTP_REPLY_SECONDS)
             for name, (content, mode) in files.items():
                 path = f"{directory}/{name}"
                 with sftp.open(path, "w") as handle:
@@ -192,6 +241,42 @@ class Session:
                     handle.write(content.encode())
         finally:
             sftp.close()
+
+
+def _left(deadline: float) -> float:
+    """Seconds until `deadline`; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _late(deadline: float) -> bool:
+    return time.monotonic() >= deadline
+
+
+def _read_bounded(channel: paramiko.Channel, *, deadline: float, cap: int) -> bytes | None:
+    """Everything `channel` prints until its end, read by the dashboard against `deadline`
+    (TimeoutError past it) and `cap` (None once more than `cap` bytes came: the rest is never
+    read, so memory stays bounded whatever the host sends)."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        channel.settimeout(min(_left(deadline), 1.0))
+        try:
+            data = channel.recv(READ_CHUNK)
+        except TimeoutError:
+            continue  # nothing yet: the deadline is checked again above
+        if not data:
+            return b"".join(chunks)
+        total += len(data)
+        if total > cap:
+            return None
+        chunks.append(data)
+
+
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count // 1024} KiB"
 
 
 @contextmanager
@@ -565,9 +650,21 @@ class SshDriver(Driver):
         """Each of `kinds` by its `log_script` over one session; the host cuts each text to its
         last LOG_CAP_BYTES and says which command produced it."""
         texts = []
+        # One deadline for the whole fetch and a cap the dashboard enforces on each text (the
+        # host's own `tail` is the tenant's): LOG_FETCH_SECONDS bounds a fetch's hold on its
+        # worker however the host answers, and the fetch's lease outlasts it (clusters/logs.py).
+        deadline = time.monotonic() + LOG_FETCH_SECONDS
         with host_session(node.reserved_host) as session:
             for kind in kinds:
-                _, output = session.run(log_script(kind, head_ip=head_ip), timeout=60)
+                left = deadline - time.monotonic()
+                if left <= 1:
+                    raise DriverError(
+                        f"{session.where}: the logs did not come within {LOG_FETCH_SECONDS} "
+                        "seconds; the dashboard stopped reading them"
+                    )
+                _, output = session.run(
+                    log_script(kind, head_ip=head_ip), timeout=left, max_bytes=LOG_READ_BYTES
+                )
                 texts.append(read_log_text(kind, output))
         return texts
 

@@ -27,7 +27,12 @@ if TYPE_CHECKING:
 KNOWN_HOSTS = "/etc/runcrate/storage_known_hosts"
 PULLED = "/var/lib/runcrate/volume-pulled"
 IDENTITY = "/root/.ssh/runcrate_cluster"
-SYNC_SECONDS = 3600.0
+# A sync's deadline grows with the volume's size: a start of a few minutes, then SECONDS_PER_GB
+# (a volume synced at no less than 50 MB/s), and never more than SYNC_SECONDS_MAX. The head is
+# a tenant's: a sync that outlives it is closed by the dashboard (Session.run).
+SYNC_SECONDS_BASE = 180.0
+SYNC_SECONDS_PER_GB = 20.0
+SYNC_SECONDS_MAX = 3600.0  # inside the longest work (rules.LONGEST_WORK_SECONDS), with the wipe
 # A stop whose sync back fails is tried again (the release retries it after a few seconds)
 # this many times in all before the machine is wiped anyway, the volume keeping its old copy;
 # fewer than the release's own attempts (clusters/lifecycle/rules.py RELEASE_ATTEMPTS).
@@ -130,6 +135,11 @@ def _remote(store: Store) -> str:
     return f"root@{store.address}:./"
 
 
+def sync_seconds(volume: Volume) -> float:
+    """How long one sync of `volume` may take, from its size."""
+    return min(SYNC_SECONDS_BASE + SYNC_SECONDS_PER_GB * volume.size_gb, SYNC_SECONDS_MAX)
+
+
 def pull(node: Node, session: Session, public_key: str, synced: tuple[Volume, Store]) -> str:
     """Bring the volume's files (`synced_volume(node)`) into /shared/volume on node-0, once per
     cluster. Returns what was done, for the start's record; raises DriverError when the sync
@@ -146,7 +156,7 @@ def pull(node: Node, session: Session, public_key: str, synced: tuple[Volume, St
             f"mkdir -p {VOLUME_DIR} /var/lib/runcrate && cat > {KNOWN_HOSTS} && "
             f"{_rsync(store, source=_remote(store), target=f'{VOLUME_DIR}/')} && touch {PULLED}",
             stdin=known,
-            timeout=SYNC_SECONDS,
+            timeout=sync_seconds(volume),
         )
     finally:
         _revoke(store, tag)
@@ -176,7 +186,7 @@ def push(
             _grant(store, public_key, tag)
             status, output = session.run(
                 _rsync(store, source=f"{VOLUME_DIR}/", target=_remote(store), whole=True),
-                timeout=SYNC_SECONDS,
+                timeout=sync_seconds(volume),
             )
         finally:
             _revoke(store, tag)

@@ -294,6 +294,35 @@ def test_the_jobs_poll_costs_the_same_queries_at_2_and_6_machines(owner, queued)
     assert queued == []
 
 
+def test_fetches_running_at_once_are_bounded_per_cluster_and_per_project(
+    owner, queued, django_capture_on_commit_callbacks
+):
+    first, second, third = (cluster_of(owner, size=3) for _ in range(3))
+    client = owner.browser_client()
+    for node in ("node-0", "node-1"):
+        post_fetch(client, first, node=node, capture=django_capture_on_commit_callbacks)
+    refused = post_fetch(
+        client, first, node="node-2", htmx=True, capture=django_capture_on_commit_callbacks
+    )
+    assert "2 reads of this cluster&#x27;s machines are running" in refused.content.decode()
+    for node in ("node-0", "node-1"):
+        post_fetch(client, second, node=node, capture=django_capture_on_commit_callbacks)
+    refused = post_fetch(
+        client, third, node="node-0", htmx=True, capture=django_capture_on_commit_callbacks
+    )
+    assert "4 reads of this project&#x27;s machines are running" in refused.content.decode()
+    assert len(queued) == 4
+    # The jobs poll starts nothing past the bound either.
+    Cluster.objects.filter(pk=third.pk).update(software="slurm")
+    third.refresh_from_db()
+    assert logs.refresh_jobs(third) is not None
+    assert len(queued) == 4
+    # Once they finish, the places are free again.
+    run_queued(queued)
+    post_fetch(client, third, node="node-0", capture=django_capture_on_commit_callbacks)
+    assert len(queued) == 1
+
+
 def test_a_cluster_without_a_scheduler_says_so_and_never_reads_jobs(owner, queued):
     cluster = cluster_of(owner, software="none")
     browser = owner.browser_client()
@@ -430,7 +459,11 @@ def test_the_ssh_driver_runs_each_log_script_over_one_session(owner, monkeypatch
         sessions.append(host.name)
 
         class Session:
-            def run(self, command, *, stdin=None, timeout=None):
+            where = "203.0.113.7:22"
+
+            def run(self, command, *, stdin=None, timeout=None, max_bytes=None):
+                assert timeout is not None and timeout <= ssh.LOG_FETCH_SECONDS
+                assert max_bytes == ssh.LOG_READ_BYTES
                 ran.append(command)
                 return 0, "runcrate: source=tail -c 262144 /var/log/runcrate-agent.log\nheard\n"
 
@@ -463,8 +496,10 @@ def test_the_ssh_driver_keeps_what_the_bootstrap_printed_on_the_host():
     assert stdin == "==> bootstrap, 2026-03-20T12:00:00+00:00\nruncrate: ok\n\n"
 
 
-def test_the_task_runs_on_the_machines_queue(settings):
-    assert settings.CELERY_TASK_ROUTES["clusters.tasks.fetch_logs"] == {"queue": "machines"}
+def test_the_task_runs_on_the_logs_queue_never_the_machines_one(settings):
+    # A tenant's host answers a log read: it must never hold the threads that start and stop
+    # other customers' machines.
+    assert settings.CELERY_TASK_ROUTES["clusters.tasks.fetch_logs"] == {"queue": "logs"}
 
 
 def test_the_picker_swaps_the_machines_region_alone_with_htmx(owner):
