@@ -46,10 +46,29 @@ class Target:
         return f"{parts.scheme}://{netloc}{path}{query}"
 
 
+# IPv6 forms that carry an IPv4 address inside (6to4, Teredo, NAT64, SIIT, IPv4-compatible): a
+# router or relay on the way may deliver them to the address inside, which could be any of ours
+# (2002:a9fe:a9fe::1 is 169.254.169.254). No webhook receiver needs one: refused outright.
+CARRIERS = tuple(
+    ipaddress.IPv6Network(network)
+    for network in (
+        "2002::/16",  # 6to4
+        "2001::/32",  # Teredo
+        "64:ff9b::/96",  # NAT64, well-known prefix
+        "64:ff9b:1::/48",  # NAT64, local use
+        "::ffff:0:0:0/96",  # SIIT (IPv4-translated)
+        "::/96",  # IPv4-compatible (deprecated)
+    )
+)
+
+
 def is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif any(ip in carrier for carrier in CARRIERS):
+            return False
     return ip.is_global and not (
         ip.is_private
         or ip.is_loopback
@@ -102,8 +121,8 @@ def check_url(url: str) -> Target:
             raise UrlRefused(
                 "url_private",
                 f"{parts.hostname} resolves to {', '.join(inside)}, a private, loopback, "
-                "link-local, multicast or reserved address: webhooks go to public addresses "
-                "only.",
+                "link-local, multicast or reserved address, or one that carries an IPv4 address "
+                "inside it (6to4, Teredo, NAT64): webhooks go to public addresses only.",
                 field="url",
             )
     return Target(url=url, host=parts.hostname, address=addresses[0], port=port)

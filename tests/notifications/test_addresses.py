@@ -34,6 +34,18 @@ def production(settings):
         "https://224.0.0.1/hook",
         "https://0.0.0.0/hook",
         "https://240.0.0.1/hook",
+        # IPv6 forms that carry an IPv4 address inside: 6to4, Teredo, NAT64 (well-known and
+        # local-use prefixes), SIIT and IPv4-compatible, each wrapping 169.254.169.254 or
+        # 10.0.0.1, and a public one inside too (no receiver needs these forms).
+        "https://[2002:a9fe:a9fe::1]/x",
+        "https://[2002:0a00:0001::1]/x",
+        "https://[2001:0:4136:e378:8000:63bf:5601:5601]/x",
+        "https://[64:ff9b::a9fe:a9fe]/x",
+        "https://[64:ff9b::a00:1]/x",
+        "https://[64:ff9b:1::a9fe:a9fe]/x",
+        "https://[::ffff:0:a9fe:a9fe]/x",
+        "https://[::a9fe:a9fe]/x",
+        "https://[2002:5db8:d70e::1]/x",
     ],
 )
 def test_it_refuses_a_private_address_without_the_setting(production, url):

@@ -73,6 +73,23 @@ def test_it_refuses_what_it_cannot_send_with_422_and_changes_nothing(
     assert not Endpoint.objects.exists()
 
 
+@pytest.mark.parametrize("kind", ["webhook", "slack"])
+@pytest.mark.parametrize(
+    "address", ["2002:a9fe:a9fe::1", "2001:0:4136:e378:8000:63bf:5601:5601", "64:ff9b::a9fe:a9fe"]
+)
+def test_an_ipv6_form_carrying_an_ipv4_address_is_refused_for_webhook_and_slack(
+    owner, production, kind, address
+):
+    production.RUNCRATE_WEBHOOKS_ALLOW_PRIVATE = False
+
+    response = _post(owner, url=f"https://[{address}]/x", events=["cluster.ready"], kind=kind)
+
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "url_private"
+    assert "6to4, Teredo, NAT64" in response.json()["error"]["message"]
+    assert not Endpoint.objects.exists()
+
+
 def test_it_refuses_a_private_address_without_the_setting(owner, production):
     production.RUNCRATE_WEBHOOKS_ALLOW_PRIVATE = False
 
