@@ -11,10 +11,13 @@ SWITCH_OFF_AFTER is switched off and its creator (or the project's owners) told 
 
 import json
 import logging
+import ssl
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
+import httpcore
 import httpx
 from django.db import transaction
 from django.db.models import Q
@@ -27,7 +30,10 @@ from runcrate.emails import send_templated
 
 log = logging.getLogger(__name__)
 
-TIMEOUT = 10.0  # seconds, for the whole POST
+# One attempt's whole deadline, from the connect to the last byte read, and the most of the
+# answer read: a receiver is someone else's, so neither a trickle nor a flood holds a worker.
+TIMEOUT = 10.0
+MAX_ANSWER_BYTES = 64 * 1024
 FIRST_RETRY = timedelta(minutes=1)
 MAX_RETRY = timedelta(hours=1)
 LEASE = timedelta(minutes=5)  # a claimed attempt not written back by then is due again
@@ -69,18 +75,112 @@ def post(endpoint: Endpoint, body: dict, *, now: datetime) -> Outcome:
             endpoint.secret, content, timestamp=int(now.timestamp())
         )
     try:
-        with httpx.Client(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client:
-            response = client.post(
-                target.pinned_url,
-                content=content,
-                headers=headers,
-                extensions={"sni_hostname": target.host},
-            )
-    except httpx.HTTPError as error:
+        status = _post_within(target, content=content, headers=headers, seconds=TIMEOUT)
+    except (httpcore.TimeoutException, TimeoutError):
+        return Outcome(status_code=None, error=f"no whole answer within {TIMEOUT:.0f} seconds")
+    except (httpcore.NetworkError, httpcore.ProtocolError, ssl.SSLError, OSError) as error:
         return Outcome(status_code=None, error=f"{type(error).__name__}: {error}"[:500])
-    if 200 <= response.status_code < 300:
-        return Outcome(status_code=response.status_code, error="")
-    return Outcome(status_code=response.status_code, error=f"answered {response.status_code}")
+    if 200 <= status < 300:
+        return Outcome(status_code=status, error="")
+    return Outcome(status_code=status, error=f"answered {status}")
+
+
+class _PastDeadline(httpcore.TimeoutException):
+    """The attempt's whole deadline passed (however the receiver dripped its bytes)."""
+
+
+def _left(deadline: float, timeout: float | None) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _PastDeadline("the attempt ran past its deadline")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read, write and TLS handshake waits only until the attempt's
+    deadline: httpx's own timeouts bound each socket operation, so a receiver sending one byte
+    every few seconds would hold the attempt for ever."""
+
+    def __init__(self, stream: httpcore.NetworkStream, deadline: float) -> None:
+        self.stream = stream
+        self.deadline = deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.stream.read(max_bytes, timeout=_left(self.deadline, timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.stream.write(buffer, timeout=_left(self.deadline, timeout))
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        tls = self.stream.start_tls(
+            ssl_context, server_hostname=server_hostname, timeout=_left(self.deadline, timeout)
+        )
+        return _DeadlineStream(tls, self.deadline)
+
+    def get_extra_info(self, info: str):
+        return self.stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's own sync backend (the one httpx uses), its streams bounded by one deadline:
+    httpcore's documented hook for what a connection does (`network_backend`)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.backend = httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = self.backend.connect_tcp(
+            host,
+            port,
+            timeout=_left(self.deadline, timeout),
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+        return _DeadlineStream(stream, self.deadline)
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        raise httpcore.ConnectError("webhooks go to network addresses only")
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, max(self.deadline - time.monotonic(), 0)))
+
+
+def _post_within(
+    target: addresses.Target, *, content: bytes, headers: dict[str, str], seconds: float
+) -> int:
+    """POST `content` to the checked address within `seconds` in all, reading at most
+    MAX_ANSWER_BYTES of the answer; its status code."""
+    deadline = time.monotonic() + seconds
+    timeouts = {"connect": seconds, "read": seconds, "write": seconds, "pool": seconds}
+    with (
+        httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            network_backend=_DeadlineBackend(deadline),
+            max_connections=1,
+        ) as pool,
+        pool.stream(
+            "POST",
+            target.pinned_url,
+            headers=list(headers.items()),
+            content=content,
+            extensions={"timeout": timeouts, "sni_hostname": target.host},
+        ) as response,
+    ):
+        read = 0
+        for chunk in response.iter_stream():
+            read += len(chunk)
+            if read >= MAX_ANSWER_BYTES:
+                break  # the status is what counts: the rest is never read
+        return response.status
 
 
 def claim(delivery: Delivery, *, now: datetime) -> bool:
