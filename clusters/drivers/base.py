@@ -379,7 +379,12 @@ def read_log_text(kind: LogKind, output: str) -> LogText:
         command = first.removeprefix(SOURCE_PREFIX).strip()
     else:
         command, rest = "", output
-    return LogText(kind=kind, command=command, output=cap_text(rest))
+    # A NUL cannot be kept in a PostgreSQL text: it becomes U+FFFD, as undecodable bytes do.
+    return LogText(
+        kind=kind,
+        command=command.replace("\x00", "\ufffd"),
+        output=cap_text(rest).replace("\x00", "\ufffd"),
+    )
 
 
 def cap_text(text: str) -> str:

@@ -132,6 +132,23 @@ def test_the_system_log_is_the_journal_or_syslog_decided_by_one_command_on_the_h
     assert script.endswith("fi")
 
 
+def test_a_nul_the_host_printed_is_kept_as_a_replacement_character(owner, queued, monkeypatch):
+    # PostgreSQL refuses NUL in text: a fetch of a log with one must still be kept.
+    cluster = cluster_of(owner)
+    node = cluster.nodes.get(index=0)
+    said = "runcrate: source=tail -c 262144 x\x00y\nbefore\x00after\n"
+
+    def read_logs(self, node, *, kinds, head_ip):
+        return [read_log_text(kind, said) for kind in kinds]
+
+    monkeypatch.setattr(SimulatedDriver, "read_logs", read_logs)
+    fetch = logs.request_fetch(cluster=cluster, node=node, group="logs")
+    assert logs.run_fetch(fetch_id=fetch.pk)
+    kept = NodeLog.objects.filter(fetch=fetch).first()
+    assert kept.output == "before\ufffdafter\n"
+    assert kept.command == "tail -c 262144 x\ufffdy"
+
+
 def test_a_reply_the_host_did_not_cut_is_cut_here_without_splitting_a_character():
     text = "é" * LOG_CAP_BYTES  # two bytes each
     capped = cap_text(text)
