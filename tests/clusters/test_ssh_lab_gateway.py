@@ -184,3 +184,41 @@ def test_every_gateway_cluster_is_reachable_and_terminate_leaves_no_home(fleet, 
         drive(cluster, Cluster.Status.TERMINATED)
         gateway_has_nothing_of(lab, f"c{cluster.pk}")
         released(cluster)  # reimaged, verified pristine and free for the next round
+
+
+def test_a_jump_user_may_forward_only_locally_and_leaves_no_socket(fleet, user_key):
+    """`ssh -R` (a listener on the gateway) and stream-local forwards (a socket file owned by a
+    uid the next jump user may get) are refused; `ssh -J` to the cluster's own hosts works; a
+    file the user left in /tmp goes with the user."""
+    lab = fleet
+    cluster = create(project_with(user_key), machine_type("lab-gw-h100x2-vm"), nodes=2)
+    nodes = list(Node.objects.filter(cluster=cluster).select_related("host").order_by("index"))
+    user = f"c{cluster.pk}"
+    gw = lab.gateway.name
+    try:
+        for node in nodes:
+            gateway_sync(node)
+        client = gateway_client(lab, user, user_key)
+        try:
+            assert banner_through(client, nodes[0].host.address).startswith(b"SSH-2.0-")
+            transport = client.get_transport()
+            with pytest.raises(paramiko.SSHException):
+                transport.request_port_forward("127.0.0.1", 28000)
+            socket_path = f"/tmp/{user}.sock"
+            answer = transport.global_request(
+                "streamlocal-forward@openssh.com", data=(socket_path,), wait=True
+            )
+            assert answer is None  # refused
+            assert lab.exec(gw, f"ls {socket_path}", check=False).returncode != 0
+            listening = lab.exec(gw, "ss -Hltn 'sport = :28000'", check=False).stdout
+            assert listening.strip() == ""
+        finally:
+            client.close()
+        # What the user's uid owns in /tmp (made here as that user) goes with the user.
+        lab.exec(gw, f"su -s /bin/sh {user} -c 'touch /tmp/{user}.left'")
+        for node in nodes:
+            gateway_sync(node, leaving=True)
+        assert lab.exec(gw, f"ls /tmp/{user}.left", check=False).returncode != 0
+        gateway_has_nothing_of(lab, user)
+    finally:
+        lab.exec(gw, f"pkill -u {user}; userdel -r -f {user}; rm -rf /home/{user}", check=False)

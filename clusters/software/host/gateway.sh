@@ -9,7 +9,10 @@
 # remembers which hosts registered (/var/lib/runcrate-gateway/cID/), so concurrent starts and
 # stops of one cluster's nodes each change only their own entry: the user may forward to a host
 # that registered and is still live; when none is left the user goes, with its home.
-# The user has no shell; each key line carries `restrict,port-forwarding,permitopen="host:port"`.
+# The user has no shell; each key line carries `restrict,port-forwarding,permitopen="host:port"`,
+# and every jump user is in the group runcrate-jump, for which sshd allows local forwarding only
+# (sshd_config.d/zz-runcrate-gateway.conf: no -R listener, no stream-local socket, no agent, no
+# TTY): `port-forwarding` alone would let a user listen on the gateway with ssh -R.
 # Every change runs under one lock on the gateway (flock, or a mkdir lock where there is none),
 # so two nodes never create or remove a user at once.
 set -eu
@@ -65,6 +68,38 @@ lock() {
   trap 'unlock; exit 4' HUP INT TERM
 }
 
+# --- what sshd allows the jump users ------------------------------------------------------------
+JUMP_GROUP=runcrate-jump
+SSHD_DROP_IN=/etc/ssh/sshd_config.d/zz-runcrate-gateway.conf
+ensure_sshd_rules() {  # the drop-in, exactly; sshd reloaded when it changed (checked first)
+  want="# Runcrate gateway (clusters/software/host/gateway.sh): the clusters' jump users forward
+# only locally, to their own cluster's hosts (permitopen in each key line).
+Match Group $JUMP_GROUP
+    AllowTcpForwarding local
+    AllowStreamLocalForwarding no
+    PermitListen none
+    AllowAgentForwarding no
+    X11Forwarding no
+    PermitTTY no
+    PermitTunnel no
+    GatewayPorts no"
+  if [ -f "$SSHD_DROP_IN" ] && [ ! -L "$SSHD_DROP_IN" ] && [ "$(cat "$SSHD_DROP_IN")" = "$want" ]; then
+    return
+  fi
+  mkdir -p "${SSHD_DROP_IN%/*}"
+  rm -f -- "$SSHD_DROP_IN"
+  printf '%s\n' "$want" > "$SSHD_DROP_IN.new"
+  chmod 644 "$SSHD_DROP_IN.new"
+  mv -f "$SSHD_DROP_IN.new" "$SSHD_DROP_IN"
+  if ! sshd -t >/dev/null 2>&1; then
+    rm -f -- "$SSHD_DROP_IN"
+    echo "runcrate: failed: sshd refuses the jump users' rules ($SSHD_DROP_IN)"; exit 4
+  fi
+  pid=$(cat /run/sshd.pid 2>/dev/null || true)
+  case "$pid" in ''|*[!0-9]*) echo "runcrate: failed: no sshd to reload (/run/sshd.pid)"; exit 4 ;; esac
+  kill -HUP "$pid" || { echo "runcrate: failed: could not reload sshd"; exit 4; }
+}
+
 # --- the user --------------------------------------------------------------------------------
 home_of() { getent passwd "$JUMP_USER" | cut -d: -f6; }
 
@@ -72,6 +107,11 @@ remove_user() {  # the user, its processes (jump sessions), its home and mail sp
   home=$(home_of)
   if id "$JUMP_USER" >/dev/null 2>&1; then
     pkill -KILL -u "$JUMP_USER" 2>/dev/null || true
+    # What its sessions left where anyone may write (a socket a -R made before the rules, a
+    # file): owned by a uid the next jump user may get.
+    for shared in /tmp /var/tmp /dev/shm /run/user; do
+      if [ -d "$shared" ]; then find "$shared" -xdev -user "$JUMP_USER" -delete 2>/dev/null || true; fi
+    done
     userdel -r -f "$JUMP_USER" >/dev/null 2>&1 || userdel -f "$JUMP_USER" >/dev/null 2>&1 || true
     if id "$JUMP_USER" >/dev/null 2>&1; then
       echo "runcrate: failed: could not remove the user $JUMP_USER"; exit 4
@@ -87,11 +127,15 @@ remove_user() {  # the user, its processes (jump sessions), its home and mail sp
 }
 
 ensure_user() {  # the user, with a home that is its own (a home left by anyone else goes first)
+  ensure_sshd_rules
+  groupadd -f "$JUMP_GROUP" || { echo "runcrate: failed: could not create the group $JUMP_GROUP"; exit 4; }
   if ! id "$JUMP_USER" >/dev/null 2>&1; then
     if [ -e "/home/$JUMP_USER" ] || [ -L "/home/$JUMP_USER" ]; then rm -rf -- "/home/${JUMP_USER:?}"; fi
     useradd --create-home --home-dir "/home/$JUMP_USER" --shell /usr/sbin/nologin "$JUMP_USER" \
       || { echo "runcrate: failed: could not create the user $JUMP_USER"; exit 4; }
   fi
+  usermod -a -G "$JUMP_GROUP" "$JUMP_USER" \
+    || { echo "runcrate: failed: could not put $JUMP_USER in $JUMP_GROUP"; exit 4; }
   home=$(home_of)
   case "$home" in /home/c[0-9]*) ;; *) echo "runcrate: failed: $JUMP_USER's home is $home"; exit 4 ;; esac
   group=$(id -gn "$JUMP_USER")
