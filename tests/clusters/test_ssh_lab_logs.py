@@ -14,11 +14,13 @@ Skipped, with the reason, where the lab cannot start (tests/clusters/lab_kit.py)
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from django.utils import timezone
 
 from clusters import logs
+from clusters.drivers import ssh as ssh_driver
 from clusters.drivers.base import LOG_CAP_BYTES, LogKind
 from clusters.models import Cluster, LogFetch, Node
 from tests.clusters.lifecycle_kit import create
@@ -66,7 +68,19 @@ def read(node: Node, group: str) -> dict[str, object]:
     return {text.kind: text for text in fetch.texts.all()}
 
 
-def test_a_machines_logs_come_back_capped_with_their_commands(fleet, user_key):
+def fails(node: Node, group: str) -> str:
+    """Claim a fetch and run the task's body here, expecting it to fail: its error."""
+    fetch = logs.fetch_for(node, group)
+    LogFetch.objects.filter(pk=fetch.pk).update(requested_at=None, fetched_at=None)
+    fetch.refresh_from_db()
+    assert logs.claim(fetch, now=timezone.now())
+    assert not logs.run_fetch(fetch_id=fetch.pk)
+    fetch.refresh_from_db()
+    assert fetch.fetched_at is not None  # ended, not left running
+    return fetch.error
+
+
+def test_a_machines_logs_come_back_capped_with_their_commands(fleet, user_key, monkeypatch):
     lab = fleet
     cluster = ready(lab, user_key, "slurm")
     node = cluster.nodes.select_related("host").get(index=1)
@@ -108,10 +122,28 @@ def test_a_machines_logs_come_back_capped_with_their_commands(fleet, user_key):
         assert len(agent.output.encode()) == LOG_CAP_BYTES
         assert "x" * 1000 in agent.output
 
+        # The tenant is root: their `tail` may trickle for ever or print without end. The
+        # dashboard ends the fetch at its own deadline, or at its own cap, saying which.
+        monkeypatch.setattr(ssh_driver, "LOG_FETCH_SECONDS", 6)
+        lab.exec(host, "cp -p /usr/bin/tail /usr/bin/tail.real")
+        trickle = "#!/bin/sh\nwhile :; do printf x; sleep 1; done\n"
+        lab.exec(host, f"printf '{trickle}' > /usr/bin/tail")
+        started = time.monotonic()
+        error = fails(node, logs.Group.LOGS)
+        assert time.monotonic() - started < 30
+        assert "did not finish within" in error or "did not come within 6 seconds" in error
+        flood = "#!/bin/sh\nexec cat /dev/zero\n"
+        lab.exec(host, f"printf '{flood}' > /usr/bin/tail")
+        error = fails(node, logs.Group.LOGS)
+        assert f"printed more than {ssh_driver.LOG_READ_BYTES // 1024} KiB" in error
+        lab.exec(host, "mv -f /usr/bin/tail.real /usr/bin/tail")
+
         # The cluster is untouched by any of it.
         cluster.refresh_from_db()
         assert cluster.status == Cluster.Status.READY
     finally:
+        real = "/usr/bin/tail.real"
+        lab.exec(host, f"[ -f {real} ] && mv -f {real} /usr/bin/tail", check=False)
         lab.exec(host, "rm -f /var/log/syslog", check=False)
         terminate_and_check(lab, cluster)
 
