@@ -79,6 +79,12 @@ class InstallPlan:
         return next(n for n in self.nodes if n.is_head)
 
 
+# How long an install may take: the lifecycle's install step waits this long (at least
+# RUNCRATE_MIN_STEP_SECONDS) for the software to be ready before the cluster is degraded
+# (`install_timeout`, clusters/lifecycle/steps/install.py); a driver's installer runs no longer.
+INSTALL_SECONDS = 15 * 60
+
+
 @dataclass(frozen=True)
 class InstallResult:
     ok: bool

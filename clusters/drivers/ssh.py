@@ -45,6 +45,7 @@ from clusters.connect import SHARED_DIR, kube_ca, kube_token, shape_for
 from clusters.drivers import pristine, storage
 from clusters.drivers.base import (
     HOST_LOG_DIR,
+    INSTALL_SECONDS,
     LOG_CAP_BYTES,
     CheckResult,
     Driver,
@@ -535,7 +536,10 @@ class SshDriver(Driver):
         }
         with host_session(node.reserved_host) as session:
             session.upload(files, SOFTWARE_INCOMING)
-            status, output = session.run(f"sh {SOFTWARE_INCOMING}/{script.name}")
+            # The install step's own deadline: never cut shorter than the step allows.
+            status, output = session.run(
+                f"sh {SOFTWARE_INCOMING}/{script.name}", timeout=INSTALL_SECONDS
+            )
             keep_output(session, "install", output)
         last = last_line(output)
         return InstallResult(ok=status == 0 and last == "runcrate: ok", output=output[-20_000:])

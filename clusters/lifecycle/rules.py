@@ -9,16 +9,13 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from clusters import secrets
+from clusters.drivers.base import INSTALL_SECONDS as INSTALL_SECONDS
 from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
 
 Status = Cluster.Status
 NodeStatus = Node.Status
 
-
-# How long an install may take before the cluster is degraded (`install_timeout`); at least
-# RUNCRATE_MIN_STEP_SECONDS.
-INSTALL_SECONDS = 15 * 60
 # What the network step adds to its deadline for each worker of the batch: workers measure
 # their way to node-0 one at a time (`clusters.agent.service.measure_turn`), and a turn is a
 # worker's next check-in (the agent's RETRY_SECONDS, 5 s, while starting), its latency (5 TCP

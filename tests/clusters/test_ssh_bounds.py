@@ -13,13 +13,15 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import paramiko
 import pytest
 
 from clusters.drivers import ssh
-from clusters.drivers.base import DriverError
+from clusters.drivers.base import INSTALL_SECONDS, DriverError, InstallPlan, PlanNode
+from tests.clusters.lifecycle_kit import create, inventory, node
 
 
 @dataclass
@@ -170,3 +172,43 @@ def test_a_volume_sync_gets_a_deadline_from_the_volumes_size():
     assert small == storage.SYNC_SECONDS_BASE + 10 * storage.SYNC_SECONDS_PER_GB
     assert small < large < huge
     assert huge == storage.SYNC_SECONDS_MAX
+
+
+@pytest.mark.django_db
+def test_an_installer_may_run_as_long_as_the_install_step_allows(project, monkeypatch, settings):
+    """An install on a real GPU host takes minutes: its installer runs under the install step's
+    own deadline, never a plain command's shorter one, so the dashboard never cuts an install
+    the step would have waited for."""
+    settings.RUNCRATE_SSH_COMMAND_SECONDS = 600.0
+    cluster = create(project, inventory(hosts=2), software="slurm")
+    head = node(cluster, 0)
+    ran: list[tuple[str, float | None]] = []
+
+    @contextmanager
+    def host_session(host):
+        class Session:
+            where = "203.0.113.7:22"
+
+            def upload(self, files, directory):
+                pass
+
+            def run(self, command, *, stdin=None, timeout=None, max_bytes=None):
+                ran.append((command, timeout))
+                return 0, "runcrate: ok\n"
+
+        yield Session()
+
+    monkeypatch.setattr(ssh, "host_session", host_session)
+    monkeypatch.setattr(ssh.SshDriver, "start", lambda self, node, **kwargs: {})  # tested apart
+    plan = InstallPlan(
+        cluster_name=cluster.name,
+        software="slurm",
+        gpus_per_machine=8,
+        boot_seconds=180,
+        nodes=[PlanNode("node-0", head.private_ip, 8, is_head=True)],
+        node_plans={"node-0": {}},
+        agent_tokens={"node-0": "token"},
+    )
+    assert ssh.SshDriver().install(head, plan=plan).ok
+    (installer,) = [t for c, t in ran if c == f"sh {ssh.SOFTWARE_INCOMING}/install-slurm.sh"]
+    assert installer == INSTALL_SECONDS > settings.RUNCRATE_SSH_COMMAND_SECONDS
