@@ -47,6 +47,7 @@ from clusters.drivers.base import (
     HOST_LOG_DIR,
     INSTALL_SECONDS,
     LOG_CAP_BYTES,
+    NODE_LOG_KINDS,
     CheckResult,
     Driver,
     DriverError,
@@ -170,6 +171,7 @@ class Session:
         stdin: str | None = None,
         timeout: float | None = None,
         max_bytes: int | None = None,
+        name: str | None = None,
     ) -> tuple[int, str]:
         """Run `command`; returns (exit status, stdout + stderr).
 
@@ -178,11 +180,12 @@ class Session:
         for the whole command (stdin written, every byte read, the exit status), and
         `max_bytes` the most output it reads. At either the channel is closed and DriverError
         says which; a host that trickles one byte a minute or prints without end holds a
-        worker thread for `timeout` at most and its memory for `max_bytes` at most."""
+        worker thread for `timeout` at most and its memory for `max_bytes` at most. `name` is
+        what the errors call the command (its first word unless given)."""
         timeout = timeout or settings.RUNCRATE_SSH_COMMAND_SECONDS
         cap = max_bytes or settings.RUNCRATE_SSH_OUTPUT_BYTES
         deadline = time.monotonic() + timeout
-        name = command.split()[0] if command.split() else "the command"
+        name = name or (command.split()[0] if command.split() else "the command")
         channel = None
         try:
             transport = self.client.get_transport()
@@ -654,11 +657,12 @@ class SshDriver(Driver):
         """Each of `kinds` by its `log_script` over one session; the host cuts each text to its
         last LOG_CAP_BYTES and says which command produced it."""
         texts = []
-        # One deadline for the whole fetch and a cap the dashboard enforces on each text (the
-        # host's own `tail` is the tenant's): LOG_FETCH_SECONDS bounds a fetch's hold on its
-        # worker however the host answers, and the fetch's lease outlasts it (clusters/logs.py).
-        deadline = time.monotonic() + LOG_FETCH_SECONDS
         with host_session(node.reserved_host) as session:
+            # One deadline for the whole fetch once connected (the connection has its own) and
+            # a cap the dashboard enforces on each text (the host's own `tail` is the tenant's):
+            # LOG_FETCH_SECONDS bounds a fetch's hold on its worker however the host answers,
+            # and the fetch's lease outlasts it (clusters/logs.py).
+            deadline = time.monotonic() + LOG_FETCH_SECONDS
             for kind in kinds:
                 left = deadline - time.monotonic()
                 if left <= 1:
@@ -667,10 +671,19 @@ class SshDriver(Driver):
                         "seconds; the dashboard stopped reading them"
                     )
                 _, output = session.run(
-                    log_script(kind, head_ip=head_ip), timeout=left, max_bytes=LOG_READ_BYTES
+                    log_script(kind, head_ip=head_ip),
+                    timeout=left,
+                    max_bytes=LOG_READ_BYTES,
+                    name=f"the read of the {_log_name(kind)}",
                 )
                 texts.append(read_log_text(kind, output))
         return texts
+
+
+def _log_name(kind: LogKind) -> str:
+    """How an error names a text it was reading: "bootstrap log", "slurm queue"."""
+    words = kind.replace("_", " ")
+    return f"{words} log" if kind in NODE_LOG_KINDS else words
 
 
 def keep_output(session: Session, name: str, output: str) -> None:

@@ -469,6 +469,7 @@ def test_the_ssh_driver_runs_each_log_script_over_one_session(owner, monkeypatch
     cluster = cluster_of(owner)
     node = cluster.nodes.select_related("host").get(index=0)
     ran: list[str] = []
+    named: list[str] = []  # what an error would call each read (never the script's "if")
     sessions: list[str] = []
 
     @contextmanager
@@ -478,10 +479,11 @@ def test_the_ssh_driver_runs_each_log_script_over_one_session(owner, monkeypatch
         class Session:
             where = "203.0.113.7:22"
 
-            def run(self, command, *, stdin=None, timeout=None, max_bytes=None):
+            def run(self, command, *, stdin=None, timeout=None, max_bytes=None, name=None):
                 assert timeout is not None and timeout <= ssh.LOG_FETCH_SECONDS
                 assert max_bytes == ssh.LOG_READ_BYTES
                 ran.append(command)
+                named.append(name)
                 return 0, "runcrate: source=tail -c 262144 /var/log/runcrate-agent.log\nheard\n"
 
         yield Session()
@@ -490,6 +492,12 @@ def test_the_ssh_driver_runs_each_log_script_over_one_session(owner, monkeypatch
     texts = ssh.SshDriver().read_logs(node, kinds=NODE_LOG_KINDS, head_ip=HEAD_IP)
     assert sessions == [node.host.name]
     assert ran == [log_script(kind, head_ip=HEAD_IP) for kind in NODE_LOG_KINDS]
+    assert named == [
+        "the read of the bootstrap log",
+        "the read of the install log",
+        "the read of the agent log",
+        "the read of the system log",
+    ]
     assert [t.command for t in texts] == ["tail -c 262144 /var/log/runcrate-agent.log"] * 4
     assert {t.output for t in texts} == {"heard\n"}
 

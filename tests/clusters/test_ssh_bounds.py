@@ -132,6 +132,15 @@ def test_a_command_that_trickles_forever_ends_at_the_deadline_saying_so(host):
     )
 
 
+def test_an_error_names_the_command_as_the_caller_does(host):
+    with session(host) as s, pytest.raises(DriverError) as refused:
+        s.run("trickle", timeout=2, name="the read of the bootstrap log")
+    assert refused.value.message == (
+        f"127.0.0.1:{host.port}: the read of the bootstrap log did not finish within 2 seconds; "
+        "the dashboard closed it"
+    )
+
+
 def test_a_command_that_floods_is_cut_at_the_cap_and_memory_stays_bounded(host):
     tracemalloc.start()
     try:
