@@ -6,25 +6,48 @@ and the head's jobs over its pinned SSH session (`SshDriver.read_logs`, the comm
   log, and the system log decided on the host (the journal, else /var/log/syslog, else a
   sentence), each cut to its last 256 KB on the host;
 - on a Slurm cluster, `squeue` shows a job a user submitted and `sinfo -N -l` both nodes;
-- on a Ray cluster, `ray job list` shows a job a user submitted and `ray status` the nodes.
+- on a Ray cluster, `ray job list` shows a job a user submitted and `ray status` the nodes;
+- (issue 33, L1) a tenant is root on their hosts, and their `tail` and `cat` may trickle a byte
+  every 20 s: with *Fetch logs* pressed for each of their machines, the fetches run on the `logs`
+  queue's own worker, as production runs it (a process of its own, Procfile's `logs` line),
+  while another customer's cluster is created, ready before either fetch ends, and terminated by
+  the worker of the default and `machines` queues (were the fetches on that queue, as before
+  issue 33, they would hold its threads and the cluster would wait); the fetches end at the
+  dashboard's deadline saying so, and a `tail` that prints 400 MB leaves the `logs` worker's
+  peak memory within its bound.
 
 Skipped, with the reason, where the lab cannot start (tests/clusters/lab_kit.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
-from clusters import logs
+from clusters import lifecycle, logs, tasks
 from clusters.drivers import ssh as ssh_driver
 from clusters.drivers.base import LOG_CAP_BYTES, LogKind
+from clusters.errors import ClusterRefused
 from clusters.models import Cluster, LogFetch, Node
+from config.celery import app
+from offers.models import Host
 from tests.clusters.lifecycle_kit import create
 from tests.clusters.test_ssh_lab import (
+    WAIT,
+    assert_clean,
     drive,
     machine_type,
     project_with,
@@ -192,3 +215,206 @@ def test_ray_job_list_and_ray_status_answer_on_a_ray_head(fleet, user_key, tmp_p
         assert "GPU" in status.output, status.output
     finally:
         terminate_and_check(lab, cluster)
+
+
+# --- a tenant's hosts cannot hold another customer's machines (issue 33, L1) --------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# The finding's trickle: a byte every 20 s, so no silent read ever waits long.
+TRICKLE = "#!/bin/sh\nwhile :; do printf x; sleep 20; done\n"
+FLOOD = "#!/bin/sh\nexec head -c 400000000 /dev/zero\n"  # 400 MB, as in the finding
+TOOLS = ("tail", "cat")
+# The default and `machines` queues' worker here has as many threads as the tenant has
+# trickling machines (production: 8, and the finding filled them with 8): were the fetches on
+# its queue, they would hold every one of its threads.
+MACHINES_THREADS = 2
+WORKER_GROWTH = 64 * 1024 * 1024  # the most the logs worker's peak memory may grow by a flood
+
+
+def replace_tools(lab, host: str, script: str) -> None:
+    """The tenant, root on `host`, replaces its `tail` and `cat` with `script` (the real ones
+    kept beside them, for `restore_tools`)."""
+    for tool in TOOLS:
+        path = f"/usr/bin/{tool}"
+        lab.exec(host, f"[ -f {path}.real ] || cp -p {path} {path}.real")
+        lab.exec(host, f"printf '%s' '{script}' > {path}.new && chmod 755 {path}.new")
+        lab.exec(host, f"mv -f {path}.new {path}")
+
+
+def restore_tools(lab, host: str) -> None:
+    for tool in TOOLS:
+        path = f"/usr/bin/{tool}"
+        lab.exec(host, f"[ -f {path}.real ] && mv -f {path}.real {path}", check=False)
+
+
+@contextlib.contextmanager
+def logs_worker(log_file: Path) -> Iterator[subprocess.Popen]:
+    """The `logs` queue's worker as the Procfile starts it, a process of its own on this test's
+    database and broker; ready to take tasks when it is yielded, stopped after."""
+    database = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:"
+        f"{database['PORT'] or 5432}/{database['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "SECRET_KEY": settings.SECRET_KEY,
+        "RUNCRATE_SSH_KEY_FILE": str(settings.RUNCRATE_SSH_KEY_FILE),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
+    with open(log_file, "ab") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "logs"]
+            + ["--pool=threads", "--concurrency=4", "--hostname=logs@lab-test"]
+            + ["--loglevel=INFO", "--without-mingle", "--without-gossip"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        give_up = time.monotonic() + 60
+        while "ready." not in log_file.read_text(errors="replace"):
+            assert worker.poll() is None, log_file.read_text(errors="replace")
+            assert time.monotonic() < give_up, log_file.read_text(errors="replace")
+            time.sleep(0.5)
+        yield worker
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+
+
+def peak_memory(pid: int) -> int:
+    """A process's peak resident memory so far (VmHWM), in bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (line,) = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) * 1024
+
+
+def beat_until(done: Callable[[], bool], *, seconds: float, what: str) -> float:
+    """Send the tick as the beat does (every second here) until `done()`: the seconds it took,
+    at most `seconds`."""
+    started = time.monotonic()
+    while not done():
+        assert time.monotonic() - started < seconds, f"{what} not within {seconds:.0f} s"
+        tasks.tick.delay()
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def settled(cluster: Cluster) -> bool:
+    """Whether `cluster` is past its start (ready, or failed)."""
+    cluster.refresh_from_db()
+    return cluster.status not in (Cluster.Status.PROVISIONING, Cluster.Status.INSTALLING)
+
+
+def running(fetch: LogFetch) -> bool:
+    fetch.refresh_from_db()
+    return logs.is_running(fetch, timezone.now())
+
+
+def test_a_tenants_trickling_hosts_hold_no_other_customers_machines(fleet, user_key, tmp_path):
+    lab = fleet
+    app.control.purge()  # messages left in this broker by earlier runs
+    tenant = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
+    drive(tenant, Cluster.Status.READY, Cluster.Status.FAILED)
+    assert tenant.status == Cluster.Status.READY, tenant.failure_message
+    nodes = list(tenant.nodes.select_related("host").order_by("index"))
+    hosts = [n.host.name for n in nodes]
+    hijack = app.conf.worker_hijack_root_logger
+    app.conf.worker_hijack_root_logger = False
+    try:
+        for host in hosts:
+            replace_tools(lab, host, TRICKLE)
+        with (
+            logs_worker(tmp_path / "logs-worker.log") as worker,
+            start_worker(
+                app,
+                pool="threads",
+                concurrency=MACHINES_THREADS,
+                queues=["celery", "machines"],
+                perform_ping_check=False,
+                shutdown_timeout=60,
+            ),
+        ):
+            # The tenant presses Fetch logs for each machine; a third press is refused while
+            # two of the cluster's fetches run (and each machine's fetch is not started again).
+            fetches = [
+                logs.request_fetch(cluster=tenant, node=n, group=logs.Group.LOGS) for n in nodes
+            ]
+            with pytest.raises(ClusterRefused) as refused:
+                logs.request_fetch(cluster=tenant, node=nodes[0], group=logs.Group.LOGS)
+            assert refused.value.code == "logs_fetches_busy", refused.value.message
+            # Both fetches are being trickled to on the tenant's hosts.
+            give_up = time.monotonic() + 60
+            for host in hosts:
+                while lab.exec(host, "pgrep -f '[s]h /usr/bin/tail'", check=False).returncode:
+                    assert time.monotonic() < give_up, f"no fetch reached {host}"
+                    time.sleep(0.5)
+
+            # Meanwhile another customer's cluster comes up and goes, on the workers.
+            # (Two machines behind the location's gateway: the tenant holds two of the three
+            # others.)
+            other = create(project_with(user_key), machine_type("lab-gw-h100x2-vm"), nodes=2)
+            up = beat_until(lambda: settled(other), seconds=WAIT, what="the other cluster's start")
+            other.refresh_from_db()
+            assert other.status == Cluster.Status.READY, other.failure_message
+            assert all(running(f) for f in fetches), "the fetches ended before the other start"
+            lifecycle.terminate(cluster=other)
+            down = beat_until(
+                lambda: not other.nodes.filter(holds_host=True).exists(),
+                seconds=WAIT,
+                what="the other cluster's stop",
+            )
+            other.refresh_from_db()
+            assert other.status == Cluster.Status.TERMINATED
+            for host in Host.objects.filter(nodes__cluster=other):
+                assert host.state == Host.State.FREE
+                assert_clean(lab, host)
+
+            # The fetches end at the dashboard's deadline, each saying so.
+            beat_until(
+                lambda: not any(running(f) for f in fetches),
+                seconds=ssh_driver.LOG_FETCH_SECONDS + 60,
+                what="the fetches' end",
+            )
+            deadline = ssh_driver.LOG_FETCH_SECONDS
+            held = []
+            for fetch in fetches:
+                assert fetch.fetched_at is not None and fetch.requested_at is not None
+                held.append((fetch.fetched_at - fetch.requested_at).total_seconds())
+                closed = (
+                    f"the read of the bootstrap log did not finish within {deadline} seconds; "
+                    "the dashboard closed it"
+                )
+                assert closed in fetch.error, fetch.error
+            assert all(deadline <= s < deadline + 30 for s in held), held
+
+            # A tail that prints 400 MB: the fetch ends at the dashboard's cap, and the logs
+            # worker's memory grows by far less than what the host printed.
+            replace_tools(lab, hosts[0], FLOOD)
+            before = peak_memory(worker.pid)
+            LogFetch.objects.filter(pk=fetches[0].pk).update(requested_at=None, fetched_at=None)
+            flood = logs.request_fetch(cluster=tenant, node=nodes[0], group=logs.Group.LOGS)
+            beat_until(lambda: not running(flood), seconds=60, what="the flooded fetch's end")
+            cap = ssh_driver.LOG_READ_BYTES // 1024
+            capped = f"the read of the bootstrap log printed more than {cap} KiB"
+            assert capped in flood.error, flood.error
+            grown = peak_memory(worker.pid) - before
+            assert grown < WORKER_GROWTH, grown
+            print(
+                f"other cluster: ready in {up:.0f} s, stopped in {down:.0f} s; fetches held "
+                f"{', '.join(f'{s:.1f}' for s in held)} s; flood: worker peak +{grown >> 20} MiB"
+            )
+    finally:
+        app.conf.worker_hijack_root_logger = hijack
+        app.set_current()
+        app.set_default()
+        for host in hosts:
+            restore_tools(lab, host)
+        terminate_and_check(lab, tenant)
