@@ -4,17 +4,19 @@ it, the hosts in the inventory, and a user's SSH key (docs/lab.md)."""
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.test.testcases import LiveServerThread
 
 from clusters.drivers.ssh import operator_public_key
-from clusters.hosts import record_baselines
 from lab import hostlab
-from offers.inventory import load_inventory
+from offers.inventory import waiting_for_baseline
 from offers.models import Host
 
 HOSTS = 5  # lab-1..lab-3 in `lab` (own addresses), lab-4 and lab-5 behind the gateway
@@ -61,15 +63,24 @@ def _static_handler():
 
 
 @pytest.fixture
-def fleet(lab, dashboard):
+def fleet(lab, dashboard, tmp_path):
     """The lab's hosts in the inventory: machine types `lab-h100x2-vm` and `lab-gw-h100x2-vm`,
     each reimaged (`python -m lab reimage`, the inventory's `reimage`) and its baseline recorded,
-    as an operator registers freshly imaged hosts (docs/inventory.md)."""
+    as an operator registers freshly imaged hosts: `manage.py load_inventory`, which records the
+    baseline of each new ssh host it can read (docs/inventory.md)."""
     for host in lab.hosts:
         lab.reset(host.name)
-    load_inventory(lab.inventory(boot_seconds=BOOT, gateway_hosts=2))
-    recorded = record_baselines(Host.objects.values_list("pk", flat=True))
-    assert recorded.refused == {}, recorded.refused
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps(lab.inventory(boot_seconds=BOOT, gateway_hosts=2)))
+    out = StringIO()
+    call_command("load_inventory", str(path), stdout=out)
+    recorded = sorted(
+        line.removesuffix(": baseline recorded")
+        for line in out.getvalue().splitlines()
+        if line.endswith(": baseline recorded")
+    )
+    assert recorded == sorted(Host.objects.values_list("name", flat=True)), out.getvalue()
+    assert not waiting_for_baseline().exists(), out.getvalue()
     yield lab
     # A test that failed half-way leaves nothing for the next one.
     for host in lab.hosts:

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import socket
 from decimal import Decimal
 from io import StringIO
 
@@ -587,10 +588,24 @@ def test_it_changes_the_gpu_of_a_machine_type_whose_hosts_are_free(db):
 # --- the command ------------------------------------------------------------------------------
 
 
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: a connection there is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def unreachable(data: dict) -> dict:
+    """The inventory with its ssh host on 127.0.0.1 where nothing answers (the command reads
+    every new ssh host for its baseline; a test never sends a packet elsewhere)."""
+    data["hosts"][0].update(address="127.0.0.1", port=closed_port())
+    return data
+
+
 def test_the_command_prints_the_report(db, tmp_path):
     out = StringIO()
 
-    call_command("load_inventory", str(write(tmp_path, inventory())), stdout=out)
+    call_command("load_inventory", str(write(tmp_path, unreachable(inventory()))), stdout=out)
 
     lines = out.getvalue().splitlines()
     assert " ".join(lines[0].split()) == (
@@ -819,12 +834,31 @@ def test_it_loads_a_locations_and_a_hosts_reimage_command_and_the_host_wins(db):
     assert grouped.reimage_command == '/opt/ops/rebuild --host "$RUNCRATE_HOST_NAME"'
 
 
-def test_the_command_names_each_ssh_host_waiting_for_a_baseline(db, tmp_path):
+def test_the_command_records_no_baseline_it_cannot_read_and_says_why(db, tmp_path):
+    out = StringIO()
+    data = unreachable(inventory())
+    port = data["hosts"][0]["port"]
+
+    call_command("load_inventory", str(write(tmp_path, data)), stdout=out)
+
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith("gpu-ssh-1:")]
+    assert line == (
+        f"gpu-ssh-1: no baseline recorded: could not connect to 127.0.0.1:{port}: connection "
+        "refused; offered to no one until it is recorded "
+        "(manage.py record_baselines, or the host admin's Record baseline)"
+    )
+    assert Host.objects.get(name="gpu-ssh-1").baseline_at is None
+    # The file itself was loaded: a host that cannot be read yet refuses nothing else.
+    assert Host.objects.count() == 5
+
+
+def test_the_command_without_baselines_names_each_ssh_host_waiting_for_one(db, tmp_path):
     out = StringIO()
 
-    call_command("load_inventory", str(write(tmp_path, inventory())), stdout=out)
+    # --no-baselines connects nowhere: the host's address is the file's own (TEST-NET-3).
+    call_command("load_inventory", str(write(tmp_path, inventory())), "--no-baselines", stdout=out)
 
-    waiting = [line for line in out.getvalue().splitlines() if "waiting for a baseline" in line]
+    waiting = [line for line in out.getvalue().splitlines() if line.startswith("gpu-ssh-1:")]
     assert waiting == [
         "gpu-ssh-1: waiting for a baseline, offered to no one until it is recorded "
         "(manage.py record_baselines, or the host admin's Record baseline)"
