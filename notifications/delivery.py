@@ -38,6 +38,10 @@ FIRST_RETRY = timedelta(minutes=1)
 MAX_RETRY = timedelta(hours=1)
 LEASE = timedelta(minutes=5)  # a claimed attempt not written back by then is due again
 BATCH = 50
+# One pass of the beat starts no attempt after this many seconds (one attempt started before
+# then runs to its own TIMEOUT): what is left waits for the next pass, and the worker's thread
+# is back within PASS_SECONDS + TIMEOUT, however many receivers are slow.
+PASS_SECONDS = 30.0
 USER_AGENT = "Runcrate-Webhooks/1"
 
 
@@ -285,11 +289,27 @@ def due(*, now: datetime, limit: int = BATCH) -> list[Delivery]:
     )
 
 
-def send_due(*, now: datetime | None = None, limit: int = BATCH) -> int:
-    """Attempt every due delivery; returns how many were delivered."""
+def send_due(
+    *, now: datetime | None = None, limit: int = BATCH, seconds: float = PASS_SECONDS
+) -> int:
+    """Attempt the due deliveries, oldest first, starting none after `seconds`; returns how
+    many were delivered. An endpoint whose attempt failed in this pass gets no other in it: a
+    slow or dead receiver costs a pass one attempt's deadline, not one per delivery queued for
+    it, and the other customers' deliveries behind them still go out."""
     now = now or timezone.now()
+    stop = time.monotonic() + seconds
+    failed: set[int] = set()
     delivered = 0
     for delivery in due(now=now, limit=limit):
+        if time.monotonic() >= stop:
+            break
+        if delivery.endpoint_id in failed:
+            continue
         outcome = attempt(delivery, now=now)
-        delivered += bool(outcome and outcome.delivered)
+        if outcome is None:
+            continue  # another worker has it
+        if outcome.delivered:
+            delivered += 1
+        else:
+            failed.add(delivery.endpoint_id)
     return delivered

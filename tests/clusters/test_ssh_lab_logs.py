@@ -21,20 +21,13 @@ Skipped, with the reason, where the lab cannot start (tests/clusters/lab_kit.py)
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from clusters import lifecycle, logs, tasks
@@ -57,6 +50,7 @@ from tests.clusters.test_ssh_lab import (
 )
 from tests.clusters.test_ssh_lab_ray import connect_job_submit, ray_logs
 from tests.clusters.test_ssh_lab_slurm import slurm_logs
+from tests.worker_kit import procfile_worker
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
@@ -219,7 +213,6 @@ def test_ray_job_list_and_ray_status_answer_on_a_ray_head(fleet, user_key, tmp_p
 
 # --- a tenant's hosts cannot hold another customer's machines (issue 33, L1) --------------------
 
-ROOT = Path(__file__).resolve().parents[2]
 # The finding's trickle: a byte every 20 s, so no silent read ever waits long.
 TRICKLE = "#!/bin/sh\nwhile :; do printf x; sleep 20; done\n"
 FLOOD = "#!/bin/sh\nexec head -c 400000000 /dev/zero\n"  # 400 MB, as in the finding
@@ -245,48 +238,6 @@ def restore_tools(lab, host: str) -> None:
     for tool in TOOLS:
         path = f"/usr/bin/{tool}"
         lab.exec(host, f"[ -f {path}.real ] && mv -f {path}.real {path}", check=False)
-
-
-@contextlib.contextmanager
-def logs_worker(log_file: Path) -> Iterator[subprocess.Popen]:
-    """The `logs` queue's worker as the Procfile starts it, a process of its own on this test's
-    database and broker; ready to take tasks when it is yielded, stopped after."""
-    database = connection.settings_dict
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:"
-        f"{database['PORT'] or 5432}/{database['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "SECRET_KEY": settings.SECRET_KEY,
-        "RUNCRATE_SSH_KEY_FILE": str(settings.RUNCRATE_SSH_KEY_FILE),
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-    }
-    with open(log_file, "ab") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "logs"]
-            + ["--pool=threads", "--concurrency=4", "--hostname=logs@lab-test"]
-            + ["--loglevel=INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        give_up = time.monotonic() + 60
-        while "ready." not in log_file.read_text(errors="replace"):
-            assert worker.poll() is None, log_file.read_text(errors="replace")
-            assert time.monotonic() < give_up, log_file.read_text(errors="replace")
-            time.sleep(0.5)
-        yield worker
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(timeout=10)
 
 
 def peak_memory(pid: int) -> int:
@@ -332,7 +283,7 @@ def test_a_tenants_trickling_hosts_hold_no_other_customers_machines(fleet, user_
         for host in hosts:
             replace_tools(lab, host, TRICKLE)
         with (
-            logs_worker(tmp_path / "logs-worker.log") as worker,
+            procfile_worker("logs", tmp_path / "logs-worker.log") as worker,
             start_worker(
                 app,
                 pool="threads",

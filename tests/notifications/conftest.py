@@ -1,7 +1,10 @@
 """A real HTTP receiver on 127.0.0.1 (a tiny http.server in a thread) that records what it is
 sent and answers the status a test sets; and the settings every webhook test runs under."""
 
+import socket
 import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -71,3 +74,40 @@ def ready_event(project, name: str = "train-1", **fields) -> Event:
     return EventFactory(
         cluster=cluster, reason=Event.Reason.READY, message="All 2 machines are ready.", **fields
     )
+
+
+def serve(
+    answer: Callable[[socket.socket], None], accepted: list[float] | None = None
+) -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that reads a request and calls `answer(conn)` in a thread of
+    its own; yields its URL. `accepted` gets the time.monotonic() of each connection taken."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def take() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if accepted is not None:
+                accepted.append(time.monotonic())
+            conn.recv(65536)
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=take, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    listener.close()
+
+
+def trickle(conn: socket.socket) -> None:
+    """A receiver that never gives a whole answer: a header line every 0.5 s, well inside any
+    per-read timeout."""
+    try:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        while True:
+            conn.sendall(b"x-wait: 1\r\n")
+            time.sleep(0.5)
+    except OSError:
+        conn.close()

@@ -5,51 +5,21 @@ and reads at most MAX_ANSWER_BYTES of what it answers. The receivers here are re
 floods its body."""
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
-from notifications import delivery
+from notifications import delivery, outbox
 from notifications.endpoints import create_endpoint
 from notifications.models import Delivery
 from notifications.tasks import run_notifications
-from tests.notifications.conftest import ready_event
+from tests.notifications.conftest import ready_event, serve, trickle
 
 
-def _serve(answer) -> Iterator[str]:
-    """A TCP server on 127.0.0.1 that reads a request and calls `answer(conn)`; its URL."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    sent: list[int] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            conn.recv(65536)
-            threading.Thread(target=answer, args=(conn, sent), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
-    listener.close()
-
-
-def _trickle(conn: socket.socket, sent: list[int]) -> None:
-    try:
-        conn.sendall(b"HTTP/1.1 200 OK\r\n")
-        while True:
-            conn.sendall(b"x-wait: 1\r\n")  # a header line every 0.5 s: never a whole answer
-            time.sleep(0.5)
-    except OSError:
-        conn.close()
-
-
-def _flood(conn: socket.socket, sent: list[int]) -> None:
+def _flood(conn: socket.socket) -> None:
     try:
         conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n")
         chunk = b"z" * 65536
@@ -63,12 +33,12 @@ def _flood(conn: socket.socket, sent: list[int]) -> None:
 
 @pytest.fixture
 def trickler() -> Iterator[str]:
-    yield from _serve(_trickle)
+    yield from serve(trickle)
 
 
 @pytest.fixture
 def flooder() -> Iterator[str]:
-    yield from _serve(_flood)
+    yield from serve(_flood)
 
 
 def _endpoint(person, url):
@@ -116,3 +86,49 @@ def test_deliveries_run_on_their_own_queue_never_the_ticks(settings):
         settings.CELERY_TASK_DEFAULT_QUEUE,
     )
     assert route["queue"] != settings.CELERY_TASK_DEFAULT_QUEUE
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}/hook"  # nothing listens there
+
+
+def test_an_endpoint_that_failed_gets_no_other_attempt_in_the_same_pass(
+    owner, receiver, local_webhooks
+):
+    dead = _endpoint(owner, _closed_port_url())
+    _endpoint(owner, receiver.url)
+    for name in ("train-1", "train-2", "train-3"):
+        ready_event(owner.project, name=name)
+
+    done = run_notifications()
+
+    # The dead receiver cost the pass one attempt, not three; the live one got all three.
+    assert done["delivered"] == 3
+    assert len(receiver.received) == 3
+    to_dead = Delivery.objects.filter(endpoint=dead)
+    assert sorted(to_dead.values_list("attempts", flat=True)) == [0, 0, 1]
+    assert to_dead.filter(state=Delivery.State.PENDING).count() == 3  # all retried later
+
+
+def test_a_pass_starts_no_attempt_after_its_time(
+    owner, trickler, receiver, local_webhooks, monkeypatch
+):
+    monkeypatch.setattr(delivery, "TIMEOUT", 1.0)
+    slow = _endpoint(owner, trickler)
+    _endpoint(owner, receiver.url)
+    ready_event(owner.project)
+    outbox.plan_deliveries(now=timezone.now())
+    # The trickler's delivery is the older, so it goes first and takes its whole 1 s deadline:
+    # past the pass's 0.5 s, so the delivery behind it waits for the next pass.
+    Delivery.objects.filter(endpoint=slow).update(
+        next_attempt_at=timezone.now() - timedelta(minutes=1)
+    )
+
+    delivery.send_due(seconds=0.5)
+
+    assert receiver.received == []
+    waiting = Delivery.objects.exclude(endpoint=slow).get()
+    assert (waiting.state, waiting.attempts) == (Delivery.State.PENDING, 0)
+    assert Delivery.objects.get(endpoint=slow).attempts == 1
