@@ -13,12 +13,9 @@ import re
 import pytest
 
 from clusters.drivers.ssh import operator_public_key
-from clusters.hosts import record_baselines
 from clusters.models import Cluster
 from lab import hostlab
-from offers.inventory import load_inventory
-from offers.models import Host
-from tests.clusters.lab_kit import BOOT
+from tests.clusters.lab_kit import BOOT, register
 from tests.clusters.lifecycle_kit import create
 from tests.clusters.test_ssh_lab import (
     assert_failed_at,
@@ -56,13 +53,11 @@ def many():
 
 
 @pytest.fixture
-def pool(many, dashboard):
+def pool(many, dashboard, tmp_path):
     """lab-1..lab-9 in the inventory (`lab-h100x2-vm`), reimaged, with their baselines."""
     for host in many.hosts:
         many.reset(host.name)
-    load_inventory(many.inventory(boot_seconds=BOOT, gateway_hosts=0))
-    recorded = record_baselines(Host.objects.values_list("pk", flat=True))
-    assert recorded.refused == {}, recorded.refused
+    register(many.inventory(boot_seconds=BOOT, gateway_hosts=0), tmp_path)
     yield many
     # A test that failed half-way leaves nothing (no cluster's files, no qdisc) for the next.
     for host in many.hosts:
