@@ -5,12 +5,13 @@ test's verdict, and the API's refusals as tool errors."""
 
 import base64
 import importlib.metadata
+import threading
 
 import pytest
 
 from accounts.models import SshKey
 from clusters.models import Cluster
-from tests.cli.kit import ready_cluster
+from tests.cli.kit import drive_until, ready_cluster
 from tests.clusters.lifecycle_kit import create, inventory
 from tests.factories import HostFactory, MachineTypeFactory
 from tests.mcp.kit import error_code, payload, talk, talk_while
@@ -122,6 +123,15 @@ def test_list_offers_with_community_hosts_matches_the_api(env, tmp_path, account
 def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, account, ticker):
     offer = inventory(hosts=3, price="25.00")
     args = {"offer_id": offer.slug, "nodes": 2, "name": "agent"}
+    # The beat runs in this thread while the conversation runs in another; the conversation
+    # stops it before it terminates, so the answer's state is known: no tick can end the
+    # machines between the terminate and its answer.
+    gate, stopped = threading.Lock(), threading.Event()
+
+    def beat() -> None:
+        with gate:
+            if not stopped.is_set():
+                ticker()
 
     async def conversation(session):
         plan = payload(await session.call_tool("plan_cluster", args))
@@ -134,10 +144,12 @@ def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, acco
             )
         )
         connect = payload(await session.call_tool("get_connect_info", {"cluster": "agent"}))
+        with gate:  # a tick under way ends first
+            stopped.set()
         terminated = payload(await session.call_tool("terminate_cluster", {"cluster": cluster_id}))
         return plan, created, waited, connect, terminated
 
-    plan, created, waited, connect, terminated = talk_while(env, tmp_path, ticker, conversation)
+    plan, created, waited, connect, terminated = talk_while(env, tmp_path, beat, conversation)
 
     assert plan["can_create"] is True and "error" not in plan
     planned = plan["plan"]
@@ -150,11 +162,15 @@ def test_it_plans_creates_waits_for_and_terminates_a_cluster(env, tmp_path, acco
     assert waited["cluster"]["status"] == "ready"
     assert connect["connect"]["hostfile"]["content"] == "node-0 slots=8\nnode-1 slots=8\n"
     cluster = Cluster.objects.get(project=account.project)
-    # This thread ticks the simulated data center while the tool runs, and its machines stop at
-    # once: the answer may already see the end the terminate began (CI's run saw "terminated").
-    assert terminated["cluster"]["status"] in ("terminating", "terminated")
-    assert cluster.status in (Cluster.Status.TERMINATING, Cluster.Status.TERMINATED)
+    assert terminated["cluster"]["status"] == "terminating"
+    assert cluster.status == Cluster.Status.TERMINATING
     assert cluster.ready_at is not None and cluster.name == "agent"
+
+    def ended(_seconds: float) -> bool:
+        cluster.refresh_from_db()
+        return cluster.status == Cluster.Status.TERMINATED
+
+    drive_until(ended, drive=ticker, timeout=30)  # the beat again: the machines stop
 
 
 def test_get_cluster_gives_its_events_only_when_asked(env, tmp_path, account):
