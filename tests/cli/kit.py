@@ -21,7 +21,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -38,7 +38,8 @@ from tests.factories import issue_key
 REPO = Path(__file__).resolve().parents[2]
 # The interpreter that runs the CLI: this one (the server's .venv, which has the client
 # installed), or with RUNCRATE_CLI_PYTHON the Python of a virtualenv that has only the client
-# (tests/cli/test_package.py runs these tests that way).
+# (to run the CLI tests by hand against an installed package; tests/cli/test_package.py runs
+# its smoke tests through such a virtualenv's `runcrate` with `program=`).
 CLI_PYTHON = os.environ.get("RUNCRATE_CLI_PYTHON", sys.executable)
 # Simulated seconds per tick: every step of the simulated data center takes a few.
 TICK_SECONDS = 30
@@ -138,6 +139,12 @@ def ready_cluster(account: Account, ticker: Ticker, *, name: str = "train", **in
     return cluster
 
 
+def runcrate(program: Sequence[str] | None) -> list[str]:
+    """The command that runs `runcrate`: `program` (e.g. a virtualenv's bin/runcrate), or by
+    default CLI_PYTHON's `-m runcrate_cli`."""
+    return list(program) if program is not None else [CLI_PYTHON, "-m", "runcrate_cli"]
+
+
 def run_cli(
     *args: str,
     env: dict[str, str],
@@ -145,14 +152,15 @@ def run_cli(
     drive: Callable[[], None] | None = None,
     stdin: str | None = None,
     timeout: float = 60,
+    program: Sequence[str] | None = None,
 ) -> Result:
     """Run `runcrate ARGS` to its end (driving the data center meanwhile, when given) and
     return its exit code and output. Output goes to files, so a chatty process never blocks on
-    a full pipe while the test drives."""
+    a full pipe while the test drives. `program` replaces the command that runs `runcrate`."""
     out_path, err_path = tmp_path / "cli.out", tmp_path / "cli.err"
     with out_path.open("w") as out, err_path.open("w") as err:
         process = subprocess.Popen(
-            [CLI_PYTHON, "-m", "runcrate_cli", *args],
+            [*runcrate(program), *args],
             cwd=REPO,
             env=env,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -193,17 +201,19 @@ def run_cli_tty(
     columns: int = 160,
     answer: str | None = None,
     before_answer: Callable[[], None] | None = None,
+    program: Sequence[str] | None = None,
 ) -> Result:
     """`run_cli` with stdout on a pseudo-terminal `columns` wide (COLUMNS too, which rich
     reads first), as a person runs it: rich tables and the live display instead of JSON. The
     escape sequences are stripped. With `answer`, stdin is the terminal too, and `answer` is
-    typed once the command asks a yes/no question (`before_answer` runs first)."""
+    typed once the command asks a yes/no question (`before_answer` runs first). `program` as
+    for `run_cli`."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     err_path = tmp_path / "cli.err"
     with err_path.open("w") as err:
         process = subprocess.Popen(
-            [CLI_PYTHON, "-m", "runcrate_cli", *args],
+            [*runcrate(program), *args],
             cwd=REPO,
             env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns)},
             stdin=follower if answer is not None else subprocess.DEVNULL,

@@ -1,38 +1,43 @@
 """The client is its own light package: `pip install ./cli` into a fresh virtualenv gives a
-`runcrate` that carries nothing of the server and passes the CLI tests.
+`runcrate` that carries nothing of the server, and that console script, as a real process of
+that virtualenv, does the client's work against a live server.
 
 The package is built from a copy of cli/ (its pyproject.toml and runcrate_cli, without build
 leftovers), so a run never writes build/ into the checkout nor packs a stale file left there.
-pip may use its cache and the package index; its time is bounded.
+pip may use its cache and the package index; its time is bounded. The virtualenv is built once
+for the module.
 
-The CLI tests then run again in a pytest of their own, with RUNCRATE_CLI_PYTHON set to the
-virtualenv's Python (tests/cli/kit.py runs the CLI with it) and a database, var folder and
-Django test database of their own. All of tests/cli takes over five minutes on a busy
-two-core machine, so a representative part runs (CLI_TESTS, under half of it): clusters
-(create, --wait and its exit codes), ssh_keys (files, stdin, refusals), errors (refused and
-unreachable APIs), terminal (rich tables and the live display on a pseudo-terminal), plan (the
-plan and its question) and connect (ssh, ssh-config, hostfile, kubeconfig). The others go
-through the same client and output modules; every module of the package is imported in the
-virtualenv besides (the MCP server's among them, which no CLI test imports).
+What is proved here is the package, not the CLI's logic (tests/cli and tests/mcp cover that in
+the same run, with the checkout's client): it installs none of the server's distributions; its
+`runcrate` says its version and every module of it imports (the MCP server's among them); and
+the virtualenv's own `runcrate` script, run as a process, is enough for each kind of work the
+client does: a create that waits until the cluster is ready (httpx, the JSON output, exit 0), a
+table drawn by rich on a pseudo-terminal, an SSH key read from a file and sent, an API that is
+not there (its sentence and exit 6, no traceback), and `runcrate mcp` over stdio with nothing
+but JSON-RPC on stdout (the mcp SDK). Before issue 34 a nested pytest ran half of tests/cli
+again with the virtualenv's Python: about 400 s more a run for the same proof of the package.
 """
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.cli.kit import REPO
+from accounts.models import SshKey
+from clusters.models import Cluster
+from tests.cli.kit import REPO, assert_no_traceback, cli_env, ready_cluster, run_cli, run_cli_tty
+from tests.clusters.lifecycle_kit import inventory
+from tests.mcp.kit import converse, the_tool_answer
 
 PIP_SECONDS = 300
-CLI_TESTS_SECONDS = 480
-# The part of tests/cli run with the package's runcrate (the module's docstring says why).
-CLI_TESTS = ("clusters", "ssh_keys", "errors", "terminal", "plan", "connect")
 # What the server needs and the client must never pull in (distribution names, normalised).
 SERVER_ONLY = {"django", "celery", "psycopg", "psycopg2", "psycopg-binary", "stripe", "paramiko"}
 # Every module of the package but __main__ (which would run the CLI), each printed once loaded.
@@ -73,6 +78,12 @@ def client_venv(tmp_path_factory) -> Path:
         pytest.fail(f"pip install ./cli took more than {PIP_SECONDS} s")
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     return venv
+
+
+@pytest.fixture
+def venv_runcrate(client_venv) -> list[str]:
+    """The virtualenv's `runcrate` console script, as `program` for run_cli and run_cli_tty."""
+    return [str(client_venv / "bin" / "runcrate")]
 
 
 def test_it_installs_none_of_the_servers_packages(client_venv):
@@ -126,40 +137,84 @@ def test_its_runcrate_runs_from_the_virtualenv_imports_whole_and_says_its_versio
     assert version.stdout.strip() == f"runcrate {pyproject['project']['version']}"
 
 
-def inner_database_url() -> str | None:
-    """DATABASE_URL with `_pkg` after its database's name: the inner pytest-django then makes
-    test_<name>_pkg, never the database this run's tests use."""
-    url = os.environ.get("DATABASE_URL")
-    if not url:
-        return None  # SQLite: its file lies in the inner run's own var folder
-    parts = urlsplit(url)
-    return parts._replace(path=parts.path.rstrip("/") + "_pkg").geturl()
+@pytest.mark.django_db(transaction=True)
+def test_its_runcrate_creates_a_cluster_and_waits_until_it_is_ready(
+    venv_runcrate, env, tmp_path, account, ticker
+):
+    offer = inventory(hosts=3, price="20.00")
+
+    result = run_cli(
+        "clusters", "create", "--offer", offer.slug, "--nodes", "2", "--name", "train", "--wait",
+        "--yes", "--json", env=env, tmp_path=tmp_path, drive=ticker, program=venv_runcrate,
+    )  # fmt: skip
+
+    assert result.code == 0, result.stderr
+    cluster = Cluster.objects.get(project=account.project)
+    assert cluster.status == Cluster.Status.READY and cluster.name == "train"
+    printed = result.json()
+    assert printed["id"] == cluster.pk and printed["status"] == "ready"
+    assert [m["status"] for m in printed["machines"]] == ["joined", "joined"]
+    assert "is ready" in result.stderr
+    assert ticker.ticks > 1  # it waited through the machines' steps, not a single answer
+    assert_no_traceback(result)
 
 
-def test_its_runcrate_passes_the_cli_tests(client_venv, tmp_path):
-    env = {
-        **os.environ,
-        "RUNCRATE_CLI_PYTHON": str(client_venv / "bin" / "python"),
-        "RUNCRATE_VAR_DIR": str(tmp_path / "var"),
-    }
-    database_url = inner_database_url()
-    if database_url:
-        env["DATABASE_URL"] = database_url
-    try:
-        run = subprocess.run(
-            [
-                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--create-db",
-                *(f"tests/cli/test_{name}.py" for name in CLI_TESTS),
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CLI_TESTS_SECONDS,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as expired:
-        tail = (expired.stdout or b"")[-3000:]
-        pytest.fail(f"the CLI tests ran past {CLI_TESTS_SECONDS} s: {tail!r}")
+@pytest.mark.django_db(transaction=True)
+def test_its_runcrate_draws_a_table_on_a_terminal(venv_runcrate, env, tmp_path, account, ticker):
+    cluster = ready_cluster(account, ticker, name="seen")
 
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout.splitlines()[-1]
+    listed = run_cli_tty("clusters", "list", env=env, tmp_path=tmp_path, program=venv_runcrate)
+
+    assert listed.code == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if " seen " in line)
+    assert [cell.strip() for cell in row.strip("│").split("│")][:3] == [
+        str(cluster.pk),
+        "seen",
+        "ready",
+    ]
+    assert_no_traceback(listed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_its_runcrate_adds_an_ssh_key_read_from_a_file(venv_runcrate, env, tmp_path, account):
+    public = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
+    path = tmp_path / "deploy.pub"
+    path.write_text(public.decode() + " deploy@ci\n")
+
+    added = run_cli("ssh-keys", "add", str(path), env=env, tmp_path=tmp_path, program=venv_runcrate)
+
+    assert added.code == 0, added.stderr
+    key = SshKey.objects.get(project=account.project, name="deploy@ci")
+    assert key.public_key.split()[:2] == public.decode().split()
+    assert added.json()["id"] == key.pk and added.json()["fingerprint"] == key.fingerprint
+
+
+def test_its_runcrate_names_an_api_that_is_not_there_and_exits_6(venv_runcrate, tmp_path):
+    with socket.socket() as probe:  # a port nothing listens on once the probe is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = cli_env(tmp_path / "home", url=f"http://127.0.0.1:{port}", key="rc_live_x")
+
+    result = run_cli("gpus", env=env, tmp_path=tmp_path, program=venv_runcrate)
+
+    assert result.code == 6
+    assert f"Cannot reach the Runcrate API at http://127.0.0.1:{port}" in result.stderr
+    assert result.json()["error"]["code"] == "unreachable"
+    assert_no_traceback(result)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_its_runcrate_mcp_writes_only_json_rpc_to_stdout(venv_runcrate, env, account, ticker):
+    ready_cluster(account, ticker, name="seen")
+
+    received, stderr = converse([*venv_runcrate, "mcp"], env)
+
+    assert [m.get("id") for m in received] == [1, 2]  # every stdout line was JSON-RPC
+    answer = the_tool_answer(received)
+    assert answer.get("isError") is not True, answer
+    assert [c["name"] for c in answer["structuredContent"]["clusters"]] == ["seen"]
+    assert "Traceback" not in stderr, stderr

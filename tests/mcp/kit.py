@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
@@ -92,3 +93,68 @@ def api_calls():
         yield calls
     finally:
         request_started.disconnect(calls)
+
+
+# --- the stdio channel read raw (tests/mcp/test_stdout.py, tests/cli/test_package.py) -----------
+
+MESSAGES = [
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    },
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "list_clusters", "arguments": {}},
+    },
+]
+
+
+def converse(command: list[str], env) -> tuple[list[dict], str]:
+    """Run `command` (a `runcrate mcp`) on plain pipes, no SDK between: send the three
+    messages, wait for the tool's answer, end the session; every stdout line parsed as JSON-RPC
+    (a line that is not fails the test), and stderr."""
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    try:
+        for message in MESSAGES:
+            process.stdin.write(json.dumps(message) + "\n")
+            process.stdin.flush()
+            if "id" in message:
+                line = process.stdout.readline()  # bounded: the process answers or ends
+                if not line:
+                    break
+                lines.append(line)
+        rest, stderr = process.communicate(timeout=20)  # closes stdin: the server ends
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines += rest.splitlines()
+    received = []
+    for line in lines:
+        message = json.loads(line)  # anything but JSON-RPC on stdout fails here
+        assert message.get("jsonrpc") == "2.0", line
+        received.append(message)
+    return received, stderr
+
+
+def the_tool_answer(received: list[dict]) -> dict:
+    (answer,) = [m for m in received if m.get("id") == 2]
+    return answer["result"]

@@ -2,82 +2,20 @@
 whatever the config file holds. A config file that cannot be read is said on stderr and
 answered by every tool (`bad_config`); RUNCRATE_API_KEY still works beside it."""
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli.kit import CLI_PYTHON, REPO
+from tests.cli.kit import CLI_PYTHON
+from tests.mcp.kit import converse, the_tool_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-MESSAGES = [
-    {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    },
-    {"jsonrpc": "2.0", "method": "notifications/initialized"},
-    {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "list_clusters", "arguments": {}},
-    },
-]
 
 
 def damage_config(env) -> None:
     path = Path(env["XDG_CONFIG_HOME"]) / "runcrate" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('api_key = "rc_live_unterminated\n[[[\n')
-
-
-def converse(command: list[str], env) -> tuple[list[dict], str]:
-    """Send the three messages, wait for the tool's answer, end the session; every stdout line
-    parsed as JSON-RPC (a line that is not fails the test), and stderr."""
-    process = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    try:
-        for message in MESSAGES:
-            process.stdin.write(json.dumps(message) + "\n")
-            process.stdin.flush()
-            if "id" in message:
-                line = process.stdout.readline()  # bounded: the process answers or ends
-                if not line:
-                    break
-                lines.append(line)
-        rest, stderr = process.communicate(timeout=20)  # closes stdin: the server ends
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    lines += rest.splitlines()
-    received = []
-    for line in lines:
-        message = json.loads(line)  # anything but JSON-RPC on stdout fails here
-        assert message.get("jsonrpc") == "2.0", line
-        received.append(message)
-    return received, stderr
-
-
-def the_tool_answer(received: list[dict]) -> dict:
-    (answer,) = [m for m in received if m.get("id") == 2]
-    return answer["result"]
 
 
 @pytest.mark.parametrize(
