@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 export PORT
 
-.PHONY: install axe chromium run serve serve-check test bench lint typecheck clean lab lab-down
+.PHONY: install axe chromium run serve serve-check test test-fast test-lab bench lint typecheck clean lab lab-down
 
 $(BIN)/.installed: pyproject.toml cli/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 is needed (python3.11 or python3)"; exit 1; }
@@ -79,8 +79,19 @@ serve-check:
 	@test -n "$$DATABASE_URL" || { echo "make serve needs DATABASE_URL, e.g. postgres://user:password@127.0.0.1:5432/runcrate"; exit 2; }
 	@test -n "$$REDIS_URL" || echo "make serve: no REDIS_URL, so the broker is files in $(or $(RUNCRATE_VAR_DIR),var)/broker: every process must run on this machine"
 
+# The whole suite, one test after another; it ends with a table of each tier's time.
 test: chromium install axe
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tiers (docs/testing.md): a developer's loop without the lab, the browser, the tests that
+# start processes of their own and the fuzz run (no root, no Chromium); the host lab alone (root).
+FAST_TESTS := not lab and not browser and not procs and not fuzz
+
+test-fast: install
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
+
+test-lab: install
+	$(BIN)/python -m pytest -m lab $(PYTEST_ARGS)
 
 bench: install
 	@$(BIN)/python -m bench

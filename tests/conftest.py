@@ -10,6 +10,7 @@ from django.test import Client
 
 from accounts.models import Membership, Project, User
 from accounts.projects import create_project
+from tests import tiers
 from tests.factories import GpuModelFactory, UserFactory, issue_key
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM calls made by the
@@ -17,6 +18,12 @@ from tests.factories import GpuModelFactory, UserFactory, issue_key
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 CHROMIUM = "/usr/bin/chromium"
+
+
+def pytest_configure(config):
+    # The tiers' markers and the table of each tier's time at the end (docs/testing.md).
+    if not config.pluginmanager.is_registered(tiers):
+        config.pluginmanager.register(tiers, "runcrate-tiers")
 
 
 @dataclass
@@ -58,10 +65,8 @@ def stranger(db) -> Person:
     return _person("stranger@example.com")
 
 
-postgres_only = pytest.mark.skipif(
-    not settings.IS_POSTGRES,
-    reason="needs PostgreSQL row locks (SELECT … FOR UPDATE SKIP LOCKED); set DATABASE_URL",
-)
+# A test under it carries the `postgres` marker too (tests/tiers.py).
+postgres_only = pytest.mark.skipif(not settings.IS_POSTGRES, reason=tiers.POSTGRES_REASON)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from accounts.models import ApiKey, Membership, UnforgottenKey, hash_api_key
 
 ME = "/api/v1/me"
 
-pytestmark = pytest.mark.usefixtures("cache_on_throwaway")
+pytestmark = [pytest.mark.procs, pytest.mark.usefixtures("cache_on_throwaway")]  # redis-server
 
 
 def key_of(person) -> ApiKey:

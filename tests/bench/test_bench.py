@@ -112,6 +112,7 @@ def test_the_same_allows_a_factor_or_half_a_millisecond():
     assert not bench.same(timing(0.15), timing(0.7))
 
 
+@pytest.mark.procs  # loadgen's processes
 def test_the_load_generator_sends_fixed_counts_from_processes_of_its_own():
     server = bench.HttpBench()
     try:
@@ -140,6 +141,7 @@ def test_the_load_generator_sends_fixed_counts_from_processes_of_its_own():
     assert not results["bare"]["capped"] and results["bare"]["errors"] == 0
 
 
+@pytest.mark.procs  # gunicorn
 @pytest.mark.django_db(transaction=True)
 def test_its_production_server_serves_the_committed_data_and_the_run_s_sessions(tmp_path):
     secret = "bench-test-secret-" + "x" * 40
@@ -271,6 +273,7 @@ def test_its_tick_benchmark_grows_the_ready_clusters_and_times_the_tick():
     assert build_ready_clusters(count=1, start=10) == (1, 2)
 
 
+@pytest.mark.procs  # gunicorn
 @pytest.mark.django_db(transaction=True)
 def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_path, settings):
     settings.VAR_DIR = tmp_path

@@ -13,6 +13,8 @@ from clusters.models import Cluster
 from config.celery import app
 from tests.clusters.lifecycle_kit import create, inventory, new_project
 
+pytestmark = pytest.mark.procs  # a real Celery worker
+
 needs_redis = pytest.mark.skipif(
     not settings.REDIS_URL, reason="needs the Redis broker: set REDIS_URL (e.g. redis://...)"
 )

@@ -36,6 +36,7 @@ BOOT_SECONDS = 120
 SIM_SPEED = 8
 
 pytestmark = [
+    pytest.mark.procs,
     pytest.mark.skipif(
         not (settings.REDIS_URL and settings.IS_POSTGRES),
         reason="needs PostgreSQL and the Redis broker: set DATABASE_URL and REDIS_URL",

@@ -36,6 +36,7 @@ TICK_SECONDS = 0.5
 OUTAGE_SECONDS = 2 * MIN_STEP_SECONDS
 
 pytestmark = [
+    pytest.mark.procs,
     pytest.mark.skipif(
         not (settings.REDIS_URL and settings.IS_POSTGRES),
         reason="needs PostgreSQL and the Redis broker: set DATABASE_URL and REDIS_URL",

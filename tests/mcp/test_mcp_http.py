@@ -18,7 +18,7 @@ from tests.cli.kit import REPO, cli_env, funded_account
 from tests.clusters.lifecycle_kit import create, inventory
 from tests.mcp.aio import run_async
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.procs, pytest.mark.django_db(transaction=True)]  # its own server
 START_SECONDS = 20
 
 

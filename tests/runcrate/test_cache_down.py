@@ -94,6 +94,7 @@ def test_a_laptop_counts_its_limits_in_its_file_cache(load_settings):
 # --- a paused cache ----------------------------------------------------------------------------
 
 
+@pytest.mark.procs  # redis-server
 def test_a_paused_cache_fails_a_call_by_its_read_timeout(redis_server):
     strict = RedisCache(redis_server.url, {"OPTIONS": dict(kit.CACHE_OPTIONS)})
     strict.set("k", "v")
@@ -104,6 +105,7 @@ def test_a_paused_cache_fails_a_call_by_its_read_timeout(redis_server):
     assert isinstance(outcome.get("error"), RedisTimeoutError), outcome
 
 
+@pytest.mark.procs  # redis-server
 def test_a_failed_cache_call_skips_the_cache_a_moment_rather_than_wait_again(
     cache_on_server, monkeypatch
 ):
@@ -135,6 +137,7 @@ def test_a_failed_cache_call_skips_the_cache_a_moment_rather_than_wait_again(
     assert 0 < forgiving.SKIP_SECONDS <= 5
 
 
+@pytest.mark.procs  # redis-server
 @pytest.mark.django_db(transaction=True)  # the call runs in a thread: it sees committed rows
 def test_an_api_read_is_answered_while_the_cache_is_paused(owner, cache_on_server):
     api = owner.api()
@@ -166,6 +169,7 @@ def broker_paused_server(redis_server):
     point_at(old_url, old_options)
 
 
+@pytest.mark.procs  # redis-server
 @pytest.mark.django_db(transaction=True)  # on_commit hooks run: the publish is tried
 def test_a_create_answers_201_while_the_broker_is_paused(owner, broker_paused_server):
     ssh_key(owner.project)

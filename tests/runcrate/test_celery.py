@@ -13,6 +13,8 @@ from django.db import connection
 from config.celery import app as runcrate_app
 from offers.models import GpuModel
 
+pytestmark = pytest.mark.procs  # a real Celery worker
+
 
 @pytest.fixture
 def restore_current_app():

@@ -193,6 +193,7 @@ def create(api: Client, name: str, key: str | None = None):
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 def test_a_create_whose_connection_drops_after_its_commit_answers_201(owner, offer, monkeypatch):
     """The connection is killed between the create's commit and its reading back: the cluster
@@ -318,6 +319,7 @@ def drop_at_commit(monkeypatch):
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("when", ["after", "at"])
 @pytest.mark.parametrize("action", ACTIONS)
@@ -335,6 +337,7 @@ def test_a_cluster_action_whose_commit_went_through_answers_202(
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 def test_an_action_whose_commit_did_not_happen_answers_503_and_changed_nothing(
     owner, in_memory, drop_at_commit
@@ -352,6 +355,7 @@ def test_an_action_whose_commit_did_not_happen_answers_503_and_changed_nothing(
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("when", ["after", "at"])
 def test_a_terminate_from_the_page_whose_commit_went_through_says_so(
@@ -491,6 +495,7 @@ def project_to_change(owner, teammate):
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("when", ["after", "at"])
 @pytest.mark.parametrize("name", CHANGES)
@@ -538,6 +543,7 @@ def killing(pace: float = 0.1):
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 def test_it_replaces_a_connection_the_server_dropped_between_requests(owner):
     """CONN_HEALTH_CHECKS: the kept connection is checked before reuse, so the request after a
@@ -558,6 +564,7 @@ def test_it_replaces_a_connection_the_server_dropped_between_requests(owner):
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 def test_killing_the_databases_backends_under_load_gives_no_500(owner, offer):
     """Pages, API reads and idempotent creates while a second thread kills every backend over
@@ -603,6 +610,7 @@ ROUNDS = 10
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 def test_every_action_that_committed_under_the_killer_answered_its_success(owner, in_memory):
     """Terminates (API and page), add workers, API keys issued and revoked and budgets set,
@@ -730,6 +738,7 @@ FORMS = {
 
 
 @postgres_only
+@pytest.mark.procs  # kills PostgreSQL backends
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("name", FORMS)
 def test_a_form_whose_commit_went_through_as_its_connection_dropped_redirects(

@@ -109,6 +109,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.procs  # bin/run.py
 def test_it_stops_every_child_when_it_gets_sigterm(start):
     supervisor = start(
         {"web": _sleeper("web up"), "worker": _sleeper("worker up"), "beat": _sleeper("beat up")}
@@ -123,6 +124,7 @@ def test_it_stops_every_child_when_it_gets_sigterm(start):
     assert [name for name, pid in supervisor.pids.items() if _alive(pid)] == []
 
 
+@pytest.mark.procs  # bin/run.py
 def test_it_stops_every_child_on_ctrl_c(start):
     supervisor = start({"web": _sleeper("web up"), "worker": _sleeper("worker up")})
     supervisor.wait_for("worker up")
@@ -133,6 +135,7 @@ def test_it_stops_every_child_on_ctrl_c(start):
     assert [name for name, pid in supervisor.pids.items() if _alive(pid)] == []
 
 
+@pytest.mark.procs  # bin/run.py
 def test_it_shows_each_line_behind_the_name_of_its_process(start):
     supervisor = start({"web": _sleeper("listening"), "worker": _sleeper("connected")})
 
@@ -142,6 +145,7 @@ def test_it_shows_each_line_behind_the_name_of_its_process(start):
     supervisor.finish()
 
 
+@pytest.mark.procs  # bin/run.py
 def test_it_stops_the_rest_when_one_child_exits(start):
     supervisor = start(
         {"worker": [PYTHON, "-c", "import sys; sys.exit(3)"], "web": _sleeper("web up")}
@@ -152,6 +156,7 @@ def test_it_stops_the_rest_when_one_child_exits(start):
     assert not _alive(supervisor.pids["web"])
 
 
+@pytest.mark.procs  # bin/run.py
 def test_it_kills_a_child_that_ignores_sigterm_after_the_grace_period(start):
     stubborn = [
         PYTHON,

@@ -125,6 +125,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
         _stop(process)
 
 
+@pytest.mark.procs  # gunicorn
 def test_it_answers_the_health_probes_over_plain_http(server):
     health = httpx.get(f"{server.url}/healthz", timeout=10)
     ready = httpx.get(f"{server.url}/readyz", timeout=10)
@@ -141,6 +142,7 @@ def test_it_answers_the_health_probes_over_plain_http(server):
     assert page.headers["location"].startswith("https://127.0.0.1")
 
 
+@pytest.mark.procs  # gunicorn
 def test_it_logs_each_request_on_stdout(server):
     httpx.get(f"{server.url}/healthz?access-log-probe", timeout=10)
 
@@ -152,6 +154,7 @@ def test_it_logs_each_request_on_stdout(server):
     assert '" 200 ' in line
 
 
+@pytest.mark.procs  # gunicorn
 def test_it_serves_static_files_under_hashed_names_cached_for_a_year(server):
     page = httpx.get(f"{server.url}/accounts/login/", headers=THROUGH_HTTPS, timeout=10)
     assert page.status_code == 200
@@ -172,6 +175,7 @@ def test_it_serves_static_files_under_hashed_names_cached_for_a_year(server):
     assert int(re.search(r"max-age=(\d+)", cache)[1]) >= ONE_YEAR
 
 
+@pytest.mark.procs  # gunicorn
 def test_it_caches_a_file_asked_for_by_its_plain_name_only_briefly(server):
     plain = httpx.get(f"{server.url}/static/js/app.js", headers=THROUGH_HTTPS, timeout=10)
 

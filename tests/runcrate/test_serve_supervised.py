@@ -158,6 +158,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
             _stop(running)
 
 
+@pytest.mark.procs  # bin/serve.py
 def test_it_says_it_restarts_a_process_that_dies(served):
     output = served.output()
 
@@ -173,6 +174,7 @@ def test_it_says_it_restarts_a_process_that_dies(served):
     }
 
 
+@pytest.mark.procs  # bin/serve.py
 def test_a_killed_worker_is_back_within_10_s_and_the_web_answers_throughout(served):
     [worker] = served.pids("worker")
     answers: list[int | str] = []
@@ -213,6 +215,7 @@ def test_a_killed_worker_is_back_within_10_s_and_the_web_answers_throughout(serv
     assert [len(served.pids(name)) for name in ("web", "machines", "beat")] == [1, 1, 1]
 
 
+@pytest.mark.procs  # bin/serve.py
 def test_the_access_log_carries_no_password_reset_token(served):
     httpx.get(f"{served.url}/accounts/password-reset/MTI/{RESET_TOKEN}/", timeout=10)
 
@@ -251,6 +254,7 @@ def test_it_reads_the_procfile_as_honcho_does_web_first_on_port(tmp_path):
     assert web.env["KEEP"] == "1" and web.env["FROM_DOTENV"] == "yes"
 
 
+@pytest.mark.procs  # the supervisor's children
 def test_a_process_that_keeps_dying_is_restarted_after_a_growing_pause(tmp_path):
     serve = _load_serve()
     procfile = tmp_path / "Procfile"

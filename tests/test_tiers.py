@@ -1,0 +1,138 @@
+"""The tiers plugin (tests/tiers.py): a test's tier from its markers and fixtures, the time of
+each tier summed from its tests' setup, call and teardown, and the table a run ends with."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests import tiers
+from tests.cli.kit import REPO
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.mark.parametrize(
+    ("markers", "tier"),
+    [
+        ((), "fast"),
+        (("postgres", "django_db", "parametrize"), "fast"),
+        (("procs",), "procs"),
+        (("fuzz",), "fuzz"),
+        (("procs", "fuzz"), "procs"),
+        (("django_db", "procs", "browser"), "browser"),
+        (("browser", "lab", "procs"), "lab"),
+    ],
+)
+def test_a_test_is_of_the_first_tier_it_is_marked_with(markers, tier):
+    assert tiers.tier_of(markers) == tier
+
+
+def report(tier: str, when: str, duration: float):
+    return SimpleNamespace(user_properties=[("tier", tier)], when=when, duration=duration)
+
+
+def test_a_tier_sums_setup_call_and_teardown_and_counts_each_test_once():
+    clock = tiers.TierClock()
+    for when, seconds in (("setup", 2.0), ("call", 8.5), ("teardown", 0.5)):
+        clock.pytest_runtest_logreport(report("procs", when, seconds))
+    clock.pytest_runtest_logreport(report("procs", "setup", 1.0))  # skipped in its setup
+    for when, seconds in (("setup", 0.25), ("call", 0.5), ("teardown", 0.25)):
+        clock.pytest_runtest_logreport(report("fast", when, seconds))
+    # A report without a tier (none was collected here) counts as fast.
+    clock.pytest_runtest_logreport(SimpleNamespace(user_properties=[], when="setup", duration=1))
+
+    assert clock.totals == {"procs": [2, 12.0], "fast": [2, 2.0]}
+    assert tiers.table(clock.totals) == [
+        "tier      tests   seconds  minutes",
+        "fast          2       2.0      0.0",
+        "procs         2      12.0      0.2",
+        "total         4      14.0      0.2",
+    ]
+
+
+SAMPLE = """
+import pytest
+
+@pytest.fixture
+def lab():
+    return "hosts"
+
+@pytest.fixture
+def browser():
+    return "chromium"
+
+@pytest.fixture
+def page(browser):
+    return "a page"
+
+def test_plain():
+    pass
+
+@pytest.mark.skip(reason="counted all the same")
+def test_skipped():
+    pass
+
+@pytest.mark.procs
+def test_a_worker():
+    pass
+
+@pytest.mark.procs
+@pytest.mark.fuzz
+def test_a_fuzzed_worker():
+    pass
+
+def test_on_the_lab(lab):
+    pass
+
+def test_in_a_page(page):
+    pass
+"""
+
+
+MARKERS = ("lab", "browser", "procs", "fuzz", "postgres")
+
+
+def run_sample(pytester, *args: str):
+    pytester.makeini("[pytest]\nmarkers =\n" + "".join(f"    {m}\n" for m in MARKERS))
+    pytester.makepyfile(test_sample=SAMPLE)
+    env = {"PYTHONPATH": str(REPO), "DJANGO_SETTINGS_MODULE": ""}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        return pytester.runpytest_subprocess(
+            "-p", "tests.tiers", "-p", "no:django", "-p", "no:cacheprovider", "--strict-markers",
+            *args,
+        )  # fmt: skip
+
+
+def table_rows(result) -> dict[str, int]:
+    """The table's rows (after its heading, up to the next rule): each tier's test count."""
+    lines = result.outlines
+    first = next(i for i, line in enumerate(lines) if "time per tier" in line) + 2
+    rows = {}
+    for line in lines[first:]:
+        if line.startswith("="):
+            break
+        tier, count, _seconds, _minutes = line.split()
+        rows[tier] = int(count)
+    return rows
+
+
+def test_a_run_ends_with_each_tiers_count_the_lab_and_browser_fixtures_marking_their_tests(
+    pytester,
+):
+    result = run_sample(pytester)
+
+    result.assert_outcomes(passed=5, skipped=1)
+    assert table_rows(result) == {"fast": 2, "lab": 1, "browser": 1, "procs": 2, "total": 6}
+
+
+def test_a_marker_the_plugin_adds_deselects_like_one_written_on_the_test(pytester):
+    result = run_sample(pytester, "-m", "not lab and not browser and not procs and not fuzz")
+
+    result.assert_outcomes(passed=1, skipped=1, deselected=4)
+    assert table_rows(result) == {"fast": 2, "total": 2}
+
+
+def test_the_suite_loads_the_plugin_once(pytestconfig):
+    assert pytestconfig.pluginmanager.is_registered(tiers)
