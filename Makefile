@@ -86,11 +86,12 @@ test: chromium install axe
 # The tiers (docs/testing.md): a developer's loop without the lab, the browser, the tests that
 # start processes of their own and the fuzz run (no root, no Chromium), a module to a worker on
 # two pytest-xdist workers, each with its own database, Redis databases and var folder
-# (tests/workers.py); the host lab alone (root).
+# (tests/workers.py: a -p plugin, so that it acts before Django reads its settings; python -m
+# puts the checkout on the path it is imported from); the host lab alone (root).
 FAST_TESTS := not lab and not browser and not procs and not fuzz
 
 test-fast: install
-	$(BIN)/python -m pytest -m "$(FAST_TESTS)" -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -p tests.workers -m "$(FAST_TESTS)" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-lab: install
 	$(BIN)/python -m pytest -m lab $(PYTEST_ARGS)

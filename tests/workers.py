@@ -1,8 +1,10 @@
 """Each pytest-xdist worker on things of its own (`make test-fast` runs two; docs/testing.md).
 
 pytest-django gives each worker its own test database (test_<name>_gw0, _gw1…). What the
-settings read from the environment this plugin gives each worker before Django reads it (the
-plugin is loaded with `-p` from pyproject.toml's addopts, before pytest-django sets Django up):
+settings read from the environment this plugin gives each worker before Django reads it: it is
+loaded with `-p tests.workers` (make test-fast's command line, which xdist hands its workers),
+before pytest-django sets Django up. `python -m pytest` puts the checkout on the path it is
+imported from (the `pytest` script alone would not find it):
 
 - REDIS_URL moved 2n databases on for worker gwN (the broker on it, the cache on the next one,
   as config/settings.py does), so workers never flush or take each other's queued tasks or
@@ -11,7 +13,8 @@ plugin is loaded with `-p` from pyproject.toml's addopts, before pytest-django s
 - RUNCRATE_VAR_DIR (or the checkout's var/) with xdist-gwN under it: the SQLite database, the
   file broker and cache, mail, the operator's SSH key of that worker.
 
-Without xdist (`make test`, one process) it changes nothing.
+Without xdist (one process) it changes nothing. Running xdist by hand: `.venv/bin/python -m
+pytest -p tests.workers -n 2 --dist loadfile …`.
 """
 
 import os
