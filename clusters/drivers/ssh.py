@@ -359,13 +359,21 @@ def host_session(host: Host):
     )
 
 
-def read_host(host: Host) -> dict:
-    """What the host is now, read over SFTP by the product's own code (pristine.read)."""
+def read_host(host: Host, *, baseline: dict | None = None) -> dict:
+    """What the host is now (pristine.read): read over SFTP by the product's own code, its
+    contents hashed by the host's sha256sum, through this session's bounded commands, only once
+    what that depends on is as in `baseline` (None: recording it, staff vouch for the host)."""
     with host_session(host) as session:
         sftp = session.client.open_sftp()
         sftp.get_channel().settimeout(pristine.REPLY_SECONDS)  # a FIFO opened blocks no longer
         try:
-            return pristine.read(sftp, seconds=settings.RUNCRATE_VERIFY_SECONDS)
+            return pristine.read(
+                sftp,
+                run=session.run,
+                user=host.user or "root",
+                baseline=baseline,
+                seconds=settings.RUNCRATE_VERIFY_SECONDS,
+            )
         except pristine.Unverified as error:
             raise DriverError(f"{session.where}: not verified: {error.message}") from None
         except TimeoutError:
@@ -380,7 +388,8 @@ def read_host(host: Host) -> dict:
 
 
 def verify_host(host: Host) -> list[pristine.Difference]:
-    """What differs on `host` from its baseline; [] when it is pristine."""
+    """What differs on `host` from its baseline; [] when it is pristine. A baseline of an older
+    version of the reader is one difference that says to record it anew (nothing is read)."""
     if not host.baseline:
         return [
             pristine.Difference(
@@ -388,7 +397,10 @@ def verify_host(host: Host) -> list[pristine.Difference]:
                 "no baseline was recorded for this host: reimage it, then Record baseline",
             )
         ]
-    return pristine.differences(host.baseline, read_host(host))
+    outdated = pristine.outdated(host.baseline)
+    if outdated:
+        return [outdated]
+    return pristine.differences(host.baseline, read_host(host, baseline=host.baseline))
 
 
 def reimage_and_verify(host: Host, command: str) -> list[pristine.Difference]:

@@ -4,6 +4,10 @@ real here. The whole verification on real hosts is tests/clusters/test_ssh_lab_r
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+
 import pytest
 
 from clusters.drivers import pristine
@@ -69,7 +73,7 @@ def test_it_reads_listening_sockets_in_both_address_families():
 
 def baseline() -> dict:
     return {
-        "version": 1,
+        "version": pristine.VERSION,
         "files": {"/etc/passwd": "f 0644 0:0 aa", "/usr/bin/rsync": "f 0755 0:0 1 2"},
         "packages": {"openssh-server": "1:9.2p1"},
         "users": ["root", "sshd"],
@@ -332,3 +336,195 @@ def test_a_read_past_its_deadline_is_not_a_verification():
     bounds.deadline -= 31  # 31 s later, on the monotonic clock
     with pytest.raises(pristine.Unverified, match="did not finish within 30 s"):
         pristine._text(Planted({"/etc/passwd": PASSWD}), "/etc/passwd", bounds=bounds, irregular={})
+
+
+# --- the host's own hashing, and when it is believed (issue 33, item 8) ------------------------
+
+
+class LocalSFTP:
+    """The SFTP calls the reader makes, over a folder standing for the host's root."""
+
+    def __init__(self, root) -> None:
+        self.root = str(root)
+
+    def _at(self, path: str) -> str:
+        return self.root + path
+
+    def lstat(self, path):
+        import paramiko
+
+        return paramiko.SFTPAttributes.from_stat(os.lstat(self._at(path)))
+
+    def listdir_attr(self, path):
+        import paramiko
+
+        return [
+            paramiko.SFTPAttributes.from_stat(os.lstat(f"{self._at(path)}/{name}"), name)
+            for name in os.listdir(self._at(path))
+        ]
+
+    def listdir(self, path):
+        return os.listdir(self._at(path))
+
+    def readlink(self, path):
+        return os.readlink(self._at(path))
+
+    def open(self, path, mode):
+        return open(self._at(path), "rb")  # noqa: SIM115 (the caller closes it)
+
+
+class HostRun:
+    """The host's sha256sum run by `Session.run`: answers for the files under the root, and
+    remembers every command; `meanwhile` runs during the first (a tenant's process)."""
+
+    def __init__(self, root, meanwhile=None) -> None:
+        self.root, self.meanwhile, self.commands = str(root), meanwhile, []
+
+    def __call__(self, command, *, timeout, max_bytes, name):
+        import hashlib
+        import shlex
+
+        self.commands.append(command)
+        if self.meanwhile:
+            self.meanwhile()
+            self.meanwhile = None
+        words = shlex.split(command)
+        assert words[:4] == ["exec", pristine.TOOL, "--zero", "--"] and words[-1] == "2>/dev/null"
+        out = ""
+        for path in words[4:-1]:
+            with open(self.root + path, "rb") as handle:
+                out += f"{hashlib.sha256(handle.read()).hexdigest()}  {path}\0"
+        return 0, out
+
+
+def host_root(tmp_path):
+    for folder in ("etc", "root", "usr/bin", "usr/local/bin", "var/lib/app"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "root/.bashrc").write_text("PS1='# '\n")
+    with open(os.path.realpath(shutil.which("sha256sum") or "/usr/bin/sha256sum"), "rb") as tool:
+        (tmp_path / "usr/bin/sha256sum").write_bytes(tool.read())  # an ELF program
+    (tmp_path / "usr/bin/pgrep").write_bytes(b"#!/bin/sh\n" + b"x" * 100)
+    (tmp_path / "usr/local/bin/big").write_bytes(b"y" * 3000)
+    return tmp_path
+
+
+def test_a_fresh_host_is_hashed_on_the_host_once_and_reads_as_its_baseline(tmp_path):
+    root = host_root(tmp_path)
+    run = HostRun(root)
+    then = pristine.read(LocalSFTP(root), run=run)
+    assert len(run.commands) == 1 and then["distrusted"] == []
+    assert then["files"]["/usr/local/bin/big"].startswith("f 0644 ")
+    assert then["files"]["/usr/local/bin/big"].split()[3:] == [
+        "3000",
+        hashlib.sha256(b"y" * 3000).hexdigest(),
+    ]
+    assert then["trust"]["/root/.bashrc"].startswith("/root/.bashrc 0644 ")
+
+    now = pristine.read(LocalSFTP(root), run=HostRun(root), baseline=then)
+    assert pristine.differences(then, now) == []
+
+
+def test_a_changed_file_the_host_hashing_depends_on_means_the_host_is_never_asked(tmp_path):
+    root = host_root(tmp_path)
+    then = pristine.read(LocalSFTP(root), run=HostRun(root))
+    (root / "root/.bashrc").write_text("sha256sum() { echo lies; }\n")
+    # Same size, new content: only a hash finds it, and the host's is not believed now.
+    (root / "usr/bin/pgrep").write_bytes(b"#!/bin/sh\n" + b"z" * 100)
+    (root / "var/lib/app/planted").write_text("x")
+    run = HostRun(root)
+
+    now = pristine.read(LocalSFTP(root), run=run, baseline=then)
+
+    assert run.commands == []
+    assert now["distrusted"] == ["/root/.bashrc is not what it was"]
+    assert now["files"]["/usr/bin/pgrep"].endswith(" ?")
+    messages = [d.message for d in pristine.differences(then, now)]
+    assert messages[0].startswith("the host's own sha256sum was not trusted")
+    assert "/root/.bashrc is not what it was" in messages[0]
+    assert "/var/lib/app/planted was added" in messages
+    assert "/usr/bin/pgrep changed" not in messages  # no content claimed, same size
+
+
+def test_what_the_hashing_depends_on_changing_while_it_runs_is_not_believed(tmp_path):
+    root = host_root(tmp_path)
+    then = pristine.read(LocalSFTP(root), run=HostRun(root))
+    swap = lambda: (root / "usr/bin/sha256sum").write_bytes(b"\x7fELF another")  # noqa: E731
+
+    now = pristine.read(LocalSFTP(root), run=HostRun(root, meanwhile=swap), baseline=then)
+
+    assert now["distrusted"] == ["what the host's sha256sum depends on changed while it ran"]
+    assert all(not e.startswith("f ") or e.endswith(" ?") for e in now["files"].values())
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"trust": {"/usr/bin/sha256sum": "/usr/bin/sha256sum 0755 0:0 bb"}}, "is not what it was"),
+        ({"trust": {"/usr/bin/sha256sum": "/usr/bin/sha256sum 0755 0:0 aa",
+                    "/etc/ld.so.preload": "/etc/ld.so.preload 0644 0:0 cc"}},
+         "/etc/ld.so.preload is new"),
+        ({"trust": {}}, "/usr/bin/sha256sum is gone"),
+        ({"programs": ["/usr/sbin/sshd", "/usr/bin/perl"]},
+         "/usr/bin/perl is running, which the baseline had not"),
+        ({"cluster_processes": ["77 uses a cluster's key: ssh"]}, "a cluster's process"),
+    ],
+)  # fmt: skip
+def test_the_host_hashing_is_believed_only_when_all_it_depends_on_is_as_it_was(change, reason):
+    then = baseline() | {"trust": {"/usr/bin/sha256sum": "/usr/bin/sha256sum 0755 0:0 aa"}}
+    assert pristine.distrust(then, then) == []
+    assert pristine.distrust(None, then | change) == []  # recording: staff vouch for it
+    reasons = pristine.distrust(then, then | change)
+    assert len(reasons) == 1 and reason in reasons[0]
+
+
+def test_a_program_the_dashboard_cannot_read_the_libraries_of_is_never_believed():
+    script = {
+        "/bin/bash": f"/usr/bin/bash 0755 0:0 aa (not an ELF program: {pristine.NEVER_TRUSTED})"
+    }
+    then = baseline() | {"trust": script}
+    [reason] = pristine.distrust(then, then)
+    assert reason.startswith("/bin/bash: ") and "not an ELF program" in reason
+
+
+def test_a_baseline_of_an_older_version_is_one_difference_that_says_record_it_again(db):
+    old = baseline() | {"version": 1, "files": {}}
+    [only] = pristine.differences(old, baseline())
+    assert only.what == "baseline" and "Record baseline again" in only.message
+    # Nothing is read: the host's address leads nowhere.
+    host = HostFactory(driver="ssh", address="192.0.2.1", baseline=old)
+    from clusters.drivers.ssh import verify_host
+
+    assert verify_host(host) == [only]
+
+
+def test_the_hosts_answer_is_taken_only_as_records_of_the_files_asked():
+    digest = "a" * 64
+    batch = ["/a", "/b\n" + "f" * 64 + "  /etc/x", "/c"]
+    assert pristine.parse_hashes(f"{digest}  {batch[1]}\0{digest}  /c\0", batch) == {
+        "/a": "unreadable",
+        batch[1]: digest,
+        "/c": digest,
+    }
+    for forged in (f"{digest}  /etc/shadow\0", f"{digest}  /c\0{digest}  /a\0", f"{digest}  /a"):
+        with pytest.raises(pristine.Unverified):
+            pristine.parse_hashes(forged, batch)
+
+
+def test_batches_fit_one_command_and_spread_the_content():
+    sizes = {f"/usr/lib/{i:05d}-{'x' * 80}": 1 for i in range(3000)}
+    sizes |= {"/usr/local/big-1": 2 * pristine.BATCH_BYTES, "/usr/local/big-2": 10}
+    batches = pristine._batches(sizes)
+    assert sorted(p for b in batches for p in b) == sorted(sizes)
+    assert batches[0] == ["/usr/local/big-1"]  # alone, and first
+    assert all(len(" ".join(b)) <= pristine.BATCH_COMMAND for b in batches)
+
+
+def test_it_reads_the_interpreter_and_libraries_of_a_real_program():
+    real = os.path.realpath(shutil.which("sha256sum") or "/usr/bin/sha256sum")
+    with open(real, "rb") as handle:
+        program = pristine.elf_program(handle.read())
+    assert program is not None
+    interpreter, needed, _ = program
+    assert interpreter and interpreter.startswith("/lib") and "libc.so.6" in needed
+    assert pristine.elf_program(b"#!/bin/sh\necho\n") is None

@@ -411,7 +411,7 @@ def test_an_ssh_host_without_a_baseline_is_never_offered_nor_reserved(person):
     ready = HostFactory(
         machine_type=machine_type,
         driver=Host.Driver.SSH,
-        baseline={"version": 1},
+        baseline={"version": 2},
         baseline_at=timezone.now(),
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from clusters import hosts, lifecycle
+from clusters.drivers import pristine
 from clusters.drivers.ssh import verify_host
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Node
@@ -298,5 +299,66 @@ def test_a_same_size_system_program_with_its_time_restored_is_found(fleet):
         found = [d.message for d in verify_host(host)]
         print(f"verified in {time.monotonic() - started:.1f} s")
         assert "/usr/bin/pgrep changed" in found
+    finally:
+        fleet.reset(host.name)
+
+
+# A tenant's leftovers that only a check by content finds (issue 33, L3 and L3b): a library with
+# one byte changed, its size and time kept; a file in /var/lib; one byte in the middle of a big
+# file (hashed on the host: it never crosses SFTP).
+BIG = "/usr/local/share/big.bin"
+LEFT_BY_CONTENT = f"""
+lib=$(readlink -f /usr/lib/x86_64-linux-gnu/libz.so.1) && echo "$lib"
+cp -p "$lib" /tmp/lib.orig && printf X | dd of="$lib" bs=1 seek=4096 conv=notrunc 2>/dev/null
+touch -r /tmp/lib.orig "$lib" && rm /tmp/lib.orig
+cp -p {BIG} /tmp/big.orig 2>/dev/null
+printf X | dd of={BIG} bs=1 seek=100000000 conv=notrunc 2>/dev/null
+touch -r /tmp/big.orig {BIG} && rm /tmp/big.orig
+echo evil > /var/lib/evil.dat
+"""
+# And what makes the host's own sha256sum lie: a function in root's .bashrc (bash reads it for
+# every command sshd runs) and a wrapper in place of the program.
+LIARS_FOR_THE_HASH = r"""
+echo 'sha256sum() { echo lies; }' >> /root/.bashrc
+mv /usr/bin/sha256sum /usr/bin/sha256sum.real
+printf '#!/bin/sh\nexec /usr/bin/sha256sum.real "$@"\n' > /usr/bin/sha256sum
+chmod 755 /usr/bin/sha256sum
+"""
+
+
+def test_a_changed_library_a_var_lib_file_and_a_big_file_are_found_by_content(fleet, monkeypatch):
+    host = Host.objects.get(name=fleet.hosts[0].name)
+    fleet.exec(host.name, f"yes runcrate | head -c {256 * 1024 * 1024} > {BIG}")
+    read_over_sftp = []
+    capped = pristine._capped
+    monkeypatch.setattr(
+        pristine, "_capped", lambda *a, **k: read_over_sftp.append(len(r := capped(*a, **k))) or r
+    )
+    try:
+        assert hosts.record_baselines([host.pk]).done == [host.name]
+        host.refresh_from_db()
+        library = fleet.exec(host.name, LEFT_BY_CONTENT).stdout.strip()
+        read_over_sftp.clear()
+
+        found = [d.message for d in verify_host(host)]
+
+        assert found == [
+            f"{library} changed",
+            f"{BIG} changed",
+            "/var/lib/evil.dat was added",
+        ], found
+        # 256 MiB compared by content, and what crossed SFTP is what the hash depends on.
+        assert 0 < sum(read_over_sftp) < 32 * 1024 * 1024, sum(read_over_sftp)
+
+        fleet.exec(host.name, LIARS_FOR_THE_HASH)
+        Host.objects.filter(pk=host.pk).update(state=Host.State.DIRTY)
+        assert hosts.return_to_service([host.pk]).done == []
+        host.refresh_from_db()
+        first, *rest = host.pristine_report.splitlines()
+        assert first.startswith("the host's own sha256sum was not trusted"), first
+        assert "/root/.bashrc is not what it was" in first
+        assert "/usr/bin/sha256sum is not what it was" in first
+        assert "/var/lib/evil.dat was added" in rest
+        assert "/usr/bin/sha256sum.real was added" in rest
     finally:
         fleet.reset(host.name)

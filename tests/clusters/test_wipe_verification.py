@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 from django.utils import timezone
 
-from clusters.drivers import ssh
+from clusters.drivers import pristine, ssh
 from clusters.drivers.base import DriverError
 from clusters.models import Cluster, Node
 from offers.models import Host
@@ -112,7 +112,7 @@ def test_a_wipe_verified_clean_releases_the_host_as_not_pristine(db, monkeypatch
 
 
 BASELINE = {
-    "version": 1,
+    "version": pristine.VERSION,
     "files": {"/etc/passwd": "f 0644 0:0 aa"},
     "packages": {"openssh-server": "1:9.2p1-2+deb12u3"},
     "users": ["root"],
@@ -140,7 +140,7 @@ def test_a_reimaged_host_that_differs_from_its_baseline_is_not_pristine(
     db, monkeypatch, left, named
 ):
     node = released_node(reimage="true", baseline=BASELINE)
-    monkeypatch.setattr(ssh, "read_host", lambda host: {**BASELINE, **left})
+    monkeypatch.setattr(ssh, "read_host", lambda host, baseline: {**BASELINE, **left})
     hosts = Hosts({})
 
     released = stop(monkeypatch, hosts, node)
@@ -152,7 +152,7 @@ def test_a_reimaged_host_that_differs_from_its_baseline_is_not_pristine(
 
 def test_a_reimaged_host_equal_to_its_baseline_is_pristine(db, monkeypatch):
     node = released_node(reimage="true", baseline=BASELINE)
-    monkeypatch.setattr(ssh, "read_host", lambda host: dict(BASELINE))
+    monkeypatch.setattr(ssh, "read_host", lambda host, baseline: dict(BASELINE))
 
     released = stop(monkeypatch, Hosts({}), node)
 
