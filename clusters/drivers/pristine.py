@@ -420,6 +420,8 @@ def _walk_folder(
         if isinstance(error, TimeoutError):
             raise
         return
+    except UnicodeDecodeError:  # paramiko decodes names as UTF-8, strictly
+        raise Unverified(f"a name in {top} is not UTF-8: it cannot be compared") from None
     for entry in sorted(entries, key=lambda e: e.filename):
         path = f"{top.rstrip('/')}/{entry.filename}"
         if path.startswith(VOLATILE_PREFIXES):
@@ -534,7 +536,13 @@ def trust(sftp: paramiko.SFTPClient, passwd: str, *, user: str, bounds: _Bounds)
         if real is None or not stat.S_ISDIR(mode):
             found[f"folder {folder}"] = "absent" if real is None else f"{real} is not a folder"
             continue
-        names = sorted(sftp.listdir(real))
+        try:
+            names = sorted(sftp.listdir(real))
+        except OSError as error:
+            if isinstance(error, TimeoutError):
+                raise
+            found[f"folder {folder}"] = f"{real} is unreadable"
+            continue
         found[f"folder {folder}"] = f"{real}: {' '.join(names)}"
         for name in names:
             path = f"{folder}/{name}"
@@ -644,10 +652,10 @@ def _trust_read(
 ) -> tuple[str, bytes | None]:
     if not stat.S_ISREG(mode):
         return f"{real} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}", None
-    attributes = sftp.lstat(real)
-    if (attributes.st_size or 0) > TRUST_CAP:
-        return f"{real} is over {TRUST_CAP} bytes: {NEVER_TRUSTED}", None
     try:
+        attributes = sftp.lstat(real)
+        if (attributes.st_size or 0) > TRUST_CAP:
+            return f"{real} is over {TRUST_CAP} bytes: {NEVER_TRUSTED}", None
         data = _capped(sftp, real, TRUST_CAP, bounds)
     except OSError as error:
         if isinstance(error, TimeoutError):

@@ -360,5 +360,12 @@ def test_a_changed_library_a_var_lib_file_and_a_big_file_are_found_by_content(fl
         assert "/usr/bin/sha256sum is not what it was" in first
         assert "/var/lib/evil.dat was added" in rest
         assert "/usr/bin/sha256sum.real was added" in rest
+
+        # A name that is not UTF-8 (paramiko cannot decode it) is no verification, not a crash.
+        fleet.exec(host.name, "touch \"/var/lib/$(printf '\\377')\"")
+        outcome = hosts.return_to_service([host.pk])
+        assert "a name in /var/lib is not UTF-8" in outcome.refused[host.name], outcome.refused
+        host.refresh_from_db()
+        assert host.state == Host.State.DIRTY
     finally:
         fleet.reset(host.name)
