@@ -65,7 +65,7 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
         Node.objects.filter(cluster_id=node.cluster_id, status__in=Node.LIVE)
         .exclude(pk=node.pk)
         .select_related("host")
-        .only("index", "status", "agent_at", "wireguard_key", "host__address")
+        .only("index", "status", "agent_at", "heartbeat_at", "wireguard_key", "host__address")
         .order_by("index")
     )
     return {
@@ -75,12 +75,9 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
             "step": node.step,
             "status": node.status,
             "peers": {p.name: p.private_ip for p in peers},
-            # Every peer has checked in (with its WireGuard key, where this node has one): the
-            # private network can be tested.
-            "peers_ready": all(
-                p.agent_at is not None and (p.wireguard_key or not node.wireguard_key)
-                for p in peers
-            ),
+            # Every peer can answer this node over the private network: the network test may
+            # start (peers_ready, below).
+            "peers_ready": peers_ready(node, peers),
             "wireguard": {
                 "listen_port": WIREGUARD_PORT,
                 "peers": [
@@ -108,6 +105,25 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
             "metrics_seconds": metrics.metrics_seconds(node.cluster, node),
         }
     }
+
+
+def peers_ready(node: Node, peers: list[Node]) -> bool:
+    """Whether every peer can answer `node` over the private network, so its agent may test
+    it: each peer has checked in, and where `node` has a WireGuard key, each has its own and
+    has checked in since `node`'s first check-in (which brought its key), so the peer's
+    answer listed `node` and its agent made it a WireGuard peer and opened the firewall to it.
+    A worker added to a running cluster waits for that instead of testing peers that may not
+    know it for a heartbeat more (30 s): it then found them unreachable and was released."""
+
+    def knows_node(peer: Node) -> bool:
+        if not node.wireguard_key:
+            return True
+        seen, joined = peer.heartbeat_at, node.agent_at
+        return (
+            bool(peer.wireguard_key) and seen is not None and joined is not None and seen >= joined
+        )
+
+    return all(p.agent_at is not None and knows_node(p) for p in peers)
 
 
 @router.post(

@@ -11,7 +11,7 @@ For as long as it runs, it:
    the firewall's set of addresses WireGuard's port accepts (`wg_peers` in the nftables table
    `inet runcrate` the bootstrap made) their endpoints. Where `wg`, `nft`, the interface or the
    table is missing (tests, simulations) it says so once and goes on.
-3. While the node is `starting` in step `network`, every peer has checked in (`peers_ready`)
+3. While the node is `starting` in step `network`, every peer knows it (`peers_ready`)
    and it is this node's turn (`measure_turn`: workers measure one at a time, the head at once),
    tests the private network: it TCP-connects to each peer's probe port, retrying unreachable
    peers for ~20 s; measures latency and bandwidth to the head (iperf3 where the head runs it,

@@ -3,6 +3,7 @@
 import socket
 
 import pytest
+import time_machine
 
 from clusters.agent import runcrate_agent
 from clusters.lifecycle import agent_token
@@ -232,3 +233,37 @@ def test_it_refuses_a_bad_key_or_measurement_and_records_nothing(cluster, client
     assert says in response.json()["error"]["message"]
     n.refresh_from_db()
     assert (n.wireguard_key, n.acceptance, n.heartbeat_at) == ("", {}, None)
+
+
+def test_a_node_tests_the_network_only_once_every_peer_checked_in_after_it_brought_its_key(
+    cluster, client
+):
+    """A peer's answer lists a node's WireGuard key only once that node has checked in with
+    it; until the peer checks in again it has not made the node its WireGuard peer, and a
+    test would find it unreachable (a worker added to a running cluster was released so)."""
+    keys = {i: chr(ord("A") + i) * 42 + "A=" for i in range(3)}
+
+    def check_in(i: int) -> bool:
+        n = node(cluster, i)
+        answer = post(
+            client,
+            f"/api/v1/agent/nodes/{n.pk}/check-in",
+            {"nvidia_smi": NVIDIA_SMI, "wireguard_public_key": keys[i]},
+            agent_token(n),
+        )
+        assert answer.status_code == 200, answer.content
+        return answer.json()["data"]["peers_ready"]
+
+    with Sim(), time_machine.travel("2026-12-05 12:00:00Z", tick=False) as clock:
+        assert check_in(0) is False  # nobody else has checked in
+        clock.shift(5)
+        assert check_in(1) is False  # node-2 has not
+        clock.shift(5)
+        # node-0 and node-1 last checked in before node-2 brought its key: they do not know it.
+        assert check_in(2) is False
+        clock.shift(5)
+        assert check_in(1) is False  # node-0 has not checked in since node-1's key came
+        clock.shift(5)
+        assert check_in(0) is True  # both checked in after node-0's key
+        assert check_in(1) is True
+        assert check_in(2) is True  # node-0 and node-1 have now been told of node-2
