@@ -136,3 +136,82 @@ def test_a_marker_the_plugin_adds_deselects_like_one_written_on_the_test(pyteste
 
 def test_the_suite_loads_the_plugin_once(pytestconfig):
     assert pytestconfig.pluginmanager.is_registered(tiers)
+
+
+PLAIN_MODULE = """
+def test_one():
+    pass
+
+def test_two():
+    pass
+"""
+
+LAB_MODULE = """
+import pytest
+
+@pytest.fixture
+def lab():
+    return "hosts"
+
+def test_on_the_lab(lab):
+    pass
+
+def test_beside_it():
+    pass
+
+def test_also_beside_it():
+    pass
+"""
+
+
+def run_under_xdist(pytester, modules: dict[str, str]):
+    """`modules` (path: source) run as make test runs the suite: two workers, tests.workers'
+    scheduler, --dist loadfile --no-loadscope-reorder."""
+    pytester.makeini("[pytest]\nmarkers =\n" + "".join(f"    {m}\n" for m in MARKERS))
+    for path, source in modules.items():
+        (pytester.path / path).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / path).write_text(source)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(REPO))
+        patch.setenv("DJANGO_SETTINGS_MODULE", "")
+        patch.delenv("REDIS_URL", raising=False)
+        patch.setenv("RUNCRATE_VAR_DIR", str(pytester.path / "var"))
+        return pytester.runpytest_subprocess(
+            "-p", "tests.workers", "-p", "tests.tiers", "-p", "no:django",
+            "-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "loadfile",
+            "--no-loadscope-reorder",
+        )  # fmt: skip
+
+
+def test_under_xdist_the_labs_modules_run_whole_on_one_worker_before_anything_else(pytester):
+    """make test's xdist: the lab's modules (each whole, a test that needs no lab included) are
+    one unit that one worker runs first; every other module stays on one worker too."""
+    result = run_under_xdist(
+        pytester,
+        {
+            "test_a_plain.py": PLAIN_MODULE,
+            "test_b_plain.py": PLAIN_MODULE,
+            "lab/test_c_hosts.py": LAB_MODULE,
+            "test_ssh_lab_d.py": LAB_MODULE,
+        },
+    )
+
+    result.assert_outcomes(passed=10)
+    ran: dict[str, list[str]] = {}  # worker: the modules of its tests, in the order it ran them
+    for line in result.outlines:
+        if line.startswith("[gw") and "PASSED" in line:
+            worker, node = line.split()[0], line.split()[-1]
+            ran.setdefault(worker, []).append(node.split("::")[0])
+    lab_worker = next(w for w, modules in ran.items() if "test_ssh_lab_d.py" in modules)
+    assert ran[lab_worker][:6] == ["lab/test_c_hosts.py"] * 3 + ["test_ssh_lab_d.py"] * 3, ran
+    others = [m for w, modules in ran.items() if w != lab_worker for m in modules]
+    assert not {"lab/test_c_hosts.py", "test_ssh_lab_d.py"} & set(others), ran
+    for module in ("test_a_plain.py", "test_b_plain.py"):
+        assert len([w for w, modules in ran.items() if module in modules]) == 1, ran
+
+
+def test_under_xdist_a_lab_test_outside_the_labs_modules_stops_the_run(pytester):
+    result = run_under_xdist(pytester, {"test_a_plain.py": PLAIN_MODULE, "test_e.py": LAB_MODULE})
+
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*test_e.py::test_on_the_lab needs the lab: it belongs in*"])

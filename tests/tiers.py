@@ -19,6 +19,7 @@ tests/conftest.py loads this plugin; `-p tests.tiers` loads it alone (tests/test
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -77,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers added here
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         for fixture, marker in TIER_FIXTURES.items():
@@ -89,3 +90,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("postgres")
         tier = tier_of(mark.name for mark in item.iter_markers())
         item.user_properties.append(("tier", tier))
+    if hasattr(config, "workerinput"):
+        lab_first(items)
+
+
+def in_lab_module(nodeid: str) -> bool:
+    """Whether a test's module is one of the lab's: under a folder named lab (tests/lab/) or
+    named test_ssh_lab*.py. Under pytest-xdist these modules run one after another on one
+    worker (tests/workers.py), since the lab's hosts are one set; a test that needs the lab
+    must live in one (lab_first says so at collection)."""
+    path = PurePosixPath(nodeid.split("::", 1)[0])
+    return "lab" in path.parts[:-1] or path.name.startswith("test_ssh_lab")
+
+
+def lab_first(items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker: the lab's modules first, in their order, so that with
+    --no-loadscope-reorder the lab, the longest unit, is the first a worker takes and the other
+    worker shares everything else meanwhile. A lab test outside them fails at its setup, before
+    its fixtures touch the lab: it would run beside the lab's other tests, on the same hosts."""
+    for item in items:
+        if item.get_closest_marker("lab") and not in_lab_module(item.nodeid):
+            item.stash[MISPLACED] = (
+                f"{item.nodeid} needs the lab: it belongs in tests/lab/ or a module named "
+                "tests/clusters/test_ssh_lab*.py, whose tests run one after another "
+                "(docs/testing.md)"
+            )
+    items.sort(key=lambda item: not in_lab_module(item.nodeid))
+
+
+MISPLACED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture is set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if MISPLACED in item.stash:
+        pytest.fail(item.stash[MISPLACED], pytrace=False)

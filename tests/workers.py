@@ -1,8 +1,9 @@
-"""Each pytest-xdist worker on things of its own (`make test-fast` runs two; docs/testing.md).
+"""Each pytest-xdist worker on things of its own (`make test` and `make test-fast` run two;
+docs/testing.md), and the controller's scheduler that keeps the lab's modules on one of them.
 
 pytest-django gives each worker its own test database (test_<name>_gw0, _gw1…). What the
 settings read from the environment this plugin gives each worker before Django reads it: it is
-loaded with `-p tests.workers` (make test-fast's command line, which xdist hands its workers),
+loaded with `-p tests.workers` (the make targets' command line, which xdist hands its workers),
 before pytest-django sets Django up. `python -m pytest` puts the checkout on the path it is
 imported from (the `pytest` script alone would not find it):
 
@@ -20,7 +21,10 @@ pytest -p tests.workers -n 2 --dist loadfile …`.
 import os
 from pathlib import Path
 
+from xdist.scheduler import LoadFileScheduling
+
 from runcrate.env import redis_database
+from tests.tiers import in_lab_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,3 +43,21 @@ def worker_environment(environ: dict[str, str], worker: str) -> dict[str, str]:
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.update(worker_environment(dict(os.environ), worker))
+
+
+class LabTogether(LoadFileScheduling):
+    """--dist loadfile, except that the lab's modules (tests.tiers.in_lab_module) are one unit:
+    one worker runs them one after another, on the one set of lab hosts, while the others
+    share every other module, a module to a worker at a time."""
+
+    LAB = "lab"
+
+    def _split_scope(self, nodeid: str) -> str:
+        return self.LAB if in_lab_module(nodeid) else super()._split_scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The controller's scheduler: LabTogether for --dist loadfile (make test, test-fast)."""
+    if config.getvalue("dist") == "loadfile":
+        return LabTogether(config, log)
+    return None
