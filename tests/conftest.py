@@ -2,6 +2,7 @@
 see nothing), API clients for each, a Playwright browser on Debian's Chromium."""
 
 import os
+import signal
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +25,13 @@ def pytest_configure(config):
     # The tiers' markers and the table of each tier's time at the end (docs/testing.md).
     if not config.pluginmanager.is_registered(tiers):
         config.pluginmanager.register(tiers, "runcrate-tiers")
+    # A run started in the background by a shell without job control (`cmd &` in a script)
+    # begins with SIGINT ignored, and every process a test starts would inherit that: Python
+    # then installs no KeyboardInterrupt handler, and the tests that press Ctrl-C on the CLI
+    # wait for a process that never hears it. With Python's own handler here, a child starts
+    # with the default (exec resets a handled signal, not an ignored one), as from a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass
