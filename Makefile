@@ -79,10 +79,10 @@ serve-check:
 	@test -n "$$DATABASE_URL" || { echo "make serve needs DATABASE_URL, e.g. postgres://user:password@127.0.0.1:5432/runcrate"; exit 2; }
 	@test -n "$$REDIS_URL" || echo "make serve: no REDIS_URL, so the broker is files in $(or $(RUNCRATE_VAR_DIR),var)/broker: every process must run on this machine"
 
-# The whole suite on two pytest-xdist workers (tests/workers.py): the lab's modules one after
-# another on one of them (tests/tiers.py groups them, first), every other module a unit of its
-# own on whichever worker is free; it ends with a table of each tier's time. WORKERS=0 runs it
-# in one process.
+# The whole suite on two pytest-xdist workers: the lab's modules one unit, run one after another
+# on one of them (tests/workers.py's scheduler) and first (tests/tiers.py puts them at the front),
+# every other module a unit of its own on whichever worker is free; it ends with a table of each
+# tier's time. WORKERS=0 runs it in one process.
 WORKERS ?= 2
 XDIST = -p tests.workers -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
