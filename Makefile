@@ -79,15 +79,31 @@ serve-check:
 	@test -n "$$DATABASE_URL" || { echo "make serve needs DATABASE_URL, e.g. postgres://user:password@127.0.0.1:5432/runcrate"; exit 2; }
 	@test -n "$$REDIS_URL" || echo "make serve: no REDIS_URL, so the broker is files in $(or $(RUNCRATE_VAR_DIR),var)/broker: every process must run on this machine"
 
-# The whole suite on two pytest-xdist workers: the lab's modules one unit, run one after another
-# on one of them (tests/workers.py's scheduler) and first (tests/tiers.py puts them at the front),
-# every other module a unit of its own on whichever worker is free; it ends with a table of each
-# tier's time. WORKERS=0 runs it in one process.
+# The whole suite, in two parts. First, in one process, tests/lab: the lab's own tests, which
+# take the whole lab down and bring it up again, so nothing else may use it meanwhile (seconds).
+# Then everything else on two pytest-xdist workers (tests/workers.py): the lab's modules first
+# (tests/tiers.py puts them at the front), each whole on one worker and on GPU hosts of that
+# worker's own, then every other module on whichever worker is free. Each part ends with a table
+# of its tiers' time; a part that fails does not stop the other, and make test fails if either
+# did. WORKERS=0 runs it all in one process; with PYTEST_ARGS (a selection, say) it is one run
+# on the workers, where tests/lab's tests that need the lab to themselves skip.
 WORKERS ?= 2
 XDIST = -p tests.workers -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+LAB_ALONE := tests/lab
 
 test: chromium install axe
-	$(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,$(XDIST)) $(PYTEST_ARGS)
+ifeq ($(WORKERS),0)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+else ifneq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+else
+	@status=0; \
+	echo "$(BIN)/python -m pytest $(LAB_ALONE)"; \
+	$(BIN)/python -m pytest $(LAB_ALONE) || status=1; \
+	echo "$(BIN)/python -m pytest $(XDIST) --ignore=$(LAB_ALONE)"; \
+	$(BIN)/python -m pytest $(XDIST) --ignore=$(LAB_ALONE) || status=1; \
+	exit $$status
+endif
 
 # The tiers (docs/testing.md): a developer's loop without the lab, the browser, the tests that
 # start processes of their own and the fuzz run (no root, no Chromium), a module to a worker on
@@ -100,7 +116,10 @@ test-fast: install
 	$(BIN)/python -m pytest -p tests.workers -m "$(FAST_TESTS)" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-lab: install
-	$(BIN)/python -m pytest -m lab $(PYTEST_ARGS)
+	@status=0; \
+	$(BIN)/python -m pytest -m lab $(LAB_ALONE) $(PYTEST_ARGS) || status=1; \
+	$(BIN)/python -m pytest -m lab $(XDIST) --ignore=$(LAB_ALONE) $(PYTEST_ARGS) || status=1; \
+	exit $$status
 
 bench: install
 	@$(BIN)/python -m bench

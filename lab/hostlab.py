@@ -161,6 +161,10 @@ class LabHost:
 
 
 def _env_lab_dir() -> Path:
+    """RUNCRATE_LAB_DIR, else $RUNCRATE_VAR_DIR/lab (the suite's pytest-xdist workers each have a
+    var folder of their own and one lab between them: tests/workers.py names it for them)."""
+    if os.environ.get("RUNCRATE_LAB_DIR"):
+        return Path(os.environ["RUNCRATE_LAB_DIR"]).resolve()
     return Path(os.environ.get("RUNCRATE_VAR_DIR") or REPO / "var").resolve() / "lab"
 
 
@@ -1367,16 +1371,25 @@ def _check_key(key: str) -> str:
     return key
 
 
-def up(count: int = 3, *, authorized_key: str, gateway: bool = True, storage: bool = True) -> Lab:
-    """Bring up lab-1..lab-COUNT (and lab-gw, lab-store): hosts already up are kept, and get
-    `authorized_key` added. The first call builds the cache (a few minutes, needs Debian's
+def up(
+    count: int = 3,
+    *,
+    authorized_key: str,
+    gateway: bool = True,
+    storage: bool = True,
+    first: int = 1,
+) -> Lab:
+    """Bring up COUNT GPU hosts from lab-FIRST on (lab-1..lab-COUNT by default), and lab-gw and
+    lab-store: hosts already up are kept, and get `authorized_key` added; the lab's other hosts
+    are left as they are (two users of one lab, each on GPU hosts of its own, share the gateway
+    and the storage host). The first call builds the cache (a few minutes, needs Debian's
     package servers); later ones take a second or two, and nothing when all is up."""
     reason = unavailable_reason()
     if reason:
         raise LabUnavailable(reason)
     key = _check_key(authorized_key)
-    if not 0 <= count <= MAX_HOSTS:
-        raise ValueError(f"count must be 0 to {MAX_HOSTS}")
+    if first < 1 or not 0 <= count <= MAX_HOSTS - first + 1:
+        raise ValueError(f"the hosts must be lab-1 to lab-{MAX_HOSTS}: count 0 or more from 1 on")
     _hold_users_lock()
     lab_dir = _lab_dir()
     lab_dir.mkdir(parents=True, exist_ok=True)
@@ -1398,7 +1411,7 @@ def up(count: int = 3, *, authorized_key: str, gateway: bool = True, storage: bo
         _write_state(lab_dir, state)
         _write_anchor(lab_dir)
         wanted = [STORAGE_INDEX] if storage else []
-        wanted += ([0] if gateway else []) + list(range(1, count + 1))
+        wanted += ([0] if gateway else []) + list(range(first, first + count))
         started = []
         for index in wanted:
             name = _host_name(index)
@@ -1417,7 +1430,7 @@ def up(count: int = 3, *, authorized_key: str, gateway: bool = True, storage: bo
         for record in started:
             _wait_ready(lab_dir, record)
     lab = _lab_from(lab_dir, state)
-    lab.hosts = [lab.host(_host_name(i)) for i in range(1, count + 1)]
+    lab.hosts = [lab.host(_host_name(i)) for i in range(first, first + count)]
     if not gateway:
         lab.gateway = None
     if not storage:

@@ -11,7 +11,7 @@ from django.test import Client
 
 from accounts.models import Membership, Project, User
 from accounts.projects import create_project
-from tests import tiers
+from tests import tiers, workers
 from tests.factories import GpuModelFactory, UserFactory, issue_key
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM calls made by the
@@ -56,6 +56,16 @@ def _person(email: str, project: Project | None = None) -> Person:
     else:
         Membership.objects.create(project=project, user=user, role=Membership.Role.DEVELOPER)
     return Person(user=user, project=project, key=issue_key(user=user, project=project))
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, its ids from N million on in xdist worker gwN
+    (tests/workers.py, offset_sequences)."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        workers.offset_sequences(connection, os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 @pytest.fixture

@@ -96,24 +96,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def in_lab_module(nodeid: str) -> bool:
     """Whether a test's module is one of the lab's: under a folder named lab (tests/lab/) or
-    named test_ssh_lab*.py. Under pytest-xdist these modules run one after another on one
-    worker (tests/workers.py), since the lab's hosts are one set; a test that needs the lab
-    must live in one (lab_first says so at collection)."""
+    named test_ssh_lab*.py. Under pytest-xdist they are the first modules the workers take
+    (each whole on one worker, on GPU hosts of that worker's own: tests/workers.py); a test
+    that needs the lab must live in one (lab_first says so at collection)."""
     path = PurePosixPath(nodeid.split("::", 1)[0])
     return "lab" in path.parts[:-1] or path.name.startswith("test_ssh_lab")
 
 
 def lab_first(items: list[pytest.Item]) -> None:
     """In a pytest-xdist worker: the lab's modules first, in their order, so that with
-    --no-loadscope-reorder the lab, the longest unit, is the first a worker takes and the other
-    worker shares everything else meanwhile. A lab test outside them fails at its setup, before
-    its fixtures touch the lab: it would run beside the lab's other tests, on the same hosts."""
+    --no-loadscope-reorder the lab's modules, the longest, are what the workers take first and
+    share while the rest waits. A lab test outside them fails at its setup, before its fixtures
+    touch the lab: it would start late, where the rest no longer covers its time."""
     for item in items:
         if item.get_closest_marker("lab") and not in_lab_module(item.nodeid):
             item.stash[MISPLACED] = (
                 f"{item.nodeid} needs the lab: it belongs in tests/lab/ or a module named "
-                "tests/clusters/test_ssh_lab*.py, whose tests run one after another "
-                "(docs/testing.md)"
+                "tests/clusters/test_ssh_lab*.py, which run first (docs/testing.md)"
             )
     items.sort(key=lambda item: not in_lab_module(item.nodeid))
 

@@ -4,7 +4,13 @@ and a frozen clock at T0 that a test moves (`clock.move_to(at(seconds))`)."""
 import pytest
 import time_machine
 
-from tests.clusters.lab_kit import dashboard, fleet, lab, user_key  # noqa: F401 - lab fixtures
+from tests.clusters.lab_kit import (  # noqa: F401 - lab fixtures
+    dashboard,
+    fleet,
+    lab,
+    lab_run,
+    user_key,
+)
 from tests.clusters.lifecycle_kit import T0, Sim, new_project
 
 

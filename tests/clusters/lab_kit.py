@@ -1,10 +1,12 @@
 """The lab's fixtures for every lab test module (tests/clusters/conftest.py offers them): the
-lab's hosts up for a module, the live dashboard on the lab's bridge where the hosts' agents reach
-it, the hosts in the inventory, and a user's SSH key (docs/lab.md)."""
+lab's hosts up once a run, the live dashboard on the lab's bridge where the hosts' agents reach
+it, the hosts in the inventory, and a user's SSH key (docs/lab.md, docs/testing.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import random
 import subprocess
 from io import StringIO
@@ -19,21 +21,36 @@ from clusters.drivers.ssh import operator_public_key
 from lab import hostlab
 from offers.inventory import load_inventory, waiting_for_baseline
 from offers.models import Host
+from tests.workers import lab_first_host
 
-HOSTS = 5  # lab-1..lab-3 in `lab` (own addresses), lab-4 and lab-5 behind the gateway
+HOSTS = 5  # a module's `lab`: the first three in `lab` (own addresses), two behind the gateway
+RUN_HOSTS = 9  # the most a module uses (test_ssh_lab_acceptance: eight nodes and a spare)
 BOOT = 300  # generous: a first bootstrap installs WireGuard from the lab's mirror
+# This process's GPU hosts: lab-1 on in one process or worker gw0, lab-21 on in gw1, ... (each
+# pytest-xdist worker runs lab modules on hosts of its own; tests/workers.py).
+FIRST = lab_first_host(os.environ.get("PYTEST_XDIST_WORKER"))
 
 
-@pytest.fixture(scope="module")
-def lab():
+@pytest.fixture(scope="session")
+def lab_run():
+    """The lab's hosts of this process, brought up once a run (kept as they are where they were
+    up: every fleet resets the hosts it uses). A lab this run brought up goes down at its end,
+    unless another process uses it; under pytest-xdist the controller takes it down once every
+    worker is done (tests/workers.py)."""
     reason = hostlab.unavailable_reason()
     if reason:
         pytest.skip(reason)
     was_up = hostlab.current() is not None
-    the_lab = hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
-    yield the_lab
-    if not was_up:
+    key = operator_public_key()
+    yield hostlab.up(RUN_HOSTS, authorized_key=key, gateway=True, first=FIRST)
+    if not was_up and not os.environ.get("PYTEST_XDIST_WORKER") and not hostlab.others_using():
         hostlab.down()
+
+
+@pytest.fixture(scope="module")
+def lab(lab_run):
+    """A module's lab: the first HOSTS of this process's hosts, the gateway and storage."""
+    return dataclasses.replace(lab_run, hosts=lab_run.hosts[:HOSTS])
 
 
 @pytest.fixture

@@ -259,33 +259,35 @@ def test_users_reach_nodes_behind_the_location_gateway(fleet, user_key, tmp_path
 def test_a_host_whose_sshd_does_not_answer_fails_the_cluster(fleet, user_key, quick_retries):
     lab = fleet
     rule = "INPUT -p tcp --dport 22 -j REJECT --reject-with tcp-reset"
-    lab.exec("lab-2", f"iptables -I {rule}")
+    lab.exec(lab.hosts[1].name, f"iptables -I {rule}")
     try:
         cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
         drive(cluster, Cluster.Status.FAILED)
     finally:
         # The failure's release reimaged the host, rule and all, unless the test broke first.
-        lab.exec("lab-2", f"iptables -D {rule}", check=False)
+        lab.exec(lab.hosts[1].name, f"iptables -D {rule}", check=False)
     assert_failed_at(cluster, "machine_failed", "node-1", "running")
-    assert "could not connect to 172.30.77.12:22: connection refused" in cluster.failure_message
+    refused = f"could not connect to {lab.hosts[1].address}:22: connection refused"
+    assert refused in cluster.failure_message
     released(cluster)
-    assert_clean(lab, Host.objects.get(name="lab-1"))
+    assert_clean(lab, Host.objects.get(name=lab.hosts[0].name))
 
 
 def test_a_host_whose_key_does_not_match_is_never_bootstrapped(fleet, user_key):
     lab = fleet
-    Host.objects.filter(name="lab-2").update(host_key=lab.hosts[2].host_key)  # lab-3's key
+    # The second host is told the third one's key.
+    Host.objects.filter(name=lab.hosts[1].name).update(host_key=lab.hosts[2].host_key)
     cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
     drive(cluster, Cluster.Status.FAILED)
     # Never wiped either (nothing was done to it): offline at once, for staff.
     released(cluster, allowed={Host.State.FREE, Host.State.OFFLINE})
-    assert cluster.events.get(reason="release_failed").node.host.name == "lab-2"
-    assert Host.objects.get(name="lab-2").state == Host.State.OFFLINE
+    assert cluster.events.get(reason="release_failed").node.host.name == lab.hosts[1].name
+    assert Host.objects.get(name=lab.hosts[1].name).state == Host.State.OFFLINE
     event = assert_failed_at(cluster, "host_key_mismatch", "node-1", "running")
     assert "offered host key SHA256:" in cluster.failure_message
     assert f"offered: {lab.hosts[1].host_key}" in event.output  # what staff look at
-    assert lab.exec("lab-2", "test -e /var/lib/runcrate", check=False).returncode != 0
-    assert_clean(lab, Host.objects.get(name="lab-1"))
+    assert lab.exec(lab.hosts[1].name, "test -e /var/lib/runcrate", check=False).returncode != 0
+    assert_clean(lab, Host.objects.get(name=lab.hosts[0].name))
 
 
 def test_an_agent_that_cannot_reach_the_dashboard_fails_the_cluster(fleet, user_key, settings):
@@ -308,15 +310,15 @@ def test_an_agent_that_cannot_reach_the_dashboard_fails_the_cluster(fleet, user_
 
 def test_a_peer_whose_private_traffic_is_dropped_fails_the_network_step(fleet, user_key):
     lab = fleet
-    lab.exec("lab-3", "iptables -I INPUT -i rc0 -j DROP")
+    lab.exec(lab.hosts[2].name, "iptables -I INPUT -i rc0 -j DROP")
     try:
         cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=3)
         drive(cluster, Cluster.Status.FAILED)
     finally:
         # The failure's release reimaged the host, rule and all, unless the test broke first.
-        lab.exec("lab-3", "iptables -D INPUT -i rc0 -j DROP", check=False)
+        lab.exec(lab.hosts[2].name, "iptables -D INPUT -i rc0 -j DROP", check=False)
     event = assert_failed_at(cluster, "network_unreachable", cluster.failure_node, "network")
-    assert "node-2" in cluster.failure_message  # lab-3 serves node-2
+    assert "node-2" in cluster.failure_message  # the third host serves node-2
     assert "FAIL" in event.output  # the N×N matrix
     released(cluster)
     for host in Host.objects.filter(nodes__cluster=cluster):
@@ -325,12 +327,12 @@ def test_a_peer_whose_private_traffic_is_dropped_fails_the_network_step(fleet, u
 
 def test_a_host_with_another_gpu_model_fails_the_hardware_check(fleet, user_key):
     lab = fleet
-    lab.set_gpus("lab-2", model="NVIDIA A100-SXM4-80GB", memory_mib=81920, count=2)
+    lab.set_gpus(lab.hosts[1].name, model="NVIDIA A100-SXM4-80GB", memory_mib=81920, count=2)
     try:
         cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
         drive(cluster, Cluster.Status.FAILED)
     finally:
-        lab.set_gpus("lab-2", model="NVIDIA H100 80GB HBM3", memory_mib=81559, count=2)
+        lab.set_gpus(lab.hosts[1].name, model="NVIDIA H100 80GB HBM3", memory_mib=81559, count=2)
     assert_failed_at(cluster, "hardware_mismatch", "node-1", "agent")
     assert "NVIDIA A100-SXM4-80GB" in cluster.failure_message
     released(cluster)
@@ -391,12 +393,12 @@ def bootstrap(cluster: Cluster, index: int) -> dict:
 
 def test_the_bootstrap_refuses_a_system_it_does_not_support_and_changes_nothing(fleet, user_key):
     lab = fleet
-    lab.exec("lab-1", "printf 'ID=centos\\nVERSION_ID=\"9\"\\n' > /etc/os-release")
+    lab.exec(lab.hosts[0].name, "printf 'ID=centos\\nVERSION_ID=\"9\"\\n' > /etc/os-release")
     try:
         cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
         drive(cluster, Cluster.Status.FAILED)
     finally:
-        lab.reset("lab-1")
+        lab.reset(lab.hosts[0].name)
     assert_failed_at(cluster, "machine_failed", "node-0", "running")
     assert "centos 9 is not supported" in cluster.failure_message
     assert "Debian 12, Ubuntu 22.04 or Ubuntu 24.04" in cluster.failure_message
@@ -405,20 +407,20 @@ def test_the_bootstrap_refuses_a_system_it_does_not_support_and_changes_nothing(
 def test_an_imaged_host_needs_no_package_source_and_a_bare_one_says_what_it_lacks(fleet, user_key):
     lab = fleet
     cluster = create(project_with(user_key), machine_type("lab-h100x2-vm"), nodes=2)
-    first = bootstrap(cluster, 0)  # from the lab's mirror where lab-1 lacks the packages
+    first = bootstrap(cluster, 0)  # from the lab's mirror where the first host lacks the packages
     assert first["wireguard"] == "wireguard-go"
     Location.objects.filter(code="lab").update(apt_mirror="", pip_index_url="")
-    # lab-1 has everything now, like a host its operator imaged: no package source needed.
+    # The first host has everything now, like a host its operator imaged: no package source needed.
     again = bootstrap(cluster, 0)
     assert not [c for c in again["changed"] if c.startswith(("packages", "apt-source"))]
-    # lab-2, made anew, lacks WireGuard: with no mirror the bootstrap refuses, naming it.
-    lab.reset("lab-2")
+    # The second, made anew, lacks WireGuard: with no mirror the bootstrap refuses, naming it.
+    lab.reset(lab.hosts[1].name)
     with pytest.raises(DriverError) as refused:
         bootstrap(cluster, 1)
     assert refused.value.reason == "machine_failed"
     assert "lacks wireguard-tools wireguard-go" in refused.value.message
     assert "no apt_mirror" in refused.value.message
-    assert lab.exec("lab-2", "test -e /etc/runcrate", check=False).returncode != 0
+    assert lab.exec(lab.hosts[1].name, "test -e /etc/runcrate", check=False).returncode != 0
     with Sim():
         lifecycle.terminate(cluster=cluster)
     drive(cluster, Cluster.Status.TERMINATED)

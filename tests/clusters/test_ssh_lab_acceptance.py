@@ -2,17 +2,17 @@
 node-0 one at a time, so healthy hosts pass, and a host whose own link is shaped to 8 Mbit/s
 fails the cluster naming exactly its node (docs/lifecycle.md, "Acceptance before billing").
 
-Its own lab fixture: 9 hosts in location `lab` (the shared `fleet` has 5), each reimaged and
-its baseline recorded as `fleet` does.
+Its own lab fixture: 9 of the run's hosts in location `lab` (the shared `fleet` has 5), each
+reimaged and its baseline recorded as `fleet` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
-from clusters.drivers.ssh import operator_public_key
 from clusters.models import Cluster
 from lab import hostlab
 from tests.clusters.lab_kit import BOOT, register
@@ -29,7 +29,7 @@ from tests.clusters.test_ssh_lab import (
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 NODES = 8
-HOSTS = NODES + 1  # lab-1..lab-9: a spare, as an operator's pool has
+HOSTS = NODES + 1  # a spare, as an operator's pool has
 WAIT = 420  # seconds: 8 bootstraps, then 7 turns to measure
 SLOW = 5  # the node whose host's link is shaped
 SHAPE = "tc qdisc add dev eth0 root tbf rate 8mbit burst 32kbit latency 400ms"
@@ -40,21 +40,15 @@ LAB_LINK_MBIT = hostlab.LAB_LINK_MBIT
 
 
 @pytest.fixture(scope="module")
-def many():
-    reason = hostlab.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    # Idempotent: the hosts already up are kept as they are. A lab this module brought up goes
-    # down after it, as lab_kit's `lab` fixture does.
-    was_up = hostlab.current() is not None
-    yield hostlab.up(HOSTS, authorized_key=operator_public_key(), gateway=True)
-    if not was_up:
-        hostlab.down()
+def many(lab_run):
+    """The first HOSTS of this process's lab hosts (lab_kit's lab_run)."""
+    assert len(lab_run.hosts) >= HOSTS, "lab_kit.RUN_HOSTS brings up too few hosts"
+    return dataclasses.replace(lab_run, hosts=lab_run.hosts[:HOSTS])
 
 
 @pytest.fixture
 def pool(many, dashboard, tmp_path):
-    """lab-1..lab-9 in the inventory (`lab-h100x2-vm`), reimaged, with their baselines."""
+    """Nine hosts in the inventory (`lab-h100x2-vm`), reimaged, with their baselines."""
     for host in many.hosts:
         many.reset(host.name)
     register(many.inventory(boot_seconds=BOOT, gateway_hosts=0), tmp_path)

@@ -116,12 +116,12 @@ def test_a_broken_package_source_degrades_the_cluster_and_retry_install_reaches_
     fleet, user_key
 ):
     lab = fleet
-    # A bare lab-2 whose apt sees no Slurm package at all: the fault is in that host's own
+    # A bare second host whose apt sees no Slurm package at all: the fault is in that host's own
     # package configuration (a pin that hides them), the rest of the mirror works.
-    lab.reset("lab-2")
+    lab.reset(lab.hosts[1].name)
     hide = "/etc/apt/preferences.d/zz-no-slurm"
     lab.exec(
-        "lab-2",
+        lab.hosts[1].name,
         f"printf 'Package: slurmd slurmctld slurm-client munge\\nPin: release *\\n"
         f"Pin-Priority: -1\\n' > {hide}",
     )
@@ -136,7 +136,7 @@ def test_a_broken_package_source_degrades_the_cluster_and_retry_install_reaches_
     assert "runcrate: failed: could not install" in event.output
     assert re.search(r"^E: .*(slurm|munge)", event.output, re.MULTILINE), event.output
 
-    lab.exec("lab-2", f"rm -f {hide}")
+    lab.exec(lab.hosts[1].name, f"rm -f {hide}")
     with base.Sim():
         base.lifecycle.retry_install(cluster=cluster)
     drive(cluster, Cluster.Status.READY, Cluster.Status.DEGRADED, timeout=240)
