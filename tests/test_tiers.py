@@ -164,6 +164,14 @@ def test_also_beside_it():
 """
 
 
+# Orders the tests after tests.tiers' tryfirst hook has marked them, as pytest-django's does in
+# the suite.
+ORDERS_LIKE_PYTEST_DJANGO = """
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: "lab" in item.nodeid)
+"""
+
+
 def run_under_xdist(pytester, modules: dict[str, str]):
     """`modules` (path: source) run as make test runs the suite: two workers, tests.workers'
     scheduler, --dist loadfile --no-loadscope-reorder."""
@@ -186,10 +194,12 @@ def run_under_xdist(pytester, modules: dict[str, str]):
 def test_under_xdist_the_workers_take_the_labs_modules_first_each_whole(pytester):
     """make test's xdist: the lab's modules (each whole, a test that needs no lab included) are
     the first the workers take, shared between them, before any other module; every module runs
-    whole on one worker."""
+    whole on one worker. So even after a plugin that orders tests, as pytest-django puts the
+    transactional ones (every lab test) last."""
     result = run_under_xdist(
         pytester,
         {
+            "conftest.py": ORDERS_LIKE_PYTEST_DJANGO,
             "test_a_plain.py": PLAIN_MODULE,
             "test_b_plain.py": PLAIN_MODULE,
             "lab/test_c_hosts.py": LAB_MODULE,

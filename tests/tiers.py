@@ -75,6 +75,8 @@ class TierClock:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierClock(), "runcrate-tier-clock")
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(LabFirst(), "runcrate-lab-first")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers added here
@@ -90,7 +92,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("postgres")
         tier = tier_of(mark.name for mark in item.iter_markers())
         item.user_properties.append(("tier", tier))
-    if hasattr(config, "workerinput"):
+
+
+class LabFirst:
+    """In a pytest-xdist worker: the lab's modules to the front (lab_first), after pytest-django
+    has ordered the tests by their use of the database (it puts transactional ones, every lab
+    test among them, after the rest)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         lab_first(items)
 
 
