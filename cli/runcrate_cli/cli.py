@@ -1004,9 +1004,11 @@ def mcp(
     mcp_server.main(http=http, host=host, port=port)
 
 
-def main() -> None:
+def main(args: Sequence[str] | None = None, *, prog_name: str | None = None) -> None:
+    """The `runcrate` console script: the command line's arguments by default, or `args` (the
+    tests run the CLI in their own process with them, tests/cli/in_process.py)."""
     try:
-        app()
+        app(args=args, prog_name=prog_name)
     except KeyboardInterrupt:
         sys.stderr.write("\nruncrate: interrupted.\n")
         sys.exit(130)

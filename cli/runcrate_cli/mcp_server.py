@@ -811,32 +811,25 @@ def build_server(
     return server
 
 
-def serve(
-    *,
-    api_url: str,
-    api_key: str | None,
-    http: bool,
-    host: str,
-    port: int,
-    config_problem: str | None = None,
-) -> None:
-    server = build_server(api_url=api_url, api_key=api_key, config_problem=config_problem)
-    if http:
-        server.run("streamable-http", host=host, port=port)
-    else:
-        server.run()
-
-
-def main(*, http: bool, host: str, port: int) -> None:
-    """`runcrate mcp`: serve with the CLI's settings. Over stdio, stdout is the protocol's
-    channel, so a config file that cannot be read is said on stderr and answered by every tool
-    (`bad_config`), never printed on stdout; RUNCRATE_API_URL and RUNCRATE_API_KEY still work."""
+def configured_server() -> MCPServer:
+    """The server `runcrate mcp` serves, with the CLI's settings. Over stdio, stdout is the
+    protocol's channel, so a config file that cannot be read is said on stderr and answered by
+    every tool (`bad_config`), never printed on stdout; RUNCRATE_API_URL and RUNCRATE_API_KEY
+    still work. The tests talk to this same server in memory (tests/mcp/kit.py)."""
     try:
         settings = config.load()
     except config.ConfigError as error:
         sys.stderr.write(f"runcrate mcp: {error}\n")
         url = config.normalise_url(os.environ.get("RUNCRATE_API_URL") or config.DEFAULT_API_URL)
         key = (os.environ.get("RUNCRATE_API_KEY") or "").strip() or None
-        serve(api_url=url, api_key=key, http=http, host=host, port=port, config_problem=str(error))
-        return
-    serve(api_url=settings.api_url, api_key=settings.api_key, http=http, host=host, port=port)
+        return build_server(api_url=url, api_key=key, config_problem=str(error))
+    return build_server(api_url=settings.api_url, api_key=settings.api_key)
+
+
+def main(*, http: bool, host: str, port: int) -> None:
+    """`runcrate mcp`: serve `configured_server()` over stdio, or streamable HTTP."""
+    server = configured_server()
+    if http:
+        server.run("streamable-http", host=host, port=port)
+    else:
+        server.run()

@@ -4,8 +4,10 @@ the benchmark (`CollectingDispatcher`)."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from django.core.cache import cache
 from django.db import transaction
@@ -85,7 +87,15 @@ class Dispatcher:
 
 
 class CollectingDispatcher(Dispatcher):
-    """Keeps handed-off work in memory and runs it in this process on `run()`."""
+    """Keeps handed-off work in memory and runs it in this process on `run()`.
+
+    Like Celery's, it takes the work once the transaction that handed it off commits: a task
+    run before that reads the rows as they were. That matters when the work is handed off in
+    another thread than the one that runs it (a test's live server, whose requests start work
+    that the test's thread runs): taken at once, a network test could run in the gap before its
+    request committed, find no test of its token, and end without writing anything, leaving the
+    test `running` for good. Inside a test case's transaction, which never commits, it is taken
+    at once. The lists are shared by those threads, so taking and handing off hold a lock."""
 
     def __init__(self) -> None:
         self.advances: list[int] = []
@@ -95,16 +105,34 @@ class CollectingDispatcher(Dispatcher):
         self.ran = 0
         self._batch_of: dict[str, int] = {}  # lease token -> the hand-off it came with
         self._batches = 0
+        self._lock = threading.Lock()
+
+    def _on_commit(self, take: Callable[[], None]) -> None:
+        def locked() -> None:
+            with self._lock:
+                take()
+
+        atomic_blocks = transaction.get_connection().atomic_blocks
+        if atomic_blocks and atomic_blocks[0]._from_testcase:
+            locked()
+        else:
+            transaction.on_commit(locked)
 
     def advance(self, cluster_id: int) -> None:
-        if cluster_id not in self.advances:
-            self.advances.append(cluster_id)
+        def take() -> None:
+            if cluster_id not in self.advances:
+                self.advances.append(cluster_id)
+
+        self._on_commit(take)
 
     def node_work(self, action: str, leases: list[tuple[int, str]]) -> None:
-        self._batches += 1
-        for node_id, token in leases:
-            self.work.append((node_id, action, token))
-            self._batch_of[token] = self._batches
+        def take() -> None:
+            self._batches += 1
+            for node_id, token in leases:
+                self.work.append((node_id, action, token))
+                self._batch_of[token] = self._batches
+
+        self._on_commit(take)
 
     def _next_work(self) -> tuple[str, list[tuple[int, str]]]:
         """The first entry of `work`, with the entries still waiting that came with it."""
@@ -118,24 +146,30 @@ class CollectingDispatcher(Dispatcher):
         return action, leases
 
     def network_test(self, cluster_id: int, token: str) -> None:
-        self.network_tests.append((cluster_id, token))
+        self._on_commit(lambda: self.network_tests.append((cluster_id, token)))
 
-    def run(self, *, limit: int = 100_000) -> int:
-        """Run everything handed off, and what that hands off, until nothing is left."""
+    def _take(self) -> Callable[[], object] | None:
+        """The next task, taken off its list (node work first); None when nothing is left."""
         from clusters.lifecycle.network_test import do_network_test
         from clusters.lifecycle.reconcile import advance
         from clusters.lifecycle.work import do_work
 
-        ran = 0
-        while self.work or self.advances or self.network_tests:
+        with self._lock:
             if self.work:
                 action, leases = self._next_work()
-                do_work(action=action, leases=leases)
-            elif self.network_tests:
+                return partial(do_work, action=action, leases=leases)
+            if self.network_tests:
                 cluster_id, token = self.network_tests.pop(0)
-                do_network_test(cluster_id=cluster_id, token=token)
-            else:
-                advance(cluster_id=self.advances.pop(0))
+                return partial(do_network_test, cluster_id=cluster_id, token=token)
+            if self.advances:
+                return partial(advance, cluster_id=self.advances.pop(0))
+            return None
+
+    def run(self, *, limit: int = 100_000) -> int:
+        """Run everything handed off, and what that hands off, until nothing is left."""
+        ran = 0
+        while (task := self._take()) is not None:
+            task()  # outside the lock: what it hands off is taken meanwhile
             ran += 1
             if ran > limit:
                 raise RuntimeError("the handed-off work does not settle")

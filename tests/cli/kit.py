@@ -1,11 +1,12 @@
 """Helpers for the CLI and MCP tests: a funded account with an API key, the `runcrate` command
-run as a real process against pytest-django's live server, and a driver that moves the
-simulated data center on (the reconciler ticks, the frozen clock advances) while a client
-waits.
+run against pytest-django's live server, and a driver that moves the simulated data center on
+(the reconciler ticks, the frozen clock advances) while a client waits.
 
-The CLI runs as `python -m runcrate_cli` from the checkout, exactly what the `runcrate`
-console script runs, in a home of its own (HOME, XDG_CONFIG_HOME under tmp_path), so nothing
-of the developer's ~/.config or ~/.ssh is read or written.
+`run_cli` runs the CLI's `main` in this process (tests/cli/in_process.py), with an environment
+and files of its own; `run_cli_tty`, and `run_cli` when asked, run `python -m runcrate_cli` from
+the checkout as a real process, exactly what the `runcrate` console script runs. Either way the
+CLI has a home of its own (HOME, XDG_CONFIG_HOME under tmp_path), so nothing of the developer's
+~/.config or ~/.ssh is read or written.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from django.test import Client
 
 from accounts.models import Project, User
 from clusters import lifecycle
+from tests.cli import in_process
 from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
 from tests.factories import issue_key
 
@@ -153,11 +155,43 @@ def run_cli(
     stdin: str | None = None,
     timeout: float = 60,
     program: Sequence[str] | None = None,
+    process: bool = False,
 ) -> Result:
     """Run `runcrate ARGS` to its end (driving the data center meanwhile, when given) and
-    return its exit code and output. Output goes to files, so a chatty process never blocks on
-    a full pipe while the test drives. `program` replaces the command that runs `runcrate`."""
+    return its exit code and output. Output goes to files, so a chatty CLI never blocks on a
+    full pipe while the test drives.
+
+    By default the CLI runs in this process (tests/cli/in_process.py), with `env` as its whole
+    environment. `process=True` runs it as a real process instead, as does `program` (a
+    command that replaces `python -m runcrate_cli`, e.g. an installed package's `runcrate`),
+    and `runcrate ssh`, which ends by exec'ing ssh in place of its process."""
     out_path, err_path = tmp_path / "cli.out", tmp_path / "cli.err"
+    if process or program is not None or args[:1] == ("ssh",):
+        code = _run_process(args, env, out_path, err_path, drive, stdin, timeout, program)
+    else:
+        code = _run_in_process(args, env, out_path, err_path, drive, stdin, timeout)
+    return Result(code, out_path.read_text(), err_path.read_text())
+
+
+def _run_in_process(args, env, out_path, err_path, drive, stdin, timeout) -> int:
+    # Line-buffered, as a process's stderr is: a test reads cli.err while the CLI runs.
+    with out_path.open("w", buffering=1) as out, err_path.open("w", buffering=1) as err:
+        running = in_process.start(args, environ=env, stdin=stdin or "", stdout=out, stderr=err)
+        deadline = time.monotonic() + timeout
+        while not running.wait(0.05 if drive else timeout):
+            if time.monotonic() > deadline:
+                # A thread cannot be killed: it is left behind, a daemon, and the test fails.
+                raise AssertionError(
+                    f"runcrate {' '.join(args)} ran past {timeout} s; stderr: "
+                    f"{err_path.read_text()[-2000:]}"
+                )
+            if drive is not None:
+                drive()
+    assert running.code is not None
+    return running.code
+
+
+def _run_process(args, env, out_path, err_path, drive, stdin, timeout, program) -> int:
     with out_path.open("w") as out, err_path.open("w") as err:
         process = subprocess.Popen(
             [*runcrate(program), *args],
@@ -186,7 +220,7 @@ def run_cli(
                     ) from None
                 if drive is not None:
                     drive()
-    return Result(process.returncode, out_path.read_text(), err_path.read_text())
+    return process.returncode
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")

@@ -1,9 +1,15 @@
-"""Driving `runcrate mcp` over stdio with the MCP SDK's own client, from the synchronous tests,
+"""Driving `runcrate mcp`'s server with the MCP SDK's own client, from the synchronous tests,
 against pytest-django's live server (which runs in the test's process: its clock is the test's,
-frozen by time_machine, and its requests can be counted)."""
+frozen by time_machine, and its requests can be counted).
+
+`talk` serves the server `runcrate mcp` builds (`mcp_server.configured_server`) in this process
+over the SDK's in-memory transport: the same JSON-RPC session, the same handshake, no process.
+`talk(..., process=True)` starts `runcrate mcp` as a real process over stdio instead. What only
+a process shows, nothing but JSON-RPC on its stdout, is read from real ones below (`converse`)."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -14,30 +20,45 @@ from concurrent.futures import ThreadPoolExecutor
 import anyio
 import pytest
 from django.core.signals import request_started
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from tests.cli import in_process
 from tests.cli.kit import CLI_PYTHON, REPO, drive_until
 from tests.mcp.aio import run_async
 
 SESSION_SECONDS = 60
 
 
-def talk(env, tmp_path, conversation, *, name: str = "mcp"):
-    """Start `runcrate mcp` over stdio, run `conversation(session)` and return its result.
-    The server's stderr goes to tmp_path/NAME.err."""
+def talk(env, tmp_path, conversation, *, name: str = "mcp", process: bool = False):
+    """Serve `runcrate mcp`'s server in this process with exactly `env` as its environment
+    (tests/cli/in_process.py), connect the SDK's client to it in memory, run
+    `conversation(session)` and return its result. The server's stderr goes to
+    tmp_path/NAME.err, its stdout (which the protocol does not use here) to NAME.out.
+    `process=True` starts `runcrate mcp` as a real process over stdio instead."""
+    from runcrate_cli import mcp_server
 
     async def main():
-        server = StdioServerParameters(
-            command=CLI_PYTHON, args=["-m", "runcrate_cli", "mcp"], env=env, cwd=REPO
-        )
-        with anyio.fail_after(SESSION_SECONDS), (tmp_path / f"{name}.err").open("w") as errlog:
-            async with (
-                stdio_client(server, errlog=errlog) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                return await conversation(session)
+        with (
+            anyio.fail_after(SESSION_SECONDS),
+            (tmp_path / f"{name}.err").open("w", buffering=1) as stderr,
+            (tmp_path / f"{name}.out").open("w", buffering=1) as stdout,
+        ):
+            if process:
+                server = StdioServerParameters(
+                    command=CLI_PYTHON, args=["-m", "runcrate_cli", "mcp"], env=env, cwd=REPO
+                )
+                async with (
+                    stdio_client(server, errlog=stderr) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+                    return await conversation(session)
+            # The event loop's tasks and the tools' worker threads copy this context.
+            with in_process.routed(in_process.Route(dict(env), io.StringIO(), stdout, stderr)):
+                # legacy: the initialize handshake and JSON-RPC messages, as over stdio.
+                async with Client(mcp_server.configured_server(), mode="legacy") as client:
+                    return await conversation(client.session)
 
     return run_async(main)
 

@@ -20,17 +20,18 @@ from tests.mcp.kit import error_code, payload, talk
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def plan(env, tmp_path, arguments: dict, *, name: str = "planner") -> dict:
-    """Plan in a `runcrate mcp` process of its own, which then exits."""
+def plan(env, tmp_path, arguments: dict, *, name: str = "planner", process: bool = False) -> dict:
+    """Plan in a `runcrate mcp` server of its own (a real process with `process=True`), which
+    then ends."""
 
     async def conversation(session):
         return payload(await session.call_tool("plan_cluster", arguments))
 
-    return talk(env, tmp_path, conversation, name=name)
+    return talk(env, tmp_path, conversation, name=name, process=process)
 
 
 def create_with(env, tmp_path, arguments: dict, *, name: str = "creator", times: int = 1):
-    """Create in another `runcrate mcp` process: the results of `times` calls."""
+    """Create through another `runcrate mcp` server: the results of `times` calls."""
 
     async def conversation(session):
         return [await session.call_tool("create_cluster", arguments) for _ in range(times)]
@@ -42,7 +43,9 @@ def test_a_token_from_one_process_creates_through_another(env, tmp_path, account
     offer = inventory(hosts=3)
     args = {"offer_id": offer.slug, "nodes": 2, "name": "moved"}
 
-    planned = plan(env, tmp_path, args)
+    # Planned in a real process, created through servers in this one: nothing of a plan stays
+    # in the process that made it.
+    planned = plan(env, tmp_path, args, process=True)
     token = planned["plan"]["plan_token"]
     first, again = create_with(env, tmp_path, {**args, "plan_token": token}, times=2)
     (later,) = create_with(env, tmp_path, {**args, "plan_token": token}, name="third")
