@@ -164,6 +164,17 @@ def test_also_beside_it():
 """
 
 
+SLOW_MODULE = """
+import pytest
+
+def test_plain_beside_it():
+    pass
+
+@pytest.mark.procs
+def test_a_worker():
+    pass
+"""
+
 # Orders the tests after tests.tiers' tryfirst hook has marked them, as pytest-django's does in
 # the suite.
 ORDERS_LIKE_PYTEST_DJANGO = """
@@ -204,19 +215,23 @@ def test_under_xdist_the_workers_take_the_labs_modules_first_each_whole(pytester
             "test_b_plain.py": PLAIN_MODULE,
             "lab/test_c_hosts.py": LAB_MODULE,
             "test_ssh_lab_d.py": LAB_MODULE,
+            "test_e_slow.py": SLOW_MODULE,
         },
     )
 
-    result.assert_outcomes(passed=10)
+    result.assert_outcomes(passed=12)
     ran: dict[str, list[str]] = {}  # worker: the modules of its tests, in the order it ran them
     for line in result.outlines:
         if line.startswith("[gw") and "PASSED" in line:
             worker, node = line.split()[0], line.split()[-1]
             ran.setdefault(worker, []).append(node.split("::")[0])
     lab_modules = {"lab/test_c_hosts.py", "test_ssh_lab_d.py"}
-    # Two workers, two lab modules: each worker's first module is one of the lab's.
+    # Two workers, two lab modules: each worker's first module is one of the lab's; the module
+    # with a slow tier's test comes next, before the plain ones.
     assert {modules[0] for modules in ran.values()} == lab_modules, ran
-    for module in ("test_a_plain.py", "test_b_plain.py", *lab_modules):
+    slow_worker = next(modules for modules in ran.values() if "test_e_slow.py" in modules)
+    assert list(dict.fromkeys(slow_worker))[1] == "test_e_slow.py", ran
+    for module in ("test_a_plain.py", "test_b_plain.py", "test_e_slow.py", *lab_modules):
         assert len([w for w, modules in ran.items() if module in modules]) == 1, ran
 
 

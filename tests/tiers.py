@@ -95,9 +95,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class LabFirst:
-    """In a pytest-xdist worker: the lab's modules to the front (lab_first), after pytest-django
-    has ordered the tests by their use of the database (it puts transactional ones, every lab
-    test among them, after the rest)."""
+    """In a pytest-xdist worker: the lab's modules to the front, then the other slow ones
+    (lab_first), after pytest-django has ordered the tests by their use of the database (it puts
+    transactional ones, every lab test among them, after the rest)."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -114,17 +114,29 @@ def in_lab_module(nodeid: str) -> bool:
 
 
 def lab_first(items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker: the lab's modules first, in their order, so that with
-    --no-loadscope-reorder the lab's modules, the longest, are what the workers take first and
-    share while the rest waits. A lab test outside them fails at its setup, before its fixtures
-    touch the lab: it would start late, where the rest no longer covers its time."""
+    """In a pytest-xdist worker: the lab's modules first, then every module with a test of a
+    slow tier (browser, procs, fuzz), then the rest, each group in its order. With
+    --no-loadscope-reorder the workers take modules in this order, so the longest go first and
+    the many short ones fill the end, where a long one would leave the other workers idle. A lab
+    test outside the lab's modules fails at its setup, before its fixtures touch the lab: it
+    would start late, where the rest no longer covers its time."""
+    slow_modules = set()
     for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if dict(item.user_properties).get("tier", FAST) != FAST:
+            slow_modules.add(module)
         if item.get_closest_marker("lab") and not in_lab_module(item.nodeid):
             item.stash[MISPLACED] = (
                 f"{item.nodeid} needs the lab: it belongs in tests/lab/ or a module named "
                 "tests/clusters/test_ssh_lab*.py, which run first (docs/testing.md)"
             )
-    items.sort(key=lambda item: not in_lab_module(item.nodeid))
+
+    def rank(item: pytest.Item) -> int:
+        if in_lab_module(item.nodeid):
+            return 0
+        return 1 if item.nodeid.split("::", 1)[0] in slow_modules else 2
+
+    items.sort(key=rank)
 
 
 MISPLACED = pytest.StashKey[str]()
