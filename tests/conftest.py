@@ -58,6 +58,32 @@ def _person(email: str, project: Project | None = None) -> Person:
     return Person(user=user, project=project, key=issue_key(user=user, project=project))
 
 
+def _flush_by_delete():
+    """A transactional test (`transaction=True`, `live_server`) ends with Django's flush, which
+    on PostgreSQL is one TRUNCATE of every table: new files for 52 tables and their indexes,
+    0.1 s on an idle machine and 0.7 s on a busy one, after each of some 400 tests. Where the
+    sequences are not reset (they never are here), the suite's flush is DELETE FROM each table
+    instead, in the same transaction, foreign keys checked at its end (Django makes them
+    DEFERRABLE): the same empty tables in a few milliseconds (docs/testing.md)."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        deletes = [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+        return ["SET CONSTRAINTS ALL DEFERRED;", *deletes]
+
+    DatabaseOperations.sql_flush = sql_flush
+
+
+if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    _flush_by_delete()
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's test database, its ids from N million on in xdist worker gwN
