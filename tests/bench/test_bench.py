@@ -304,6 +304,26 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
     assert not (tmp_path / "bench" / "bench.sqlite3").exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_quick_metrics_run_has_every_timed_report_taken_whatever_the_first_one_moved(
+    tmp_path, settings
+):
+    """The section's first report moves the node's pace an interval on (metrics.take_report);
+    the timed ones, under a lifted pace, must all be taken (they were answered 429 for that
+    interval, and the section failed)."""
+    settings.VAR_DIR = tmp_path
+    out = []
+
+    sizes = bench.sizes_from(quick=True, sections=("metrics",))
+    succeeded = bench.run(sizes=sizes, emit=out.append)
+
+    report = "\n".join(out)
+    assert succeeded, report
+    taken = re.search(r"^metrics report, 8 GPUs, POST …/metrics .* 200 ", report, re.MULTILINE)
+    assert taken, report
+    assert "timed reports were refused" not in report
+
+
 def test_it_refuses_sizes_it_cannot_build(db):
     with pytest.raises(UsageError, match="--hosts must be at least 100"):
         parse_sizes(["--hosts", "10"])
