@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from clusters import hosts, lifecycle
 from clusters.drivers import pristine
@@ -233,7 +234,9 @@ def test_a_terminate_during_the_bootstrap_waits_for_it_and_leaves_the_hosts_pris
         time.sleep(0.05)
     lifecycle.terminate(cluster=cluster)  # while node-0's bootstrap runs
     head.refresh_from_db()
-    assert head.status == Node.Status.ENDED and head.lease_is_held()  # the start keeps it
+    # The start keeps its lease.
+    held = (head.lease_token, head.lease_expires_at, timezone.now(), head.driver_state)
+    assert head.status == Node.Status.ENDED and head.lease_is_held(), held
     worker.join(WAIT)
     assert not worker.is_alive() and failures == []
 
@@ -241,7 +244,7 @@ def test_a_terminate_during_the_bootstrap_waits_for_it_and_leaves_the_hosts_pris
     released(cluster, allowed={Host.State.FREE})
     head.refresh_from_db()
     # The bootstrap finished and landed before the stop began; node-1's never began.
-    assert head.driver_state["start"]["ok"] is True
+    assert head.driver_state["start"]["ok"] is True, head.driver_state["start"]
     assert head.driver_state["start"]["at"] < head.driver_state["stop"]["at"]
     worker_node = cluster.nodes.get(index=1)
     assert "start" not in worker_node.driver_state
