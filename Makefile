@@ -81,16 +81,14 @@ serve-check:
 
 # The whole suite, in two parts. First, in one process, tests/lab: the lab's own tests, which
 # take the whole lab down and bring it up again, so nothing else may use it meanwhile (seconds).
-# Then everything else on two pytest-xdist workers (tests/workers.py): the lab's modules first
+# Then everything else on three pytest-xdist workers (tests/workers.py): the lab's modules first
 # (tests/tiers.py puts them at the front, then the other slow modules), each whole on one worker
 # and on GPU hosts of that worker's own, then every other module on whichever worker is free.
-# WORKERS=3 is faster here (the lab's tests mostly wait on their hosts) but the load it brings
-# makes test_ssh_lab_reimage's terminate-during-the-bootstrap test fail at times
-# (docs/testing.md): two until that is fixed at its cause. Each part ends with a table
+# Three on two cores, because the lab's tests mostly wait on their hosts. Each part ends with a table
 # of its tiers' time; a part that fails does not stop the other, and make test fails if either
 # did. WORKERS=0 runs it all in one process; with PYTEST_ARGS (a selection, say) it is one run
 # on the workers, where tests/lab's tests that need the lab to themselves skip.
-WORKERS ?= 2
+WORKERS ?= 3
 XDIST = -p tests.workers -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 LAB_ALONE := tests/lab
 

@@ -229,7 +229,11 @@ def test_a_terminate_during_the_bootstrap_waits_for_it_and_leaves_the_hosts_pris
     worker = threading.Thread(target=boot, daemon=True)
     worker.start()
     deadline = time.monotonic() + WAIT
-    while fleet.exec(head.host.name, "pgrep -f incoming/bootstrap.sh", check=False).returncode:
+    # The bracket keeps pgrep from finding the shell that runs it (`sh -c 'pgrep …'`, whose
+    # command line holds the pattern): without it the wait ended at once, before the bootstrap
+    # (or even the start's hand-off) began.
+    bootstrap = "pgrep -f 'incoming/[b]ootstrap.sh'"
+    while fleet.exec(head.host.name, bootstrap, check=False).returncode:
         assert worker.is_alive() and time.monotonic() < deadline, "the bootstrap never began"
         time.sleep(0.05)
     lifecycle.terminate(cluster=cluster)  # while node-0's bootstrap runs
