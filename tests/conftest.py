@@ -61,7 +61,7 @@ def _person(email: str, project: Project | None = None) -> Person:
 def _flush_by_delete():
     """A transactional test (`transaction=True`, `live_server`) ends with Django's flush, which
     on PostgreSQL is one TRUNCATE of every table: new files for 52 tables and their indexes,
-    0.1 s on an idle machine and 0.7 s on a busy one, after each of some 400 tests. Where the
+    0.1 s on an idle machine and 0.7 s on a busy one, after every such test. Where the
     sequences are not reset (they never are here), the suite's flush is DELETE FROM each table
     instead, in the same transaction, foreign keys checked at its end (Django makes them
     DEFERRABLE): the same empty tables in a few milliseconds (docs/testing.md)."""

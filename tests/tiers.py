@@ -122,9 +122,8 @@ def lab_first(items: list[pytest.Item]) -> None:
     would start late, where the rest no longer covers its time."""
     slow_modules = set()
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
         if dict(item.user_properties).get("tier", FAST) != FAST:
-            slow_modules.add(module)
+            slow_modules.add(item.path)
         if item.get_closest_marker("lab") and not in_lab_module(item.nodeid):
             item.stash[MISPLACED] = (
                 f"{item.nodeid} needs the lab: it belongs in tests/lab/ or a module named "
@@ -134,7 +133,7 @@ def lab_first(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         if in_lab_module(item.nodeid):
             return 0
-        return 1 if item.nodeid.split("::", 1)[0] in slow_modules else 2
+        return 1 if item.path in slow_modules else 2
 
     items.sort(key=rank)
 
