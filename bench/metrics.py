@@ -36,9 +36,9 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters import metrics
 from clusters.lifecycle import agent_token
 from clusters.models import GpuRollup, GpuSample, Node, NodeRollup, NodeSample, Resolution
+from clusters.telemetry import metrics
 from offers.models import GpuModel, Host, Location, MachineType
 
 if TYPE_CHECKING:

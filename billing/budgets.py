@@ -3,7 +3,7 @@
 An environment's month-to-date spend is the usage the meter has charged to its clusters since
 the start of the calendar month (UTC). A budget is reached when the spend is at or over it
 (`is_reached`, the one comparison: a spend equal to the budget stops): reaching it stops the
-environment's clusters (clusters/stops.py) and refuses new ones
+environment's clusters (clusters/lifecycle/stops.py) and refuses new ones
 (clusters/lifecycle/reserve.py `require_budget`).
 """
 
@@ -119,7 +119,7 @@ class NamedRow(Protocol):
 @dataclass(frozen=True)
 class BudgetStops:
     """What a budget would stop: the month's spend and, when the budget is at or below it, the
-    environment's clusters that the meter's next run stops (clusters/stops.py)."""
+    environment's clusters that the meter's next run stops (clusters/lifecycle/stops.py)."""
 
     spent: Decimal
     clusters: Sequence[NamedRow]
@@ -132,7 +132,7 @@ def budget_stops(
     if not is_reached(spent=spent, budget=amount):
         return BudgetStops(spent=spent, clusters=[])
     # Through the environment's relation (billing does not import clusters), in the statuses
-    # that the clusters' stops end (clusters/stops.py).
+    # that the clusters' stops end (clusters/lifecycle/stops.py).
     clusters = environment.clusters
     running = clusters.filter(status__in=clusters.model.TERMINABLE)
     return BudgetStops(spent=spent, clusters=list(running.order_by("name", "pk")))

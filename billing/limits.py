@@ -1,6 +1,6 @@
 """What the balance and the budgets no longer cover, and the billing emails about it (SPEC §4,
 docs/billing.md). Billing answers which projects and environments are over; stopping their
-clusters is the clusters' concern (clusters/stops.py), which asks after every meter run.
+clusters is the clusters' concern (clusters/lifecycle/stops.py), which asks after every meter run.
 
 - A project whose balance is at or below zero is over (`balance_standing`).
 - An environment whose month-to-date spend reached its monthly budget is over

@@ -22,8 +22,9 @@ from django.utils.html import format_html, format_html_join
 
 from accounts.models import Environment, User
 from accounts.projects import DEFAULT_ENVIRONMENT
-from clusters import hosts, lifecycle
+from clusters import lifecycle
 from clusters.errors import ClusterRefused
+from clusters.machines import hosts
 from clusters.models import NAME_RE, QUOTED_MAX_NODES, Cluster, Event, Node, Volume
 from offers.admin import HostAdmin as OffersHostAdmin
 from offers.admin import QuoteRequestAdmin as OffersQuoteRequestAdmin
@@ -405,7 +406,7 @@ admin.site.unregister(QuoteRequest)
 admin.site.register(QuoteRequest, QuoteRequestAdmin)
 
 
-# ---- hosts between tenants: verified before they go back (clusters/hosts.py) ------------------
+# ---- hosts between tenants: verified before they go back (clusters/machines/hosts.py) ------------
 
 
 def _host_outcome(admin_site, request: HttpRequest, outcome, done: str) -> None:
@@ -437,7 +438,7 @@ def record_baseline(modeladmin, request: HttpRequest, queryset: QuerySet) -> Non
 
 class HostAdmin(OffersHostAdmin):
     """Offers' host admin with what clusters know of a host: the actions that connect to it
-    (clusters/hosts.py) and the staff events of its nodes."""
+    (clusters/machines/hosts.py) and the staff events of its nodes."""
 
     actions = [*OffersHostAdmin.actions, mark_free, reimage, record_baseline]
     readonly_fields = [*OffersHostAdmin.readonly_fields, "what_went_wrong"]

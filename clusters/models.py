@@ -51,7 +51,8 @@ class Cluster(models.Model):
     TERMINAL = {Status.FAILED, Status.TERMINATED, Status.STOPPED}
     # Statuses in which machines are up and billed.
     BILLED = {Status.INSTALLING, Status.READY, Status.DEGRADED}
-    # What a user may terminate, what a stop for balance or budget ends (clusters/stops.py) and
+    # What a user may terminate, what a stop for balance or budget ends
+    # (clusters/lifecycle/stops.py) and
     # what an API key's hourly limit counts: everything live but what is already terminating
     # (whose billing has ended). A provisioning cluster would start billing the moment it joins.
     TERMINABLE = LIVE - {Status.TERMINATING}
@@ -150,14 +151,15 @@ class Cluster(models.Model):
         default=dict,
         blank=True,
         help_text="What its machines' health reports show wrong now, each announced once with a "
-        "node_unhealthy event: key -> {node, message} (clusters/lifecycle/health.py).",
+        "node_unhealthy event: key -> {node, message} (clusters/telemetry/health.py).",
     )
     idle_since = models.DateTimeField(
         null=True,
         blank=True,
         help_text="Since when every GPU of the ready cluster has stayed below "
         "RUNCRATE_IDLE_GPU_PERCENT, once that lasted RUNCRATE_IDLE_GPU_MINUTES (one gpus_idle "
-        "event per idle period); None while the GPUs work (clusters/idle.py). Nothing is stopped.",
+        "event per idle period); None while the GPUs work (clusters/telemetry/idle.py). Nothing "
+        "is stopped.",
     )
     # A quoted cluster (SPEC §7, docs/clusters.md): created by staff from a won quote request,
     # on any machine type and past the self-serve size limit, billed at the agreed price.
@@ -284,7 +286,7 @@ class Cluster(models.Model):
 
     def problems_of(self, node_name: str) -> list[str]:
         """What its open health problems say of one machine (`health_problems`, written by
-        clusters/lifecycle/health.py): the node row's badge, the API's `health`."""
+        clusters/telemetry/health.py): the node row's badge, the API's `health`."""
         return [
             problem["message"]
             for problem in (self.health_problems or {}).values()
@@ -447,7 +449,7 @@ class Node(models.Model):
         blank=True,
         help_text="The GPU conditions its latest metrics reports show (uncorrectable ECC errors, "
         "pages pending retirement, a hardware or thermal slowdown, a GPU missing): key -> {gpu, "
-        "what, since}; judged as health problems by clusters/lifecycle/health.py.",
+        "what, since}; judged as health problems by clusters/telemetry/health.py.",
     )
     reachability = models.JSONField(
         default=dict, blank=True, help_text="Peer name -> reached, as the agent reported."
@@ -465,9 +467,9 @@ class Node(models.Model):
     metrics_paced_until = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="The pace of its agent's metrics reports (clusters/metrics.py `take_report`): "
-        "a report is taken while this is at most a burst ahead of now, and moves it on by one "
-        "interval.",
+        help_text="The pace of its agent's metrics reports (clusters/telemetry/metrics.py "
+        "`take_report`): a report is taken while this is at most a burst ahead of now, and moves "
+        "it on by one interval.",
     )
 
     version = models.PositiveBigIntegerField(
@@ -766,7 +768,7 @@ class IdempotentRequest(models.Model):
         return self.key
 
 
-# --- metrics (issue 23; clusters/metrics.py, docs/metrics.md) ----------------------------------
+# --- metrics (issue 23; clusters/telemetry/metrics.py, docs/metrics.md) ---------------------------
 # What each node's agent reports every RUNCRATE_METRICS_SECONDS: raw samples, kept an hour,
 # rolled up per minute (kept 14 days) and per hour (kept 90 days) by the beat. Figures an agent
 # could not read are null, never zero.
@@ -786,7 +788,8 @@ class GpuSample(models.Model):
     power_limit_w = models.FloatField(null=True)
     sm_clock_mhz = models.PositiveIntegerField(null=True)
     throttle = models.PositiveSmallIntegerField(
-        null=True, help_text="The active throttle reasons, a bitmask (clusters/metrics.py)."
+        null=True,
+        help_text="The active throttle reasons, a bitmask (clusters/telemetry/metrics.py).",
     )
     ecc_corrected = models.PositiveBigIntegerField(null=True)
     ecc_uncorrected = models.PositiveBigIntegerField(null=True)
@@ -907,7 +910,8 @@ class LogFetch(models.Model):
     jobs"): its logs, or (on the head) its jobs. `requested_at` is when the last fetch was
     asked for, `fetched_at` when one last finished, `error` why that one read nothing (the
     texts of the fetch before stay, with their own times). One row per node and group: it is
-    also what keeps a second fetch from starting while one runs (`clusters.logs.claim`)."""
+    also what keeps a second fetch from starting while one runs
+    (`clusters.telemetry.logs.claim`)."""
 
     class Group(models.TextChoices):
         LOGS = "logs", "logs"

@@ -1,4 +1,6 @@
-"""Celery tasks: thin wrappers that load by primary key and call `clusters.lifecycle`.
+"""Celery tasks: thin wrappers that load by primary key and call `clusters.lifecycle` or
+`clusters.telemetry`. The ones that carry handed-off work register with the lifecycle's
+dispatcher (`register_task`), which never imports this module; the app's `ready` loads it.
 
 Each is safe to run twice or concurrently: `advance` locks the cluster row and is
 level-triggered; `node_work` does nothing unless its lease token still holds the node.
@@ -7,7 +9,8 @@ level-triggered; `node_work` does nothing unless its lease token still holds the
 from celery import shared_task
 from django.core.cache import cache
 
-from clusters import idempotency, idle, lifecycle, logs, metrics, simulated_metrics, track_record
+from clusters import idempotency, lifecycle, track_record
+from clusters.telemetry import idle, logs, metrics, simulated_metrics
 from runcrate.models import Beat, beat_period
 
 
@@ -57,6 +60,9 @@ def advance(cluster_id: int) -> list[str]:
     return lifecycle.advance(cluster_id=cluster_id)
 
 
+lifecycle.register_task("advance", advance)
+
+
 @shared_task(name="clusters.tasks.node_work", ignore_result=True)
 def node_work(node_id: int, action: str, token: str, also: list | None = None) -> int:
     """`action` on the node, and on the other nodes of its cluster in `also` ([node, token]
@@ -65,11 +71,17 @@ def node_work(node_id: int, action: str, token: str, also: list | None = None) -
     return lifecycle.do_work(action=action, leases=leases)
 
 
+lifecycle.register_task("node_work", node_work)
+
+
 @shared_task(name="clusters.tasks.network_test", ignore_result=True)
 def network_test(cluster_id: int, token: str) -> bool:
     """Measure a cluster's private network; does nothing unless `token` is still its running
     test's, so a second delivery writes nothing."""
     return lifecycle.do_network_test(cluster_id=cluster_id, token=token)
+
+
+lifecycle.register_task("network_test", network_test)
 
 
 @shared_task(name="clusters.tasks.refresh_track_records", ignore_result=True)
@@ -109,5 +121,9 @@ def simulate_metrics() -> int:
 @shared_task(name="clusters.tasks.fetch_logs", ignore_result=True)
 def fetch_logs(fetch_id: int) -> bool:
     """On the `logs` queue: read a node's logs or the head's jobs over its driver and keep
-    them (clusters/logs.py). Safe twice: a second run replaces the texts with newer ones."""
+    them (clusters/telemetry/logs.py). Safe twice: a second run replaces the texts with newer
+    ones."""
     return logs.run_fetch(fetch_id=fetch_id)
+
+
+lifecycle.register_task("fetch_logs", fetch_logs)

@@ -305,7 +305,7 @@ CELERY_TASK_QUEUES = (
 CELERY_TASK_ROUTES = {
     "clusters.tasks.node_work": {"queue": "machines"},
     "clusters.tasks.network_test": {"queue": "machines"},
-    # A node's logs or the head's jobs, read over SSH (clusters/logs.py): a tenant's host.
+    # A node's logs or the head's jobs, read over SSH (clusters/telemetry/logs.py): a tenant's host.
     "clusters.tasks.fetch_logs": {"queue": "logs"},
     # Webhook and Slack deliveries (notifications/delivery.py): a customer's receiver.
     "notifications.tasks.send_notifications": {"queue": "notifications"},
@@ -321,7 +321,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The one beat scheduler's periodic tasks; each app adds its own entries here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 # Modules with tasks that autodiscovery (each app's tasks.py) does not find.
-CELERY_IMPORTS = ["clusters.notifications", "clusters.stops"]
+CELERY_IMPORTS = ["clusters.notifications", "clusters.lifecycle.stops"]
 # Cluster emails (ready, failed, degraded) from the event outbox, clusters/notifications.py.
 CELERY_BEAT_SCHEDULE["cluster-emails"] = {
     "task": "clusters.notifications.send_cluster_emails_task",
@@ -367,7 +367,7 @@ RUNCRATE_METER_SECONDS = env_float("RUNCRATE_METER_SECONDS", 60.0)
 # (clusters/volumes.py): volumes are never deleted for lack of balance, so storage debt stops here.
 RUNCRATE_VOLUME_PREPAID_DAYS = env_int("RUNCRATE_VOLUME_PREPAID_DAYS", 7, minimum=1)
 # The meter charges usage and storage, then stops what the balance or a budget no longer covers
-# (clusters/stops.py: billing says which projects and environments are over).
+# (clusters/lifecycle/stops.py: billing says which projects and environments are over).
 CELERY_BEAT_SCHEDULE["billing-meter"] = {
     "task": "clusters.stops.run_meter",
     "schedule": RUNCRATE_METER_SECONDS,
@@ -382,13 +382,13 @@ RUNCRATE_SSH_KEY_FILE = Path(
 ).resolve()
 RUNCRATE_SSH_CONNECT_SECONDS = env_float("RUNCRATE_SSH_CONNECT_SECONDS", 10.0)
 RUNCRATE_SSH_COMMAND_SECONDS = env_float("RUNCRATE_SSH_COMMAND_SECONDS", 600.0)
-# The most output the dashboard reads of one command on a host (a tenant's: clusters/drivers/
+# The most output the dashboard reads of one command on a host (a tenant's: clusters/machines/
 # ssh.py Session.run); past it the command is closed. A log read takes less (its own cap).
 RUNCRATE_SSH_OUTPUT_BYTES = env_int("RUNCRATE_SSH_OUTPUT_BYTES", 16 * 1024 * 1024, minimum=1024)
 # How long a host's reimage command may run, and then how long the host has to answer again.
 RUNCRATE_REIMAGE_SECONDS = env_float("RUNCRATE_REIMAGE_SECONDS", 900.0)
 # How long one read of a host (a baseline, the check before reuse) may take in all; past it the
-# host is not verified and stays dirty (clusters/drivers/pristine.py).
+# host is not verified and stays dirty (clusters/machines/pristine.py).
 RUNCRATE_VERIFY_SECONDS = env_float("RUNCRATE_VERIFY_SECONDS", 600.0)
 # Where hosts fetch k3s (Kubernetes on ssh hosts): a release's folder, upstream or a mirror of it
 # (`k3s`, `sha256sum-amd64.txt`, the air-gap images).
@@ -402,10 +402,10 @@ CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {
     "schedule": 30.0,
 }
 # How often the agent of a ready (or degraded) cluster's node adds a health report to its
-# heartbeat: the peers it reaches, its services, /shared (clusters/lifecycle/health.py).
+# heartbeat: the peers it reaches, its services, /shared (clusters/telemetry/health.py).
 RUNCRATE_HEALTH_SECONDS = env_int("RUNCRATE_HEALTH_SECONDS", 120, minimum=1)
 # How often the agent of a ready (or degraded) cluster's live node posts a metrics report: its
-# GPUs' and its own figures (clusters/metrics.py, docs/metrics.md). The beat rolls the raw
+# GPUs' and its own figures (clusters/telemetry/metrics.py, docs/metrics.md). The beat rolls the raw
 # samples up per minute and per hour, and prunes them.
 RUNCRATE_METRICS_SECONDS = env_int("RUNCRATE_METRICS_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE["metrics-minutes"] = {
@@ -416,7 +416,8 @@ CELERY_BEAT_SCHEDULE["metrics-hours"] = {
     "task": "clusters.tasks.roll_up_metrics_hours",
     "schedule": 3600.0,
 }
-# The idle notice (clusters/idle.py, docs/metrics.md): every GPU of a ready cluster below this
+# The idle notice (clusters/telemetry/idle.py, docs/metrics.md): every GPU of a ready cluster below
+# this
 # utilisation for this long is told ("GPUs idle", an email once per idle period); nothing stops.
 RUNCRATE_IDLE_GPU_PERCENT = env_float("RUNCRATE_IDLE_GPU_PERCENT", 5.0)
 RUNCRATE_IDLE_GPU_MINUTES = env_float("RUNCRATE_IDLE_GPU_MINUTES", 30.0)

@@ -8,8 +8,8 @@ from accounts.api import router as accounts_router
 from accounts.api_auth import ApiKeyAuth
 from audit.api import router as audit_router
 from billing.api import router as billing_router
-from clusters.agent.api import router as agent_router  # nodes' agents, by node token
-from clusters.api import router as clusters_router
+from clusters.telemetry.agent_api import router as agent_router  # nodes' agents, by node token
+from clusters.web.api import router as clusters_router
 from notifications.api import router as notifications_router
 from offers.api import router as offers_router
 from runcrate import views
@@ -45,8 +45,8 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("accounts/", include("accounts.urls")),
     path("offers/", include("offers.urls")),
-    path("clusters/", include("clusters.urls")),
-    path("storage/", include("clusters.storage_urls")),
+    path("clusters/", include("clusters.web.urls")),
+    path("storage/", include("clusters.web.storage_urls")),
     path("billing/", include("billing.urls")),
     path("audit/", include("audit.urls")),
     path("notifications/", include("notifications.urls")),

@@ -61,7 +61,7 @@ BASE_PACKAGES = (
 )
 # Left out of the image on purpose: the product's bootstrap installs them from the mirror
 # (sshfs for /shared where the kernel has no NFS); Slurm and munge for clusters with software
-# `slurm` (clusters/software/host/install-slurm.sh), python3-venv for Ray's virtualenv,
+# `slurm` (clusters/machines/software/host/install-slurm.sh), python3-venv for Ray's virtualenv,
 # nftables for each node's firewall (bootstrap.sh). The
 # mirror's stamp names these lists: changing one rebuilds the mirror once in the cache.
 MIRROR_PACKAGES = (
@@ -76,7 +76,7 @@ MIRROR_PACKAGES = (
 )
 # The Python packages the lab's simple index serves (PIP_INDEX_URL), as the hosts' Python (3.11,
 # x86_64) installs them: Ray for clusters with software `ray` (install-ray.sh). Kept equal to
-# clusters.software.RAY_REQUIREMENT (a test says so).
+# clusters.machines.software.RAY_REQUIREMENT (a test says so).
 PYPI_PACKAGES = ("ray[default]==2.60.0",)
 PYPI_PLATFORM = ("--python-version", "3.11", "--platform", "manylinux2014_x86_64")
 LAB_LINK_MBIT = 200  # the lab's machine types' expected link (acceptance wants a share of it)

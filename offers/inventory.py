@@ -998,7 +998,8 @@ def take_hosts_offline(*, host_ids: Iterable[int]) -> int:
 def return_hosts_to_service(*, host_ids: Iterable[int], verified: Iterable[int] = ()) -> int:
     """Make offline or dirty hosts free again; returns how many did. A host a node still holds
     stays, and so does an ssh host that is not in `verified`, found pristine against its
-    baseline just now (`clusters.hosts.return_to_service`, what staff's Mark free runs): the
+    baseline just now (`clusters.machines.hosts.return_to_service`, what staff's Mark free runs):
+    the
     hosts that went offline or dirty are exactly the ones that could not be wiped or reimaged."""
     changed = (
         Host.objects.filter(pk__in=list(host_ids), state__in=[Host.State.OFFLINE, Host.State.DIRTY])

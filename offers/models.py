@@ -211,7 +211,8 @@ class Host(models.Model):
         help_text="This host's own reimage command; empty: its location's.",
     )
     # What the host looked like when staff registered it, freshly imaged, as the product's own
-    # reader saw it over SFTP (clusters/hosts.py): what every later verification compares with.
+    # reader saw it over SFTP (clusters/machines/hosts.py): what every later verification compares
+    # with.
     baseline = models.JSONField(default=dict, blank=True, editable=False)
     baseline_at = models.DateTimeField(null=True, blank=True, editable=False)
     # Why the host is dirty or offline: the reimage's failure, or what differs from the baseline.

@@ -42,7 +42,7 @@ class Availability(StrEnum):
 
 SOFTWARE_ALL = ("none", "slurm", "kubernetes", "ray")
 # What the self-serve Ethernet network between machines suits, and what it is not built for,
-# as a plan (clusters/plans.py), the CLI, the MCP server and the pages (the `network_terms`
+# as a plan (clusters/web/plans.py), the CLI, the MCP server and the pages (the `network_terms`
 # context processor) say it.
 ETHERNET_SUITS = (
     "independent jobs on every node, Slurm job arrays, Ray tasks, Kubernetes workloads, "

@@ -59,7 +59,8 @@ WAIT_POLL_THREADS = 16
 # A machine's steps in order (clusters.models.STEP_NAMES on the server).
 STEPS = ("running", "agent", "network", "install", "done")
 Software = Literal["none", "slurm", "kubernetes", "ray"]
-# The metrics' windows (GET /api/v1/clusters/{id}/metrics: the server's clusters.metrics.WINDOWS).
+# The metrics' windows (GET /api/v1/clusters/{id}/metrics: the server's
+# clusters.telemetry.metrics.WINDOWS).
 MetricsWindow = Literal["15m", "1h", "24h", "7d"]
 
 # The network test's verdict. The server says what Ethernet is expected to give (its `expected`

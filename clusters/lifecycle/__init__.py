@@ -36,6 +36,7 @@ from clusters.lifecycle.dispatch import (
     advance_pending_key,
     dispatching_to,
     enqueue_advance,
+    register_task,
 )
 from clusters.lifecycle.network_test import (
     NETWORK_TEST_SECONDS,
@@ -110,6 +111,7 @@ __all__ = [
     "node_plan_for",
     "plan_create",
     "reachability_matrix",
+    "register_task",
     "reserve_hosts",
     "size_refusal",
     "retry_install",

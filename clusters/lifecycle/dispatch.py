@@ -1,5 +1,10 @@
 """Handing work on: to Celery once the transaction commits by default, in memory for tests and
-the benchmark (`CollectingDispatcher`)."""
+the benchmark (`CollectingDispatcher`).
+
+Work is found by registration, never by import: the modules that do a kind of work register the
+function that does it (`@runs("advance")`), and the Celery tasks that carry it register themselves
+(`register_task`, in clusters/tasks.py, loaded with the app). So this module imports neither,
+and nothing here reaches up to what it hands work to."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import Any, TypeVar
 
 from django.core.cache import cache
 from django.db import transaction
@@ -16,6 +22,56 @@ from kombu.exceptions import OperationalError
 from clusters.lifecycle.rules import ADVANCE_PENDING_SECONDS
 
 log = logging.getLogger(__name__)
+
+# --- what each kind of work is: registered by the modules that do and carry it ---------------
+
+# The kinds handed on: a cluster's advance, work on its nodes under a lease, its network test, and
+# a read of a node's logs.
+KINDS = ("advance", "node_work", "network_test", "fetch_logs")
+_tasks: dict[str, Any] = {}  # kind -> the Celery task that carries it
+_runs: dict[str, Callable[..., object]] = {}  # kind -> the function that does it, in process
+
+
+def register_task(kind: str, task: Any) -> None:
+    """`task` (a Celery task) carries `kind` to a worker."""
+    if kind not in KINDS:
+        raise ValueError(f"{kind!r} is not a kind of work handed on ({', '.join(KINDS)})")
+    _tasks[kind] = task
+
+
+Work = TypeVar("Work", bound=Callable[..., object])
+
+
+def runs(kind: str) -> Callable[[Work], Work]:
+    """Decorate the function that does `kind` (what a `CollectingDispatcher` calls in process,
+    and what the task calls in the worker)."""
+    if kind not in KINDS:
+        raise ValueError(f"{kind!r} is not a kind of work handed on ({', '.join(KINDS)})")
+
+    def register(function: Work) -> Work:
+        _runs[kind] = function
+        return function
+
+    return register
+
+
+def task(kind: str) -> Any:
+    """The Celery task registered for `kind`; a clear error when none is (clusters/tasks.py
+    registers them when Django loads the clusters app)."""
+    try:
+        return _tasks[kind]
+    except KeyError:
+        raise LookupError(
+            f"no task carries {kind!r}: clusters.tasks registers them when the clusters app loads"
+        ) from None
+
+
+def _run(kind: str) -> Callable[..., object]:
+    try:
+        return _runs[kind]
+    except KeyError:
+        raise LookupError(f"nothing registered runs {kind!r} (@dispatch.runs)") from None
+
 
 # --- handing work on: Celery by default, in memory for tests and the benchmark -----------------
 
@@ -48,14 +104,12 @@ class Dispatcher:
     """
 
     def advance(self, cluster_id: int) -> None:
-        from clusters import tasks
-
         def enqueue() -> None:
             key = advance_pending_key(cluster_id)
             if not cache.add(key, True, timeout=ADVANCE_PENDING_SECONDS):
                 return
             if not publish(
-                f"advance of cluster {cluster_id}", lambda: tasks.advance.delay(cluster_id)
+                f"advance of cluster {cluster_id}", lambda: task("advance").delay(cluster_id)
             ):
                 cache.delete(key)  # not queued after all: let the next request try again
 
@@ -64,24 +118,20 @@ class Dispatcher:
     def node_work(self, action: str, leases: list[tuple[int, str]]) -> None:
         """Hand `action` to the nodes of one cluster, each under its lease (node, token): one
         task for all of them."""
-        from clusters import tasks
-
         (node_id, token), *also = leases
         what = f"{action} of node {node_id}" + (f" and {len(also)} more" if also else "")
         transaction.on_commit(
             lambda: publish(
                 what,
-                lambda: tasks.node_work.delay(node_id, action, token, *([also] if also else [])),
+                lambda: task("node_work").delay(node_id, action, token, *([also] if also else [])),
             )
         )
 
     def network_test(self, cluster_id: int, token: str) -> None:
-        from clusters import tasks
-
         transaction.on_commit(
             lambda: publish(
                 f"the network test of cluster {cluster_id}",
-                lambda: tasks.network_test.delay(cluster_id, token),
+                lambda: task("network_test").delay(cluster_id, token),
             )
         )
 
@@ -150,19 +200,15 @@ class CollectingDispatcher(Dispatcher):
 
     def _take(self) -> Callable[[], object] | None:
         """The next task, taken off its list (node work first); None when nothing is left."""
-        from clusters.lifecycle.network_test import do_network_test
-        from clusters.lifecycle.reconcile import advance
-        from clusters.lifecycle.work import do_work
-
         with self._lock:
             if self.work:
                 action, leases = self._next_work()
-                return partial(do_work, action=action, leases=leases)
+                return partial(_run("node_work"), action=action, leases=leases)
             if self.network_tests:
                 cluster_id, token = self.network_tests.pop(0)
-                return partial(do_network_test, cluster_id=cluster_id, token=token)
+                return partial(_run("network_test"), cluster_id=cluster_id, token=token)
             if self.advances:
-                return partial(advance, cluster_id=self.advances.pop(0))
+                return partial(_run("advance"), cluster_id=self.advances.pop(0))
             return None
 
     def run(self, *, limit: int = 100_000) -> int:

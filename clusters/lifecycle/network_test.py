@@ -14,12 +14,12 @@ from django.utils.dateparse import parse_datetime
 
 from accounts.models import User
 from clusters import connect
-from clusters.drivers import get_driver
-from clusters.drivers.base import DriverError, NetworkTestResult
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.rules import lock_cluster, with_node_names
 from clusters.lifecycle.work import install_plan
+from clusters.machines import get_driver
+from clusters.machines.base import DriverError, NetworkTestResult
 from clusters.models import Cluster, Event, Node
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ def run_network_test(*, cluster: Cluster, user: User | None = None) -> Cluster:
     return locked
 
 
+@dispatch.runs("network_test")
 def do_network_test(*, cluster_id: int, token: str) -> bool:
     """Measure, if `token` is still the running test's, and write the result back only if it
     still is. Returns whether the result was written (a second run of the task writes none)."""

@@ -46,6 +46,7 @@ def step_deadlines(cluster: Cluster, nodes: list[Node], now: datetime) -> dict[i
     }
 
 
+@dispatch.runs("advance")
 def advance(*, cluster_id: int, now: datetime | None = None) -> list[str]:
     """Carry one cluster as far as the clock and its rows allow; returns what it did."""
     now = now or timezone.now()

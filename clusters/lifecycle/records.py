@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from django.utils.dateparse import parse_datetime
 
-from clusters.drivers.base import CheckState
+from clusters.machines.base import CheckState
 from clusters.models import Node
 
 # What one piece of work keeps of a driver's output: its tail, where the error is.

@@ -381,7 +381,7 @@ def plan_create(
     member_ids: list[int] | None = None,
 ) -> Checked:
     """Every check `create_cluster` runs, in its order, reserving and writing nothing: what
-    the create would find, or the refusal it would give at this moment (clusters/plans.py)."""
+    the create would find, or the refusal it would give at this moment (clusters/web/plans.py)."""
     checked = check_create(
         project=project,
         environment=environment,

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from clusters import secrets
-from clusters.drivers.base import INSTALL_SECONDS as INSTALL_SECONDS
+from clusters.machines.base import INSTALL_SECONDS as INSTALL_SECONDS
 from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType
 
@@ -17,7 +17,8 @@ Status = Cluster.Status
 NodeStatus = Node.Status
 
 # What the network step adds to its deadline for each worker of the batch: workers measure
-# their way to node-0 one at a time (`clusters.agent.service.measure_turn`), and a turn is a
+# their way to node-0 one at a time (`clusters.telemetry.agent_service.measure_turn`), and a turn
+# is a
 # worker's next check-in (the agent's RETRY_SECONDS, 5 s, while starting), its latency (5 TCP
 # connects) and bandwidth (iperf3's 2-second run, or the 1-second stream), its /shared mount and
 # its report: about 10 s on a healthy host. Every step stays capped at the node's give-up time.
@@ -241,7 +242,7 @@ def acceptance_problem(node: Node, machine_type: MachineType) -> str | None:
     """Why what the node's agent measured to node-0 fails acceptance, or None. node-0 measures
     nothing to itself. Where the cluster has a shared folder (virtual machines and bare metal),
     every other node must have mounted node-0's /shared. Workers measure one at a time
-    (`clusters.agent.service.measure_turn`), so a figure is that node's own link."""
+    (`clusters.telemetry.agent_service.measure_turn`), so a figure is that node's own link."""
     if node.index == 0:
         return None
     measured = node.acceptance or {}

@@ -19,7 +19,6 @@ from django.conf import settings
 
 from billing import metering
 from clusters import volumes
-from clusters.drivers import get_driver
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.records import Action, ActionKind, NodeWork, Outcome
 from clusters.lifecycle.rules import (
@@ -33,6 +32,7 @@ from clusters.lifecycle.rules import (
     set_needs_work,
     with_node_names,
 )
+from clusters.machines import get_driver
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.models import Host, MachineType
 from runcrate.durations import in_words

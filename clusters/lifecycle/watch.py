@@ -10,9 +10,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from clusters.drivers import get_driver
-from clusters.drivers.base import MachineState
 from clusters.lifecycle.actions import mark_lost
+from clusters.machines import get_driver
+from clusters.machines.base import MachineState
 from clusters.models import Cluster, DueCluster, Node
 from offers.models import Host
 

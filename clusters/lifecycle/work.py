@@ -16,9 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from clusters import connect
-from clusters.agent import service as agent_service
-from clusters.drivers import InstallPlan, PlanNode, get_driver
-from clusters.drivers.base import DriverError
+from clusters.lifecycle import dispatch, observe
 from clusters.lifecycle.reconcile import advance_locked
 from clusters.lifecycle.records import (
     OUTPUT_CHARS,
@@ -33,6 +31,8 @@ from clusters.lifecycle.records import (
 )
 from clusters.lifecycle.rules import LEASE_SECONDS, agent_token, lock_cluster, running_deadline
 from clusters.lifecycle.unit import read_nodes
+from clusters.machines import InstallPlan, PlanNode, get_driver
+from clusters.machines.base import DriverError
 from clusters.models import Cluster, Node
 from runcrate.sql import update_rows
 
@@ -230,6 +230,7 @@ def do_node_work(*, node_id: int, action: str, token: str) -> bool:
     return do_work(action=action, leases=[(node_id, token)]) == 1
 
 
+@dispatch.runs("node_work")
 def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
     """Do the same handed-off work (`action` as the task queue carries it, `Action.to_task`)
     on a batch of nodes of one cluster (a driver that batches hands a cluster's nodes over
@@ -329,12 +330,13 @@ def _count_from_start(node: Node, start: StartOutcome, cluster: Cluster) -> bool
 
 def _agent_report(node: Node, kind: ActionKind, peers: list[str]) -> list[str]:
     """The driver plays the node's agent: what it reports is recorded through the agent's
-    own service, on the locked node, unsaved (saved with the write-back). Returns the fields
+    own record (clusters/lifecycle/observe.py), on the locked node, unsaved (saved with the
+    write-back). Returns the fields
     it changed."""
     report = get_driver(node.reserved_host).agent_report(
         node, step=kind, peers=[p for p in peers if p != node.name]
     )
-    return agent_service.record_report(node, token=agent_token(node), report=report)
+    return observe.record_report(node, token=agent_token(node), report=report)
 
 
 def _land(

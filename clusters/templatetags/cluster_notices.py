@@ -8,9 +8,8 @@ from datetime import datetime
 
 from django import template
 
-from clusters import idle
-from clusters.lifecycle import health
 from clusters.models import Cluster, Node
+from clusters.telemetry import health, idle
 
 register = template.Library()
 
@@ -19,11 +18,11 @@ register = template.Library()
 def idle_notice(
     cluster: Cluster, nodes: Iterable[Node] | None = None, now: datetime | None = None
 ) -> str:
-    """The idle notice's words, or "" (clusters.idle.notice_text)."""
+    """The idle notice's words, or "" (clusters.telemetry.idle.notice_text)."""
     return idle.notice_text(cluster, nodes=nodes, now=now)
 
 
 @register.simple_tag
 def gpu_problems(cluster: Cluster) -> list[str]:
-    """The open GPU problems' messages (clusters.lifecycle.health.gpu_problem_messages)."""
+    """The open GPU problems' messages (clusters.telemetry.health.gpu_problem_messages)."""
     return health.gpu_problem_messages(cluster)

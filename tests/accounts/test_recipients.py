@@ -10,9 +10,9 @@ from django.core import mail
 from django.utils import timezone
 
 from accounts.models import Membership
+from clusters.lifecycle.stops import send_stop_emails
 from clusters.models import Cluster, Event, Node
 from clusters.notifications import send_pending_cluster_emails
-from clusters.stops import send_stop_emails
 from notifications import delivery
 from notifications.endpoints import create_endpoint
 from tests.conftest import _person

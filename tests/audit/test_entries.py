@@ -17,8 +17,8 @@ from audit import log
 from audit.models import Entry
 from billing.meter import charge_accrued
 from clusters import lifecycle
+from clusters.lifecycle.stops import enforce_limits
 from clusters.models import Cluster
-from clusters.stops import enforce_limits
 from runcrate_cli import client as cli_client
 from runcrate_cli import mcp_server
 from tests.billing.conftest import add_credit, bill_cluster

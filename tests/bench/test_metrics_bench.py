@@ -4,8 +4,8 @@ poll from the tab itself and sends it one metrics version behind as the moved po
 import pytest
 
 from bench.metrics import metrics_tab_polls
-from clusters import metrics
 from clusters.models import Cluster, Node
+from clusters.telemetry import metrics
 from tests.factories import ClusterFactory
 
 HTMX = {"HX-Request": "true"}

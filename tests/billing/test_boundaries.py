@@ -12,8 +12,8 @@ from accounts.models import Environment
 from billing.meter import charge_accrued
 from billing.models import UsageRecord, balance_of
 from clusters import lifecycle
+from clusters.lifecycle.stops import enforce_limits
 from clusters.models import Cluster
-from clusters.stops import enforce_limits
 from tests.billing.conftest import add_credit, bill_cluster
 
 NOW = datetime(2026, 3, 20, 12, 0, tzinfo=UTC)

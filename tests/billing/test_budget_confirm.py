@@ -9,8 +9,8 @@ import time_machine
 
 from accounts.models import Environment
 from billing.meter import charge_accrued
+from clusters.lifecycle.stops import enforce_limits
 from clusters.models import Cluster
-from clusters.stops import enforce_limits
 from tests.billing.conftest import add_credit, bill_cluster, end_cluster
 
 NOW = datetime(2026, 3, 20, 12, tzinfo=UTC)

@@ -16,7 +16,7 @@ from billing import meter
 from billing.models import LedgerEntry, MeterMark, UsageRecord, balance_of
 from billing.usage import Month, cluster_costs, machine_rows
 from clusters import lifecycle
-from clusters.stops import run_meter
+from clusters.lifecycle.stops import run_meter
 from tests.billing.conftest import add_credit, bill_cluster
 
 PRICE = Decimal("36.00")  # a cent a second: a second too many shows

@@ -13,8 +13,8 @@ from billing import budgets
 from billing.meter import charge_accrued
 from billing.models import UsageRecord, balance_of
 from clusters import lifecycle
+from clusters.lifecycle.stops import enforce_limits
 from clusters.models import Cluster, Event
-from clusters.stops import enforce_limits
 from tests.billing.conftest import add_credit, bill_cluster
 from tests.factories import ClusterFactory
 

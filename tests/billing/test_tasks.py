@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from billing.models import balance_of
 from clusters import lifecycle
+from clusters.lifecycle.stops import run_meter
 from clusters.models import Cluster
-from clusters.stops import run_meter
 from tests.billing.conftest import add_credit, bill_cluster
 
 

@@ -17,8 +17,8 @@ from django.db.models import Sum
 from billing import meter
 from billing.models import LedgerEntry, StorageRecord, balance_of
 from clusters import lifecycle, volumes
+from clusters.lifecycle.stops import run_meter
 from clusters.models import Volume
-from clusters.stops import run_meter
 from tests.billing.conftest import add_credit
 from tests.conftest import postgres_only
 from tests.factories import LocationFactory, MachineTypeFactory, ProjectFactory

@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusters import metrics, simulated_metrics
+from clusters.telemetry import metrics, simulated_metrics
 from tests.cli.kit import ANSI, CLI_PYTHON, REPO, assert_no_traceback, ready_cluster, run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from clusters.agent import runcrate_agent
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.lifecycle import agent_token
 from clusters.lifecycle.rules import MEASURE_TURN_SECONDS, acceptance_minimum_mbit
+from clusters.machines import runcrate_agent
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Node
 from offers.models import MachineType
 from tests.clusters.lifecycle_kit import Sim, assert_failed_cleanly, at, create, inventory, node

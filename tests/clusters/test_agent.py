@@ -5,8 +5,8 @@ import socket
 import pytest
 import time_machine
 
-from clusters.agent import runcrate_agent
 from clusters.lifecycle import agent_token
+from clusters.machines import runcrate_agent
 from clusters.models import Cluster, Node
 from tests.clusters.lifecycle_kit import Sim, create, inventory, new_project, node
 

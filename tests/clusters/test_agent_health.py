@@ -1,4 +1,4 @@
-"""The agent's health reports on a ready cluster (clusters/agent/runcrate_agent.py; issue 18,
+"""The agent's health reports on a ready cluster (clusters/machines/runcrate_agent.py; issue 18,
 D8), against the stand-in dashboard of test_agent_program: the peers it reaches, the services
 it finds running, whether /shared answers, and how the reports ride on its heartbeats."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from clusters.agent import runcrate_agent
-from clusters.agent.runcrate_agent import Settings
+from clusters.machines import runcrate_agent
+from clusters.machines.runcrate_agent import Settings
 from tests.clusters import test_agent_program as program
 from tests.clusters.test_agent_program import TOKEN, answer, new_agent, refusal
 
@@ -212,7 +212,7 @@ def test_it_reads_the_health_interval_from_its_configuration(tmp_path):
 
 
 def test_the_report_says_whether_the_private_interface_is_up(tmp_path):
-    from clusters.agent.runcrate_agent import interface_up
+    from clusters.machines.runcrate_agent import interface_up
 
     (tmp_path / "rc0").mkdir()
     (tmp_path / "rc0" / "flags").write_text("0x1091\n")  # UP, POINTOPOINT, NOARP, RUNNING

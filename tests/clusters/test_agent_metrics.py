@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters.agent.runcrate_agent import (
+from clusters.machines.runcrate_agent import (
     METRICS_QUERY,
     METRICS_QUERY_BEFORE_535,
     Agent,

@@ -1,4 +1,4 @@
-"""The node agent as a program (clusters/agent/runcrate_agent.py), against a stand-in dashboard.
+"""The node agent as a program (clusters/machines/runcrate_agent.py), against a stand-in dashboard.
 
 Everything runs on 127.0.0.x: a real HTTP server plays the dashboard's answers and records what
 the agent sent; `nvidia-smi` and `wg` are stand-in scripts first (and alone) on PATH; the head's
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from clusters.agent import runcrate_agent
-from clusters.agent.runcrate_agent import Agent, Settings, Sink
+from clusters.machines import runcrate_agent
+from clusters.machines.runcrate_agent import Agent, Settings, Sink
 
 TOKEN = "rcnode_s3cret-token-never-logged"
 NVIDIA_SMI = "NVIDIA H100 80GB HBM3, 81559, GPU-1, 550.54.15\n"

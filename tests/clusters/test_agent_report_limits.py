@@ -1,5 +1,6 @@
 """What a node's agent may report (issue 33, items 4 and 11): its metrics reports at most as
-often as it is told to send them (clusters/metrics.py `take_report`: a burst of METRICS_BURST,
+often as it is told to send them (clusters/telemetry/metrics.py `take_report`: a burst of
+METRICS_BURST,
 then one every RUNCRATE_METRICS_SECONDS; the rest answered 429 with Retry-After, nothing
 stored), and only of the GPUs its machine has (`check_gpu_indexes`: 422 before any health
 judgement). The tenant is root on the node and holds its token: nothing it sends may grow the
@@ -12,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from clusters import metrics
 from clusters.models import Cluster, Event, GpuSample, Node, NodeSample
+from clusters.telemetry import metrics
 from tests.clusters.test_metrics_store import HOST, gpu, nodes, post, ready_cluster, report
 
 NOW = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clusters.drivers.base import CheckState
-from clusters.software import checks
-from clusters.software import simulated as outputs
+from clusters.machines.base import CheckState
+from clusters.machines.software import checks
+from clusters.machines.software import simulated as outputs
 
 EXPECTED = [
     checks.ExpectedNode("node-0", "10.77.0.1", 8),

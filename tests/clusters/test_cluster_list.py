@@ -148,7 +148,7 @@ def test_it_offers_create_cluster_and_request_a_quote_once_each_on_an_empty_page
 
 
 def test_it_keeps_the_filter_and_the_search_across_pages(owner, monkeypatch):
-    monkeypatch.setattr("clusters.views.CLUSTERS_PER_PAGE", 2)
+    monkeypatch.setattr("clusters.web.views.CLUSTERS_PER_PAGE", 2)
     for index in range(3):
         ClusterFactory(project=owner.project, name=f"train-{index}", status=Cluster.Status.READY)
     ClusterFactory(project=owner.project, name="eval", status=Cluster.Status.READY)
@@ -183,7 +183,7 @@ def test_it_polls_the_filtered_rows_without_counting_them_again(owner):
 def traced_cluster(project, name: str, percents: list[float], *, now) -> Cluster:
     """A ready cluster of two nodes whose GPUs reported `percents` (one a minute, to `now`),
     rolled up into minutes as the beat does."""
-    from clusters import metrics
+    from clusters.telemetry import metrics
 
     cluster = ClusterFactory(
         project=project,

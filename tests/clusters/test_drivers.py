@@ -5,19 +5,19 @@ from datetime import timedelta
 
 import pytest
 
-from clusters.agent.service import (
+from clusters.lifecycle import agent_token
+from clusters.machines import get_driver
+from clusters.machines.base import DriverError, MachineState
+from clusters.machines.registry import UnavailableDriver
+from clusters.machines.simulated import SimulatedDriver
+from clusters.machines.ssh import SshDriver
+from clusters.models import Cluster, Node
+from clusters.telemetry.agent_service import (
     AgentRefused,
     agent_check_in,
     agent_report_network,
     parse_nvidia_smi,
 )
-from clusters.drivers import get_driver
-from clusters.drivers.base import DriverError, MachineState
-from clusters.drivers.registry import UnavailableDriver
-from clusters.drivers.simulated import SimulatedDriver
-from clusters.drivers.ssh import SshDriver
-from clusters.lifecycle import agent_token
-from clusters.models import Cluster, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import (
     T0,
@@ -222,7 +222,7 @@ def test_a_failed_sync_back_is_tried_again_before_the_release_gives_up():
     """The stop that cannot sync a volume back is retried (node-0 keeps the files) and then
     wipes anyway, always before the release's own attempts run out (the host would go
     offline with the volume never synced)."""
-    from clusters.drivers import storage
     from clusters.lifecycle.rules import RELEASE_ATTEMPTS
+    from clusters.machines import storage
 
     assert 1 < storage.SYNC_ATTEMPTS < RELEASE_ATTEMPTS

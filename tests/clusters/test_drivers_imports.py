@@ -1,15 +1,15 @@
 """The drivers sit below the lifecycle: they are given what they need (plans, the agent's
 token) and return what they found; the lifecycle records it. Read from the code, no module
-under clusters/drivers/ imports clusters.lifecycle or clusters.agent, not even inside a
-function."""
+under clusters/machines/ imports the lifecycle, telemetry or the web, not even inside a function
+(tests/test_layers.py holds the same for every part of clusters/)."""
 
 import ast
 from pathlib import Path
 
-import clusters.drivers
+import clusters.machines
 
-DRIVERS = Path(clusters.drivers.__file__).parent
-ABOVE = ("clusters.lifecycle", "clusters.agent")
+DRIVERS = Path(clusters.machines.__file__).parent
+ABOVE = ("clusters.lifecycle", "clusters.telemetry", "clusters.web")
 
 
 def imported(source: str) -> set[str]:
@@ -31,7 +31,7 @@ def reaches_up(names: set[str]) -> list[str]:
 
 def test_it_finds_an_import_of_the_lifecycle_however_it_is_written():
     source = (
-        "import clusters.agent.service\n"
+        "import clusters.telemetry.agent_service\n"
         "def start():\n"
         "    from clusters.lifecycle import agent_token\n"
         "    from clusters import lifecycle\n"
@@ -39,9 +39,9 @@ def test_it_finds_an_import_of_the_lifecycle_however_it_is_written():
         "from clusters.lifecycles import x\n"
     )
     assert reaches_up(imported(source)) == [
-        "clusters.agent.service",
         "clusters.lifecycle",
         "clusters.lifecycle.agent_token",
+        "clusters.telemetry.agent_service",
     ]
 
 
@@ -50,7 +50,7 @@ def test_it_reads_every_driver_module():
     assert {"__init__.py", "base.py", "simulated.py", "ssh.py", "registry.py"} <= modules
 
 
-def test_no_driver_imports_the_lifecycle_or_the_agent():
+def test_no_driver_imports_the_lifecycle_telemetry_or_the_web():
     found = {
         path.name: reaches_up(imported(path.read_text())) for path in sorted(DRIVERS.rglob("*.py"))
     }

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from clusters import lifecycle
-from clusters.drivers.simulated import SimulatedDriver
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Event, Node
 from tests.clusters.lifecycle_kit import Sim, create, inventory
 

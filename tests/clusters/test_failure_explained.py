@@ -11,9 +11,9 @@ from django.test import Client
 
 from clusters import lifecycle
 from clusters.lifecycle.rules import with_node_names
+from clusters.machines.software.checks import installer_verdict
 from clusters.models import Cluster, Event, Node
-from clusters.software.checks import installer_verdict
-from clusters.views import _node_rows
+from clusters.web.views import _node_rows
 from offers.models import Host
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, new_project
 from tests.factories import ClusterFactory, issue_key
@@ -260,9 +260,9 @@ def test_names_become_node_names_whole_words_only(db):
 
 
 def test_a_failed_network_test_names_the_node_not_the_host(db, monkeypatch):
-    from clusters.drivers.base import DriverError
-    from clusters.drivers.simulated import SimulatedDriver
     from clusters.lifecycle.network_test import _measure
+    from clusters.machines.base import DriverError
+    from clusters.machines.simulated import SimulatedDriver
 
     cluster = ClusterFactory(machines=True, size=2, status=Cluster.Status.READY)
     nodes = list(cluster.nodes.select_related("host").order_by("index"))

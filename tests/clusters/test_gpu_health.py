@@ -1,4 +1,4 @@
-"""GPU health (issue 23, item 4; clusters/lifecycle/health.py, docs/metrics.md "GPU health"):
+"""GPU health (issue 23, item 4; clusters/telemetry/health.py, docs/metrics.md "GPU health"):
 what the metrics reports show wrong with a node's GPUs marks it unhealthy as any health problem
 does (one node_unhealthy event naming node, GPU and what, the "unhealthy" email, the cluster
 degraded, up and billed) and clears it when the reports no longer show it; a healthy report
@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from billing.models import UsageRecord
 from clusters import lifecycle
-from clusters.agent.service import agent_check_in
-from clusters.lifecycle import health
 from clusters.models import Cluster, Event, Node
 from clusters.notifications import recipients_for, send_pending_cluster_emails
+from clusters.telemetry import health
+from clusters.telemetry.agent_service import agent_check_in
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node
 from tests.clusters.test_metrics_store import ready_cluster
 from tests.clusters.test_metrics_store import report as healthy_report
@@ -302,7 +302,7 @@ def test_a_healthy_report_of_an_accepted_node_is_still_four_queries(
     n = cluster.nodes.order_by("index").first()
     n.gpus = accepted_gpus(gpus)
     n.save(update_fields=["gpus"])
-    # The node, its pace (clusters/metrics.py take_report) and the two inserts.
+    # The node, its pace (clusters/telemetry/metrics.py take_report) and the two inserts.
     with django_assert_max_num_queries(4):
         response = client.post(
             f"/api/v1/agent/nodes/{n.pk}/metrics",

@@ -1,6 +1,6 @@
 """Unhealthy machines of ready clusters (issue 18, D8): the health reports agents add to their
 heartbeats, how the service checks and keeps them, and what the judgement makes of them
-(clusters/lifecycle/health.py): one node_unhealthy event per problem, the cluster degraded and
+(clusters/telemetry/health.py): one node_unhealthy event per problem, the cluster degraded and
 its owner emailed, a node_healthy event and the cluster ready again when it is gone."""
 
 from datetime import timedelta
@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from billing.models import UsageRecord
 from clusters import lifecycle
-from clusters.agent.service import AgentRefused, agent_check_in, clean_health
-from clusters.lifecycle import health
 from clusters.models import Cluster, Event, Node
 from clusters.notifications import send_pending_cluster_emails
+from clusters.telemetry import health
+from clusters.telemetry.agent_service import AgentRefused, agent_check_in, clean_health
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node
 
 BOOT = 180

@@ -1,4 +1,4 @@
-"""The ssh driver pins each host's key (clusters/drivers/ssh.py `connect`): against a local
+"""The ssh driver pins each host's key (clusters/machines/ssh.py `connect`): against a local
 paramiko SSH server on 127.0.0.1 (a thread, a random port, its own host key), a connection
 whose pinned key is another one is refused before anything is sent, with a message naming both
 fingerprints, and a connection whose pinned key is the server's logs in and runs a command."""
@@ -16,8 +16,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from clusters.drivers.base import DriverError
-from clusters.drivers.ssh import connect, operator_public_key
+from clusters.machines.base import DriverError
+from clusters.machines.ssh import connect, operator_public_key
 
 
 def ed25519_key() -> paramiko.PKey:
@@ -202,7 +202,7 @@ def test_a_host_whose_name_finds_no_pinned_key_is_refused_not_trusted(server, mo
     # paramiko asks the missing-host-key policy only when it knows no key for the host's name.
     # The driver always pins under the name paramiko looks up, so make that lookup miss: the
     # policy must refuse the key offered, never add or accept it (AutoAddPolicy, WarningPolicy).
-    monkeypatch.setattr("clusters.drivers.ssh._known_name", lambda address, port: "elsewhere")
+    monkeypatch.setattr("clusters.machines.ssh._known_name", lambda address, port: "elsewhere")
 
     with pytest.raises(DriverError) as refused, connect_to(server, public_line(server.host_key)):
         pass

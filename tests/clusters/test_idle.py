@@ -1,4 +1,5 @@
-"""The idle notice (issue 23, item 5; clusters/idle.py, docs/metrics.md "The idle notice"): a
+"""The idle notice (issue 23, item 5; clusters/telemetry/idle.py, docs/metrics.md "The idle
+notice"): a
 ready cluster whose every GPU stayed below RUNCRATE_IDLE_GPU_PERCENT for
 RUNCRATE_IDLE_GPU_MINUTES is told once per idle period (a gpus_idle event, idle_since, an
 email), and marked busy again (gpus_busy) when a GPU works; nothing is stopped or billed
@@ -17,9 +18,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.models import UsageRecord
-from clusters import idle, metrics
 from clusters.models import Cluster, Event, GpuSample, Node
 from clusters.notifications import recipients_for, send_pending_cluster_emails
+from clusters.telemetry import idle, metrics
 from tests.factories import ClusterFactory
 
 T = datetime(2026, 12, 7, 10, 0, 5, tzinfo=UTC)  # the cluster is ready at T
@@ -52,7 +53,8 @@ def idle_gpus(node: int, gpu: int, at: datetime) -> float:
 
 def report(cluster, start: datetime, end: datetime, util: Util = idle_gpus, *, gpus=8):
     """Every node of `cluster` reports every 15 s from `start` up to `end` (excluded), GPU g of
-    node-i at `util(i, g, at)` percent, as the endpoint stores a report (clusters.metrics.store)."""
+    node-i at `util(i, g, at)` percent, as the endpoint stores a report
+    (clusters.telemetry.metrics.store)."""
     rows = []
     at = start
     while at < end:

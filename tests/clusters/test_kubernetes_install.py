@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from clusters import connect
-from clusters.drivers.base import InstallPlan, PlanNode
-from clusters.drivers.ssh import SCRIPTS, software_env
+from clusters.machines.base import InstallPlan, PlanNode
+from clusters.machines.ssh import SCRIPTS, software_env
 from tests.clusters.lifecycle_kit import create, inventory, node
 
 INSTALLER = SCRIPTS / "install-kubernetes.sh"

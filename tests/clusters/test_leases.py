@@ -11,9 +11,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from clusters import lifecycle
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.lifecycle.rules import INSTALL_SECONDS, LEASE_SECONDS
 from clusters.lifecycle.work import renewing_lease
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Node
 from tests.clusters.lifecycle_kit import Sim, create, inventory, node
 

@@ -4,7 +4,7 @@ task per piece of work for a cluster's nodes, any other driver one task per node
 import pytest
 
 from clusters import lifecycle
-from clusters.drivers.simulated import SimulatedDriver
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Node
 from tests.clusters.lifecycle_kit import T0, Sim, create, inventory
 
@@ -70,7 +70,8 @@ def test_a_batch_writes_back_only_the_results_whose_lease_still_holds(project, c
 
 
 def test_the_simulated_agent_reports_through_the_agents_own_checks(project, clock):
-    # Its report goes through clusters.agent.service as the HTTP endpoints' does: a token that
+    # Its report goes through clusters.telemetry.agent_service as the HTTP endpoints' does: a token
+    # that
     # is not the node's is refused, and the refusal is what the write-back records.
     machine_type = inventory(hosts=2, boot_seconds=BOOT)
     with Sim() as sim:

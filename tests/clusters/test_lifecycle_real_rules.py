@@ -11,13 +11,13 @@ from django.utils import timezone
 from billing import ledger, meter
 from billing.models import UsageRecord
 from clusters import lifecycle
-from clusters.agent.service import agent_check_in
-from clusters.drivers.base import DriverError, MachineState, Observation
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.errors import ClusterRefused
 from clusters.lifecycle.work import node_plan_for
+from clusters.machines.base import DriverError, MachineState, Observation
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, IllegalTransition, Node
 from clusters.notifications import send_pending_cluster_emails
+from clusters.telemetry.agent_service import agent_check_in
 from offers.models import Host
 from tests.clusters.lifecycle_kit import (
     Sim,

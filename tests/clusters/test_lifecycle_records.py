@@ -5,7 +5,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clusters.drivers.base import CheckState
 from clusters.lifecycle.records import (
     Action,
     ActionKind,
@@ -15,6 +14,7 @@ from clusters.lifecycle.records import (
     StartOutcome,
     StopOutcome,
 )
+from clusters.machines.base import CheckState
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 

@@ -9,8 +9,8 @@ import pytest
 
 from billing.models import UsageRecord
 from clusters import lifecycle
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.lifecycle.steps import join
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, Node
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node
 

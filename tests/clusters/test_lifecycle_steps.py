@@ -7,9 +7,9 @@ import pytest
 import time_machine
 
 from billing.models import UsageRecord
-from clusters.drivers.base import CheckResult, CheckState
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.lifecycle.rules import MEASURE_TURN_SECONDS
+from clusters.machines.base import CheckResult, CheckState
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import (

@@ -19,9 +19,9 @@ import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from clusters import logs, tasks
-from clusters.drivers import ssh
-from clusters.drivers.base import (
+from clusters import tasks
+from clusters.machines import ssh
+from clusters.machines.base import (
     LOG_CAP_BYTES,
     NODE_LOG_KINDS,
     DriverError,
@@ -31,8 +31,9 @@ from clusters.drivers.base import (
     log_sources,
     read_log_text,
 )
-from clusters.drivers.simulated import SimulatedDriver
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, LogFetch, Node, NodeLog
+from clusters.telemetry import logs
 from tests.billing.conftest import bill_cluster
 
 NOW = datetime(2026, 3, 20, 12, 0, tzinfo=UTC)

@@ -12,8 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters import idle, metrics, tasks
+from clusters import tasks
 from clusters.models import Cluster, Node
+from clusters.telemetry import idle, metrics
 from tests.factories import ClusterFactory
 
 NOW = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
@@ -146,7 +147,7 @@ def test_it_shows_idle_since_and_the_notice_in_the_metrics_and_the_cluster(owner
     cluster_data = owner.api().get(f"/api/v1/clusters/{cluster.pk}").json()["data"]
 
     assert metrics_data["idle_since"] == "2026-12-07T09:15:00Z"
-    # The page's words (clusters.idle.notice_text): 2 machines of 8 GPUs, 45 minutes.
+    # The page's words (clusters.telemetry.idle.notice_text): 2 machines of 8 GPUs, 45 minutes.
     assert metrics_data["idle_notice"] == idle.notice_text(cluster)
     assert metrics_data["idle_notice"].startswith("16 GPUs idle for 45 min, costing $")
     assert cluster_data["idle_since"] == "2026-12-07T09:15:00Z"

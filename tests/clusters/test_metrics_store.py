@@ -1,5 +1,6 @@
 """The agents' metrics reports, stored to last and cheap to write (issue 23, item 2;
-clusters/metrics.py, docs/metrics.md): the endpoint and what it keeps, refuses and answers,
+clusters/telemetry/metrics.py, docs/metrics.md): the endpoint and what it keeps, refuses and
+answers,
 its query count, the beat's rollups and pruning over a simulated week, and reading a window."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters import metrics, tasks
+from clusters import tasks
 from clusters.lifecycle import agent_token, token_hash
 from clusters.models import (
     Cluster,
@@ -24,6 +25,7 @@ from clusters.models import (
     NodeSample,
     Resolution,
 )
+from clusters.telemetry import metrics
 from tests.factories import ClusterFactory
 
 NOW = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
@@ -120,7 +122,7 @@ def test_it_records_a_report_in_at_most_four_queries(
 ):
     node = nodes(ready_cluster(owner.project))[0]
     body = report(gpus)
-    # The node, its pace (clusters/metrics.py take_report) and the two inserts.
+    # The node, its pace (clusters/telemetry/metrics.py take_report) and the two inserts.
     with django_assert_max_num_queries(4):
         response = post(client, node, body)
     assert response.status_code == 200, response.content

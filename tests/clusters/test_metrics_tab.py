@@ -1,6 +1,6 @@
 """The Metrics tab (issue 23, item 3; docs/metrics.md, "The Metrics tab"), the node rows' GPU
 utilisation and health badge, and the page's poll on both tabs: the charts' geometry from known
-samples (clusters/charts.py), the figures the page shows, the window picker, a bad window, a
+samples (clusters/web/charts.py), the figures the page shows, the window picker, a bad window, a
 stranger's 404, colours by class only, and the poll's answers and query counts."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters import charts, metrics
-from clusters.metrics import GpuPoint, Span, TracePoint, Window
 from clusters.models import Cluster, Node
+from clusters.telemetry import metrics
+from clusters.telemetry.metrics import GpuPoint, Span, TracePoint, Window
+from clusters.web import charts
 from tests.factories import ClusterFactory
 
 HTMX = {"HX-Request": "true"}

@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from clusters import lifecycle
-from clusters.drivers.base import DriverError
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.errors import ClusterRefused
+from clusters.machines.base import DriverError
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, Node
 from tests.factories import ClusterFactory
 

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from clusters.agent import runcrate_agent
-from clusters.agent.runcrate_agent import Sink
-from clusters.drivers import ssh
-from clusters.drivers.base import DriverError
 from clusters.lifecycle import install_plan
+from clusters.machines import runcrate_agent, ssh
+from clusters.machines.base import DriverError
+from clusters.machines.runcrate_agent import Sink
+from clusters.machines.software import network_test
 from clusters.models import Cluster, Node
-from clusters.software import network_test
 from tests.factories import ClusterFactory
 
 AGENT = Path(runcrate_agent.__file__)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clusters.software import network_test
-from clusters.software import simulated as outputs
+from clusters.machines.software import network_test
+from clusters.machines.software import simulated as outputs
 
 DATA = Path(__file__).parent / "data" / "nccl"
 

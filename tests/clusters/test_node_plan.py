@@ -2,7 +2,7 @@
 (and again at install), and the public address each machine is reached at once it runs."""
 
 from clusters import connect, lifecycle
-from clusters.drivers.simulated import SimulatedDriver, simulated_public_address
+from clusters.machines.simulated import SimulatedDriver, simulated_public_address
 from clusters.models import Cluster
 from offers.models import Host, MachineType
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, node

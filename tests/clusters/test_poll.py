@@ -15,9 +15,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import User
-from clusters import lifecycle, metrics
+from clusters import lifecycle
 from clusters.lifecycle.network_test import do_network_test
 from clusters.models import Cluster, Event, Node
+from clusters.telemetry import metrics
 from tests.clusters.lifecycle_kit import create, inventory
 from tests.factories import ClusterFactory, EventFactory, NodeFactory
 

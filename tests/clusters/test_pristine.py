@@ -1,4 +1,4 @@
-"""The product's own reading of a host (clusters/drivers/pristine.py): the parsers of what it
+"""The product's own reading of a host (clusters/machines/pristine.py): the parsers of what it
 reads over SFTP, the comparison with a baseline, and the operator's reimage command, run for
 real here. The whole verification on real hosts is tests/clusters/test_ssh_lab_reimage.py."""
 
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from clusters.drivers import pristine
+from clusters.machines import pristine
 from tests.factories import HostFactory
 
 DPKG_STATUS = """\
@@ -493,7 +493,7 @@ def test_a_baseline_of_an_older_version_is_one_difference_that_says_record_it_ag
     assert only.what == "baseline" and "Record baseline again" in only.message
     # Nothing is read: the host's address leads nowhere.
     host = HostFactory(driver="ssh", address="192.0.2.1", baseline=old)
-    from clusters.drivers.ssh import verify_host
+    from clusters.machines.ssh import verify_host
 
     assert verify_host(host) == [only]
 

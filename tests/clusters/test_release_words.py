@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 from clusters import lifecycle
-from clusters.drivers.base import Released
-from clusters.drivers.simulated import SimulatedDriver
 from clusters.lifecycle.steps.release import released_words
+from clusters.machines.base import Released
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Node
 from offers.models import Host
 from tests.clusters.lifecycle_kit import T0, create, inventory

@@ -330,8 +330,7 @@ def test_a_zero_budget_set_while_creates_are_in_flight_leaves_no_cluster_billed(
     # and lists its cluster in `stopping`; whichever of the budget change and the second create
     # gets the environment next, the second is listed too or refused `budget_reached`. The
     # meter's stop then ends every cluster before any machine of it is billed.
-    from clusters import stops
-    from clusters.lifecycle import reserve
+    from clusters.lifecycle import reserve, stops
 
     machine_type = inventory(hosts=8)
     _, project = new_project()

@@ -6,9 +6,9 @@ import pytest
 from django.test import override_settings
 
 from clusters import connect, secrets
-from clusters.drivers.ssh import cluster_keys
 from clusters.lifecycle import agent_token
 from clusters.lifecycle.rules import token_hash
+from clusters.machines.ssh import cluster_keys
 from clusters.models import Cluster, Node
 from tests.clusters.lifecycle_kit import Sim, create, inventory, new_project, node
 

@@ -1,4 +1,5 @@
-"""The simulated data center's figures (issue 23, item 7; clusters/simulated_metrics.py): every
+"""The simulated data center's figures (issue 23, item 7; clusters/telemetry/simulated_metrics.py):
+every
 live node of a ready or degraded cluster on the simulated driver reports a plausible, changing,
 deterministic report through the agent's path; nothing for real machines or other clusters."""
 
@@ -12,9 +13,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters import metrics, simulated_metrics, tasks
+from clusters import tasks
 from clusters.models import Cluster, GpuSample, Node, NodeSample
-from clusters.simulated_metrics import BUSY_SECONDS, CYCLE_SECONDS, busy, utilization
+from clusters.telemetry import metrics, simulated_metrics
+from clusters.telemetry.simulated_metrics import BUSY_SECONDS, CYCLE_SECONDS, busy, utilization
 from offers.models import Host
 from tests.factories import ClusterFactory, GpuModelFactory, MachineTypeFactory
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import paramiko
 import pytest
 
-from clusters.drivers import ssh
-from clusters.drivers.base import INSTALL_SECONDS, DriverError, InstallPlan, PlanNode
+from clusters.machines import ssh
+from clusters.machines.base import INSTALL_SECONDS, DriverError, InstallPlan, PlanNode
 from tests.clusters.lifecycle_kit import create, inventory, node
 
 
@@ -177,7 +177,7 @@ def test_a_command_that_ends_gives_its_status_and_output(host):
 
 
 def test_a_volume_sync_gets_a_deadline_from_the_volumes_size():
-    from clusters.drivers import storage
+    from clusters.machines import storage
     from clusters.models import Volume
 
     small, large, huge = (storage.sync_seconds(Volume(size_gb=g)) for g in (10, 100, 10_000))

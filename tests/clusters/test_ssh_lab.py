@@ -20,9 +20,9 @@ from django.utils import timezone
 from accounts.models import SshKey
 from billing.models import UsageRecord
 from clusters import connect, lifecycle
-from clusters.drivers import get_driver
-from clusters.drivers.base import DriverError
 from clusters.lifecycle import unit
+from clusters.machines import get_driver
+from clusters.machines.base import DriverError
 from clusters.models import Cluster, Event, Node
 from lab import hostlab
 from offers.models import Host, Location, MachineType

@@ -1,5 +1,6 @@
-"""The jump user on the lab's real SSH gateway (lab-gw; clusters/software/host/gateway.sh, and
-`gateway_sync` in clusters/drivers/ssh.py): created once per cluster under the gateway's lock
+"""The jump user on the lab's real SSH gateway (lab-gw; clusters/machines/software/host/gateway.sh,
+and
+`gateway_sync` in clusters/machines/ssh.py): created once per cluster under the gateway's lock
 however many node starts race for it, its home its own, reachable by the user's key through the
 gateway to the cluster's hosts only, and removed whole (user, group, home, mail spool, the
 gateway's record) when the last node leaves, even while a jump session is open. Skipped, with the
@@ -16,7 +17,7 @@ import paramiko
 import pytest
 
 from clusters import lifecycle
-from clusters.drivers.ssh import gateway_sync
+from clusters.machines.ssh import gateway_sync
 from clusters.models import Cluster, Node
 from tests.clusters.lifecycle_kit import Sim, create
 from tests.clusters.test_ssh_lab import (

@@ -1,5 +1,5 @@
 """Kubernetes on the lab's real hosts, as far as it gets there: the lab has no way out to the k3s
-release, so the real installer (clusters/software/host/install-kubernetes.sh) stops at the
+release, so the real installer (clusters/machines/software/host/install-kubernetes.sh) stops at the
 download, on the hosts' own python3, and the cluster ends degraded with the installer's words
 in its event; terminate leaves the hosts clean, k3s's places included (docs/drivers.md,
 "Kubernetes on ssh hosts"). Skipped, with the reason, where the lab cannot start.

@@ -1,6 +1,7 @@
 """Logs and jobs on the lab's real hosts (issue 23, item 6): the ssh driver reads a machine's logs
 and the head's jobs over its pinned SSH session (`SshDriver.read_logs`, the commands of
-`clusters.drivers.base.log_sources`), through the task's own body (`clusters.logs.run_fetch`):
+`clusters.machines.base.log_sources`), through the task's own body
+(`clusters.telemetry.logs.run_fetch`):
 
 - the bootstrap's and the installer's output as the driver kept them on the host, the agent's
   log, and the system log decided on the host (the journal, else /var/log/syslog, else a
@@ -30,11 +31,12 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from django.utils import timezone
 
-from clusters import lifecycle, logs, tasks
-from clusters.drivers import ssh as ssh_driver
-from clusters.drivers.base import LOG_CAP_BYTES, LogKind
+from clusters import lifecycle, tasks
 from clusters.errors import ClusterRefused
+from clusters.machines import ssh as ssh_driver
+from clusters.machines.base import LOG_CAP_BYTES, LogKind
 from clusters.models import Cluster, LogFetch, Node
+from clusters.telemetry import logs
 from config.celery import app
 from offers.models import Host
 from tests.clusters.lifecycle_kit import create

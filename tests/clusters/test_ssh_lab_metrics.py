@@ -18,8 +18,8 @@ from django.test import Client
 
 from accounts.models import SshKey
 from billing.models import UsageRecord
-from clusters import idle
 from clusters.models import Cluster, Event, Node
+from clusters.telemetry import idle
 from tests.clusters.lifecycle_kit import create, new_project
 from tests.clusters.test_ssh_lab import agent_logs, drive, machine_type, terminate_and_check
 from tests.factories import issue_key

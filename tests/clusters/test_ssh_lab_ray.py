@@ -1,4 +1,5 @@
-"""Ray on the lab's real hosts: the real installer (clusters/software/host/install-ray.sh), the
+"""Ray on the lab's real hosts: the real installer
+(clusters/machines/software/host/install-ray.sh), the
 pinned Ray from the lab's package index into its own virtualenv, the head bound to node-0's
 private address, the real `ray list nodes` check; a user's job runs through `ray job submit`;
 terminate leaves the hosts clean (docs/drivers.md, "Ray on ssh hosts"). Skipped, with the
@@ -11,8 +12,8 @@ import json
 
 import pytest
 
+from clusters.machines.software import RAY_REQUIREMENT, RAY_VERSION
 from clusters.models import Cluster
-from clusters.software import RAY_REQUIREMENT, RAY_VERSION
 from lab import hostlab
 from offers.models import Host
 from tests.clusters.lifecycle_kit import create

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from clusters import hosts, lifecycle
-from clusters.drivers import pristine
-from clusters.drivers.ssh import verify_host
+from clusters import lifecycle
 from clusters.errors import ClusterRefused
+from clusters.machines import hosts, pristine
+from clusters.machines.ssh import verify_host
 from clusters.models import Cluster, Node
 from lab import hostlab
 from offers.models import Host, Location

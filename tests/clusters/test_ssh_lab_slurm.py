@@ -1,4 +1,5 @@
-"""Slurm on the lab's real hosts: the real installer (clusters/software/host/install-slurm.sh),
+"""Slurm on the lab's real hosts: the real installer
+(clusters/machines/software/host/install-slurm.sh),
 packages from the lab's mirror, munge, slurmctld and slurmd as daemons (no systemd), the real
 `sinfo` check; users run jobs over the product's SSH config; terminate leaves the hosts clean
 (docs/drivers.md, "Slurm on ssh hosts"). Skipped, with the reason, where the lab cannot start.
@@ -12,7 +13,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from clusters.drivers.base import CheckState
+from clusters.machines.base import CheckState
 from clusters.models import Cluster, Event
 from offers.models import Host
 from tests.clusters import test_ssh_lab as base

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from clusters import connect, volumes
-from clusters.drivers import storage
+from clusters.machines import storage
 from clusters.models import Cluster, Event
 from lab import hostlab
 from tests.clusters.lifecycle_kit import create

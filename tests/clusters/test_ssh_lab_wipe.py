@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from clusters import lifecycle
-from clusters.drivers.base import DriverError
-from clusters.drivers.ssh import SshDriver, verify_host
+from clusters.machines.base import DriverError
+from clusters.machines.ssh import SshDriver, verify_host
 from clusters.models import Cluster
 from offers.models import Host, Location
 from tests.clusters.lifecycle_kit import Sim

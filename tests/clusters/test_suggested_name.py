@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from clusters import forms
 from clusters.models import NAME_RE, Cluster
+from clusters.web import forms
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.factories import ClusterFactory, GpuModelFactory
 

@@ -1,4 +1,4 @@
-"""The ssh driver's release verifies what it cleaned (clusters/drivers/ssh.py `SshDriver.stop`):
+"""The ssh driver's release verifies what it cleaned (clusters/machines/ssh.py `SshDriver.stop`):
 after the wipe, verify.sh over a new session; after a reimage, the host read against its
 baseline. A verification that finds something left means the release fails (the wipe) or the
 host is not pristine (the reimage), naming what was left. Stand-in SSH sessions replace the
@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import pytest
 from django.utils import timezone
 
-from clusters.drivers import pristine, ssh
-from clusters.drivers.base import DriverError
+from clusters.machines import pristine, ssh
+from clusters.machines.base import DriverError
 from clusters.models import Cluster, Node
 from offers.models import Host
 from tests.factories import ClusterFactory

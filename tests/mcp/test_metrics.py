@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusters import simulated_metrics
+from clusters.telemetry import simulated_metrics
 from tests.cli.kit import ready_cluster
 from tests.mcp.kit import error_code, payload, talk
 

@@ -161,7 +161,7 @@ def test_it_answers_a_crash_in_an_agents_endpoint_with_internal_error(agent_node
     def broken(**kwargs):
         raise RuntimeError("agent side")
 
-    monkeypatch.setattr("clusters.agent.api.agent_check_in", broken)
+    monkeypatch.setattr("clusters.telemetry.agent_api.agent_check_in", broken)
 
     response = post_json(
         Client(),

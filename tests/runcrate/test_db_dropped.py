@@ -138,7 +138,7 @@ def test_it_answers_a_page_whose_view_lost_the_database_with_the_503_page(owner,
     def dropped(project):
         raise OperationalError("terminating connection due to administrator command")
 
-    monkeypatch.setattr("clusters.views.quotes_for", dropped)
+    monkeypatch.setattr("clusters.web.views.quotes_for", dropped)
 
     assert_unavailable_page(owner.browser_client().get("/clusters/"))
 
@@ -198,7 +198,7 @@ def create(api: Client, name: str, key: str | None = None):
 def test_a_create_whose_connection_drops_after_its_commit_answers_201(owner, offer, monkeypatch):
     """The connection is killed between the create's commit and its reading back: the cluster
     exists, so the answer is its 201, read on a fresh connection."""
-    from clusters import api as clusters_api
+    from clusters.web import api as clusters_api
 
     killer = _killer_connection()
     real_detail = clusters_api._detail

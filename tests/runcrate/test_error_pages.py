@@ -42,7 +42,7 @@ def test_a_crash_renders_our_500_without_a_traceback(owner, monkeypatch):
     def boom(project):
         raise RuntimeError("a secret detail")
 
-    monkeypatch.setattr("clusters.views.quotes_for", boom)
+    monkeypatch.setattr("clusters.web.views.quotes_for", boom)
     client = owner.browser_client()
     client.raise_request_exception = False
     response = client.get("/clusters/")

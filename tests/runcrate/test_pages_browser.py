@@ -40,8 +40,9 @@ from accounts.projects import create_project
 from billing.meter import charge_usage
 from billing.models import BillingDetails, LedgerEntry, Payment, UsageRecord
 from billing.usage import Month
-from clusters import logs, metrics, volumes
+from clusters import volumes
 from clusters.models import Cluster, Event, Node
+from clusters.telemetry import logs, metrics
 from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
 from offers.models import QuoteRequest
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
@@ -415,7 +416,8 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
             in_view=(".offers-now .price-main", ".offers-now .btn"),
         ),
         Page("cluster terminated", f"/clusters/{terminated.pk}/", "owner"),
-        # The cluster page's other tabs (clusters/views.py `TABS`), in the states that fill them.
+        # The cluster page's other tabs (clusters/web/views.py `TABS`), in the states that fill
+        # them.
         Page("cluster ready, connect tab", f"/clusters/{ready.pk}/connect/", "owner"),
         Page("cluster ready, machines tab", f"/clusters/{ready.pk}/machines/", "owner"),
         Page("cluster ready, events tab", f"/clusters/{ready.pk}/events/", "owner"),

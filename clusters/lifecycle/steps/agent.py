@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from clusters.drivers import get_driver
 from clusters.lifecycle.records import Action, ActionKind, Failure
 from clusters.lifecycle.rules import gpu_line, hardware_problem
 from clusters.lifecycle.unit import UnitOfWork
+from clusters.machines import get_driver
 from clusters.models import Event, Node
 from runcrate.durations import in_words
 

@@ -3,12 +3,12 @@ head until the check finds every node ready, or the install's time runs out."""
 
 from __future__ import annotations
 
-from clusters.drivers.base import CheckState
 from clusters.lifecycle.records import Action, ActionKind, Failure
 from clusters.lifecycle.rules import CHECK_EVERY, INSTALL_SECONDS
 from clusters.lifecycle.unit import UnitOfWork
+from clusters.machines.base import CheckState
+from clusters.machines.software.checks import installer_verdict
 from clusters.models import Cluster, Event, Node
-from clusters.software.checks import installer_verdict
 from runcrate.durations import in_words
 
 Status = Cluster.Status

@@ -3,7 +3,6 @@ peer over the private network, with figures that pass the acceptance check, in t
 
 from __future__ import annotations
 
-from clusters.drivers import get_driver
 from clusters.lifecycle.records import Action, ActionKind, Failure
 from clusters.lifecycle.rules import (
     MEASURE_TURN_SECONDS,
@@ -14,6 +13,7 @@ from clusters.lifecycle.rules import (
     step_deadline,
 )
 from clusters.lifecycle.unit import UnitOfWork
+from clusters.machines import get_driver
 from clusters.models import Event, Node
 from runcrate.durations import in_words
 

@@ -3,11 +3,11 @@ failed when it does not come up in time."""
 
 from __future__ import annotations
 
-from clusters.drivers import get_driver
-from clusters.drivers.base import MachineState
 from clusters.lifecycle.records import Action, ActionKind, Failure, StartOutcome
 from clusters.lifecycle.rules import START_ATTEMPTS, node_give_up_at, step_deadline
 from clusters.lifecycle.unit import UnitOfWork
+from clusters.machines import get_driver
+from clusters.machines.base import MachineState
 from clusters.models import Event, Node
 from runcrate.durations import in_words
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from clusters.hosts import record_baselines
+from clusters.machines.hosts import record_baselines
 from offers.inventory import InventoryError, load_inventory_file, waiting_for_baseline
 from offers.models import Host
 

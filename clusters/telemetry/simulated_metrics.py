@@ -1,0 +1,165 @@
+"""The simulated data center's metrics (issue 23, docs/metrics.md): what its machines' agents
+would report, so the demo's charts move.
+
+A simulated machine has no agent to run nvidia-smi: every RUNCRATE_METRICS_SECONDS the beat
+(`clusters.tasks.simulate_metrics`) calls `report`, which writes for each live node of a ready
+or degraded cluster on the simulated driver the report a busy training job's machine would
+send, through the agent's own path (`metrics.clean_report`, then `metrics.store`). The figures
+are a function of the node and the clock alone, so a test that moves the clock knows them:
+each machine works in cycles of 30 minutes (26 busy, 4 quiet for an evaluation or a
+checkpoint), each node's cycle shifted by its id, utilisation wobbling while busy; memory is
+high while busy, and power, temperature and the SM clock follow utilisation. A quiet spell is
+shorter than the idle notice's 30 minutes, so the demo never reads as idle.
+
+Real (ssh) machines are left to their agents. This is not a driver (clusters/machines/ must not
+import clusters.telemetry.metrics' dependencies); it only reads which hosts are simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from clusters.models import Cluster, Node
+from clusters.telemetry import metrics
+from offers.models import Host
+
+CYCLE_SECONDS = 30 * 60
+BUSY_SECONDS = 26 * 60
+WOBBLE_SECONDS = 120  # the period of a busy GPU's rise and fall
+QUIET_PERCENT = 2.0
+# Each GPU model's board power limit (W), as nvidia-smi's power.limit reads on its usual board.
+POWER_LIMIT_W = {
+    "h100-sxm": 700.0,
+    "h200": 700.0,
+    "b200": 1000.0,
+    "a100-sxm": 400.0,
+    "l40s": 350.0,
+    "rtx-6000-ada": 300.0,
+    "rtx-4090": 450.0,
+}
+DEFAULT_POWER_LIMIT_W = 400.0
+MAX_SM_CLOCK_MHZ = 1980
+IDLE_SM_CLOCK_MHZ = 345
+# The host's own figures: a training node's private network moves about this much a second.
+NETWORK_BYTES_PER_SECOND = 120_000_000
+HOST_MEMORY_MIB = 2_064_384  # 2 TiB
+DISK_GIB = 900.0
+
+
+def busy(node_id: int, moment: datetime) -> bool:
+    """Whether the node's job is in its busy part of the cycle at `moment`."""
+    return _in_cycle(node_id, moment) < BUSY_SECONDS
+
+
+def _in_cycle(node_id: int, moment: datetime) -> float:
+    # Each node's cycle starts at its own offset, so a cluster's machines do not move in step.
+    offset = (node_id * 7919) % CYCLE_SECONDS
+    return (moment.timestamp() + offset) % CYCLE_SECONDS
+
+
+def utilization(node_id: int, gpu_index: int, moment: datetime) -> float:
+    """A GPU's utilisation (%) at `moment`: 80 to 100 while busy, wobbling with a period of
+    two minutes (each GPU a little shifted), QUIET_PERCENT or so while quiet."""
+    if not busy(node_id, moment):
+        return QUIET_PERCENT + gpu_index % 2
+    angle = 2 * math.pi * (moment.timestamp() / WOBBLE_SECONDS + gpu_index / 8 + node_id / 3)
+    return round(90.0 + 9.5 * math.sin(angle), 1)
+
+
+def gpu_report(
+    node_id: int, gpu_index: int, moment: datetime, *, memory_total_mib: int, power_limit_w: float
+) -> dict[str, Any]:
+    """One GPU's figures, as the agent sends them (docs/metrics.md)."""
+    load = utilization(node_id, gpu_index, moment) / 100
+    working = busy(node_id, moment)
+    power = round(power_limit_w * (0.1 + 0.85 * load), 1)
+    throttle = ["gpu_idle"] if not working else []
+    if power >= 0.92 * power_limit_w:
+        throttle.append("sw_power_cap")
+    return {
+        "index": gpu_index,
+        "utilization_percent": utilization(node_id, gpu_index, moment),
+        # A loaded model and its activations while busy; the weights stay loaded when quiet.
+        "memory_used_mib": int(memory_total_mib * (0.88 + 0.06 * load if working else 0.35)),
+        "memory_total_mib": memory_total_mib,
+        "temperature_c": round(33.0 + 45.0 * load + gpu_index % 3, 1),
+        "power_w": power,
+        "power_limit_w": power_limit_w,
+        "sm_clock_mhz": MAX_SM_CLOCK_MHZ if working else IDLE_SM_CLOCK_MHZ,
+        "throttle": throttle,
+        "ecc_corrected": 0,
+        "ecc_uncorrected": 0,
+        "retired_pages_pending": False,
+        "remapped_rows_pending": False,
+    }
+
+
+def node_report(node: Node, moment: datetime) -> dict[str, Any]:
+    """What `node`'s agent would send at `moment`: its GPUs (as many as its check-in counted,
+    of the memory it reported) and its own figures."""
+    machine_type = node.cluster.machine_type
+    seen = node.gpus or [{} for _ in range(machine_type.gpus_per_machine)]
+    fallback_mib = machine_type.gpu.memory_gib * 1024
+    limit = POWER_LIMIT_W.get(machine_type.gpu.slug, DEFAULT_POWER_LIMIT_W)
+    gpus = [
+        gpu_report(
+            node.pk,
+            index,
+            moment,
+            memory_total_mib=int(gpu.get("memory_total_mib") or fallback_mib),
+            power_limit_w=limit,
+        )
+        for index, gpu in enumerate(seen)
+    ]
+    mean = sum(g["utilization_percent"] for g in gpus) / len(gpus) if gpus else 0.0
+    since = node.cluster.joined_at or node.cluster.created_at
+    moved = max(int((moment - since).total_seconds()), 0) * NETWORK_BYTES_PER_SECOND
+    return {
+        "gpus": gpus,
+        "node": {
+            "cpu_percent": round(6.0 + 0.3 * mean, 1),
+            "memory_used_mib": int(HOST_MEMORY_MIB * (0.1 + 0.3 * mean / 100)),
+            "memory_total_mib": HOST_MEMORY_MIB,
+            "disk_root_used_gib": 41.5,
+            "disk_root_total_gib": DISK_GIB,
+            "disk_shared_used_gib": 120.0,
+            "disk_shared_total_gib": DISK_GIB,
+            "network_rx_bytes": moved,
+            "network_tx_bytes": moved * 9 // 10,
+        },
+    }
+
+
+def reporting_nodes() -> list[Node]:
+    """The simulated machines whose agent would report now: live nodes of a ready or degraded
+    cluster (`metrics.recording`, the agent's own rule) on the simulated driver. One query."""
+    nodes = (
+        Node.objects.filter(
+            status__in=Node.LIVE,
+            host__driver=Host.Driver.SIMULATED,
+            cluster__status__in=Cluster.BILLED,
+        )
+        .select_related("cluster__machine_type__gpu")
+        .order_by("cluster_id", "index")
+    )
+    return [
+        node
+        for node in nodes
+        if metrics.recording(cluster_status=node.cluster.status, node_status=node.status)
+    ]
+
+
+def report(*, now: datetime | None = None) -> int:
+    """Write the report of every simulated machine that would report now (`reporting_nodes`),
+    checked as the agent's is and stored through `metrics.store`; returns the nodes reported.
+    One query to find them, then `metrics.store`'s two a node."""
+    now = now or timezone.now()
+    nodes = reporting_nodes()
+    for node in nodes:
+        gpus, host = metrics.clean_report(node_report(node, now))
+        metrics.store(node.pk, node.cluster_id, gpus=gpus, host=host, at=now)
+    return len(nodes)
