@@ -196,14 +196,7 @@ class Session:
             channel.settimeout(_left(deadline))
             channel.exec_command(command)
             if stdin is not None:
-                channel.settimeout(_left(deadline))
-                try:
-                    channel.sendall(stdin.encode())
-                    channel.shutdown_write()
-                except TimeoutError:
-                    raise
-                except (paramiko.SSHException, OSError):
-                    pass  # the command ended without reading all of it: its output says why
+                _send_stdin(channel, stdin, deadline=deadline)
             output = _read_bounded(channel, deadline=deadline, cap=cap)
             if output is None:
                 raise DriverError(
@@ -259,6 +252,19 @@ def _late(deadline: float) -> bool:
     return time.monotonic() >= deadline
 
 
+def _send_stdin(channel: paramiko.Channel, stdin: str, *, deadline: float) -> None:
+    """Write `stdin` to the command and close it, by the deadline; a command that ended without
+    reading all of it is no error here (its output says why)."""
+    channel.settimeout(_left(deadline))
+    try:
+        channel.sendall(stdin.encode())
+        channel.shutdown_write()
+    except TimeoutError:
+        raise
+    except (paramiko.SSHException, OSError):
+        pass  # the command ended without reading all of it: its output says why
+
+
 def _read_bounded(channel: paramiko.Channel, *, deadline: float, cap: int) -> bytes | None:
     """Everything `channel` prints until its end, read by the dashboard against `deadline`
     (TimeoutError past it) and `cap` (None once more than `cap` bytes came: the rest is never
@@ -302,6 +308,27 @@ def connect(*, address: str, port: int, user: str, host_key: str, name: str):
             f"{name}'s pinned host key cannot be read ({error}).", reason="host_key_mismatch"
         ) from None
     client.get_host_keys().add(_known_name(address, port), pinned.get_name(), pinned)
+    _log_in(client, address=address, port=port, user=user, name=name, key=(pinned, host_key))
+    try:
+        yield Session(client, where)
+    finally:
+        client.close()
+
+
+def _log_in(
+    client: paramiko.SSHClient,
+    *,
+    address: str,
+    port: int,
+    user: str,
+    name: str,
+    key: tuple[paramiko.PKey, str],
+) -> None:
+    """Log in to the host with the operator's key, the host proving the pinned `key` (read,
+    and as the inventory writes it); on any failure the client is closed and DriverError says
+    why (`host_key_mismatch` for a key that does not match)."""
+    where = f"{address}:{port}"
+    pinned, host_key = key
     timeout = settings.RUNCRATE_SSH_CONNECT_SECONDS
     try:
         client.connect(
@@ -343,10 +370,6 @@ def connect(*, address: str, port: int, user: str, host_key: str, name: str):
         client.close()
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise DriverError(f"could not connect to {where}: {reason.lower()}") from None
-    try:
-        yield Session(client, where)
-    finally:
-        client.close()
 
 
 def host_session(host: Host):
@@ -781,7 +804,6 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
     from clusters.models import Node as NodeModel
 
     cluster = node.cluster
-    location = cluster.machine_type.location
     peers = list(
         NodeModel.objects.filter(cluster_id=cluster.pk, status__in=NodeModel.LIVE)
         .select_related("host")
@@ -807,7 +829,28 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
         # cluster's own key where there is no NFS).
         agent |= {"shared_mount": SHARED_DIR, "shared_identity": "/root/.ssh/runcrate_cluster"}
     shared_role = "" if shared is None else "export" if shared["export"] else "mount"
-    plan_env = "".join(
+    plan_env = _plan_env(node, plan, peers=peers, shared_role=shared_role)
+    key_state = cluster_keys(node)
+    return {
+        "plan.env": (plan_env, 0o600),
+        "hosts": (hosts, 0o644),
+        "environment": (environment, 0o644),
+        "hostfile": (plan["hostfile"]["content"], 0o644),
+        "authorized_keys": (cluster.authorized_keys.strip() + "\n" + key_state[1] + "\n", 0o600),
+        "known_hosts": (known_hosts, 0o644),
+        "cluster_key": (key_state[0], 0o600),
+        "cluster_key.pub": (key_state[1] + "\n", 0o644),
+        "agent.json": (json.dumps(agent, indent=2) + "\n", 0o600),
+        "runcrate_agent.py": (AGENT_FILE.read_text(), 0o755),
+        "bootstrap.sh": ((SCRIPTS / "bootstrap.sh").read_text(), 0o700),
+    }
+
+
+def _plan_env(node: Node, plan: dict, *, peers: list[Node], shared_role: str) -> str:
+    """plan.env, the shell variables bootstrap.sh sources: the node's name and address, its
+    WireGuard peers, the hostfile, the shared folder's role, the volume sync and the mirrors."""
+    location = node.cluster.machine_type.location
+    return "".join(
         [
             _env_line("NODE_NAME", plan["hostname"]),
             _env_line("PRIVATE_IP", plan["private_ip"]),
@@ -824,20 +867,6 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
             _env_line("PIP_INDEX_URL", location.pip_index_url),
         ]
     )
-    key_state = cluster_keys(node)
-    return {
-        "plan.env": (plan_env, 0o600),
-        "hosts": (hosts, 0o644),
-        "environment": (environment, 0o644),
-        "hostfile": (plan["hostfile"]["content"], 0o644),
-        "authorized_keys": (cluster.authorized_keys.strip() + "\n" + key_state[1] + "\n", 0o600),
-        "known_hosts": (known_hosts, 0o644),
-        "cluster_key": (key_state[0], 0o600),
-        "cluster_key.pub": (key_state[1] + "\n", 0o644),
-        "agent.json": (json.dumps(agent, indent=2) + "\n", 0o600),
-        "runcrate_agent.py": (AGENT_FILE.read_text(), 0o755),
-        "bootstrap.sh": ((SCRIPTS / "bootstrap.sh").read_text(), 0o700),
-    }
 
 
 def cluster_secret(node: Node, purpose: str) -> bytes:
