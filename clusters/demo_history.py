@@ -88,24 +88,34 @@ def seed_demo_history(*, now: datetime | None = None, per_type: int = 8) -> int:
             outcomes.append((created, ready, ended, failure))
     Cluster.objects.bulk_create(clusters)
     events = []
-    for cluster, (created, ready, ended, failure) in zip(clusters, outcomes, strict=True):
-        events.append(Event(cluster=cluster, at=created, reason=Reason.CREATED, message="Created."))
-        if failure:
-            step, reason, message = failure
-            events.append(
-                Event(cluster=cluster, at=ready, step=step, reason=reason, message=message)
-            )
-            continue
-        events.append(Event(cluster=cluster, at=ready, reason=Reason.READY, message="Ready."))
-        events.append(
-            Event(
-                cluster=cluster,
-                at=ended,
-                reason=Reason.TERMINATE_REQUESTED,
-                message="Terminate requested.",
-            )
-        )
-        events.append(Event(cluster=cluster, at=ended, reason=Reason.TERMINATED, message="Ended."))
+    for cluster, outcome in zip(clusters, outcomes, strict=True):
+        events += _history_events(cluster, *outcome)
     Event.objects.bulk_create(events)
     refresh_track_records(now=now)
     return len(clusters)
+
+
+def _history_events(
+    cluster: Cluster,
+    created: datetime,
+    ready: datetime,
+    ended: datetime,
+    failure: tuple[str, str, str] | None,
+) -> list[Event]:
+    """An ended cluster's events: created, then failed at its step, or ready and terminated."""
+    events = [Event(cluster=cluster, at=created, reason=Reason.CREATED, message="Created.")]
+    if failure:
+        step, reason, message = failure
+        events.append(Event(cluster=cluster, at=ready, step=step, reason=reason, message=message))
+        return events
+    events.append(Event(cluster=cluster, at=ready, reason=Reason.READY, message="Ready."))
+    events.append(
+        Event(
+            cluster=cluster,
+            at=ended,
+            reason=Reason.TERMINATE_REQUESTED,
+            message="Terminate requested.",
+        )
+    )
+    events.append(Event(cluster=cluster, at=ended, reason=Reason.TERMINATED, message="Ended."))
+    return events

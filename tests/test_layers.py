@@ -413,7 +413,9 @@ def test_it_finds_a_part_of_clusters_importing_one_above_it(tmp_path):
             "clusters/machines/ssh.py": "from clusters.lifecycle import work\n",
             "clusters/lifecycle/work.py": "from clusters.machines import ssh\n",  # allowed
             "clusters/telemetry/metrics.py": "",
-            "clusters/lifecycle/reserve.py": "def f():\n    from clusters.telemetry import metrics\n",
+            "clusters/lifecycle/reserve.py": (
+                "def f():\n    from clusters.telemetry import metrics\n"
+            ),
             "clusters/tasks.py": "from clusters.web import views\n",  # allowed: an entry module
             "clusters/web/views.py": "from clusters.lifecycle import work\n",
         },

@@ -400,35 +400,75 @@ def _show_plan(out: Output, plan: dict, *, render: Any, dry_run: bool) -> None:
         out.note("Dry run: nothing was changed.")
 
 
+# `clusters create`'s options.
+SshKeys = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ssh-key",
+        help="An SSH key's id or name (repeat it); default: yours and the shared ones.",
+    ),
+]
+VolumeOption = Annotated[
+    str | None, typer.Option(help="A volume's id or name, mounted at /shared/volume.")
+]
+IdempotencyKey = Annotated[
+    str | None,
+    typer.Option(
+        help="Running the same create again with this key (24 hours) answers the first "
+        "one's cluster instead of renting a second: for scripts that retry."
+    ),
+]
+WaitFlag = Annotated[
+    bool, typer.Option("--wait", help="Show each machine's progress until it settles.")
+]
+
+
+def _plan_create(
+    out: Output,
+    client: ApiClient,
+    fields: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    yes: bool,
+    dry_run: bool,
+) -> str | None:
+    """Show the server's plan for the create and ask to confirm its price: the plan's token.
+    None when the create is a script's retry (sent again with its key); with --dry-run the
+    plan is shown and nothing more."""
+    name = fields["name"]
+    try:
+        plan = client.plan_cluster(client.cluster_body(**fields))
+    except ApiError as error:
+        # A script's retry of a create that happened: the name is its cluster's now, and
+        # the create with the same key answers that cluster, renting nothing.
+        if not (idempotency_key and error.code == "name_taken") or dry_run:
+            raise
+        out.note(f"A cluster is named {name}: sending the create again with its key.")
+        return None
+    _show_plan(out, plan, render=output.plan, dry_run=dry_run)
+    if dry_run:
+        return None
+    _confirm(
+        f"Create cluster {name} for {output.money(plan['price_per_hour'], '/h')}?",
+        yes=yes,
+        untouched="nothing was created",
+    )
+    return plan["plan_token"]
+
+
 @clusters_app.command("create")
 def clusters_create(
     offer: Annotated[str, typer.Option(help="The offer's id, from `runcrate offers`.")],
     nodes: Annotated[int, typer.Option(help="How many machines: 2 to the offer's max.")],
     name: Annotated[str, typer.Option(help="A DNS label, unique among your live clusters.")],
     software: Annotated[str, typer.Option(help="none, slurm, kubernetes or ray.")] = "none",
-    ssh_key: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--ssh-key",
-            help="An SSH key's id or name (repeat it); default: yours and the shared ones.",
-        ),
-    ] = None,
-    volume: Annotated[
-        str | None, typer.Option(help="A volume's id or name, mounted at /shared/volume.")
-    ] = None,
+    ssh_key: SshKeys = None,
+    volume: VolumeOption = None,
     environment: Annotated[str | None, typer.Option(help="An environment's name.")] = None,
-    idempotency_key: Annotated[
-        str | None,
-        typer.Option(
-            help="Running the same create again with this key (24 hours) answers the first "
-            "one's cluster instead of renting a second: for scripts that retry."
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
     yes: Yes = False,
     dry_run: DryRun = False,
-    wait: Annotated[
-        bool, typer.Option("--wait", help="Show each machine's progress until it settles.")
-    ] = False,
+    wait: WaitFlag = False,
     timeout: Timeout = 1800,
     json_flag: Json = False,
 ) -> None:
@@ -454,25 +494,11 @@ def clusters_create(
             "volume_id": volume_id,
             "environment": environment,
         }
-        plan_token = None
-        try:
-            plan = client.plan_cluster(client.cluster_body(**fields))
-        except ApiError as error:
-            # A script's retry of a create that happened: the name is its cluster's now, and
-            # the create with the same key answers that cluster, renting nothing.
-            if not (idempotency_key and error.code == "name_taken") or dry_run:
-                raise
-            out.note(f"A cluster is named {name}: sending the create again with its key.")
-        else:
-            _show_plan(out, plan, render=output.plan, dry_run=dry_run)
-            if dry_run:
-                return
-            _confirm(
-                f"Create cluster {name} for {output.money(plan['price_per_hour'], '/h')}?",
-                yes=yes,
-                untouched="nothing was created",
-            )
-            plan_token = plan["plan_token"]
+        plan_token = _plan_create(
+            out, client, fields, idempotency_key=idempotency_key, yes=yes, dry_run=dry_run
+        )
+        if dry_run:
+            return
         created = client.create_cluster(
             **fields, idempotency_key=idempotency_key, plan_token=plan_token
         )

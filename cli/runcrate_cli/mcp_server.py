@@ -28,7 +28,8 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -392,20 +393,21 @@ def _seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-# --- the server ---------------------------------------------------------------------------------
+# --- who the tools call the API as ---------------------------------------------------------------
 
 
-def build_server(
-    *, api_url: str, api_key: str | None, config_problem: str | None = None
-) -> MCPServer:
-    """The server. `config_problem`: why the config file could not be read, which every tool
-    answers (`bad_config`) when no key came from elsewhere."""
-    server = MCPServer(
-        "runcrate", instructions=INSTRUCTIONS, version=package_version(), log_level="WARNING"
-    )
-    wait_threads = anyio.CapacityLimiter(WAIT_POLL_THREADS)
+@dataclass(frozen=True)
+class Caller:
+    """How the tools reach the API: its URL, the key the server was started with, why the
+    config file could not be read (`config_problem`, which every tool answers as `bad_config`
+    when no key came from elsewhere), and the threads the waits poll in."""
 
-    def key_for(ctx: Context | None) -> str | None:
+    api_url: str
+    api_key: str | None
+    config_problem: str | None
+    wait_threads: anyio.CapacityLimiter
+
+    def key_for(self, ctx: Context | None) -> str | None:
         """Over HTTP a caller may send its own key (`Authorization: Bearer rc_…`); otherwise
         the key the server was started with."""
         headers = ctx.headers if ctx is not None else None
@@ -414,91 +416,199 @@ def build_server(
             scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
-        return api_key
+        return self.api_key
 
-    def client_for(ctx: Context) -> ApiClient:
-        key = key_for(ctx)
-        if key is None and config_problem is not None:
-            raise ApiError("bad_config", config_problem)
+    def client_for(self, ctx: Context) -> ApiClient:
+        key = self.key_for(ctx)
+        if key is None and self.config_problem is not None:
+            raise ApiError("bad_config", self.config_problem)
         # The audit log tells the MCP's calls from the CLI's by this (docs/audit.md).
-        return ApiClient(api_url=api_url, api_key=key, user_agent="runcrate-mcp/1")
+        return ApiClient(api_url=self.api_url, api_key=key, user_agent="runcrate-mcp/1")
 
-    def call(ctx: Context, work: Callable[[ApiClient], dict[str, Any]]) -> CallToolResult:
+    def call(self, ctx: Context, work: Callable[[ApiClient], dict[str, Any]]) -> CallToolResult:
         try:
-            with client_for(ctx) as client:
+            with self.client_for(ctx) as client:
                 return answer(work(client))
         except ApiError as error:
             return tool_error(error.code, error.message, error.status)
 
-    async def in_thread(work: Callable[[], Any], *, limiter: anyio.CapacityLimiter | None) -> Any:
-        # Abandoned on cancel: the caller's cancellation returns at once, and the one request
-        # in flight, if any, is the last.
-        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
 
-    # --- reading: free ---------------------------------------------------------------------------
+class RuncrateServer(MCPServer[Any]):
+    """The MCP server, holding who its tools call the API as: a tool reads it from its
+    context (`caller`)."""
 
-    @server.tool(
-        title="List GPU models",
-        annotations=READS,
-        description="List GPU models with the lowest machine price (USD/hour) and the GPU "
-        "counts on offer. Free: reads the catalog, creates nothing.",
-    )
-    def list_gpus(
-        ctx: Context,
-        include_community: Annotated[
-            bool, Field(description="Also count independent operators' (community) hosts.")
-        ] = False,
-    ) -> Annotated[CallToolResult, GpusAnswer]:
-        return call(ctx, lambda c: {"gpus": c.gpus(include_community=include_community)})
-
-    @server.tool(
-        title="List offers",
-        annotations=READS,
-        description="List the offers that can start `nodes` machines of `gpu` now, best first, "
-        "with the price per machine, per GPU-hour and for the whole cluster (USD/hour), free "
-        "machines, the track record and the software each offers. Free: creates nothing.",
-    )
-    def list_offers(
-        ctx: Context,
-        gpu: Annotated[
-            str, Field(description="A GPU's slug, from list_gpus (e.g. h100-sxm).", min_length=1)
-        ],
-        nodes: Nodes,
-        include_community: Annotated[
-            bool,
-            Field(description="Also list community hosts (independent operators: no secrets)."),
-        ] = False,
-    ) -> Annotated[CallToolResult, OffersAnswer]:
-        return call(
-            ctx,
-            lambda c: {
-                "offers": c.offers(gpu=gpu, nodes=nodes, include_community=include_community)
-            },
+    def __init__(self, caller: Caller) -> None:
+        super().__init__(
+            "runcrate", instructions=INSTRUCTIONS, version=package_version(), log_level="WARNING"
         )
+        self.caller = caller
 
-    @server.tool(
-        title="Plan a cluster",
-        annotations=READS,
-        description="Ask the server what creating this cluster would do, with every check the "
-        "create runs (balance beside what already runs, the key's scopes and limits, the name, "
-        "the environment, the budget, capacity, software, volume) and nothing reserved. "
-        "can_create true: the plan (price per hour of the whole cluster, per machine and per "
-        "GPU-hour, GPUs in all, hours the balance covers, estimated time to ready, the offer's "
-        "track record, what its Ethernet network suits) and a plan_token valid 10 minutes, "
-        "which create_cluster needs with exactly these arguments. can_create false: the "
-        "refusal the create would get. Free. Show the price to the user before creating.",
+
+def caller(ctx: Context) -> Caller:
+    """Who the tool answering `ctx` calls the API as: its server's caller."""
+    server = ctx.mcp_server
+    assert isinstance(server, RuncrateServer)  # every tool is registered by build_server
+    return server.caller
+
+
+def call(ctx: Context, work: Callable[[ApiClient], dict[str, Any]]) -> CallToolResult:
+    """Run `work` with a client for the caller of `ctx`: its answer, or the API's refusal as a
+    tool error."""
+    return caller(ctx).call(ctx, work)
+
+
+async def in_thread(work: Callable[[], Any], *, limiter: anyio.CapacityLimiter | None) -> Any:
+    # Abandoned on cancel: the caller's cancellation returns at once, and the one request
+    # in flight, if any, is the last.
+    return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the client sees it beside its arguments: its title, hints and description."""
+
+    function: Callable[..., Any]
+    title: str
+    annotations: ToolAnnotations
+    description: str
+
+
+# Every tool, in the order the server lists them.
+TOOLS: list[ToolSpec] = []
+
+ToolFunction = TypeVar("ToolFunction", bound=Callable[..., Any])
+
+
+def tool(
+    *, title: str, annotations: ToolAnnotations, description: str
+) -> Callable[[ToolFunction], ToolFunction]:
+    """Add the function below to the tools every server offers (`build_server`)."""
+
+    def register(function: ToolFunction) -> ToolFunction:
+        TOOLS.append(ToolSpec(function, title, annotations, description))
+        return function
+
+    return register
+
+
+# --- the tools ------------------------------------------------------------------------------------
+
+# --- reading: free ---------------------------------------------------------------------------
+
+
+@tool(
+    title="List GPU models",
+    annotations=READS,
+    description="List GPU models with the lowest machine price (USD/hour) and the GPU "
+    "counts on offer. Free: reads the catalog, creates nothing.",
+)
+def list_gpus(
+    ctx: Context,
+    include_community: Annotated[
+        bool, Field(description="Also count independent operators' (community) hosts.")
+    ] = False,
+) -> Annotated[CallToolResult, GpusAnswer]:
+    return call(ctx, lambda c: {"gpus": c.gpus(include_community=include_community)})
+
+
+@tool(
+    title="List offers",
+    annotations=READS,
+    description="List the offers that can start `nodes` machines of `gpu` now, best first, "
+    "with the price per machine, per GPU-hour and for the whole cluster (USD/hour), free "
+    "machines, the track record and the software each offers. Free: creates nothing.",
+)
+def list_offers(
+    ctx: Context,
+    gpu: Annotated[
+        str, Field(description="A GPU's slug, from list_gpus (e.g. h100-sxm).", min_length=1)
+    ],
+    nodes: Nodes,
+    include_community: Annotated[
+        bool,
+        Field(description="Also list community hosts (independent operators: no secrets)."),
+    ] = False,
+) -> Annotated[CallToolResult, OffersAnswer]:
+    return call(
+        ctx,
+        lambda c: {"offers": c.offers(gpu=gpu, nodes=nodes, include_community=include_community)},
     )
-    def plan_cluster(
-        ctx: Context,
-        offer_id: OfferId,
-        nodes: Nodes,
-        name: Name,
-        software: SoftwareArg = "none",
-        ssh_key_ids: SshKeyIds = None,
-        volume_id: VolumeId = None,
-        environment: Environment = "default",
-    ) -> Annotated[CallToolResult, PlanAnswer]:
-        body = ApiClient.cluster_body(
+
+
+@tool(
+    title="Plan a cluster",
+    annotations=READS,
+    description="Ask the server what creating this cluster would do, with every check the "
+    "create runs (balance beside what already runs, the key's scopes and limits, the name, "
+    "the environment, the budget, capacity, software, volume) and nothing reserved. "
+    "can_create true: the plan (price per hour of the whole cluster, per machine and per "
+    "GPU-hour, GPUs in all, hours the balance covers, estimated time to ready, the offer's "
+    "track record, what its Ethernet network suits) and a plan_token valid 10 minutes, "
+    "which create_cluster needs with exactly these arguments. can_create false: the "
+    "refusal the create would get. Free. Show the price to the user before creating.",
+)
+def plan_cluster(
+    ctx: Context,
+    offer_id: OfferId,
+    nodes: Nodes,
+    name: Name,
+    software: SoftwareArg = "none",
+    ssh_key_ids: SshKeyIds = None,
+    volume_id: VolumeId = None,
+    environment: Environment = "default",
+) -> Annotated[CallToolResult, PlanAnswer]:
+    body = ApiClient.cluster_body(
+        offer_id=offer_id,
+        nodes=nodes,
+        name=name,
+        software=software,
+        ssh_key_ids=ssh_key_ids,
+        volume_id=volume_id,
+        environment=environment,
+    )
+
+    def plan(client: ApiClient) -> dict[str, Any]:
+        try:
+            return {"can_create": True, "plan": client.plan_cluster(body)}
+        except ApiError as refusal:
+            if refusal.status is None:  # no answer (unreachable, timeout): nothing known
+                raise
+            return {"can_create": False, "error": refusal.as_dict()}
+
+    return call(ctx, plan)
+
+
+@tool(
+    title="Create a cluster (costs money)",
+    annotations=hints(read_only=False, idempotent=True),
+    description="Create the planned cluster. COSTS MONEY: creates machines billed per "
+    "second at the plan's price (price_per_hour for the whole cluster) from the moment "
+    "every machine joined until terminate_cluster. Needs the plan_token plan_cluster "
+    "gave, with exactly the planned arguments: the server refuses another body "
+    "(plan_mismatch) or a plan older than 10 minutes (plan_expired). Calling again with "
+    "the same token returns the same cluster, never a second one. Returns at once with "
+    "the cluster provisioning: call wait_for_cluster.",
+)
+def create_cluster(
+    ctx: Context,
+    offer_id: OfferId,
+    nodes: Nodes,
+    name: Name,
+    plan_token: Annotated[
+        str, Field(description="The plan_token plan_cluster returned.", min_length=1)
+    ],
+    software: SoftwareArg = "none",
+    ssh_key_ids: SshKeyIds = None,
+    volume_id: VolumeId = None,
+    environment: Environment = "default",
+) -> Annotated[CallToolResult, ClusterAnswer]:
+    # One plan, one cluster: a create retried with the same token (after a timeout, say)
+    # gets the cluster the first one made. The server binds the token to its body, so the
+    # token's digest is the plan's one key.
+    digest = hashlib.sha256(plan_token.encode()).hexdigest()
+
+    def create(client: ApiClient) -> dict[str, Any]:
+        cluster = client.create_cluster(
             offer_id=offer_id,
             nodes=nodes,
             name=name,
@@ -506,149 +616,119 @@ def build_server(
             ssh_key_ids=ssh_key_ids,
             volume_id=volume_id,
             environment=environment,
+            plan_token=plan_token,
+            idempotency_key=f"mcp-plan-{digest}",
         )
+        return {"cluster": shown(cluster)}
 
-        def plan(client: ApiClient) -> dict[str, Any]:
+    return call(ctx, create)
+
+
+@tool(
+    title="List clusters",
+    annotations=READS,
+    description="List the project's clusters, newest first (status, size, price per "
+    "hour, machines). Free.",
+)
+def list_clusters(ctx: Context) -> Annotated[CallToolResult, ClustersAnswer]:
+    return call(ctx, lambda c: {"clusters": c.clusters()})
+
+
+@tool(
+    title="Read a cluster",
+    annotations=READS,
+    description="Read a cluster: status, failure (node, step, message), machines, "
+    "acceptance report and the last network test with its verdict; its events (every "
+    "transition, oldest first) only with events=true. Free.",
+)
+def get_cluster(
+    ctx: Context,
+    cluster: ClusterRef,
+    events: Annotated[
+        bool, Field(description="Also give the cluster's events (its whole history).")
+    ] = False,
+) -> Annotated[CallToolResult, ClusterAnswer]:
+    return call(
+        ctx,
+        lambda c: {"cluster": shown(c.cluster(c.resolve_cluster(cluster)), events=events)},
+    )
+
+
+@tool(
+    title="Wait for a cluster",
+    annotations=READS,
+    description="Wait until a cluster is ready or degraded with no machine still starting, "
+    "or ended (failed, terminated, stopped), for at most timeout_seconds (at most "
+    f"{MAX_WAIT_SECONDS}), sending progress (machines up out of the size, the current "
+    "step). A boot takes minutes: when it answers 'still <status>, call again', call it "
+    "again. Free, but a cluster that is up is billed while you wait.",
+)
+async def wait_for_cluster(
+    ctx: Context,
+    cluster: ClusterRef,
+    timeout_seconds: WaitSeconds = MAX_WAIT_SECONDS,
+) -> Annotated[CallToolResult, WaitAnswer]:
+    try:
+        client = caller(ctx).client_for(ctx)
+    except ApiError as error:
+        return tool_error(error.code, error.message, error.status)
+    wait = Wait()
+    try:
+        with anyio.move_on_after(timeout_seconds):
+            return answer(await wait.until_settled(ctx, client, cluster))
+    except ApiError as error:
+        return tool_error(error.code, error.message, error.status)
+    finally:
+        client.close()
+    return answer(wait.unsettled(timeout_seconds))
+
+
+@dataclass
+class Wait:
+    """One wait_for_cluster: the cluster as last read, the last poll's transient failure if it
+    failed, and the progress last reported."""
+
+    last: dict[str, Any] | None = None
+    lost: ApiError | None = None
+    reported: float = -1.0
+
+    async def until_settled(
+        self, ctx: Context, client: ApiClient, cluster: int | str
+    ) -> dict[str, Any]:
+        """Poll the cluster, reporting progress, until it is settled: the answer then."""
+        wait_threads = caller(ctx).wait_threads
+        cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
+        while True:
             try:
-                return {"can_create": True, "plan": client.plan_cluster(body)}
-            except ApiError as refusal:
-                if refusal.status is None:  # no answer (unreachable, timeout): nothing known
+                last = await in_thread(lambda: client.cluster(cluster_id), limiter=wait_threads)
+            except ApiError as error:
+                if not error.transient:
                     raise
-                return {"can_create": False, "error": refusal.as_dict()}
+                # A blip of the API (a restart, a proxy's 503): the cluster goes on,
+                # and so does the wait, within its bound.
+                self.lost = error
+                await anyio.sleep(poll_seconds())
+                continue
+            self.last, self.lost = last, None
+            done, size, sentence = progress(last)
+            # Progress only ever grows (the protocol's rule): a step back is not sent.
+            if done > self.reported:
+                await ctx.report_progress(done, size, sentence)
+                self.reported = done
+            if is_settled(last):
+                return {
+                    "cluster": shown(last),
+                    "status": last["status"],
+                    "settled": True,
+                    "ready": last["status"] == "ready",
+                    "message": sentence,
+                }
+            await anyio.sleep(poll_seconds())
 
-        return call(ctx, plan)
-
-    @server.tool(
-        title="Create a cluster (costs money)",
-        annotations=hints(read_only=False, idempotent=True),
-        description="Create the planned cluster. COSTS MONEY: creates machines billed per "
-        "second at the plan's price (price_per_hour for the whole cluster) from the moment "
-        "every machine joined until terminate_cluster. Needs the plan_token plan_cluster "
-        "gave, with exactly the planned arguments: the server refuses another body "
-        "(plan_mismatch) or a plan older than 10 minutes (plan_expired). Calling again with "
-        "the same token returns the same cluster, never a second one. Returns at once with "
-        "the cluster provisioning: call wait_for_cluster.",
-    )
-    def create_cluster(
-        ctx: Context,
-        offer_id: OfferId,
-        nodes: Nodes,
-        name: Name,
-        plan_token: Annotated[
-            str, Field(description="The plan_token plan_cluster returned.", min_length=1)
-        ],
-        software: SoftwareArg = "none",
-        ssh_key_ids: SshKeyIds = None,
-        volume_id: VolumeId = None,
-        environment: Environment = "default",
-    ) -> Annotated[CallToolResult, ClusterAnswer]:
-        # One plan, one cluster: a create retried with the same token (after a timeout, say)
-        # gets the cluster the first one made. The server binds the token to its body, so the
-        # token's digest is the plan's one key.
-        digest = hashlib.sha256(plan_token.encode()).hexdigest()
-
-        def create(client: ApiClient) -> dict[str, Any]:
-            cluster = client.create_cluster(
-                offer_id=offer_id,
-                nodes=nodes,
-                name=name,
-                software=software,
-                ssh_key_ids=ssh_key_ids,
-                volume_id=volume_id,
-                environment=environment,
-                plan_token=plan_token,
-                idempotency_key=f"mcp-plan-{digest}",
-            )
-            return {"cluster": shown(cluster)}
-
-        return call(ctx, create)
-
-    @server.tool(
-        title="List clusters",
-        annotations=READS,
-        description="List the project's clusters, newest first (status, size, price per "
-        "hour, machines). Free.",
-    )
-    def list_clusters(ctx: Context) -> Annotated[CallToolResult, ClustersAnswer]:
-        return call(ctx, lambda c: {"clusters": c.clusters()})
-
-    @server.tool(
-        title="Read a cluster",
-        annotations=READS,
-        description="Read a cluster: status, failure (node, step, message), machines, "
-        "acceptance report and the last network test with its verdict; its events (every "
-        "transition, oldest first) only with events=true. Free.",
-    )
-    def get_cluster(
-        ctx: Context,
-        cluster: ClusterRef,
-        events: Annotated[
-            bool, Field(description="Also give the cluster's events (its whole history).")
-        ] = False,
-    ) -> Annotated[CallToolResult, ClusterAnswer]:
-        return call(
-            ctx,
-            lambda c: {"cluster": shown(c.cluster(c.resolve_cluster(cluster)), events=events)},
-        )
-
-    @server.tool(
-        title="Wait for a cluster",
-        annotations=READS,
-        description="Wait until a cluster is ready or degraded with no machine still starting, "
-        "or ended (failed, terminated, stopped), for at most timeout_seconds (at most "
-        f"{MAX_WAIT_SECONDS}), sending progress (machines up out of the size, the current "
-        "step). A boot takes minutes: when it answers 'still <status>, call again', call it "
-        "again. Free, but a cluster that is up is billed while you wait.",
-    )
-    async def wait_for_cluster(
-        ctx: Context,
-        cluster: ClusterRef,
-        timeout_seconds: WaitSeconds = MAX_WAIT_SECONDS,
-    ) -> Annotated[CallToolResult, WaitAnswer]:
-        try:
-            client = client_for(ctx)
-        except ApiError as error:
-            return tool_error(error.code, error.message, error.status)
-        last: dict[str, Any] | None = None
-        lost: ApiError | None = None  # the last poll's transient failure, if it failed
-        reported = -1.0
-        try:
-            with anyio.move_on_after(timeout_seconds):
-                cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
-                while True:
-                    try:
-                        last = await in_thread(
-                            lambda: client.cluster(cluster_id), limiter=wait_threads
-                        )
-                    except ApiError as error:
-                        if not error.transient:
-                            raise
-                        # A blip of the API (a restart, a proxy's 503): the cluster goes on,
-                        # and so does the wait, within its bound.
-                        lost = error
-                        await anyio.sleep(poll_seconds())
-                        continue
-                    lost = None
-                    done, size, sentence = progress(last)
-                    # Progress only ever grows (the protocol's rule): a step back is not sent.
-                    if done > reported:
-                        await ctx.report_progress(done, size, sentence)
-                        reported = done
-                    if is_settled(last):
-                        return answer(
-                            {
-                                "cluster": shown(last),
-                                "status": last["status"],
-                                "settled": True,
-                                "ready": last["status"] == "ready",
-                                "message": sentence,
-                            }
-                        )
-                    await anyio.sleep(poll_seconds())
-        except ApiError as error:
-            return tool_error(error.code, error.message, error.status)
-        finally:
-            client.close()
+    def unsettled(self, timeout_seconds: float) -> dict[str, Any]:
+        """The answer when the wait's bound came first: where the cluster stands, to call
+        again."""
+        last, lost = self.last, self.lost
         after = _seconds(timeout_seconds)
         if last is None:
             message = f"The API did not answer within {after}"
@@ -656,159 +736,186 @@ def build_server(
             message = f"Still {last['status']} after {after} ({progress(last)[2]})"
         if lost is not None:
             message += f"; the API does not answer now ({lost.code}), the cluster goes on"
-        return answer(
-            {
-                "cluster": shown(last) if last else None,
-                "status": last["status"] if last else None,
-                "settled": False,
-                "ready": False,
-                "message": message + ": call wait_for_cluster again.",
-            }
+        return {
+            "cluster": shown(last) if last else None,
+            "status": last["status"] if last else None,
+            "settled": False,
+            "ready": False,
+            "message": message + ": call wait_for_cluster again.",
+        }
+
+
+@tool(
+    title="How to connect",
+    annotations=READS,
+    description="How to connect and run on a cluster whose machines are up: SSH per node, "
+    "the SSH config and known_hosts, the hostfile, torchrun/mpirun/deepspeed commands, "
+    "each node's environment, storage and the software's examples (kubeconfig). Free. "
+    "From the user's computer a machine is NAME-node-i in the SSH config (the head also "
+    "NAME; ssh[].hosts), never a bare node-i; inside the cluster it is node-i.",
+)
+def get_connect_info(ctx: Context, cluster: ClusterRef) -> Annotated[CallToolResult, ConnectAnswer]:
+    return call(ctx, lambda c: {"connect": c.connect(c.resolve_cluster(cluster))})
+
+
+@tool(
+    title="Read a cluster's GPU metrics",
+    annotations=READS,
+    description="What a cluster's GPUs are doing: per live node its health (unhealthy "
+    "with the problems: uncorrectable ECC errors, pages pending retirement, a hardware or "
+    "thermal slowdown, a GPU missing), each GPU's latest figures (utilisation, memory "
+    "used and total, temperature, power and its limit, SM clock, throttle reasons, ECC "
+    "errors) and the node's GPU utilisation over the window (min, mean, max), not every "
+    "point; idle_since when every GPU has stayed idle. Free.",
+)
+def get_cluster_metrics(
+    ctx: Context,
+    cluster: ClusterRef,
+    window: Annotated[
+        MetricsWindow,
+        Field(description="The window the utilisation summary covers: 15m, 1h, 24h or 7d."),
+    ] = "15m",
+) -> Annotated[CallToolResult, MetricsAnswer]:
+    def read(client: ApiClient) -> dict[str, Any]:
+        cluster_id = client.resolve_cluster(cluster)
+        return metrics_summary(cluster_id, client.metrics(cluster_id, window=window))
+
+    return call(ctx, read)
+
+
+@tool(
+    title="Run the network test",
+    annotations=hints(read_only=False, idempotent=False),
+    description="Run the network test on a ready or degraded cluster: all_reduce_perf "
+    "across the machines where nccl-tests is installed, otherwise each machine's bandwidth "
+    "to node-0. Waits for the result for at most timeout_seconds (at most "
+    f"{MAX_WAIT_SECONDS}) and answers the figures with the server's verdict: 'passed' or "
+    "'below what Ethernet should give' (its verdict_rule). Still running then: get_cluster "
+    "shows the "
+    "result later. No charge beyond the machines, which are billed anyway.",
+)
+async def run_network_test(
+    ctx: Context,
+    cluster: ClusterRef,
+    timeout_seconds: WaitSeconds = MAX_WAIT_SECONDS,
+) -> Annotated[CallToolResult, NetworkTestAnswer]:
+    try:
+        client = caller(ctx).client_for(ctx)
+    except ApiError as error:
+        return tool_error(error.code, error.message, error.status)
+    wait_threads = caller(ctx).wait_threads
+    try:
+        cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
+        test = await in_thread(lambda: client.network_test(cluster_id), limiter=None)
+        with anyio.move_on_after(timeout_seconds):
+            await ctx.report_progress(0, 1, "running: measuring between the machines")
+            while test["state"] == "running":
+                await anyio.sleep(poll_seconds())
+                read = await in_thread(lambda: client.cluster(cluster_id), limiter=wait_threads)
+                test = read["network_test"] or test
+            await ctx.report_progress(1, 1, test["state"])
+    except ApiError as error:
+        return tool_error(error.code, error.message, error.status)
+    finally:
+        client.close()
+    if test["state"] == "running":
+        message = (
+            f"Still running after {_seconds(timeout_seconds)}: get_cluster shows the result "
+            "in network_test once it is done."
         )
-
-    @server.tool(
-        title="How to connect",
-        annotations=READS,
-        description="How to connect and run on a cluster whose machines are up: SSH per node, "
-        "the SSH config and known_hosts, the hostfile, torchrun/mpirun/deepspeed commands, "
-        "each node's environment, storage and the software's examples (kubeconfig). Free. "
-        "From the user's computer a machine is NAME-node-i in the SSH config (the head also "
-        "NAME; ssh[].hosts), never a bare node-i; inside the cluster it is node-i.",
+    elif test["verdict"] is not None:
+        message = f"Network test done: {test['verdict']}."
+    else:
+        message = f"Network test {test['state']}: {test.get('error') or 'no figures'}."
+    return answer(
+        {"network_test": test, "finished": test["state"] != "running", "message": message}
     )
-    def get_connect_info(
-        ctx: Context, cluster: ClusterRef
-    ) -> Annotated[CallToolResult, ConnectAnswer]:
-        return call(ctx, lambda c: {"connect": c.connect(c.resolve_cluster(cluster))})
 
-    @server.tool(
-        title="Read a cluster's GPU metrics",
-        annotations=READS,
-        description="What a cluster's GPUs are doing: per live node its health (unhealthy "
-        "with the problems: uncorrectable ECC errors, pages pending retirement, a hardware or "
-        "thermal slowdown, a GPU missing), each GPU's latest figures (utilisation, memory "
-        "used and total, temperature, power and its limit, SM clock, throttle reasons, ECC "
-        "errors) and the node's GPU utilisation over the window (min, mean, max), not every "
-        "point; idle_since when every GPU has stayed idle. Free.",
-    )
-    def get_cluster_metrics(
-        ctx: Context,
-        cluster: ClusterRef,
-        window: Annotated[
-            MetricsWindow,
-            Field(description="The window the utilisation summary covers: 15m, 1h, 24h or 7d."),
-        ] = "15m",
-    ) -> Annotated[CallToolResult, MetricsAnswer]:
-        def read(client: ApiClient) -> dict[str, Any]:
-            cluster_id = client.resolve_cluster(cluster)
-            return metrics_summary(cluster_id, client.metrics(cluster_id, window=window))
 
-        return call(ctx, read)
+@tool(
+    title="Terminate a cluster",
+    annotations=hints(read_only=False, destructive=True, idempotent=True),
+    description="Terminate a cluster: every machine stops together, its disks are wiped "
+    "and billing ends now. Irreversible. Saves money; costs nothing.",
+)
+def terminate_cluster(
+    ctx: Context, cluster: ClusterRef
+) -> Annotated[CallToolResult, ClusterAnswer]:
+    return call(ctx, lambda c: {"cluster": shown(c.terminate(c.resolve_cluster(cluster)))})
 
-    @server.tool(
-        title="Run the network test",
-        annotations=hints(read_only=False, idempotent=False),
-        description="Run the network test on a ready or degraded cluster: all_reduce_perf "
-        "across the machines where nccl-tests is installed, otherwise each machine's bandwidth "
-        "to node-0. Waits for the result for at most timeout_seconds (at most "
-        f"{MAX_WAIT_SECONDS}) and answers the figures with the server's verdict: 'passed' or "
-        "'below what Ethernet should give' (its verdict_rule). Still running then: get_cluster "
-        "shows the "
-        "result later. No charge beyond the machines, which are billed anyway.",
-    )
-    async def run_network_test(
-        ctx: Context,
-        cluster: ClusterRef,
-        timeout_seconds: WaitSeconds = MAX_WAIT_SECONDS,
-    ) -> Annotated[CallToolResult, NetworkTestAnswer]:
-        try:
-            client = client_for(ctx)
-        except ApiError as error:
-            return tool_error(error.code, error.message, error.status)
-        try:
-            cluster_id = await in_thread(lambda: client.resolve_cluster(cluster), limiter=None)
-            test = await in_thread(lambda: client.network_test(cluster_id), limiter=None)
-            with anyio.move_on_after(timeout_seconds):
-                await ctx.report_progress(0, 1, "running: measuring between the machines")
-                while test["state"] == "running":
-                    await anyio.sleep(poll_seconds())
-                    read = await in_thread(lambda: client.cluster(cluster_id), limiter=wait_threads)
-                    test = read["network_test"] or test
-                await ctx.report_progress(1, 1, test["state"])
-        except ApiError as error:
-            return tool_error(error.code, error.message, error.status)
-        finally:
-            client.close()
-        if test["state"] == "running":
-            message = (
-                f"Still running after {_seconds(timeout_seconds)}: get_cluster shows the result "
-                "in network_test once it is done."
-            )
-        elif test["verdict"] is not None:
-            message = f"Network test done: {test['verdict']}."
-        else:
-            message = f"Network test {test['state']}: {test.get('error') or 'no figures'}."
-        return answer(
-            {"network_test": test, "finished": test["state"] != "running", "message": message}
+
+@tool(
+    title="List volumes",
+    annotations=READS,
+    description="List the project's volumes (location, size, USD per month, the cluster "
+    "each is attached to). Free; volumes themselves are billed per GB-month.",
+)
+def list_volumes(ctx: Context) -> Annotated[CallToolResult, VolumesAnswer]:
+    return call(ctx, lambda c: {"volumes": c.volumes()})
+
+
+@tool(
+    title="Read the balance",
+    annotations=READS,
+    description="The project's balance (USD), what its running machines burn per hour, "
+    "and the hours it lasts at that rate. Free; owners' and managers' keys only.",
+)
+def get_balance(ctx: Context) -> Annotated[CallToolResult, BalanceAnswer]:
+    return call(ctx, lambda c: {"balance": c.balance()})
+
+
+@tool(
+    title="List SSH keys",
+    annotations=READS,
+    description="List the project's SSH keys (id, name, fingerprint): a cluster installs "
+    "them on every machine, all of them unless create_cluster names some. Free.",
+)
+def list_ssh_keys(ctx: Context) -> Annotated[CallToolResult, SshKeysAnswer]:
+    return call(ctx, lambda c: {"ssh_keys": c.ssh_keys()})
+
+
+@tool(
+    title="Add an SSH key",
+    annotations=hints(read_only=False, idempotent=True),
+    description="Add a public SSH key to the project (one OpenSSH line: 'TYPE BASE64 "
+    "[comment]', e.g. the user's ~/.ssh/id_ed25519.pub; never a private key). A cluster "
+    "needs at least one. Refused with ssh_key_exists when the project has it already, "
+    "invalid_ssh_key when it is not a public key. Free.",
+)
+def add_ssh_key(
+    ctx: Context,
+    public_key: Annotated[
+        str, Field(description="The public key's one line.", min_length=1, max_length=16384)
+    ],
+    name: Annotated[str, Field(description="Defaults to the key's comment.", max_length=200)] = "",
+) -> Annotated[CallToolResult, SshKeyAnswer]:
+    body = {"name": name, "public_key": public_key}
+    return call(ctx, lambda c: {"ssh_key": c.data("POST", "/ssh-keys", json=body)})
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+
+def build_server(
+    *, api_url: str, api_key: str | None, config_problem: str | None = None
+) -> MCPServer:
+    """The server. `config_problem`: why the config file could not be read, which every tool
+    answers (`bad_config`) when no key came from elsewhere."""
+    server = RuncrateServer(
+        Caller(
+            api_url=api_url,
+            api_key=api_key,
+            config_problem=config_problem,
+            wait_threads=anyio.CapacityLimiter(WAIT_POLL_THREADS),
         )
-
-    @server.tool(
-        title="Terminate a cluster",
-        annotations=hints(read_only=False, destructive=True, idempotent=True),
-        description="Terminate a cluster: every machine stops together, its disks are wiped "
-        "and billing ends now. Irreversible. Saves money; costs nothing.",
     )
-    def terminate_cluster(
-        ctx: Context, cluster: ClusterRef
-    ) -> Annotated[CallToolResult, ClusterAnswer]:
-        return call(ctx, lambda c: {"cluster": shown(c.terminate(c.resolve_cluster(cluster)))})
-
-    @server.tool(
-        title="List volumes",
-        annotations=READS,
-        description="List the project's volumes (location, size, USD per month, the cluster "
-        "each is attached to). Free; volumes themselves are billed per GB-month.",
-    )
-    def list_volumes(ctx: Context) -> Annotated[CallToolResult, VolumesAnswer]:
-        return call(ctx, lambda c: {"volumes": c.volumes()})
-
-    @server.tool(
-        title="Read the balance",
-        annotations=READS,
-        description="The project's balance (USD), what its running machines burn per hour, "
-        "and the hours it lasts at that rate. Free; owners' and managers' keys only.",
-    )
-    def get_balance(ctx: Context) -> Annotated[CallToolResult, BalanceAnswer]:
-        return call(ctx, lambda c: {"balance": c.balance()})
-
-    @server.tool(
-        title="List SSH keys",
-        annotations=READS,
-        description="List the project's SSH keys (id, name, fingerprint): a cluster installs "
-        "them on every machine, all of them unless create_cluster names some. Free.",
-    )
-    def list_ssh_keys(ctx: Context) -> Annotated[CallToolResult, SshKeysAnswer]:
-        return call(ctx, lambda c: {"ssh_keys": c.ssh_keys()})
-
-    @server.tool(
-        title="Add an SSH key",
-        annotations=hints(read_only=False, idempotent=True),
-        description="Add a public SSH key to the project (one OpenSSH line: 'TYPE BASE64 "
-        "[comment]', e.g. the user's ~/.ssh/id_ed25519.pub; never a private key). A cluster "
-        "needs at least one. Refused with ssh_key_exists when the project has it already, "
-        "invalid_ssh_key when it is not a public key. Free.",
-    )
-    def add_ssh_key(
-        ctx: Context,
-        public_key: Annotated[
-            str, Field(description="The public key's one line.", min_length=1, max_length=16384)
-        ],
-        name: Annotated[
-            str, Field(description="Defaults to the key's comment.", max_length=200)
-        ] = "",
-    ) -> Annotated[CallToolResult, SshKeyAnswer]:
-        body = {"name": name, "public_key": public_key}
-        return call(ctx, lambda c: {"ssh_key": c.data("POST", "/ssh-keys", json=body)})
-
+    for spec in TOOLS:
+        server.add_tool(
+            spec.function,
+            title=spec.title,
+            annotations=spec.annotations,
+            description=spec.description,
+        )
     return server
 
 

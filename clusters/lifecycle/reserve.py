@@ -142,23 +142,7 @@ def _resolve_ssh_keys(
         return found
     chosen: dict[int, SshKey] = {}
     if member_ids:
-        wanted_members = set(member_ids)
-        known = set(
-            Membership.objects.filter(project=project, pk__in=wanted_members).values_list(
-                "pk", flat=True
-            )
-        )
-        if wanted_members - known:
-            raise ClusterRefused(
-                "unknown_member",
-                f"Member {', '.join(str(m) for m in sorted(wanted_members - known))} is not in "
-                "this project (GET /api/v1/members lists its members).",
-                field="members",
-            )
-        chosen.update(
-            (key.pk, key)
-            for key in keys.members_cluster_keys(project=project, member_ids=wanted_members)
-        )
+        chosen.update(_members_keys(project=project, member_ids=member_ids))
     if ssh_key_ids:
         wanted = set(ssh_key_ids)
         by_id = SshKey.objects.filter(project=project, pk__in=wanted).select_related("created_by")
@@ -181,6 +165,26 @@ def _resolve_ssh_keys(
             field="ssh_keys",
         )
     return [chosen[pk] for pk in sorted(chosen)]
+
+
+def _members_keys(*, project: Project, member_ids: list[int]) -> dict[int, SshKey]:
+    """Every key of the members asked for, by id; refused when one is not in the project."""
+    wanted_members = set(member_ids)
+    known = set(
+        Membership.objects.filter(project=project, pk__in=wanted_members).values_list(
+            "pk", flat=True
+        )
+    )
+    if wanted_members - known:
+        raise ClusterRefused(
+            "unknown_member",
+            f"Member {', '.join(str(m) for m in sorted(wanted_members - known))} is not in "
+            "this project (GET /api/v1/members lists its members).",
+            field="members",
+        )
+    return {
+        key.pk: key for key in keys.members_cluster_keys(project=project, member_ids=wanted_members)
+    }
 
 
 @dataclass(frozen=True)
@@ -308,27 +312,8 @@ def check_create(
     else:
         machine_type = _quoted_type(quoted=quoted, project=project, offer_slug=offer_slug)
         price_per_machine_hour = quoted.price_per_machine_hour
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ClusterRefused(
-            "invalid_name",
-            "A cluster name is a DNS label: 1-63 lowercase letters, digits and hyphens, starting "
-            "and ending with a letter or digit.",
-            field="name",
-        )
-    if Cluster.objects.filter(environment=environment, name=name, status__in=Cluster.LIVE).exists():
-        raise _name_taken(name, environment)
-    if software not in Cluster.Software.values:
-        raise ClusterRefused(
-            "software_not_offered",
-            f"Software {software!r} is not offered; choose none, slurm, kubernetes or ray.",
-            field="software",
-        )
-    if software == Cluster.Software.KUBERNETES and not machine_type.supports_kubernetes:
-        raise ClusterRefused(
-            "software_not_offered",
-            "Kubernetes needs virtual machines or bare metal; this offer runs containers.",
-            field="software",
-        )
+    _require_name(name, environment)
+    _require_software(software, machine_type)
     volume = None
     if volume_id is not None:
         volume = volumes.volume_to_attach(
@@ -349,6 +334,35 @@ def check_create(
         volume=volume,
         keys=chosen_keys,
     )
+
+
+def _require_name(name: object, environment: Environment) -> None:
+    """Refuse a name that is not a DNS label, or that a live cluster of the environment has."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ClusterRefused(
+            "invalid_name",
+            "A cluster name is a DNS label: 1-63 lowercase letters, digits and hyphens, starting "
+            "and ending with a letter or digit.",
+            field="name",
+        )
+    if Cluster.objects.filter(environment=environment, name=name, status__in=Cluster.LIVE).exists():
+        raise _name_taken(name, environment)
+
+
+def _require_software(software: str, machine_type: MachineType) -> None:
+    """Refuse software that is not offered, or Kubernetes on containers."""
+    if software not in Cluster.Software.values:
+        raise ClusterRefused(
+            "software_not_offered",
+            f"Software {software!r} is not offered; choose none, slurm, kubernetes or ray.",
+            field="software",
+        )
+    if software == Cluster.Software.KUBERNETES and not machine_type.supports_kubernetes:
+        raise ClusterRefused(
+            "software_not_offered",
+            "Kubernetes needs virtual machines or bare metal; this offer runs containers.",
+            field="software",
+        )
 
 
 def check_locked(
@@ -453,7 +467,44 @@ def create_cluster(
         user=user,
         member_ids=member_ids,
     )
-    machine_type, volume, chosen = checked.machine_type, checked.volume, checked.keys
+    create = _Create(
+        project=project,
+        environment=environment,
+        user=user,
+        api_key=api_key,
+        quoted=quoted,
+        name=name,
+        nodes=nodes,
+        software=software,
+        checked=checked,
+    )
+    return _create_checked(create, now=now)
+
+
+@dataclass(frozen=True)
+class _Create:
+    """A create whose checks without a lock passed (`check_create`): what it writes."""
+
+    project: Project
+    environment: Environment
+    user: User | None
+    api_key: ApiKey | None
+    quoted: Quoted | None
+    name: str
+    nodes: int
+    software: str
+    checked: Checked
+
+
+def _create_checked(create: _Create, *, now: datetime) -> Cluster:
+    """Check what needs the environment's lock (`check_locked`), reserve every host, write the
+    cluster, its nodes, its volume and its Created event, and hand it to the tick."""
+    machine_type, volume, chosen = (
+        create.checked.machine_type,
+        create.checked.volume,
+        create.checked.keys,
+    )
+    environment, name, nodes, quoted = create.environment, create.name, create.nodes, create.quoted
     try:
         with transaction.atomic():
             # The environment's row, locked until the cluster is committed: a budget change
@@ -461,21 +512,21 @@ def create_cluster(
             # then counts the cluster among those it stops, or is seen here and refuses it.
             check_locked(
                 environment=environment,
-                api_key=api_key,
+                api_key=create.api_key,
                 machine_type=machine_type,
                 nodes=nodes,
                 now=now,
             )
             hosts = reserve_hosts(machine_type=machine_type, count=nodes, now=now)
             cluster = Cluster.objects.create(
-                project=project,
+                project=create.project,
                 environment=environment,
-                created_by=user,
-                created_by_key=api_key,
+                created_by=create.user,
+                created_by_key=create.api_key,
                 name=name,
                 machine_type=machine_type,
                 size=nodes,
-                software=software,
+                software=create.software,
                 status=Status.PROVISIONING,
                 authorized_keys="\n".join(k.public_key.strip() for k in chosen) + "\n",
                 key_holders=[keys.key_holder(key) for key in chosen],
@@ -490,25 +541,8 @@ def create_cluster(
             if volume is not None:
                 volumes.attach(volume=volume, cluster=cluster, now=now)
             new_nodes(cluster=cluster, hosts=hosts, first_index=0, is_worker=False, now=now)
-            attached = (
-                f" Volume {volume.name} attached at {connect.VOLUME_DIR} on node-0."
-                if volume
-                else ""
-            )
-            terms = (
-                f" Quoted: billed at the agreed {usd(quoted.price_per_machine_hour)} per "
-                f"machine-hour (quote request {quoted.quote.pk})."
-                if quoted
-                else ""
-            )
             Event.objects.create(
-                cluster=cluster,
-                at=now,
-                reason=Reason.CREATED,
-                message=(
-                    f"Created: {nodes} × {machine_type.gpus_per_machine} {machine_type.gpu.name} "
-                    f"in {machine_type.location.name}; {nodes} machines reserved.{attached}{terms}"
-                ),
+                cluster=cluster, at=now, reason=Reason.CREATED, message=_created_message(create)
             )
             dispatch.current().advance(cluster.pk)
     except IntegrityError:
@@ -519,6 +553,25 @@ def create_cluster(
             raise _name_taken(name, environment) from None
         raise
     return cluster
+
+
+def _created_message(create: _Create) -> str:
+    """The Created event's words: the machines reserved, the volume attached, the quoted price."""
+    machine_type, volume, quoted = create.checked.machine_type, create.checked.volume, create.quoted
+    nodes = create.nodes
+    attached = (
+        f" Volume {volume.name} attached at {connect.VOLUME_DIR} on node-0." if volume else ""
+    )
+    terms = (
+        f" Quoted: billed at the agreed {usd(quoted.price_per_machine_hour)} per "
+        f"machine-hour (quote request {quoted.quote.pk})."
+        if quoted
+        else ""
+    )
+    return (
+        f"Created: {nodes} × {machine_type.gpus_per_machine} {machine_type.gpu.name} "
+        f"in {machine_type.location.name}; {nodes} machines reserved.{attached}{terms}"
+    )
 
 
 def require_budget(*, environment: Environment, now: datetime) -> None:

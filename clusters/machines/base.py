@@ -303,10 +303,20 @@ SYSTEMD = "[ -d /run/systemd/system ] && command -v journalctl >/dev/null 2>&1"
 def log_sources(kind: LogKind, *, head_ip: str) -> tuple[tuple[LogSource, ...], str]:
     """Where `kind` is read on a host, in order of preference, and what to say where none is.
     No part of any command comes from a user: `head_ip` is the cluster's own private address."""
+    return {**_host_logs(), **_software_logs(head_ip)}[kind]
+
+
+# A log kind's sources, in order of preference, and what to say where none is.
+LogSources = dict[LogKind, tuple[tuple[LogSource, ...], str]]
+
+
+def _host_logs() -> LogSources:
+    """The host's own logs: the bootstrap's and the install's output, the agent's, the
+    system's."""
     cap = f"tail -c {LOG_CAP_BYTES}"
     bootstrap, install = f"{HOST_LOG_DIR}/bootstrap.log", f"{HOST_LOG_DIR}/install.log"
     agent_file = "/var/log/runcrate-agent.log"
-    table: dict[LogKind, tuple[tuple[LogSource, ...], str]] = {
+    return {
         LogKind.BOOTSTRAP: (
             (LogSource(f"[ -f {bootstrap} ]", f"{cap} {bootstrap}"),),
             "No bootstrap output is kept on this host.",
@@ -329,6 +339,13 @@ def log_sources(kind: LogKind, *, head_ip: str) -> tuple[tuple[LogSource, ...], 
             ),
             "This host keeps neither a systemd journal nor /var/log/syslog.",
         ),
+    }
+
+
+def _software_logs(head_ip: str) -> LogSources:
+    """What the installed software says: Slurm's queue and nodes, Ray's jobs and status
+    (asked of the head at `head_ip`), Kubernetes' pods."""
+    return {
         LogKind.SLURM_QUEUE: (
             (LogSource("command -v squeue >/dev/null 2>&1", "squeue"),),
             "squeue is not installed on this host.",
@@ -360,7 +377,6 @@ def log_sources(kind: LogKind, *, head_ip: str) -> tuple[tuple[LogSource, ...], 
             "kubectl is not installed on this host.",
         ),
     }
-    return table[kind]
 
 
 def log_script(kind: LogKind, *, head_ip: str) -> str:

@@ -326,6 +326,16 @@ def differences(baseline: dict, now: dict) -> list[Difference]:
     ]
     for path, what in sorted(now.get("irregular", {}).items()):
         found.append(Difference("file", f"{path} is {what}, not a regular file: not read"))
+    found += _access_differences(baseline, now)
+    found += _package_differences(baseline.get("packages", {}), now["packages"])
+    found += _file_differences(baseline.get("files", {}), now["files"])
+    return found
+
+
+def _access_differences(baseline: dict, now: dict) -> list[Difference]:
+    """Who and what can reach the host now that could not: users, authorized keys, listening
+    sockets, running programs."""
+    found: list[Difference] = []
     for user in sorted(set(now["users"]) - set(baseline.get("users", ()))):
         found.append(Difference("user", f"a user {user} that was not there"))
     for user in sorted(set(baseline.get("users", ())) - set(now["users"])):
@@ -338,23 +348,33 @@ def differences(baseline: dict, now: dict) -> list[Difference]:
         found.append(Difference("socket", f"something listens on {entry}"))
     for program in sorted(set(now["programs"]) - set(baseline.get("programs", ()))):
         found.append(Difference("process", f"{program} is running"))
-    packages_then = baseline.get("packages", {})
-    for name, version in sorted(now["packages"].items()):
+    return found
+
+
+def _package_differences(packages_then: dict, packages_now: dict) -> list[Difference]:
+    """The packages installed, upgraded or downgraded, and removed."""
+    found: list[Difference] = []
+    for name, version in sorted(packages_now.items()):
         if name not in packages_then:
             found.append(Difference("package", f"package {name} {version} was installed"))
         elif packages_then[name] != version:
             found.append(
                 Difference("package", f"package {name} is {version}, not {packages_then[name]}")
             )
-    for name in sorted(set(packages_then) - set(now["packages"])):
+    for name in sorted(set(packages_then) - set(packages_now)):
         found.append(Difference("package", f"package {name} was removed"))
-    files_then = baseline.get("files", {})
-    for path, entry in sorted(now["files"].items()):
+    return found
+
+
+def _file_differences(files_then: dict, files_now: dict) -> list[Difference]:
+    """The files added, changed and removed."""
+    found: list[Difference] = []
+    for path, entry in sorted(files_now.items()):
         if path not in files_then:
             found.append(Difference("file", f"{path} was added"))
         elif not _same(files_then[path], entry):
             found.append(Difference("file", f"{path} changed"))
-    for path in sorted(set(files_then) - set(now["files"])):
+    for path in sorted(set(files_then) - set(files_now)):
         found.append(Difference("file", f"{path} was removed"))
     return found
 
@@ -532,29 +552,49 @@ def trust(sftp: paramiko.SFTPClient, passwd: str, *, user: str, bounds: _Bounds)
     for path in TRUST_FILES + tuple(f"{home.rstrip('/')}/{name}" for name in HOME_FILES):
         found[path] = _trust_file(sftp, path, cache, bounds)[0]
     for folder in TRUST_FOLDERS:
-        real, mode = _resolve(sftp, folder, bounds)
-        if real is None or not stat.S_ISDIR(mode):
-            found[f"folder {folder}"] = "absent" if real is None else f"{real} is not a folder"
-            continue
-        try:
-            names = sorted(sftp.listdir(real))
-        except OSError as error:
-            if isinstance(error, TimeoutError):
-                raise
-            found[f"folder {folder}"] = f"{real} is unreadable"
-            continue
-        found[f"folder {folder}"] = f"{real}: {' '.join(names)}"
-        for name in names:
-            path = f"{folder}/{name}"
-            found[path] = _trust_file(sftp, path, cache, bounds)[0]
-    # Every path the (verified) ld.so.cache names is a candidate for a library of that name.
-    by_name: dict[str, list[str]] = {}
-    library_cache = _trust_file(sftp, "/etc/ld.so.cache", cache, bounds)[1] or b""
-    for entry in library_cache.split(b"\0"):
-        if entry.startswith(b"/"):
-            text = entry.decode(errors="replace")
-            by_name.setdefault(posixpath.basename(text), []).append(text)
-    programs = (TOOL, shell)
+        found.update(_trust_folder(sftp, folder, cache, bounds))
+    _trust_programs(sftp, (TOOL, shell), found, cache, bounds)
+    found["binfmt_misc"] = _binfmt(sftp, bounds)
+    return found
+
+
+def _trust_folder(
+    sftp: paramiko.SFTPClient,
+    folder: str,
+    cache: dict[str, tuple[str, bytes | None]],
+    bounds: _Bounds,
+) -> dict[str, str]:
+    """A folder TOOL's answers depend on: where it leads and what it holds, and each file in
+    it."""
+    found: dict[str, str] = {}
+    real, mode = _resolve(sftp, folder, bounds)
+    if real is None or not stat.S_ISDIR(mode):
+        found[f"folder {folder}"] = "absent" if real is None else f"{real} is not a folder"
+        return found
+    try:
+        names = sorted(sftp.listdir(real))
+    except OSError as error:
+        if isinstance(error, TimeoutError):
+            raise
+        found[f"folder {folder}"] = f"{real} is unreadable"
+        return found
+    found[f"folder {folder}"] = f"{real}: {' '.join(names)}"
+    for name in names:
+        path = f"{folder}/{name}"
+        found[path] = _trust_file(sftp, path, cache, bounds)[0]
+    return found
+
+
+def _trust_programs(
+    sftp: paramiko.SFTPClient,
+    programs: tuple[str, ...],
+    found: dict[str, str],
+    cache: dict[str, tuple[str, bytes | None]],
+    bounds: _Bounds,
+) -> None:
+    """Add to `found` the programs and every library they load, transitively: the
+    interpreter and needed libraries of each ELF program, searched as the loader would."""
+    by_name = _libraries_by_name(sftp, cache, bounds)
     queue = list(programs)
     while queue:
         path = queue.pop(0)
@@ -572,18 +612,38 @@ def trust(sftp: paramiko.SFTPClient, passwd: str, *, user: str, bounds: _Bounds)
             if path in programs:
                 found[path] = f"{value} (not an ELF program the dashboard reads: {NEVER_TRUSTED})"
             continue
-        interpreter, needed, search = program
-        origin = posixpath.dirname(value.split(" ", 1)[0])
-        folders = [d.replace("$ORIGIN", origin) for d in search] + list(LIBRARY_DIRS)
-        if interpreter:
-            queue.append(interpreter)
-        for name in needed:
-            if "/" in name:
-                queue.append(name)
-            else:
-                queue += [f"{d.rstrip('/')}/{name}" for d in folders] + by_name.get(name, [])
-    found["binfmt_misc"] = _binfmt(sftp, bounds)
-    return found
+        queue += _loaded_by(program, value, by_name)
+
+
+def _libraries_by_name(
+    sftp: paramiko.SFTPClient, cache: dict[str, tuple[str, bytes | None]], bounds: _Bounds
+) -> dict[str, list[str]]:
+    """Every path the (verified) ld.so.cache names is a candidate for a library of that
+    name."""
+    by_name: dict[str, list[str]] = {}
+    library_cache = _trust_file(sftp, "/etc/ld.so.cache", cache, bounds)[1] or b""
+    for entry in library_cache.split(b"\0"):
+        if entry.startswith(b"/"):
+            text = entry.decode(errors="replace")
+            by_name.setdefault(posixpath.basename(text), []).append(text)
+    return by_name
+
+
+def _loaded_by(
+    program: tuple[str | None, list[str], list[str]], value: str, by_name: dict[str, list[str]]
+) -> list[str]:
+    """The paths an ELF program (its interpreter, needed libraries and search path) may load,
+    where its trusted `value` says it lives."""
+    interpreter, needed, search = program
+    origin = posixpath.dirname(value.split(" ", 1)[0])
+    folders = [d.replace("$ORIGIN", origin) for d in search] + list(LIBRARY_DIRS)
+    paths = [interpreter] if interpreter else []
+    for name in needed:
+        if "/" in name:
+            paths.append(name)
+        else:
+            paths += [f"{d.rstrip('/')}/{name}" for d in folders] + by_name.get(name, [])
+    return paths
 
 
 def _login(passwd: str, user: str) -> tuple[str, str]:

@@ -21,20 +21,18 @@ becomes the failure message ("could not connect to 203.0.113.7:22: timed out").
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import re
 import shlex
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import paramiko
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.utils import timezone
@@ -62,11 +60,17 @@ from clusters.machines.base import (
     log_script,
     read_log_text,
 )
+from clusters.machines.session import (
+    Session,
+    connect,
+    openssh_pair,
+)
 from clusters.machines.software import RAY_REQUIREMENT, checks, network_test
+from clusters.models import Node
+from offers.models import Host
 
 if TYPE_CHECKING:
-    from clusters.models import Cluster, Node
-    from offers.models import Host
+    from clusters.models import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -76,277 +80,14 @@ INCOMING = "/var/lib/runcrate/incoming"
 SOFTWARE_INCOMING = "/var/lib/runcrate/software"
 WIREGUARD_PORT = 51820
 REIMAGE_POLL_SECONDS = 2
-READ_CHUNK = 64 * 1024
 # A log fetch (read_logs): its whole deadline, and the most the dashboard reads of one text
 # (the host is asked for its last LOG_CAP_BYTES; a host that sends more is cut off).
 LOG_FETCH_SECONDS = 90
 LOG_READ_BYTES = 2 * LOG_CAP_BYTES + 4096
-SFTP_REPLY_SECONDS = 30  # the most one SFTP request of an upload may wait for its answer
 _STATUS_LINE = re.compile(r"^runcrate: (\w+)=(.*)$")
 
 
-# --- the operator's key ---------------------------------------------------------------------
-
-
-def operator_key_file() -> Path:
-    """The operator's private key, made (ed25519, mode 0600) the first time it is needed."""
-    path = Path(settings.RUNCRATE_SSH_KEY_FILE)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        private, public = _openssh_pair(Ed25519PrivateKey.generate(), "runcrate-operator")
-        tmp = path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(private)
-        tmp.rename(path)
-        path.with_suffix(".pub").write_text(public + "\n")
-    return path
-
-
-def operator_public_key() -> str:
-    key = paramiko.Ed25519Key.from_private_key_file(str(operator_key_file()))
-    return f"{key.get_name()} {key.get_base64()} runcrate-operator"
-
-
-def _openssh_pair(key: Ed25519PrivateKey, comment: str) -> tuple[str, str]:
-    """(private key in OpenSSH format, public key line) of `key`."""
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    ).decode()
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    return private, f"{public.decode()} {comment}"
-
-
-# --- connections ------------------------------------------------------------------------------
-
-
-class _Pinned(paramiko.MissingHostKeyPolicy):
-    """Refuses any key that is not the pinned one, and remembers what the host offered."""
-
-    def missing_host_key(self, client, hostname, key) -> None:
-        raise HostKeyMismatch(hostname, key)
-
-
-class HostKeyMismatch(paramiko.SSHException):
-    """No pinned key of the type the host offered; `key` is what it offered, as on paramiko's
-    BadHostKeyException (a pinned key of the same type that differs)."""
-
-    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
-        super().__init__(f"{hostname} offered a host key that is not pinned")
-        self.hostname = hostname
-        self.key = key
-
-
-def _fingerprint(key: paramiko.PKey) -> str:
-    return key.fingerprint  # "SHA256:…", as ssh-keygen -l prints it
-
-
-def _known_name(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-def _pinned_key(host_key: str) -> paramiko.PKey:
-    kind, _, data = host_key.partition(" ")
-    try:
-        raw = base64.b64decode(data.strip(), validate=True)
-    except binascii.Error as error:
-        raise ValueError(f"not base64: {error}") from None
-    return paramiko.PKey.from_type_string(kind, raw)
-
-
-class Session:
-    """One SSH connection to a host: run commands, upload files."""
-
-    def __init__(self, client: paramiko.SSHClient, where: str) -> None:
-        self.client = client
-        self.where = where
-
-    def run(
-        self,
-        command: str,
-        *,
-        stdin: str | None = None,
-        timeout: float | None = None,
-        max_bytes: int | None = None,
-        name: str | None = None,
-    ) -> tuple[int, str]:
-        """Run `command`; returns (exit status, stdout + stderr).
-
-        The host is a tenant's (root on it: every program it runs may be theirs), so the
-        dashboard bounds the command itself, while it reads: `timeout` is an absolute deadline
-        for the whole command (stdin written, every byte read, the exit status), and
-        `max_bytes` the most output it reads. At either the channel is closed and DriverError
-        says which; a host that trickles one byte a minute or prints without end holds a
-        worker thread for `timeout` at most and its memory for `max_bytes` at most. `name` is
-        what the errors call the command (its first word unless given)."""
-        timeout = timeout or settings.RUNCRATE_SSH_COMMAND_SECONDS
-        cap = max_bytes or settings.RUNCRATE_SSH_OUTPUT_BYTES
-        deadline = time.monotonic() + timeout
-        name = name or (command.split()[0] if command.split() else "the command")
-        channel = None
-        try:
-            transport = self.client.get_transport()
-            if transport is None or not transport.is_active():
-                raise paramiko.SSHException("the session is closed")
-            channel = transport.open_session(timeout=_left(deadline))
-            channel.set_combine_stderr(True)
-            channel.settimeout(_left(deadline))
-            channel.exec_command(command)
-            if stdin is not None:
-                channel.settimeout(_left(deadline))
-                try:
-                    channel.sendall(stdin.encode())
-                    channel.shutdown_write()
-                except TimeoutError:
-                    raise
-                except (paramiko.SSHException, OSError):
-                    pass  # the command ended without reading all of it: its output says why
-            output = _read_bounded(channel, deadline=deadline, cap=cap)
-            if output is None:
-                raise DriverError(
-                    f"{self.where}: {name} printed more than {_size(cap)}; the dashboard "
-                    "stopped reading it and closed the command"
-                )
-            while not channel.exit_status_ready():
-                if not channel.status_event.wait(min(_left(deadline), 1.0)) and _late(deadline):
-                    raise TimeoutError
-            status = channel.recv_exit_status()
-        except TimeoutError:
-            raise DriverError(
-                f"{self.where}: {name} did not finish within {timeout:.0f} seconds; the "
-                "dashboard closed it"
-            ) from None
-        except (paramiko.SSHException, OSError) as error:
-            raise DriverError(f"{self.where}: the connection broke: {error}") from None
-        finally:
-            if channel is not None:
-                channel.close()
-        return status, output.decode(errors="replace")
-
-    def upload(self, files: dict[str, tuple[str, int]], directory: str) -> None:
-        """Write `files` (name -> (content, mode)) into `directory`, made mode 0700 first."""
-        status, output = self.run(
-            f"rm -rf {shlex.quote(directory)} && mkdir -p -m 700 {shlex.quote(directory)}"
-        )
-        if status != 0:
-            raise DriverError(f"{self.where}: cannot write {directory}: {output.strip()}")
-        sftp = self.client.open_sftp()
-        try:
-            # Each write waits for its answer at most this long: a host that stops answering
-            # fails the upload instead of holding the worker.
-            sftp.get_channel().settimeout(SFTP_REPLY_SECONDS)
-            for name, (content, mode) in files.items():
-                path = f"{directory}/{name}"
-                with sftp.open(path, "w") as handle:
-                    handle.chmod(mode)
-                    handle.write(content.encode())
-        finally:
-            sftp.close()
-
-
-def _left(deadline: float) -> float:
-    """Seconds until `deadline`; TimeoutError once it has passed."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left
-
-
-def _late(deadline: float) -> bool:
-    return time.monotonic() >= deadline
-
-
-def _read_bounded(channel: paramiko.Channel, *, deadline: float, cap: int) -> bytes | None:
-    """Everything `channel` prints until its end, read by the dashboard against `deadline`
-    (TimeoutError past it) and `cap` (None once more than `cap` bytes came: the rest is never
-    read, so memory stays bounded whatever the host sends)."""
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        channel.settimeout(min(_left(deadline), 1.0))
-        try:
-            data = channel.recv(READ_CHUNK)
-        except TimeoutError:
-            continue  # nothing yet: the deadline is checked again above
-        if not data:
-            return b"".join(chunks)
-        total += len(data)
-        if total > cap:
-            return None
-        chunks.append(data)
-
-
-def _size(count: int) -> str:
-    return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count // 1024} KiB"
-
-
-@contextmanager
-def connect(*, address: str, port: int, user: str, host_key: str, name: str):
-    """An SSH session to a host whose key must be `host_key`; DriverError when it cannot be
-    had (with reason `host_key_mismatch` for a key that does not match)."""
-    where = f"{address}:{port}"
-    if not host_key:
-        raise DriverError(
-            f"{name} has no pinned host key in the inventory; it is never connected to.",
-            reason="host_key_mismatch",
-        )
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(_Pinned())
-    try:
-        pinned = _pinned_key(host_key)
-    except (ValueError, paramiko.SSHException) as error:
-        raise DriverError(
-            f"{name}'s pinned host key cannot be read ({error}).", reason="host_key_mismatch"
-        ) from None
-    client.get_host_keys().add(_known_name(address, port), pinned.get_name(), pinned)
-    timeout = settings.RUNCRATE_SSH_CONNECT_SECONDS
-    try:
-        client.connect(
-            address,
-            port=port,
-            username=user,
-            key_filename=str(operator_key_file()),
-            timeout=timeout,
-            banner_timeout=timeout,
-            auth_timeout=timeout,
-            look_for_keys=False,
-            allow_agent=False,
-        )
-    except (HostKeyMismatch, paramiko.BadHostKeyException) as mismatch:
-        client.close()
-        offered = mismatch.key
-        raise DriverError(
-            f"{name} ({where}) offered host key {_fingerprint(offered)}, not the pinned "
-            f"{_fingerprint(pinned)}; nothing was run on it.",
-            reason="host_key_mismatch",
-            output=f"offered: {offered.get_name()} {offered.get_base64()}\npinned:  {host_key}",
-        ) from None
-    except paramiko.AuthenticationException:
-        client.close()
-        raise DriverError(
-            f"could not log in to {where} as {user}: the operator's key is not authorised there "
-            "(add `manage.py operator_ssh_key` to its authorized_keys)"
-        ) from None
-    except TimeoutError:
-        client.close()
-        raise DriverError(f"could not connect to {where}: timed out") from None
-    except paramiko.ssh_exception.NoValidConnectionsError as error:
-        client.close()
-        reasons = {e.strerror or str(e) for e in error.errors.values()} or {str(error)}
-        raise DriverError(
-            f"could not connect to {where}: {'; '.join(sorted(reasons)).lower()}"
-        ) from None
-    except (OSError, paramiko.SSHException) as error:
-        client.close()
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise DriverError(f"could not connect to {where}: {reason.lower()}") from None
-    try:
-        yield Session(client, where)
-    finally:
-        client.close()
+# --- connections: clusters/machines/session.py -----------------------------------------------
 
 
 def host_session(host: Host):
@@ -407,15 +148,13 @@ def reimage_and_verify(host: Host, command: str) -> list[pristine.Difference]:
     """Run the reimage command, wait until the host answers again with its pinned host key
     (or the new one the command printed, which is pinned from then on), and verify it.
     DriverError when the reimage fails or the host does not come back in time."""
-    from offers.models import Host as HostModel
-
     timeout = settings.RUNCRATE_REIMAGE_SECONDS
     try:
         new_key = pristine.run_reimage(host, command=command, timeout=timeout)
     except pristine.ReimageFailed as error:
         raise DriverError(error.message, output=error.output) from None
     if new_key and new_key != host.host_key:
-        HostModel.objects.filter(pk=host.pk).update(host_key=new_key)
+        Host.objects.filter(pk=host.pk).update(host_key=new_key)
         host.host_key = new_key
         log.info("host %s: the reimage printed a new host key; it is pinned now", host.name)
     wait_until_up(host, seconds=timeout)
@@ -779,12 +518,9 @@ def _env_line(name: str, value: str) -> str:
 
 def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tuple[str, int]]:
     """The node plan (`clusters.connect.node_plan`) as the files bootstrap.sh reads."""
-    from clusters.models import Node as NodeModel
-
     cluster = node.cluster
-    location = cluster.machine_type.location
     peers = list(
-        NodeModel.objects.filter(cluster_id=cluster.pk, status__in=NodeModel.LIVE)
+        Node.objects.filter(cluster_id=cluster.pk, status__in=Node.LIVE)
         .select_related("host")
         .order_by("index")
     )
@@ -808,23 +544,7 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
         # cluster's own key where there is no NFS).
         agent |= {"shared_mount": SHARED_DIR, "shared_identity": "/root/.ssh/runcrate_cluster"}
     shared_role = "" if shared is None else "export" if shared["export"] else "mount"
-    plan_env = "".join(
-        [
-            _env_line("NODE_NAME", plan["hostname"]),
-            _env_line("PRIVATE_IP", plan["private_ip"]),
-            _env_line("WG_PORT", str(WIREGUARD_PORT)),
-            # The peers' public addresses, the only ones WireGuard's port accepts (the firewall).
-            _env_line("WG_PEERS", " ".join(p.host.address for p in peers if p.host and p != node)),
-            _env_line("LOGIN_USER", "root"),
-            _env_line("HOSTFILE_PATH", plan["hostfile"]["path"]),
-            _env_line("SHARED_DIR", SHARED_DIR),
-            _env_line("SHARED_ROLE", shared_role),
-            # node-0 syncs an attached volume with rsync (clusters/machines/storage.py).
-            _env_line("VOLUME_SYNC", "1" if any("volume" in m for m in plan["mounts"]) else ""),
-            _env_line("APT_MIRROR", location.apt_mirror),
-            _env_line("PIP_INDEX_URL", location.pip_index_url),
-        ]
-    )
+    plan_env = _plan_env(node, plan, peers=peers, shared_role=shared_role)
     key_state = cluster_keys(node)
     return {
         "plan.env": (plan_env, 0o600),
@@ -841,6 +561,29 @@ def bootstrap_files(node: Node, *, agent_token: str, plan: dict) -> dict[str, tu
     }
 
 
+def _plan_env(node: Node, plan: dict, *, peers: list[Node], shared_role: str) -> str:
+    """plan.env, the shell variables bootstrap.sh sources: the node's name and address, its
+    WireGuard peers, the hostfile, the shared folder's role, the volume sync and the mirrors."""
+    location = node.cluster.machine_type.location
+    return "".join(
+        [
+            _env_line("NODE_NAME", plan["hostname"]),
+            _env_line("PRIVATE_IP", plan["private_ip"]),
+            _env_line("WG_PORT", str(WIREGUARD_PORT)),
+            # The peers' public addresses, the only ones WireGuard's port accepts (the firewall).
+            _env_line("WG_PEERS", " ".join(p.host.address for p in peers if p.host and p != node)),
+            _env_line("LOGIN_USER", "root"),
+            _env_line("HOSTFILE_PATH", plan["hostfile"]["path"]),
+            _env_line("SHARED_DIR", SHARED_DIR),
+            _env_line("SHARED_ROLE", shared_role),
+            # node-0 syncs an attached volume with rsync (clusters/machines/storage.py).
+            _env_line("VOLUME_SYNC", "1" if any("volume" in m for m in plan["mounts"]) else ""),
+            _env_line("APT_MIRROR", location.apt_mirror),
+            _env_line("PIP_INDEX_URL", location.pip_index_url),
+        ]
+    )
+
+
 def cluster_secret(node: Node, purpose: str) -> bytes:
     """32 bytes derived from the key the cluster was created under, the cluster and
     `purpose`: the same on every node and every call, after a key rotation too, stored nowhere
@@ -854,7 +597,7 @@ def cluster_keys(node: Node) -> tuple[str, str]:
     """The cluster's node-to-node key pair, derived from the secret key and the cluster, so
     every node gets the same pair without it being stored anywhere."""
     seed = cluster_secret(node, "runcrate-cluster-key")
-    return _openssh_pair(
+    return openssh_pair(
         Ed25519PrivateKey.from_private_bytes(seed), f"runcrate-cluster-{node.cluster_id}"
     )
 
@@ -869,8 +612,6 @@ def gateway_sync(node: Node, *, leaving: bool = False) -> None:
     Each node's start registers its host (`add`) and its release takes it away (`leave`) under
     one lock on the gateway (`gateway.sh`), which also drops every host the dashboard no longer
     sees live: concurrent starts and stops of one cluster's nodes never race each other."""
-    from clusters.models import Node as NodeModel
-
     location = node.cluster.machine_type.location
     if not location.ssh_gateway:
         return
@@ -878,9 +619,7 @@ def gateway_sync(node: Node, *, leaving: bool = False) -> None:
     address = address.strip("[]")
     # The hosts of the nodes still serving the cluster: once it ends, none.
     holding = (
-        NodeModel.objects.filter(
-            cluster_id=node.cluster_id, holds_host=True, status__in=NodeModel.LIVE
-        )
+        Node.objects.filter(cluster_id=node.cluster_id, holds_host=True, status__in=Node.LIVE)
         .select_related("host")
         .order_by("index")
     )

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from clusters.connect import VOLUME_DIR
 from clusters.machines.base import DriverError
+from clusters.machines.session import Session, connect
 
 if TYPE_CHECKING:
-    from clusters.machines.ssh import Session
     from clusters.models import Node, Volume
     from offers.models import Location
 
@@ -65,8 +65,6 @@ class Store:
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
     def session(self):
-        from clusters.machines.ssh import connect
-
         return connect(
             address=self.address,
             port=self.port,

@@ -216,11 +216,8 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
 
     if cluster.status not in (Status.READY, Status.DEGRADED):
         return False
-    if any(n.status == NodeStatus.STARTING for n in nodes) or (
-        cluster.status == Status.READY
-        and any(n.status == NodeStatus.JOINED and n.step == Node.Step.INSTALL for n in nodes)
-    ):
-        return False  # a worker is joining: its peers are still adding it
+    if _worker_joining(cluster, nodes):
+        return False
     found = {p.key: p for p in find_problems(cluster, nodes, now=now)}
     # A ready cluster has nothing announced (it would be degraded): what a degraded one had is
     # announced again once it is ready (after a retried install, say).
@@ -263,13 +260,26 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
             node=by_name[healed[0]["node"]],
         )
     if ours and found and cluster.status == Status.DEGRADED:
-        first = next(iter(found.values()))
-        cluster.failure_reason = Reason.NODE_UNHEALTHY
-        cluster.failure_node = first.node
-        cluster.failure_step = ""
-        cluster.failure_message = _sentences(p.message for p in found.values())
+        _record_failure(cluster, list(found.values()))
     work.flush()
     return True
+
+
+def _worker_joining(cluster: Cluster, nodes: list[Node]) -> bool:
+    """Whether a worker is joining, which its peers are still adding: health waits for it."""
+    return any(n.status == NodeStatus.STARTING for n in nodes) or (
+        cluster.status == Status.READY
+        and any(n.status == NodeStatus.JOINED and n.step == Node.Step.INSTALL for n in nodes)
+    )
+
+
+def _record_failure(cluster: Cluster, found: list[Problem]) -> None:
+    """A cluster degraded by health says so in its failure fields: the first problem's node,
+    and every problem's message."""
+    cluster.failure_reason = Reason.NODE_UNHEALTHY
+    cluster.failure_node = found[0].node
+    cluster.failure_step = ""
+    cluster.failure_message = _sentences(p.message for p in found)
 
 
 # --- GPU health (issue 23) ------------------------------------------------------------------

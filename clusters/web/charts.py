@@ -230,15 +230,8 @@ def line_chart(
     def y(value: float) -> float:
         return round(baseline - min(max(value / top, 0.0), 1.0) * plot_height, 2)
 
-    gap = timedelta(seconds=GAP_POINTS * window.resolution_seconds)
-    runs: list[list[SpanPoint]] = []
-    for point in series:
-        if runs and point.at - runs[-1][-1].at <= gap:
-            runs[-1].append(point)
-        else:
-            runs.append([point])
     line, band, dots = [], [], []
-    for run in runs:
+    for run in _runs(series, window):
         if len(run) == 1:
             dots.append(Dot(x(run[0].at), y(run[0].mean)))
             continue
@@ -248,15 +241,7 @@ def line_chart(
         band.append(f"M{upper} L{lower} Z")
     summary = Summary.of(series)
     middle = window.start + (window.end - window.start) / 2
-    words = WINDOW_WORDS.get(window.name, window.name)
-    if summary.mean is None:
-        label = f"{figure.title}, {subject}, {words}: no figures."
-    else:
-        label = (
-            f"{figure.title}, {subject}, {words}: lowest {figure.text(summary.low)}, "
-            f"mean {figure.text(summary.mean)}, highest {figure.text(summary.high)}"
-            + (f"; now {figure.text(latest)}." if latest is not None else ".")
-        )
+    label = _chart_label(figure, subject, window, summary, latest)
     return LineChart(
         figure=figure,
         width=WIDTH,
@@ -277,6 +262,34 @@ def line_chart(
         summary=summary,
         latest=latest,
         label=label,
+    )
+
+
+def _runs(series: Sequence[SpanPoint], window: Window) -> list[list[SpanPoint]]:
+    """The points in runs the line joins: a run breaks where two points are further apart than
+    the window's resolution allows (a gap in the reports)."""
+    gap = timedelta(seconds=GAP_POINTS * window.resolution_seconds)
+    runs: list[list[SpanPoint]] = []
+    for point in series:
+        if runs and point.at - runs[-1][-1].at <= gap:
+            runs[-1].append(point)
+        else:
+            runs.append([point])
+    return runs
+
+
+def _chart_label(
+    figure: Figure, subject: str, window: Window, summary: Summary, latest: float | None
+) -> str:
+    """What the chart says to a screen reader: its figure, subject and window, and its lowest,
+    mean, highest and latest values."""
+    words = WINDOW_WORDS.get(window.name, window.name)
+    if summary.mean is None:
+        return f"{figure.title}, {subject}, {words}: no figures."
+    return (
+        f"{figure.title}, {subject}, {words}: lowest {figure.text(summary.low)}, "
+        f"mean {figure.text(summary.mean)}, highest {figure.text(summary.high)}"
+        + (f"; now {figure.text(latest)}." if latest is not None else ".")
     )
 
 

@@ -1,13 +1,11 @@
 """The Clusters pages: the list, the create form, the cluster page and its actions.
 
-Views stay thin: every change goes through `clusters.lifecycle`, and what they add is only how
-a cluster reads on a page (its stepper, its nodes' progress). Every lookup is scoped to the
-request's project, so another project's cluster is a 404.
+Views stay thin: every change goes through `clusters.lifecycle`, and how a cluster reads on a
+page (its stepper, its nodes' progress, its panels) is `clusters.web.presenters`'; a view parses
+the request, asks the presenter, and renders. Every lookup is scoped to the request's project,
+so another project's cluster is a 404.
 """
 
-import hashlib
-import json
-import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -18,30 +16,43 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Case, Count, Prefetch, Q, QuerySet, Value, When
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
-from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
-from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import permissions
+from accounts.models import Project
 from accounts.projects import get_for_project, in_project, require_project
 from accounts.requests import ProjectRequest
-from billing import balances, ledger, meter
+from billing import meter
 from billing.context_processors import request_summary
-from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
-from clusters import connect, estimates, getting_started, lifecycle, volumes
+from billing.usage import ClusterCost, cluster_costs
+from clusters import connect, getting_started, lifecycle, volumes
 from clusters.errors import ClusterRefused
-from clusters.models import STEP_NAMES, Cluster, Event, Node, Volume, give_up_after
-from clusters.telemetry import logs, metrics
+from clusters.models import Cluster, Node, Volume
+from clusters.telemetry import metrics
 from clusters.web import charts
 from clusters.web.forms import ClusterForm, VolumeForm, suggest_name
-from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, MachineType
-from offers.offers import Offer, get_offer, list_offers, same_shape_first
+from clusters.web.presenters import (
+    METRICS_TABS,
+    STATUS_BADGES,
+    TABS,
+    TABS_BY_SLUG,
+    MetricsWindow,
+    Tab,
+    detail_context,
+    new_cluster_context,
+    node_rows,
+    page_events,
+    page_nodes,
+    price_card,
+    with_every_row,
+)
+from offers.models import MIN_NODES
+from offers.offers import Offer, get_offer
 from offers.quotes import quotes_for
 from runcrate import durations, outages
 from runcrate.money import usd
@@ -50,75 +61,9 @@ CLUSTERS_PER_PAGE = 50
 # htmx stops polling when a poll is answered with this status.
 STOP_POLLING = 286
 
-STATUS_BADGES: dict[str, str] = {
-    Cluster.Status.PROVISIONING: "info",
-    Cluster.Status.INSTALLING: "info",
-    Cluster.Status.READY: "ok",
-    Cluster.Status.DEGRADED: "warn",
-    Cluster.Status.FAILED: "bad",
-    Cluster.Status.TERMINATING: "info",
-    Cluster.Status.TERMINATED: "",
-    Cluster.Status.STOPPED: "warn",
-}
-# What a node is doing while it is on a step (the step names what it waits for).
-NODE_STEP_PHRASES: dict[str, str] = {
-    Node.Step.RUNNING: "Booting",
-    Node.Step.AGENT: "Agent checking in",
-    Node.Step.NETWORK: "Testing the network",
-    Node.Step.INSTALL: "Installing software",
-    Node.Step.DONE: "Ready",
-}
-# The tail of a failure's output the page's banner shows; the event keeps it whole.
-FAILURE_OUTPUT_LINES = 40
-# How the stepper ends once the cluster has (its status, as the badge says it).
-END_STEPS = (Cluster.Status.TERMINATED, Cluster.Status.STOPPED, Cluster.Status.FAILED)
 
-
-@dataclass(frozen=True)
-class Tab:
-    """A tab of the cluster page: its own URL (`clusters:detail` for the first, `clusters:tab`
-    for the others), its body's template, and the id of the heading that names its panel."""
-
-    slug: str
-    label: str
-    template: str
-    heading: str
-
-    def url(self, cluster: Cluster) -> str:
-        if self is TABS[0]:
-            return reverse("clusters:detail", args=[cluster.pk])
-        return reverse("clusters:tab", args=[cluster.pk, self.slug])
-
-
-# The cluster page's tabs, in order.
-TABS: tuple[Tab, ...] = (
-    Tab("overview", "Overview", "clusters/tabs/overview.html", "overview-title"),
-    Tab("connect", "Connect", "clusters/tabs/connect_tab.html", "connect-tab-title"),
-    Tab("machines", "Machines", "clusters/tabs/machines.html", "machines-title"),
-    Tab("metrics", "Metrics", "clusters/tabs/metrics.html", "metrics-title"),
-    Tab("logs", "Logs & jobs", "clusters/tabs/logs.html", "logs-title"),
-    Tab("events", "Events", "clusters/tabs/events.html", "events-title"),
-    Tab("billing", "Billing", "clusters/tabs/billing.html", "billing-title"),
-)
-TABS_BY_SLUG = {tab.slug: tab for tab in TABS}
 # The htmx target a tab link swaps (templates/clusters/parts/tab_nav.html).
 TAB_PANEL = "cluster-tab"
-
-
-def _instant(at: datetime) -> str:
-    """An instant as the page's script reads it (static/js/app.js): ISO 8601, in milliseconds."""
-    return at.isoformat(timespec="milliseconds")
-
-
-def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
-    query = {
-        "offer": offer or cluster.machine_type.slug,
-        "nodes": cluster.size,
-        "name": cluster.name,
-        "software": cluster.software,
-        "environment": cluster.environment.name,
-    }
-    return f"{reverse('clusters:new')}?{urlencode(query)}"
 
 
 # --- the list ---------------------------------------------------------------------------------
@@ -249,41 +194,6 @@ def _requested_nodes(raw: str | None) -> int:
         return MIN_NODES
 
 
-def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
-    """The seconds `balance` pays for at `per_hour`."""
-    return balance * 3600 / per_hour if per_hour > 0 and balance > 0 else None
-
-
-def _summary(request: ProjectRequest, offer: Offer, nodes: int) -> dict:
-    """The price card: the cluster's price, the balance, and how long the balance runs it
-    (docs/clusters.md, "Creating"): alone, and beside what already runs. Only those who see
-    billing read the balance and the burn rate (SPEC §5); a developer reads only whether the
-    balance covers the cluster."""
-    machine_price = offer.machine_price_per_hour
-    valid = lifecycle.size_refusal(nodes) is None
-    cluster_price = machine_price * nodes
-    balance = ledger.balance(project=request.project)
-    needed = balances.balance_needed(cluster_price)
-    running = request_summary(request)  # None for a developer, who does not see billing
-    burn = running.burn_rate if running else Decimal(0)
-    return {
-        "sees_billing": running is not None,
-        "covers_seconds": _covers(balance, cluster_price) if valid else None,
-        "burn_rate": burn,
-        "covers_with_running_seconds": _covers(balance, cluster_price + burn)
-        if valid and burn > 0
-        else None,
-        "nodes": nodes,
-        "cluster_price": cluster_price if valid else None,
-        "machine_price": machine_price,
-        "balance": balance,
-        "needed": needed,
-        "min_balance": balances.minimum_balance(),
-        "short": valid and balance < needed,
-        "too_few": TOO_FEW_NODES if nodes < MIN_NODES else "",
-    }
-
-
 @permissions.page_requires("clusters.manage")
 @require_http_methods(["GET", "POST"])
 def cluster_new(request: ProjectRequest) -> HttpResponse:
@@ -298,86 +208,73 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
         return render(request, "clusters/new.html", context, status=404)
 
     if request.htmx and request.method == "GET":  # the price summary follows the nodes field
-        context = {"offer": offer, "summary": _summary(request, offer, nodes)}
+        context = {"offer": offer, "summary": price_card(request, offer, nodes)}
         return render(request, "clusters/new.html#summary", context)
 
-    suggested = ""
+    suggested = False
     if request.method == "POST":
         form = ClusterForm(request.POST, project=project, offer=offer, user=request.user)
-        if form.is_valid():
-            cleaned = form.cleaned_data
-            try:
-                cluster = lifecycle.create_cluster(
-                    project=project,
-                    user=request.user,
-                    environment=cleaned["environment"],
-                    offer_slug=offer.id,
-                    nodes=cleaned["nodes"],
-                    name=cleaned["name"],
-                    software=cleaned["software"],
-                    ssh_key_ids=[key.pk for key in cleaned["ssh_keys"]],
-                    volume_id=cleaned["volume"],
-                )
-            except ClusterRefused as refusal:
-                form.add_refusal(refusal)
-            else:
-                # No flash: the cluster page says it is starting while it provisions, and stops
-                # saying so once it is past that (docs/clusters.md).
-                return redirect("clusters:detail", pk=cluster.pk)
+        cluster = _create_from(request, project, form, offer) if form.is_valid() else None
+        if cluster is not None:
+            # No flash: the cluster page says it is starting while it provisions, and stops
+            # saying so once it is past that (docs/clusters.md).
+            return redirect("clusters:detail", pk=cluster.pk)
     else:
-        initial = {"offer": offer.id, "nodes": nodes}
-        for key in ("name", "software", "environment", "volume"):
-            if data.get(key):
-                initial[key] = data[key]
-        if "name" not in initial:
-            initial["name"] = suggested = suggest_name(project=project, offer=offer, nodes=nodes)
-        form = ClusterForm(initial=initial, project=project, offer=offer, user=request.user)
-
-    machine_type = offer.machine_type
-    assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
-    boot = machine_type.boot_seconds
-    context = {
-        "offer": offer,
-        "form": form,
-        "has_keys": form.has_ssh_keys,
-        "summary": _summary(request, offer, nodes),
-        "min_nodes": MIN_NODES,
-        "ready_estimate": {
-            "bare": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.NONE),
-            "software": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.SLURM),
-            "give_up_after": give_up_after(machine_type.slow_boot),
-        },
-        "name_suggested": bool(suggested),
-    }
+        form, suggested = _prefilled_form(request, project, data, offer, nodes)
+    context = new_cluster_context(request, offer, nodes, form=form, name_suggested=suggested)
     return render(request, "clusters/new.html", context, status=400 if form.errors else 200)
 
 
+def _create_from(
+    request: ProjectRequest, project: Project, form: ClusterForm, offer: Offer
+) -> Cluster | None:
+    """The cluster a valid form creates, or None with the lifecycle's refusal on the form."""
+    cleaned = form.cleaned_data
+    try:
+        return lifecycle.create_cluster(
+            project=project,
+            user=request.user,
+            environment=cleaned["environment"],
+            offer_slug=offer.id,
+            nodes=cleaned["nodes"],
+            name=cleaned["name"],
+            software=cleaned["software"],
+            ssh_key_ids=[key.pk for key in cleaned["ssh_keys"]],
+            volume_id=cleaned["volume"],
+        )
+    except ClusterRefused as refusal:
+        form.add_refusal(refusal)
+        return None
+
+
+def _prefilled_form(
+    request: ProjectRequest, project: Project, data: QueryDict, offer: Offer, nodes: int
+) -> tuple[ClusterForm, bool]:
+    """The form as a link fills it (a create-again link gives name, software, environment and
+    volume), and whether its name is one suggested because the link gave none."""
+    initial = {"offer": offer.id, "nodes": nodes}
+    for key in ("name", "software", "environment", "volume"):
+        if data.get(key):
+            initial[key] = data[key]
+    suggested = "name" not in initial
+    if suggested:
+        initial["name"] = suggest_name(project=project, offer=offer, nodes=nodes)
+    form = ClusterForm(initial=initial, project=project, offer=offer, user=request.user)
+    return form, suggested
+
+
 # --- the cluster page ---------------------------------------------------------------------------
-
-
-# What the agent and the drivers write on a node row and the page never shows: its GPUs, its
-# reachability row (one entry per peer, so 64 × 64 at 64 nodes) and the drivers' records.
-NODE_COLUMNS_UNSHOWN = ("gpus", "reachability", "driver_state")
-
-
-def _page_nodes() -> QuerySet[Node]:
-    return Node.objects.defer(*NODE_COLUMNS_UNSHOWN).order_by("index")
-
-
-def _page_events() -> QuerySet[Event]:
-    unshown = [f"node__{column}" for column in NODE_COLUMNS_UNSHOWN]
-    return Event.objects.select_related("node").defer(*unshown).order_by("-at", "-pk")
 
 
 def _clusters_with_details(*, events: bool = True) -> QuerySet[Cluster]:
     """One cluster's page in a fixed number of queries, whatever its number of nodes; a poll's
     answer reads only the events it sends (`events=False`)."""
     prefetch = [
-        Prefetch("nodes", queryset=_page_nodes()),
+        Prefetch("nodes", queryset=page_nodes()),
         Prefetch("volumes", queryset=Volume.objects.select_related("location")),
     ]
     if events:
-        prefetch.append(Prefetch("events", queryset=_page_events()))
+        prefetch.append(Prefetch("events", queryset=page_events()))
     return Cluster.objects.select_related(
         "environment", "machine_type__location", "machine_type__gpu", "quote__gpu"
     ).prefetch_related(*prefetch)
@@ -388,456 +285,6 @@ def _get_cluster_for_user(request: ProjectRequest, pk: int, *, details: bool = F
         return get_for_project(request, _clusters_with_details(), pk=pk)
     queryset = Cluster.objects.select_related("environment")
     return get_for_project(request, queryset, pk=pk)
-
-
-@dataclass(frozen=True)
-class Step:
-    key: str
-    label: str
-    state: str  # done | current | failed | todo
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    node: Node
-    doing: str
-    steps_done: int
-    steps_total: int
-    percent: int
-    tone: str  # "" | ok | bad
-    time_left: str
-    deadline: str  # the step's deadline as an ISO instant, which the page counts down to; or ""
-    utilization: str = ""  # its GPUs in its latest report: "8 GPUs · 97%", or ""
-    reported_at: datetime | None = None  # that report's time
-    reporting: bool = False  # whether that report is recent (metrics.reporting)
-    problems: tuple[str, ...] = ()  # its open health problems, as the "unhealthy" badge says
-
-
-def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
-    """Reserved → Boot → Agent check-in → Private network → (Software install) → Ready, then
-    how it ended (terminated, stopped, failed) once it has.
-
-    A step is done when every original node has passed it; a failed cluster marks the step it
-    failed at (or, with no step named, the first one not done) red.
-    """
-    founders = [n for n in nodes if not n.is_worker]
-    joined = cluster.joined_at is not None
-    ready = cluster.ready_at is not None
-
-    def everyone(field: str) -> bool:
-        return joined or (bool(founders) and all(getattr(n, field) for n in founders))
-
-    steps = [
-        ("reserved", "Reserved", True),
-        (Node.Step.RUNNING, STEP_NAMES[Node.Step.RUNNING], everyone("running_at")),
-        (Node.Step.AGENT, STEP_NAMES[Node.Step.AGENT], everyone("agent_at")),
-        (Node.Step.NETWORK, STEP_NAMES[Node.Step.NETWORK], joined),
-    ]
-    if cluster.software != Cluster.Software.NONE:
-        steps.append((Node.Step.INSTALL, STEP_NAMES[Node.Step.INSTALL], ready))
-    steps.append(("ready", "Ready", ready))
-
-    keys = [key for key, _, _ in steps]
-    first_open = next((key for key, _, done in steps if not done), None)
-    failing = None
-    if cluster.status in (Cluster.Status.FAILED, Cluster.Status.DEGRADED):
-        failing = cluster.failure_step if cluster.failure_step in keys else first_open
-    moving = cluster.status in (Cluster.Status.PROVISIONING, Cluster.Status.INSTALLING)
-    result = []
-    for key, label, done in steps:
-        if key == failing:
-            state = "failed"
-        elif done:
-            state = "done"
-        elif moving and key == first_open:
-            state = "current"
-        else:
-            state = "todo"
-        result.append(Step(key=key, label=label, state=state))
-    if cluster.status in END_STEPS:
-        # An ended cluster's stepper says how it ended, after the steps it passed.
-        result.append(Step(key="end", label=cluster.get_status_display(), state="ended"))
-    return result
-
-
-def _steps_done(node: Node, with_install: bool) -> int:
-    """How many of its steps a node has really passed: running, agent, network, and the software
-    only once its check passed on the node (step `done`); an install that ran but was never
-    checked ready, or that failed, is not done."""
-    done = sum(1 for field in ("running_at", "agent_at", "network_at") if getattr(node, field))
-    if with_install and node.installed_at and node.step == Node.Step.DONE:
-        done += 1
-    return done
-
-
-def _node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRow]:
-    with_install = cluster.software != Cluster.Software.NONE
-    total = 4 if with_install else 3
-    install_failed = cluster.can_retry_install
-    deadlines = lifecycle.step_deadlines(cluster, nodes, now) if cluster.is_live else {}
-    # One query for the rows, and none where no node's reports are kept.
-    kept = [
-        n.pk
-        for n in nodes
-        if metrics.recording(cluster_status=cluster.status, node_status=n.status)
-    ]
-    gpus_now = metrics.utilization_now(kept)
-    rows = []
-    for node in nodes:
-        now_figures = gpus_now.get(node.pk)
-        reported = now_figures.reported_at if now_figures else None
-        done = _steps_done(node, with_install)
-        deadline = deadlines.get(node.pk)
-        left = max(0, int((deadline - now).total_seconds())) if deadline else None
-        doing = NODE_STEP_PHRASES.get(node.step, node.step)
-        if node.status == Node.Status.FAILED:
-            tone = "bad"
-            doing = f"Failed at {STEP_NAMES.get(node.step, node.step).lower()}"
-        elif node.status == Node.Status.LOST:
-            tone = "bad"
-            heard = node.heartbeat_at or node.ended_at
-            doing = f"Lost: silent since {heard:%H:%M:%S} UTC" if heard else "Lost"
-        elif install_failed and node.step == Node.Step.INSTALL:
-            # The install stopped: the node that failed says so, the others did not finish.
-            failed_here = node.name == cluster.failure_node
-            tone = "bad" if failed_here else ""
-            doing = "Install failed" if failed_here else "Install stopped"
-        elif done == total:
-            tone = "ok"
-        else:
-            tone = ""
-        rows.append(
-            NodeRow(
-                node=node,
-                doing=doing if node.status != Node.Status.ENDED else "Released",
-                steps_done=done,
-                steps_total=total,
-                percent=round(100 * done / total),
-                tone=tone,
-                time_left=f"{durations.countdown(left)} left" if left is not None else "",
-                deadline=_instant(deadline) if deadline else "",
-                utilization=charts.utilization_text(now_figures.gpus, now_figures.mean_percent)
-                if now_figures
-                else "",
-                reported_at=reported,
-                reporting=metrics.reporting(reported, now=now),
-                problems=tuple(cluster.problems_of(node.name)),
-            )
-        )
-    return rows
-
-
-def _failure_event(cluster: Cluster) -> Event | None:
-    """The event that explains a failed or degraded cluster (its reason, its node, its output),
-    read from the page's prefetched events where there are, else in one query."""
-    if cluster.status == Cluster.Status.FAILED:
-        reasons = {cluster.failure_reason} if cluster.failure_reason else Event.FAILURES
-    elif cluster.status == Cluster.Status.DEGRADED:
-        # A cluster degraded before the lifecycle kept its failure fields has only its event.
-        reasons = {cluster.failure_reason} if cluster.failure_reason else Event.DEGRADING
-    else:
-        return None
-    if "events" in getattr(cluster, "_prefetched_objects_cache", {}):
-        events = [e for e in cluster.events.all() if e.reason in reasons]
-        return events[0] if events else None  # newest first
-    return _page_events().filter(cluster=cluster, reason__in=reasons).first()
-
-
-def _failure_context(cluster: Cluster) -> dict:
-    """What the failed or degraded banner shows beside the cluster's failure fields: the
-    failing event's output (its last lines; the Events table has it whole)."""
-    event = _failure_event(cluster)
-    # The cluster's own fields, or its event's where an older cluster has none.
-    why = {
-        "node": cluster.failure_node or (event.node.name if event and event.node else ""),
-        "reason": cluster.failure_reason or (event.reason if event else ""),
-        "message": cluster.failure_message or (event.message if event else ""),
-    }
-    if event is None or not event.output:
-        return {"failure_event": event, "failure_output": "", "failure": why}
-    lines = event.output.rstrip().splitlines()
-    tail = "\n".join(lines[-FAILURE_OUTPUT_LINES:])
-    return {
-        "failure": why,
-        "failure_event": event,
-        "failure_output": tail,
-        "failure_output_shown": min(len(lines), FAILURE_OUTPUT_LINES),
-        "failure_output_cut": max(0, len(lines) - FAILURE_OUTPUT_LINES),
-    }
-
-
-def _ssh_to_head(cluster: Cluster) -> str:
-    """The command that reaches node-0, or "" while it has no address and no gateway."""
-    shape = connect.shape_for(cluster)
-    if not shape.nodes or not (shape.head.address or shape.gateway):
-        return ""
-    return connect.ssh_command(shape, shape.head)
-
-
-# What each launch command is and where it runs, in the order the panel shows them.
-COMMANDS = {
-    "torchrun": ("PyTorch: torchrun", "Run it on every node; the c10d rendezvous is on node-0."),
-    "mpirun": ("MPI: mpirun", "Run it once, from node-0: it starts every rank from the hostfile."),
-    "deepspeed": ("DeepSpeed", "Run it once, from node-0: it reads the hostfile."),
-    "nccl_test": (
-        "NCCL all-reduce test",
-        "Run it from node-0 to measure the bandwidth between machines (nccl-tests).",
-    ),
-}
-ENVIRONMENT_HELP = {
-    "MASTER_ADDR": "the head, where rank 0 and the rendezvous run",
-    "MASTER_PORT": "the rendezvous port",
-    "NODE_RANK": "the node's index: 0 on node-0, 1 on node-1, …",
-    "NNODES": "machines in the cluster",
-    "GPUS_PER_NODE": "GPUs per machine",
-    "WORLD_SIZE": "GPUs in the whole cluster",
-}
-
-
-def _connect_panel(cluster: Cluster) -> dict:
-    """The connect panel's context: `clusters.connect.details`, with labels, and a version
-    that changes whenever what the panel shows changes (a worker joins, an address arrives)."""
-    info = connect.details(connect.shape_for(cluster))
-    version = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
-    head_environment = info["environment"][0]["variables"] if info["environment"] else {}
-    return {
-        "connect": info,
-        "connect_version": version,
-        "commands": [
-            {"key": key, "label": label, "where": where, "text": info["commands"][key]}
-            for key, (label, where) in COMMANDS.items()
-            if key in info["commands"]
-        ],
-        "environment_rows": [
-            {
-                "name": name,
-                "value": "0 … " + str(len(info["environment"]) - 1)
-                if name == "NODE_RANK"
-                else value,
-                "help": ENVIRONMENT_HELP.get(name, ""),
-            }
-            for name, value in head_environment.items()
-        ],
-    }
-
-
-# A settled cluster (ready or degraded, no machine joining) changes only when its user acts,
-# which reloads the page, or when it is stopped: a slower poll spares the server.
-POLL_SECONDS_MOVING = 2
-POLL_SECONDS_SETTLED = 10
-
-
-def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
-    settled = (
-        cluster.status in (Cluster.Status.READY, Cluster.Status.DEGRADED)
-        and not any(n.status == Node.Status.STARTING for n in nodes)
-        and not cluster.network_test_running()
-    )
-    return POLL_SECONDS_SETTLED if settled else POLL_SECONDS_MOVING
-
-
-def _acceptance(cluster: Cluster) -> dict | None:
-    """The acceptance report as the page shows it (SPEC §3), or None before the cluster joined."""
-    report = cluster.acceptance or {}
-    if not report.get("nodes"):
-        return None
-    measured = parse_datetime(report.get("measured_at") or "")
-    rows = [
-        {
-            **row,
-            "peers": len(row.get("reachability") or {}),
-            "reached": sum(1 for ok in (row.get("reachability") or {}).values() if ok),
-        }
-        for row in report["nodes"]
-    ]
-    return {"measured_at": measured, "expected": report.get("expected", {}), "nodes": rows}
-
-
-def _detail_context(
-    cluster: Cluster, tab: Tab = TABS[0], shown_window: "MetricsWindow | None" = None
-) -> dict:
-    """What the page shows of the cluster itself: everything but its node rows and events,
-    which the page reads whole (`_with_every_row`) and a poll only where they changed. On the
-    Metrics tab, the charts of `shown_window` (the default window when None)."""
-    now = timezone.now()
-    nodes = list(cluster.nodes.all())
-    up = Cluster.machines_up_in(nodes) if cluster.is_live else 0
-    cost = cluster_costs([cluster.pk], now=now)[cluster.pk]
-    # An ended cluster is priced for the machines it was billed for (a worker added counts),
-    # a live one for those up (or the size it starts with).
-    machines = cost.machines if cluster.is_final and cost.machines else cluster.machines_priced(up)
-    machine_type = cluster.machine_type
-    context: dict[str, Any] = {
-        "cluster": cluster,
-        "now": now,
-        "nodes": nodes,
-        "server_now": _instant(now),
-        "countdown_format": json.dumps(durations.COUNTDOWN_FORMAT),
-        "machine_type": machine_type,
-        "badge": STATUS_BADGES[cluster.status],
-        "machines": machines,
-        "price_per_hour": cluster.price_per_hour(machines),
-        "cost": cost,
-        "tab": tab,
-        "tabs": [{"tab": t, "url": t.url(cluster), "current": t is tab} for t in TABS],
-        "ready_by": _ready_by(cluster, nodes, now),
-        "steps": _stepper(cluster, nodes),
-        "failure_step_name": STEP_NAMES.get(cluster.failure_step, cluster.failure_step),
-        "polling": not cluster.is_final,
-        "poll_seconds": _poll_seconds(cluster, nodes),
-        "workers_max": max(0, MAX_NODES - up),
-        "create_again_url": _create_again_url(cluster) if cluster.is_final else "",
-        "connect_version": "",
-    }
-    context["volume"] = next(iter(cluster.volumes.all()), None)
-    context.update(_failure_context(cluster))
-    context["acceptance"] = _acceptance(cluster)
-    context["network_test"] = lifecycle.network_test_report(cluster, now)
-    context["network_expected"] = connect.expected_bandwidth(
-        machine_type.interconnect, machine_type.get_interconnect_display()
-    )
-    context["ethernet"] = machine_type.interconnect == machine_type.Interconnect.ETHERNET
-    context["can_test_network"] = cluster.status in Cluster.NETWORK_TESTABLE
-    context["network_test_refusal"] = cluster.network_test_refusal(nodes, now)
-    if cluster.status in Cluster.BILLED:
-        context["ssh_head"] = _ssh_to_head(cluster)
-        context.update(_connect_panel(cluster))
-        quote = {
-            "gpu": machine_type.gpu.slug,
-            "nodes": machines,
-            "interconnect": "infiniband",
-            "location": machine_type.location.code,
-        }
-        context["quote_url"] = f"{reverse('offers:quote')}?{urlencode(quote)}"
-    if cluster.status == Cluster.Status.FAILED:
-        offers = list_offers(
-            gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
-        )
-        context["offers_now"] = [
-            {
-                "offer": offer,
-                "create_url": _create_again_url(cluster, offer=offer.id),
-                "other_shape": _other_shape(offer, machine_type),
-            }
-            for offer in same_shape_first([o for o in offers if o.is_available], like=machine_type)
-        ]
-    if tab.slug == "billing":
-        context["billed_machines"] = _billed_machines(cluster, cost, now)
-    if tab.slug == "logs":
-        context.update(logs.tab_context(cluster))
-    if tab.slug in METRICS_TABS:
-        # Read before the figures: a report that lands meanwhile moves it past the version the
-        # page says it shows, so the next poll draws that report too.
-        context["metrics_version"] = metrics.metrics_version(cluster.pk)
-    if tab.slug == "metrics":
-        context.update(_metrics_context(cluster, shown_window or MetricsWindow(), now))
-    context["meter_run"] = meter.last_run_stamp()
-    context["poll_url"] = _poll_url(cluster, context, now)
-    return context
-
-
-# The tabs whose poll says which metrics version the page shows (`metrics=`): the Metrics tab
-# redraws its charts when it moved, the Machines tab its rows' utilisation.
-METRICS_TABS = ("metrics", "machines")
-DEFAULT_WINDOW = "15m"
-
-
-@dataclass(frozen=True)
-class MetricsWindow:
-    """The window the Metrics tab shows (`?window=`), and what to say of one it does not know."""
-
-    name: str = DEFAULT_WINDOW
-    refused: str = ""
-
-    @classmethod
-    def of(cls, raw: str | None) -> "MetricsWindow":
-        if raw is None or raw == "" or raw in metrics.WINDOWS:
-            return cls(raw or DEFAULT_WINDOW)
-        shown = charts.WINDOW_WORDS[DEFAULT_WINDOW]
-        return cls(refused=f"There is no window “{raw[:20]}”: showing {shown}.")
-
-
-def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> dict:
-    """The Metrics tab: the window's charts (clusters.web.charts, from metrics.window's five
-    queries) and the window picker's links."""
-    url = TABS_BY_SLUG["metrics"].url(cluster)
-    return {
-        "metrics_window": shown,
-        "metrics_charts": charts.window_charts(metrics.window(cluster, shown.name, now=now)),
-        "metrics_windows": [
-            {"name": name, "url": f"{url}?window={name}", "current": name == shown.name}
-            for name in metrics.WINDOWS
-        ],
-    }
-
-
-def _billed_machines(cluster: Cluster, cost: ClusterCost, now: datetime) -> list[MachineRow]:
-    """Every machine billed for the cluster, a row per machine and calendar month it ran in,
-    as the Billing page's statement shows them (billing.usage.machine_rows)."""
-    if cost.billed_from is None:
-        return []
-    month, last = Month.of(cost.billed_from), Month.of(cost.billed_until or now)
-    rows: list[MachineRow] = []
-    while month.start <= last.start:
-        rows += machine_rows(cluster=cluster, month=month)
-        month = month.next
-    return rows
-
-
-def _other_shape(offer: Offer, machine_type: MachineType) -> str:
-    """How an alternative's machines differ from the failed cluster's, as the page says it
-    (GPUs per machine, then kind), or "" for the same shape."""
-    other = offer.machine_type
-    changes = []
-    if other.gpus_per_machine != machine_type.gpus_per_machine:
-        changes.append(
-            f"{other.gpus_per_machine} GPU{pluralize(other.gpus_per_machine)} per machine, "
-            f"not {machine_type.gpus_per_machine}"
-        )
-    if other.machine_kind != machine_type.machine_kind:
-        changes.append(
-            f"{other.get_machine_kind_display().lower()}, not "
-            f"{machine_type.get_machine_kind_display().lower()}"
-        )
-    return "; ".join(changes)
-
-
-def _ready_by(cluster: Cluster, nodes: list[Node], now: datetime) -> dict | None:
-    """The estimated time to ready while the cluster starts, for the page's countdown."""
-    at = estimates.ready_by(cluster, nodes)
-    if at is None:
-        return None
-    left = int((at - now).total_seconds())
-    return {"at": _instant(at), "left": durations.countdown(left), "overdue": left <= 0}
-
-
-def _with_every_row(context: dict) -> dict:
-    """The context of a page that shows every node row and every event (read prefetched)."""
-    cluster = context["cluster"]
-    context["node_rows"] = _node_rows(cluster, context["nodes"], context["now"])
-    context["events"] = list(cluster.events.all())
-    return context
-
-
-def _poll_url(cluster: Cluster, context: dict, now: datetime) -> str:
-    """Where the page polls (its tab's own URL), saying what it shows (docs/clusters.md, "The
-    poll"): the cluster's version, how many node rows, the connect panel's version, the meter
-    run its balance is from, and, while a network test runs, until when what it shows holds: a
-    test past its time reads as failed with nothing written."""
-    query: dict[str, str | int] = {
-        "version": cluster.version,
-        "nodes": len(context["nodes"]),
-        "connect": context["connect_version"],
-        "meter": context["meter_run"],
-    }
-    if "metrics_version" in context:
-        query["metrics"] = context["metrics_version"]
-    if "metrics_window" in context:
-        query["window"] = context["metrics_window"].name
-    if cluster.network_test_running(now):
-        expires = datetime.fromisoformat(cluster.network_test["expires_at"])
-        query["until"] = math.ceil(expires.timestamp())
-    return f"{context['tab'].url(cluster)}?{urlencode(query)}"
 
 
 def _count(raw: str | None) -> int | None:
@@ -865,7 +312,7 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
         response = _poll(request, pk, shown, shown_tab, shown_window)
     else:
         cluster = _get_cluster_for_user(request, pk, details=True)
-        context = _with_every_row(_detail_context(cluster, shown_tab, shown_window))
+        context = with_every_row(detail_context(cluster, shown_tab, shown_window))
         if request.htmx and request.headers.get("HX-Target") == TAB_PANEL:
             response = _tab_answer(request, context)
         elif request.htmx:
@@ -931,14 +378,14 @@ def _poll(
         return HttpResponse(status=204)
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
-    context = _detail_context(cluster, tab, shown_window)
+    context = detail_context(cluster, tab, shown_window)
     context["balance_moved"] = moved
     context["metrics_moved"] = metrics_moved
     # The last answer once final (the page as it stays, and the polling stops), and the answer
     # to a page ahead of the cluster (a version it never had: nothing can say what changed).
     if cluster.is_final or shown > cluster.version:
-        context["events"] = list(_page_events().filter(cluster=cluster))
-        context["node_rows"] = _node_rows(cluster, context["nodes"], context["now"])
+        context["events"] = list(page_events().filter(cluster=cluster))
+        context["node_rows"] = node_rows(cluster, context["nodes"], context["now"])
         return _whole_answer(request, cluster, context)
     return _changes_answer(request, cluster, context, shown)
 
@@ -1001,8 +448,8 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
         # A report moves every row's utilisation: all of them, then.
         redraw = context.get("metrics_moved", False)
         changed = [n for n in nodes if n.index < on_page and (redraw or n.version > shown)]
-        context["changed_rows"] = _node_rows(cluster, changed, now)
-        context["added_rows"] = _node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
+        context["changed_rows"] = node_rows(cluster, changed, now)
+        context["added_rows"] = node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
         context["oob"] = context["reports_oob"] = True
         parts.append(render_to_string("clusters/parts/changes.html", context, request))
         parts.append(render_to_string("clusters/parts/machines_actions.html", context, request))
@@ -1010,7 +457,7 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
     elif tab == "events":
         # Up to the version read: an event written since comes with the next poll, and only then.
         context["new_events"] = list(
-            _page_events().filter(cluster=cluster, version__gt=shown, version__lte=cluster.version)
+            page_events().filter(cluster=cluster, version__gt=shown, version__lte=cluster.version)
         )
         parts.append(render_to_string("clusters/parts/changes.html", context, request))
     elif shown != cluster.version or tab in ("connect", "billing") or context.get("metrics_moved"):
@@ -1097,7 +544,7 @@ def cluster_network_test(request: ProjectRequest, pk: int) -> HttpResponse:
             messages.success(request, "Network test started: the result shows on this page.")
         return redirect("clusters:tab", pk=cluster.pk, tab="machines")
     cluster = _get_cluster_for_user(request, pk, details=True)
-    context = _with_every_row(_detail_context(cluster, TABS_BY_SLUG["machines"]))
+    context = with_every_row(detail_context(cluster, TABS_BY_SLUG["machines"]))
     context["network_test_refused"] = refused
     response = _whole_answer(request, cluster, context)
     patch_vary_headers(response, ("HX-Request",))

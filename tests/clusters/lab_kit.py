@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.test.testcases import LiveServerThread
 from django.utils import timezone
 
-from clusters.machines.ssh import operator_public_key
+from clusters.machines.session import operator_public_key
 from lab import hostlab
 from offers.inventory import load_inventory, waiting_for_baseline
 from offers.models import Host

@@ -14,7 +14,7 @@ import time_machine
 from billing import meter
 from billing.models import UsageRecord
 from clusters.models import Cluster, Event, Node
-from clusters.web.views import TABS
+from clusters.web.presenters import TABS
 from tests.billing.conftest import add_credit, bill_cluster, end_cluster
 from tests.factories import ClusterFactory, EventFactory, NodeFactory
 

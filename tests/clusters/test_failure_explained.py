@@ -13,7 +13,7 @@ from clusters import lifecycle
 from clusters.lifecycle.rules import with_node_names
 from clusters.machines.software.checks import installer_verdict
 from clusters.models import Cluster, Event, Node
-from clusters.web.views import _node_rows
+from clusters.web.presenters import node_rows
 from offers.models import Host
 from tests.clusters.lifecycle_kit import Sim, at, create, inventory, new_project
 from tests.factories import ClusterFactory, issue_key
@@ -179,7 +179,7 @@ def test_a_ready_node_counts_its_install_only_once_checked_ready(db):
         node.status = Node.Status.JOINED
     nodes[0].step = Node.Step.DONE
     nodes[1].step = Node.Step.INSTALL  # installed, its check not passed yet
-    rows = _node_rows(cluster, nodes, stamp)
+    rows = node_rows(cluster, nodes, stamp)
     assert [(r.steps_done, r.steps_total, r.tone) for r in rows] == [(4, 4, "ok"), (3, 4, "")]
     assert rows[1].doing == "Installing software"
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from clusters.machines.base import DriverError
-from clusters.machines.ssh import connect, operator_public_key
+from clusters.machines.session import connect, operator_public_key
 
 
 def ed25519_key() -> paramiko.PKey:
@@ -202,7 +202,7 @@ def test_a_host_whose_name_finds_no_pinned_key_is_refused_not_trusted(server, mo
     # paramiko asks the missing-host-key policy only when it knows no key for the host's name.
     # The driver always pins under the name paramiko looks up, so make that lookup miss: the
     # policy must refuse the key offered, never add or accept it (AutoAddPolicy, WarningPolicy).
-    monkeypatch.setattr("clusters.machines.ssh._known_name", lambda address, port: "elsewhere")
+    monkeypatch.setattr("clusters.machines.session._known_name", lambda address, port: "elsewhere")
 
     with pytest.raises(DriverError) as refused, connect_to(server, public_line(server.host_key)):
         pass

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import paramiko
 import pytest
 
+from clusters.machines import session as ssh_session
 from clusters.machines import ssh
 from clusters.machines.base import INSTALL_SECONDS, DriverError, InstallPlan, PlanNode
 from tests.clusters.lifecycle_kit import create, inventory, node
@@ -113,13 +114,13 @@ def host(tmp_path, settings) -> Iterator[Host]:
 def _new_key(path) -> str:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    private, _ = ssh._openssh_pair(Ed25519PrivateKey.generate(), "test-host")
+    private, _ = ssh_session.openssh_pair(Ed25519PrivateKey.generate(), "test-host")
     path.write_text(private)
     return str(path)
 
 
 def session(host: Host):
-    return ssh.connect(
+    return ssh_session.connect(
         address="127.0.0.1", port=host.port, user="root", host_key=host.host_key, name="lab-x"
     )
 

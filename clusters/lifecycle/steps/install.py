@@ -3,7 +3,7 @@ head until the check finds every node ready, or the install's time runs out."""
 
 from __future__ import annotations
 
-from clusters.lifecycle.records import Action, ActionKind, Failure
+from clusters.lifecycle.records import Action, ActionKind, CheckOutcome, Failure
 from clusters.lifecycle.rules import CHECK_EVERY, INSTALL_SECONDS
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.machines.base import CheckState
@@ -30,6 +30,24 @@ def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[
     whose software became ready in this pass."""
     key = install_key(work, targets)
     software = work.cluster.get_software_display()
+    failures, installed = _install_everywhere(work, targets, key=key, software=software)
+    if failures:
+        return failures, []
+    check = work.work_of(work.head).check
+    this_check = check if check is not None and check.key == key else None
+    became_ready: list[Node] = []
+    if len(installed) == len(targets):
+        unreadable, became_ready = _read_check(work, targets, key=key, this_check=this_check)
+        if unreadable is not None:
+            return [unreadable], []
+    return _timed_out(work, targets, this_check=this_check, software=software), became_ready
+
+
+def _install_everywhere(
+    work: UnitOfWork, targets: list[Node], *, key: str, software: str
+) -> tuple[list[Failure], list[Node]]:
+    """Hand the install to each target without this install's result; returns the installs
+    that failed and the targets installed."""
     failures, installed = [], []
     for node in targets:
         result = work.work_of(node).install
@@ -52,35 +70,44 @@ def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[
                 node.installed_at = result.at
                 work.touch(node)
             installed.append(node)
-    if failures:
-        return failures, []
+    return failures, installed
+
+
+def _read_check(
+    work: UnitOfWork, targets: list[Node], *, key: str, this_check: CheckOutcome | None
+) -> tuple[Failure | None, list[Node]]:
+    """Installed everywhere: the targets the head's check found ready finish, and the check is
+    handed to the head again when it is due; returns the failure of a check that could not be
+    read, and the targets that became ready."""
     head = work.head
-    check = work.work_of(head).check
-    this_check = check if check is not None and check.key == key else None
     became_ready = []
-    if len(installed) == len(targets):
-        if this_check is not None:
-            for node in targets:
-                if node.name in this_check.ready and node.step == Step.INSTALL:
-                    work.finish_node(node)
-                    became_ready.append(node)
-            if this_check.state == CheckState.FAILED:
-                return [
-                    Failure(
-                        Reason.INSTALL_FAILED,
-                        head,
-                        Step.INSTALL,
-                        "The readiness check could not be read: "
-                        f"{'; '.join(this_check.problems.values())}",
-                        output=this_check.output,
-                    )
-                ], []
-        stale = this_check is None
-        if this_check is not None and this_check.state != CheckState.READY:
-            assert this_check.at is not None  # written back with its time
-            stale = work.now >= this_check.at + CHECK_EVERY
-        if stale and any(n.step == Step.INSTALL for n in targets):
-            work.hand_off(head, Action(ActionKind.CHECK, key))
+    if this_check is not None:
+        for node in targets:
+            if node.name in this_check.ready and node.step == Step.INSTALL:
+                work.finish_node(node)
+                became_ready.append(node)
+        if this_check.state == CheckState.FAILED:
+            return Failure(
+                Reason.INSTALL_FAILED,
+                head,
+                Step.INSTALL,
+                f"The readiness check could not be read: {'; '.join(this_check.problems.values())}",
+                output=this_check.output,
+            ), became_ready
+    stale = this_check is None
+    if this_check is not None and this_check.state != CheckState.READY:
+        assert this_check.at is not None  # written back with its time
+        stale = work.now >= this_check.at + CHECK_EVERY
+    if stale and any(n.step == Step.INSTALL for n in targets):
+        work.hand_off(head, Action(ActionKind.CHECK, key))
+    return None, became_ready
+
+
+def _timed_out(
+    work: UnitOfWork, targets: list[Node], *, this_check: CheckOutcome | None, software: str
+) -> list[Failure]:
+    """The targets still installing past their deadline, each with what the check said of it."""
+    failures = []
     for node in targets:
         if node.step == Step.INSTALL and work.now >= work.deadline(node, work.now):
             problems = this_check.problems if this_check is not None else {}
@@ -95,7 +122,7 @@ def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[
                     output=this_check.output if this_check is not None else "",
                 )
             )
-    return failures, became_ready
+    return failures
 
 
 def installing(work: UnitOfWork) -> None:

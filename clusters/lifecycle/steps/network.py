@@ -3,6 +3,8 @@ peer over the private network, with figures that pass the acceptance check, in t
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from clusters.lifecycle.records import Action, ActionKind, Failure
 from clusters.lifecycle.rules import (
     MEASURE_TURN_SECONDS,
@@ -42,63 +44,76 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
             work.touch(node)
         if node.network_at is not None:
             continue
-        peers = peers_of[node.pk]
-        reached = node.reachability or {}
-        unreachable = [p for p in peers if reached.get(p) is False]
-        if unreachable:
-            failures.append(
-                Failure(
-                    Reason.NETWORK_UNREACHABLE,
-                    node,
-                    Step.NETWORK,
-                    f"{node.name} cannot reach {', '.join(unreachable)} over the private network.",
-                    output=reachability_matrix(work.nodes),
-                )
-            )
-            continue
-        if (
-            all(reached.get(p) is True for p in peers)
-            and node.network_reported_at is not None
-            and node.network_reported_at <= work.deadline(node, node.network_reported_at)
-        ):
-            problem = acceptance_problem(node, work.machine_type)
-            if problem:
-                failures.append(Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem))
-                continue
-            node.network_at = node.network_reported_at
-            work.touch(node)
-            work.event(
-                Reason.NETWORK_OK,
-                f"{node.name} reaches every other node{measured_note(node)}.",
-                node=node,
-                step=Step.NETWORK,
-            )
-            continue
-        if work.now >= work.deadline(node, work.now):
-            assert node.step_deadline is not None  # set above
-            allowed = (node.step_deadline - last).total_seconds()
-            missing = [p for p in peers if p not in reached]
-            turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
-            turn_note = turn_note if turns else ""
-            failures.append(
-                Failure(
-                    Reason.NETWORK_TIMEOUT,
-                    node,
-                    Step.NETWORK,
-                    f"{node.name} did not report reaching "
-                    f"{', '.join(missing) or 'its peers'} within {in_words(allowed)} of the "
-                    f"last agent checking in ({work.limit_note(node, 1)}{turn_note}"
-                    f"{work.downtime_note(node)}).",
-                    output=reachability_matrix(work.nodes),
-                )
-            )
-            continue
-        if (
-            any(p not in reached for p in peers)
-            and get_driver(node.reserved_host).agent_work_due(
-                node, step=Step.NETWORK, now=work.now, since=last
-            )
-            and not work.backing_off(work.work_of(node).get(ActionKind.NETWORK))
-        ):
-            work.hand_off(node, Action(ActionKind.NETWORK))
+        failure = _judge_node(work, node, peers_of[node.pk], last=last, turns=turns)
+        if failure is not None:
+            failures.append(failure)
     return failures
+
+
+def _judge_node(
+    work: UnitOfWork, node: Node, peers: list[str], *, last: datetime, turns: int
+) -> Failure | None:
+    """A node on its network step: failed when a peer is unreachable, the acceptance fails or
+    its time ran out; passed once it reported reaching every peer in time; else its
+    measurement handed off again when due."""
+    reached = node.reachability or {}
+    unreachable = [p for p in peers if reached.get(p) is False]
+    if unreachable:
+        return Failure(
+            Reason.NETWORK_UNREACHABLE,
+            node,
+            Step.NETWORK,
+            f"{node.name} cannot reach {', '.join(unreachable)} over the private network.",
+            output=reachability_matrix(work.nodes),
+        )
+    if (
+        all(reached.get(p) is True for p in peers)
+        and node.network_reported_at is not None
+        and node.network_reported_at <= work.deadline(node, node.network_reported_at)
+    ):
+        problem = acceptance_problem(node, work.machine_type)
+        if problem:
+            return Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem)
+        node.network_at = node.network_reported_at
+        work.touch(node)
+        work.event(
+            Reason.NETWORK_OK,
+            f"{node.name} reaches every other node{measured_note(node)}.",
+            node=node,
+            step=Step.NETWORK,
+        )
+        return None
+    if work.now >= work.deadline(node, work.now):
+        return _timed_out(work, node, peers, last=last, turns=turns)
+    if (
+        any(p not in reached for p in peers)
+        and get_driver(node.reserved_host).agent_work_due(
+            node, step=Step.NETWORK, now=work.now, since=last
+        )
+        and not work.backing_off(work.work_of(node).get(ActionKind.NETWORK))
+    ):
+        work.hand_off(node, Action(ActionKind.NETWORK))
+    return None
+
+
+def _timed_out(
+    work: UnitOfWork, node: Node, peers: list[str], *, last: datetime, turns: int
+) -> Failure:
+    """A node whose network step ran out of time: the peers it never reported reaching, and
+    the time it had."""
+    assert node.step_deadline is not None  # set by `step`
+    reached = node.reachability or {}
+    allowed = (node.step_deadline - last).total_seconds()
+    missing = [p for p in peers if p not in reached]
+    turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
+    turn_note = turn_note if turns else ""
+    return Failure(
+        Reason.NETWORK_TIMEOUT,
+        node,
+        Step.NETWORK,
+        f"{node.name} did not report reaching "
+        f"{', '.join(missing) or 'its peers'} within {in_words(allowed)} of the "
+        f"last agent checking in ({work.limit_note(node, 1)}{turn_note}"
+        f"{work.downtime_note(node)}).",
+        output=reachability_matrix(work.nodes),
+    )

@@ -6,7 +6,7 @@ first use; the public key is the last line printed, for scripts.
 
 from django.core.management.base import BaseCommand
 
-from clusters.machines.ssh import operator_key_file, operator_public_key
+from clusters.machines.session import operator_key_file, operator_public_key
 
 
 class Command(BaseCommand):

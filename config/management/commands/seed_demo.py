@@ -125,6 +125,25 @@ def _ended_cluster(
         give_up_at=created + give_up_after(machine_type.slow_boot),
     )
     nodes = Node.objects.bulk_create(
+        _ended_nodes(cluster, created=created, joined=joined, ended=ended)
+    )
+    Event.objects.bulk_create(_ended_events(cluster, created=created, ready=ready, ended=ended))
+    metering.open_machines(
+        project_id=project.pk,
+        cluster_id=cluster.pk,
+        node_ids=[node.pk for node in nodes],
+        price_per_hour=Decimal(machine_type.price_per_hour),
+        at=joined,
+    )
+    metering.close_cluster(cluster_id=cluster.pk, at=ended)
+    return cluster
+
+
+def _ended_nodes(
+    cluster: Cluster, *, created: datetime, joined: datetime, ended: datetime
+) -> list[Node]:
+    """An ended cluster's machines, each through every step by the time it joined."""
+    return [
         Node(
             cluster=cluster,
             index=index,
@@ -137,30 +156,25 @@ def _ended_cluster(
             network_at=joined,
             ended_at=ended,
         )
-        for index in range(machines)
-    )
-    Event.objects.bulk_create(
-        [
-            Event(cluster=cluster, at=created, reason=Event.Reason.CREATED, message="Created."),
-            Event(cluster=cluster, at=ready, reason=Event.Reason.READY, message="Ready."),
-            Event(
-                cluster=cluster,
-                at=ended,
-                reason=Event.Reason.TERMINATE_REQUESTED,
-                message="Terminate requested.",
-            ),
-            Event(cluster=cluster, at=ended, reason=Event.Reason.TERMINATED, message="Ended."),
-        ]
-    )
-    metering.open_machines(
-        project_id=project.pk,
-        cluster_id=cluster.pk,
-        node_ids=[node.pk for node in nodes],
-        price_per_hour=Decimal(machine_type.price_per_hour),
-        at=joined,
-    )
-    metering.close_cluster(cluster_id=cluster.pk, at=ended)
-    return cluster
+        for index in range(cluster.size)
+    ]
+
+
+def _ended_events(
+    cluster: Cluster, *, created: datetime, ready: datetime, ended: datetime
+) -> list[Event]:
+    """The events the lifecycle writes for a cluster created, ready, then terminated."""
+    return [
+        Event(cluster=cluster, at=created, reason=Event.Reason.CREATED, message="Created."),
+        Event(cluster=cluster, at=ready, reason=Event.Reason.READY, message="Ready."),
+        Event(
+            cluster=cluster,
+            at=ended,
+            reason=Event.Reason.TERMINATE_REQUESTED,
+            message="Terminate requested.",
+        ),
+        Event(cluster=cluster, at=ended, reason=Event.Reason.TERMINATED, message="Ended."),
+    ]
 
 
 def _ready_cluster(project: Project, user: User, key: SshKey) -> Cluster:
