@@ -37,6 +37,7 @@ from django.db.models.lookups import IsNull
 from django.utils import timezone
 
 from accounts.models import Membership, Project
+from billing import policy
 from billing.access import BILLING_ROLES
 from billing.meter import (
     HOUR,
@@ -145,10 +146,6 @@ def hours(seconds: int) -> Decimal:
 # ---- the top of the page -------------------------------------------------------------------
 
 
-# The top bar warns when the balance covers less than this of what runs (docs/billing.md).
-SHORT_RUNWAY_HOURS = Decimal("24")
-
-
 @dataclass(frozen=True)
 class Summary:
     balance: Decimal
@@ -157,27 +154,26 @@ class Summary:
 
     @classmethod
     def of(cls, *, balance: Decimal, burn_rate: Decimal) -> "Summary":
-        remaining = None
-        if burn_rate > 0:
-            remaining = max(ZERO, (balance / burn_rate).quantize(CENT, ROUND_HALF_UP))
+        hours = policy.runway_hours(balance, burn_rate)
+        remaining = None if hours is None else hours.quantize(CENT, ROUND_HALF_UP)
         return cls(balance=balance, burn_rate=burn_rate, hours_remaining=remaining)
 
     @property
     def seconds_remaining(self) -> Decimal | None:
-        """What the balance covers of what runs, unrounded (hours_remaining is to the cent)."""
-        if self.burn_rate <= 0:
-            return None
-        return max(ZERO, self.balance * 3600 / self.burn_rate)
+        """What the balance covers of what runs, unrounded (hours_remaining is to the cent):
+        the runway (billing/policy.py)."""
+        return policy.runway_seconds(self.balance, self.burn_rate)
 
     @property
     def low(self) -> bool:
-        """The balance covers less than an hour of what runs (the Billing page's warning)."""
-        return self.burn_rate > 0 and self.balance < self.burn_rate
+        """The balance covers less than an hour of what runs (the Billing page's warning, the
+        low-balance email's rule: billing/policy.py)."""
+        return policy.is_low(self.balance, self.burn_rate)
 
     @property
     def runs_short(self) -> bool:
         """The balance covers less than a day of what runs and is stored now (the banner)."""
-        return self.burn_rate > 0 and self.balance < self.burn_rate * SHORT_RUNWAY_HOURS
+        return policy.runs_short(self.balance, self.burn_rate)
 
 
 def summary(*, project_id: int) -> Summary:

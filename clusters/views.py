@@ -32,9 +32,20 @@ from accounts import permissions
 from accounts.projects import get_for_project, in_project, require_project
 from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
+from billing import policy as billing_policy
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
-from clusters import charts, connect, estimates, getting_started, lifecycle, logs, metrics, volumes
+from clusters import (
+    charts,
+    connect,
+    estimates,
+    getting_started,
+    lifecycle,
+    logs,
+    metrics,
+    policy,
+    volumes,
+)
 from clusters.errors import ClusterRefused
 from clusters.forms import ClusterForm, VolumeForm, suggest_name
 from clusters.models import STEP_NAMES, Cluster, Event, Node, Volume, give_up_after
@@ -248,8 +259,9 @@ def _requested_nodes(raw: str | None) -> int:
 
 
 def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
-    """The seconds `balance` pays for at `per_hour`."""
-    return balance * 3600 / per_hour if per_hour > 0 and balance > 0 else None
+    """The seconds `balance` pays for at `per_hour` (the runway, billing/policy.py); None when
+    it pays for none, so the card names no span."""
+    return billing_policy.runway_seconds(balance, per_hour) or None
 
 
 def _summary(request: ProjectRequest, offer: Offer, nodes: int) -> dict:
@@ -627,7 +639,7 @@ POLL_SECONDS_SETTLED = 10
 
 def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
     settled = (
-        cluster.status in (Cluster.Status.READY, Cluster.Status.DEGRADED)
+        policy.is_running(cluster.status)
         and not any(n.status == Node.Status.STARTING for n in nodes)
         and not cluster.network_test_running()
     )
