@@ -8,7 +8,8 @@ from celery import shared_task
 from django.core.cache import cache
 
 from clusters import idempotency, idle, lifecycle, logs, metrics, simulated_metrics, track_record
-from runcrate.models import Beat, beat_period
+from runcrate.beats import period as beat_period
+from runcrate.models import Beat
 
 
 @shared_task(name="clusters.tasks.tick", ignore_result=True)
