@@ -31,6 +31,7 @@ from clusters.lifecycle.rules import (
     needs_work,
     node_give_up_at,
     set_needs_work,
+    step_deadline,
     with_node_names,
 )
 from clusters.models import Cluster, Event, Node, give_up_after
@@ -269,9 +270,8 @@ class UnitOfWork:
         node.move_to(step=Step.INSTALL)
         node.step_started_at = self.now
         node.installed_at = None
-        node.step_deadline = self.now + timedelta(
-            seconds=max(INSTALL_SECONDS, settings.RUNCRATE_MIN_STEP_SECONDS)
-        )
+        # An install has its own 15 minutes, never the node's give-up cap (`deadline`).
+        node.step_deadline = step_deadline(start=self.now, seconds=INSTALL_SECONDS, cap=None)
         self.touch(node)
 
     def replan_others(self, changed: Node) -> None:
