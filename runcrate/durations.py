@@ -93,3 +93,16 @@ def about(seconds: Seconds) -> str:
         return "—"
     total = _seconds(seconds)
     return span(total if total < MINUTE else (total + MINUTE // 2) // MINUTE * MINUTE)
+
+
+def whole_minutes(seconds: int) -> int:
+    """Whole minutes, half up (89 s is 1, 90 s is 2): a time to ready as the offers word it."""
+    return (max(0, seconds) + MINUTE // 2) // MINUTE
+
+
+def about_minutes(seconds: Seconds) -> str:
+    """An estimate in whole minutes: `about 4 min`, `under 1 min` (under half a minute)."""
+    if seconds is None:
+        return "—"
+    whole = whole_minutes(_seconds(seconds))
+    return f"about {whole} min" if whole else "under 1 min"

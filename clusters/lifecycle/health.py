@@ -39,6 +39,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from clusters import policy
 from clusters.lifecycle.rules import lock_cluster
 from clusters.models import Cluster, Event, Node
 from runcrate.durations import span
@@ -59,7 +60,7 @@ FRESH_INTERVALS = 3
 
 
 def watched(cluster: Cluster, node: Node) -> bool:
-    return cluster.status in (Status.READY, Status.DEGRADED) and node.status == NodeStatus.JOINED
+    return policy.is_running(cluster.status) and node.status == NodeStatus.JOINED
 
 
 def expected_services(cluster: Cluster, node: Node) -> list[str]:
@@ -212,7 +213,7 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     cluster degraded or ready again. Returns whether anything was written."""
     from clusters.lifecycle.unit import UnitOfWork
 
-    if cluster.status not in (Status.READY, Status.DEGRADED):
+    if not policy.is_running(cluster.status):
         return False
     if any(n.status == NodeStatus.STARTING for n in nodes) or (
         cluster.status == Status.READY
