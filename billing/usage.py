@@ -52,8 +52,9 @@ from billing.meter import (
     settle,
 )
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
+from runcrate.durations import span
 from runcrate.errors import Refused
-from runcrate.money import plain, usd_rate
+from runcrate.money import plain, usd, usd_rate
 
 ZERO = Decimal("0.00")
 # Lines that are not usage: listed one by one on the Billing page.
@@ -228,6 +229,25 @@ class ClusterCost:
     @property
     def running(self) -> bool:
         return self.billed and self.billed_until is None
+
+    def ahead(self, *, price_per_hour: Decimal, seconds: int) -> list[tuple[int, str, str]]:
+        """The cost so far and the uptime as the page words them at each of the next `seconds`
+        seconds where either changes: (seconds from now, cost, uptime). The cost grows by
+        `price_per_hour` rounded as the meter rounds it (`cost_in_cents`), worded by
+        runcrate.money and runcrate.durations, so the page's script only shows what is written
+        here (docs/clusters.md, "Sticky header")."""
+        base = int(self.cost * 100)
+        rows: list[tuple[int, str, str]] = []
+        shown = (usd(self.cost), span(self.uptime_seconds))
+        for later in range(1, seconds + 1):
+            now = (
+                usd(cents(base + cost_in_cents(price_per_hour, later))),
+                span(self.uptime_seconds + later),
+            )
+            if now != shown:
+                rows.append((later, *now))
+                shown = now
+        return rows
 
 
 NOT_BILLED = ClusterCost(cost=ZERO, billed_from=None, billed_until=None, uptime_seconds=0)

@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -635,6 +636,9 @@ def _connect_panel(cluster: Cluster) -> dict:
 # which reloads the page, or when it is stopped: a slower poll spares the server.
 POLL_SECONDS_MOVING = 2
 POLL_SECONDS_SETTLED = 10
+# How far ahead the header is handed its cost and uptime: past the meter's next run, whose
+# poll answer draws them anew (`_meter_moved`), with a settled poll's interval to spare.
+COST_AHEAD_SECONDS = int(settings.RUNCRATE_METER_SECONDS) + POLL_SECONDS_SETTLED
 
 
 def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
@@ -688,6 +692,13 @@ def _detail_context(
         "machines": machines,
         "price_per_hour": cluster.price_per_hour(machines),
         "cost": cost,
+        # What the cost and uptime read second by second until the meter's next run has the
+        # poll draw them anew (static/js/app.js shows them; it computes nothing).
+        "cost_ahead": json.dumps(
+            cost.ahead(price_per_hour=cluster.price_per_hour(machines), seconds=COST_AHEAD_SECONDS)
+        )
+        if cost.running
+        else "",
         "tab": tab,
         "tabs": [{"tab": t, "url": t.url(cluster), "current": t is tab} for t in TABS],
         "ready_by": _ready_by(cluster, nodes, now),
