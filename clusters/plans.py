@@ -27,6 +27,7 @@ from billing.access import can_manage_billing
 from clusters import connect, estimates, lifecycle
 from clusters.errors import ClusterRefused
 from offers.offers import ETHERNET_NOT_FOR, ETHERNET_SUITS, Offer
+from runcrate.durations import in_words
 
 PLAN_TTL = timedelta(minutes=10)
 _SALT = "runcrate.clusters.plan"
@@ -54,7 +55,7 @@ def check_token(
     except signing.SignatureExpired:
         raise ClusterRefused(
             "plan_expired",
-            f"This plan_token is older than {PLAN_TTL.seconds // 60} minutes: plan again "
+            f"This plan_token is older than {in_words(PLAN_TTL.total_seconds())}: plan again "
             "(POST /api/v1/clusters/plan) and create with the new token. Nothing was reserved.",
         ) from None
     except signing.BadSignature:

@@ -6,6 +6,7 @@ Templates read them through
 `{% load durations %}`, the API and emails call them, and the page's script fills the
 countdown's own shapes, which the server hands it (`COUNTDOWN_FORMAT`)."""
 
+import math
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -106,3 +107,10 @@ def about_minutes(seconds: Seconds) -> str:
         return "—"
     whole = whole_minutes(_seconds(seconds))
     return f"about {whole} min" if whole else "under 1 min"
+
+
+def minutes_to_wait(seconds: float) -> str:
+    """How long to wait, in whole minutes up and at least one: `1 minute`, `3 minutes` (a
+    refusal's "try again in …": never sooner than it may)."""
+    minutes = max(1, math.ceil(seconds / MINUTE))
+    return f"{minutes} minute" if minutes == 1 else f"{minutes} minutes"

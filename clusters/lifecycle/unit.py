@@ -36,7 +36,7 @@ from clusters.lifecycle.rules import (
 )
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.models import Host, MachineType
-from runcrate.durations import in_words
+from runcrate.durations import in_words, whole_minutes
 from runcrate.models import our_downtime
 from runcrate.sql import update_rows
 
@@ -231,7 +231,7 @@ class UnitOfWork:
         return f"{times}the {in_words(self.boot)} boot time of {self.machine_type.slug}"
 
     def cap_minutes(self) -> int:
-        return int(give_up_after(self.machine_type.slow_boot).total_seconds() // 60)
+        return whole_minutes(int(give_up_after(self.machine_type.slow_boot).total_seconds()))
 
     def backing_off(self, outcome: Outcome | None) -> bool:
         """Whether work that came back `outcome` waits before it is tried again."""
