@@ -11,7 +11,6 @@ otherwise be guessed without limit for as long as the cache is away. They count 
 """
 
 import ipaddress
-import math
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -20,6 +19,7 @@ from django_ratelimit.core import get_usage
 
 from accounts.signup import normalize_email
 from runcrate.cache import UNAVAILABLE
+from runcrate.durations import minutes_to_wait
 from runcrate.errors import Refused
 
 
@@ -80,12 +80,9 @@ class LimitsUnavailable(Throttled):
 
 class RateLimited(Throttled):
     def __init__(self, *, action: str, per: str, seconds_left: int) -> None:
-        minutes = max(1, math.ceil(seconds_left / 60))
         whose = "for this account" if per == "account" else "from your address"
-        unit = "minute" if minutes == 1 else "minutes"
-        super().__init__(
-            "rate_limited", f"{TOO_MANY[action]} {whose}: try again in {minutes} {unit}."
-        )
+        wait = minutes_to_wait(seconds_left)
+        super().__init__("rate_limited", f"{TOO_MANY[action]} {whose}: try again in {wait}.")
         self.seconds_left = seconds_left
 
 

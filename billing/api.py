@@ -19,7 +19,7 @@ from accounts.requests import ApiRequest
 from billing import balances, budgets, usage
 from billing.meter import HOUR
 from billing.models import LedgerEntry
-from runcrate import outages
+from runcrate import durations, outages
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -57,6 +57,18 @@ class BalanceOut(Schema):
     hours_remaining: str | None = Field(
         description="Hours the balance lasts at this burn rate; null while nothing runs."
     )
+    runway_seconds: int | None = Field(
+        description="Whole seconds the balance lasts at this burn rate (its runway, rounded "
+        "down); null while nothing runs."
+    )
+    runway: str | None = Field(
+        description="The runway in words, to the nearest minute, as the top bar's banner says "
+        "it: '5 h 20 min', '3 days 4 h'; null while nothing runs."
+    )
+    low: bool = Field(
+        description="The balance covers less than an hour of what runs (the low-balance "
+        "email's rule)."
+    )
     minimum_balance: str = Field(
         description="USD: the least a balance must hold to create a cluster, however cheap."
     )
@@ -92,11 +104,15 @@ def balance(request: ApiRequest, price_per_hour: str | None = None) -> dict:
                 f"{MAX_PRICE:,}; not {price_per_hour!r}.",
             ) from None
         needed = balances.balance_needed(price)
+    runway = summary.seconds_remaining
     return {
         "data": {
             "balance": money_str(summary.balance),
             "burn_rate": money_str(summary.burn_rate),
             "hours_remaining": money_str(summary.hours_remaining),
+            "runway_seconds": None if runway is None else int(runway),
+            "runway": None if runway is None else durations.about(runway),
+            "low": summary.low,
             "minimum_balance": money_str(balances.minimum_balance()),
             "balance_needed": money_str(needed),
             "currency": "USD",

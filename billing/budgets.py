@@ -19,14 +19,13 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from accounts.models import Environment, Project
+from billing import policy
 from billing.models import UsageDay
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, TOO_PRECISE, TOO_SMALL, NotAnAmount, read_amount, usd
 
 MAX_BUDGET = Decimal("10000000.00")
 MAX_ENVIRONMENTS = 50
-# Budget warning: one email when the month-to-date spend reaches this share of the budget.
-WARNING_SHARE = Decimal("0.80")
 NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 
 
@@ -230,7 +229,8 @@ class EnvironmentBudget:
 
     @property
     def warning(self) -> bool:
-        return self.budget is not None and self.spent >= self.budget * WARNING_SHARE
+        """80% of the budget or more spent this month (billing/policy.py)."""
+        return policy.budget_warns(spent=self.spent, budget=self.budget)
 
 
 def environment_budgets(

@@ -18,13 +18,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from accounts.models import Environment, Membership
-from billing import balances
-from billing.budgets import WARNING_SHARE, is_reached, month_start, spend_by_environment
+from billing import balances, policy
+from billing.access import BILLING_ROLES
+from billing.budgets import is_reached, month_start, spend_by_environment
 from billing.meter import burn_rates
 from billing.models import LedgerEntry, Notice
 from runcrate.emails import send_templated
-
-LOW_BALANCE_HOURS = Decimal("1")
 
 
 @dataclass
@@ -41,8 +40,7 @@ class BalanceStanding:
             project_id
             for project_id in self.balance
             if project_id not in self.over
-            and self.burn[project_id] > 0
-            and self.balance[project_id] < self.burn[project_id] * LOW_BALANCE_HOURS
+            and policy.is_low(self.balance[project_id], self.burn[project_id])
         }
 
 
@@ -71,8 +69,7 @@ class BudgetStanding:
             env_id: env
             for env_id, env in self.environments.items()
             if env_id not in self.over
-            and env.monthly_budget is not None  # those here have a budget
-            and self.spend[env_id] >= env.monthly_budget * WARNING_SHARE
+            and policy.budget_warns(spent=self.spend[env_id], budget=env.monthly_budget)
         }
 
 
@@ -91,10 +88,11 @@ def budget_standing(environment_ids: set[int], *, now: datetime) -> BudgetStandi
 
 
 def billing_recipients(project_ids: set[int]) -> dict[int, list[str]]:
-    """Who hears about money: each project's owners and managers."""
+    """Who hears about money: each project's members who may manage its billing (its owners
+    and managers, by the permission table: billing/access.py)."""
     rows = Membership.objects.filter(
         project_id__in=project_ids,
-        role__in=[Membership.Role.OWNER, Membership.Role.MANAGER],
+        role__in=BILLING_ROLES,
         user__is_active=True,
     ).values_list("project_id", "user__email")
     recipients: dict[int, list[str]] = defaultdict(list)

@@ -37,6 +37,7 @@ from django.db.models.lookups import IsNull
 from django.utils import timezone
 
 from accounts.models import Membership, Project
+from billing import policy
 from billing.access import BILLING_ROLES
 from billing.meter import (
     HOUR,
@@ -51,8 +52,9 @@ from billing.meter import (
     settle,
 )
 from billing.models import LedgerEntry, UsageDay, UsageRecord, balance_of
+from runcrate.durations import span
 from runcrate.errors import Refused
-from runcrate.money import plain, usd_rate
+from runcrate.money import plain, usd, usd_rate
 
 ZERO = Decimal("0.00")
 # Lines that are not usage: listed one by one on the Billing page.
@@ -145,10 +147,6 @@ def hours(seconds: int) -> Decimal:
 # ---- the top of the page -------------------------------------------------------------------
 
 
-# The top bar warns when the balance covers less than this of what runs (docs/billing.md).
-SHORT_RUNWAY_HOURS = Decimal("24")
-
-
 @dataclass(frozen=True)
 class Summary:
     balance: Decimal
@@ -157,27 +155,26 @@ class Summary:
 
     @classmethod
     def of(cls, *, balance: Decimal, burn_rate: Decimal) -> "Summary":
-        remaining = None
-        if burn_rate > 0:
-            remaining = max(ZERO, (balance / burn_rate).quantize(CENT, ROUND_HALF_UP))
+        hours = policy.runway_hours(balance, burn_rate)
+        remaining = None if hours is None else hours.quantize(CENT, ROUND_HALF_UP)
         return cls(balance=balance, burn_rate=burn_rate, hours_remaining=remaining)
 
     @property
     def seconds_remaining(self) -> Decimal | None:
-        """What the balance covers of what runs, unrounded (hours_remaining is to the cent)."""
-        if self.burn_rate <= 0:
-            return None
-        return max(ZERO, self.balance * 3600 / self.burn_rate)
+        """What the balance covers of what runs, unrounded (hours_remaining is to the cent):
+        the runway (billing/policy.py)."""
+        return policy.runway_seconds(self.balance, self.burn_rate)
 
     @property
     def low(self) -> bool:
-        """The balance covers less than an hour of what runs (the Billing page's warning)."""
-        return self.burn_rate > 0 and self.balance < self.burn_rate
+        """The balance covers less than an hour of what runs (the Billing page's warning, the
+        low-balance email's rule: billing/policy.py)."""
+        return policy.is_low(self.balance, self.burn_rate)
 
     @property
     def runs_short(self) -> bool:
         """The balance covers less than a day of what runs and is stored now (the banner)."""
-        return self.burn_rate > 0 and self.balance < self.burn_rate * SHORT_RUNWAY_HOURS
+        return policy.runs_short(self.balance, self.burn_rate)
 
 
 def summary(*, project_id: int) -> Summary:
@@ -232,6 +229,25 @@ class ClusterCost:
     @property
     def running(self) -> bool:
         return self.billed and self.billed_until is None
+
+    def ahead(self, *, price_per_hour: Decimal, seconds: int) -> list[tuple[int, str, str]]:
+        """The cost so far and the uptime as the page words them at each of the next `seconds`
+        seconds where either changes: (seconds from now, cost, uptime). The cost grows by
+        `price_per_hour` rounded as the meter rounds it (`cost_in_cents`), worded by
+        runcrate.money and runcrate.durations, so the page's script only shows what is written
+        here (docs/clusters.md, "Sticky header")."""
+        base = int(self.cost * 100)
+        rows: list[tuple[int, str, str]] = []
+        shown = (usd(self.cost), span(self.uptime_seconds))
+        for later in range(1, seconds + 1):
+            now = (
+                usd(cents(base + cost_in_cents(price_per_hour, later))),
+                span(self.uptime_seconds + later),
+            )
+            if now != shown:
+                rows.append((later, *now))
+                shown = now
+        return rows
 
 
 NOT_BILLED = ClusterCost(cost=ZERO, billed_from=None, billed_until=None, uptime_seconds=0)

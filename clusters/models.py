@@ -56,9 +56,12 @@ class Cluster(models.Model):
     # what an API key's hourly limit counts: everything live but what is already terminating
     # (whose billing has ended). A provisioning cluster would start billing the moment it joins.
     TERMINABLE = LIVE - {Status.TERMINATING}
-    # Statuses in which the network test may run: the software is settled and the machines
-    # that joined are up (a degraded cluster's too: the test helps tell why).
-    NETWORK_TESTABLE = {Status.READY, Status.DEGRADED}
+    # Running: the software is settled and the machines that joined are up (ready, or degraded
+    # with what is wrong said). The one spelling of it: clusters/policy.py is what others ask.
+    RUNNING = frozenset({Status.READY, Status.DEGRADED})
+    # Statuses in which the network test may run: the running ones (a degraded cluster's too:
+    # the test helps tell why).
+    NETWORK_TESTABLE = RUNNING
 
     # Every legal move; anything else is a bug and raises (`move_to`).
     TRANSITIONS: ClassVar[dict[str, set[Status]]] = {
@@ -237,6 +240,11 @@ class Cluster(models.Model):
     @property
     def can_terminate(self) -> bool:
         return self.status in self.TERMINABLE
+
+    @property
+    def is_running(self) -> bool:
+        """Ready or degraded (`RUNNING`, asked through clusters/policy.py elsewhere)."""
+        return self.status in self.RUNNING
 
     @classmethod
     def terminate_refusal(cls, status: str) -> str:

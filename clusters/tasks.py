@@ -11,7 +11,8 @@ from django.core.cache import cache
 
 from clusters import idempotency, lifecycle, track_record
 from clusters.telemetry import idle, logs, metrics, simulated_metrics
-from runcrate.models import Beat, beat_period
+from runcrate.beats import period as beat_period
+from runcrate.models import Beat
 
 
 @shared_task(name="clusters.tasks.tick", ignore_result=True)

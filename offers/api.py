@@ -113,6 +113,13 @@ class TrackRecordOut(Schema):
     ready_p95_seconds: int | None = Field(
         description="The 95th percentile (nearest rank) of the time to ready, whole seconds."
     )
+    ready_median_minutes: int | None = Field(
+        description="ready_median_seconds in whole minutes, half up, as the offers page shows "
+        "it (0: under a minute); null if none started."
+    )
+    ready_p95_minutes: int | None = Field(
+        description="ready_p95_seconds in whole minutes, half up; null if none started."
+    )
     failures_by_step: dict[str, int] = Field(
         description="Clusters that failed before ready, by the step they failed at (running, "
         "agent, network, install)."
@@ -202,6 +209,8 @@ def track_record_json(record: OfferTrackRecord | None) -> dict | None:
         "started_share": float(record.started_share),
         "ready_median_seconds": record.ready_median_seconds,
         "ready_p95_seconds": record.ready_p95_seconds,
+        "ready_median_minutes": record.ready_minutes,
+        "ready_p95_minutes": record.ready_p95_minutes,
         "failures_by_step": record.failures_by_step,
         "bandwidth_median_mbit": record.bandwidth_median_mbit,
         "computed_at": utc_str(record.computed_at),

@@ -32,6 +32,7 @@ from offers.models import (
     Location,
     MachineType,
 )
+from runcrate.durations import whole_minutes
 
 
 class Availability(StrEnum):
@@ -141,13 +142,13 @@ class OfferTrackRecord:
         """The median time to ready in whole minutes (half up), or None: nothing started."""
         if self.ready_median_seconds is None:
             return None
-        return (self.ready_median_seconds + 30) // 60
+        return whole_minutes(self.ready_median_seconds)
 
     @property
     def ready_p95_minutes(self) -> int | None:
         if self.ready_p95_seconds is None:
             return None
-        return (self.ready_p95_seconds + 30) // 60
+        return whole_minutes(self.ready_p95_seconds)
 
 
 _TRACK_RECORD_FIELDS = (

@@ -6,6 +6,7 @@ Templates read them through
 `{% load durations %}`, the API and emails call them, and the page's script fills the
 countdown's own shapes, which the server hands it (`COUNTDOWN_FORMAT`)."""
 
+import math
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -93,3 +94,23 @@ def about(seconds: Seconds) -> str:
         return "—"
     total = _seconds(seconds)
     return span(total if total < MINUTE else (total + MINUTE // 2) // MINUTE * MINUTE)
+
+
+def whole_minutes(seconds: int) -> int:
+    """Whole minutes, half up (89 s is 1, 90 s is 2): a time to ready as the offers word it."""
+    return (max(0, seconds) + MINUTE // 2) // MINUTE
+
+
+def about_minutes(seconds: Seconds) -> str:
+    """An estimate in whole minutes: `about 4 min`, `under 1 min` (under half a minute)."""
+    if seconds is None:
+        return "—"
+    whole = whole_minutes(_seconds(seconds))
+    return f"about {whole} min" if whole else "under 1 min"
+
+
+def minutes_to_wait(seconds: float) -> str:
+    """How long to wait, in whole minutes up and at least one: `1 minute`, `3 minutes` (a
+    refusal's "try again in …": never sooner than it may)."""
+    minutes = max(1, math.ceil(seconds / MINUTE))
+    return f"{minutes} minute" if minutes == 1 else f"{minutes} minutes"

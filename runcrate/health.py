@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
+
+from runcrate import beats
+from runcrate.models import Beat
 
 # What each beat's answer adds when it never ran or is overdue: which process to look at.
 MISSING = {
@@ -18,16 +20,9 @@ MISSING = {
 
 
 def beat_limits() -> dict[str, timedelta]:
-    """How long each periodic task may go without running before the deployment is not ready:
-    several of its periods, and never less than RUNCRATE_BEAT_OVERDUE_MIN_SECONDS (a minute)."""
-    from runcrate.models import beat_period
-
-    floor = settings.RUNCRATE_BEAT_OVERDUE_MIN_SECONDS
-    periods = {"tick": 10, "machines": 10, "meter": 3}
-    return {
-        name: timedelta(seconds=max(floor, times * beat_period(name)))
-        for name, times in periods.items()
-    }
+    """How long each periodic task may go without running before the deployment is not ready
+    (runcrate/beats.py `overdue_after`)."""
+    return {name: beats.overdue_after(name) for name in beats.OVERDUE_PERIODS}
 
 
 def check_database() -> str:
@@ -55,8 +50,6 @@ def check_broker() -> str:
 def check_beats(database: str) -> dict[str, str]:
     if database != "ok":
         return {name: "unknown: the database is down" for name in beat_limits()}
-    from runcrate.models import Beat
-
     now = timezone.now()
     last = dict(Beat.objects.values_list("name", "last_ran_at"))
     found = {}

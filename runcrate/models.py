@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
+
+from runcrate.beats import missed_after, period
 
 # The beats that are our own machinery for the machines' steps: the tick (the beat scheduler,
 # the broker and the default worker) and `machines` (the beat, the broker and a worker of the
@@ -14,22 +15,6 @@ OUR_OWN_BEATS = ("tick", "machines")
 # Outages are kept this long: a node waits for at most 45 minutes of machine time, and no
 # deadline looks further back than its node's reservation.
 KEEP_OUTAGES = timedelta(days=7)
-
-
-def beat_period(name: str) -> float:
-    """How often each periodic task runs, in seconds: the `machines` heartbeat is sent as often
-    as the tick (CELERY_BEAT_SCHEDULE, config/settings.py)."""
-    return {
-        "tick": settings.RUNCRATE_TICK_SECONDS,
-        "machines": settings.RUNCRATE_TICK_SECONDS,
-        "meter": settings.RUNCRATE_METER_SECONDS,
-    }[name]
-
-
-def late_after(every: float) -> timedelta:
-    """A run this long after the one before means the task did not run in between: three of its
-    periods, never less than 5 s (a busy queue delays a run by a few seconds)."""
-    return timedelta(seconds=max(3 * every, 5.0))
 
 
 class Beat(models.Model):
@@ -47,14 +32,14 @@ class Beat(models.Model):
     @classmethod
     def record(cls, name: str, at: datetime | None = None, *, every: float | None = None) -> None:
         """One UPDATE every time but the first (the tick runs every 2 s). Given its period
-        (`every`), a run that comes later than `late_after` it after the last one also records
+        (`every`), a run that comes later than `missed_after` it after the last one also records
         the time between as an outage: from when the task should have run again to now."""
         at = at or timezone.now()
         if every is None:
             if not cls.objects.filter(name=name).update(last_ran_at=at):
                 cls.objects.update_or_create(name=name, defaults={"last_ran_at": at})
             return
-        on_time = cls.objects.filter(name=name, last_ran_at__gte=at - late_after(every))
+        on_time = cls.objects.filter(name=name, last_ran_at__gte=at - missed_after(every))
         if on_time.update(last_ran_at=at):
             return
         with transaction.atomic():  # the outage and the beat that ends it land together
@@ -64,7 +49,7 @@ class Beat(models.Model):
                 .values_list("last_ran_at", flat=True)
                 .first()
             )
-            if last is not None and at - last > late_after(every):
+            if last is not None and at - last > missed_after(every):
                 Outage.objects.create(
                     name=name, started_at=last + timedelta(seconds=every), ended_at=at
                 )
@@ -95,8 +80,8 @@ def our_downtime(*, since: datetime, now: datetime) -> list[tuple[datetime, date
     for name, last in Beat.objects.filter(name__in=OUR_OWN_BEATS).values_list(
         "name", "last_ran_at"
     ):
-        every = beat_period(name)
-        if now - last > late_after(every):
+        every = period(name)
+        if now - last > missed_after(every):
             spans.append((last + timedelta(seconds=every), now))
     recorded = Outage.objects.filter(
         name__in=OUR_OWN_BEATS, ended_at__gt=since, started_at__lt=now

@@ -214,9 +214,6 @@ IMPORTS_IN_FUNCTIONS: dict[tuple[str, str], str] = {
     "models are ready",
     ("clusters/apps.py", "ready"): "Django's app loading: the Celery tasks register with the "
     "lifecycle's dispatcher",
-    ("runcrate/health.py", "beat_limits"): "the settings import this module before Django's "
-    "apps are loaded; the kernel's models come after",
-    ("runcrate/health.py", "check_beats"): "as beat_limits",
     ("audit/__init__.py", "record"): "every app imports the audit log's entry points while "
     "Django's apps are loading; its models load after them",
     ("audit/__init__.py", "system"): "as record",

@@ -356,13 +356,13 @@ def _verdict(
     if not settled:
         starting = [m["name"] for m in cluster["machines"] if m["status"] == "starting"]
         still = f"still {status}"
-        if status in ("ready", "degraded") and starting:
+        if cluster["running"] and starting:
             are = "is" if len(starting) == 1 else "are"
             still = f"{status}, but {', '.join(starting)} {are} still starting"
         out.note(f"Cluster {name} is {still} after {timeout:g} s; it goes on without you.")
         return EXIT_TIMED_OUT
     missing = [m for m in cluster["machines"] if m["name"] in added and m["status"] != "joined"]
-    if status in ("ready", "degraded") and missing:
+    if cluster["running"] and missing:
         why = [_machine_failure(cluster, machine) for machine in missing]
         out.note(f"Cluster {name} is {status}, but not every machine added joined: {' '.join(why)}")
         return EXIT_NOT_READY

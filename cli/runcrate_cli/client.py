@@ -21,10 +21,9 @@ from runcrate_cli import config
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 GET_RETRY_DELAYS = (0.5, 1.0)
 PAGE_SIZE = 200  # the largest page the list endpoints give
-# A cluster is settled once nothing more happens to it without someone acting: ready or
-# degraded (running), or ended.
-SETTLED = frozenset({"ready", "degraded", "failed", "terminated", "stopped"})
-RUNNING = frozenset({"ready", "degraded"})
+# A cluster is settled once nothing more happens to it without someone acting: running (the
+# API's `running`, which the server decides), or ended.
+ENDED = frozenset({"failed", "terminated", "stopped"})
 DEFAULT_POLL_SECONDS = 2.0  # the reconciler's tick (RUNCRATE_TICK_SECONDS)
 # A lost API is asked again after the poll interval, then twice as long each time, up to this.
 MAX_BACKOFF_SECONDS = 30.0
@@ -58,11 +57,9 @@ def is_settled(cluster: dict) -> bool:
     """Nothing more happens to the cluster without someone acting: it ended, or it runs (ready
     or degraded) with no machine still starting. A ready cluster whose added workers start is
     not settled yet: its hostfile lists only the machines that joined."""
-    if cluster["status"] not in SETTLED:
-        return False
-    return cluster["status"] not in RUNNING or not any(
-        machine["status"] == "starting" for machine in cluster.get("machines") or []
-    )
+    if not cluster["running"]:
+        return cluster["status"] in ENDED
+    return not any(machine["status"] == "starting" for machine in cluster.get("machines") or [])
 
 
 def utilization_summary(series: list[dict], *, index: int | None = None) -> dict[str, Any]:

@@ -166,6 +166,12 @@ class ClusterSummary(ApiObject):
         description="provisioning, installing, ready, degraded, failed, terminating, "
         "terminated or stopped."
     )
+    running: bool = Field(
+        default=False, description="Ready or degraded, as the server decides: display it."
+    )
+    can_terminate: bool = Field(
+        default=False, description="Whether it may be terminated now (the dashboard's rule)."
+    )
     nodes: int
     price_per_hour: str
     machines: list[Machine]

@@ -255,14 +255,6 @@ def _blocks(columns: list[Column], rows: list[list[Cell]], *, title: str | None)
     return Group(*blocks)
 
 
-def minutes(seconds: int | None) -> str:
-    """A duration as the offers page words it: about N min (half up), or under 1 min."""
-    if seconds is None:
-        return "—"
-    whole = (seconds + 30) // 60
-    return f"about {whole} min" if whole else "under 1 min"
-
-
 def track_record_badge(record: dict | None) -> str:
     """The offers page's track-record badge, in words: how many of the last 30 days' clusters
     started, and their median time to ready."""
@@ -271,7 +263,7 @@ def track_record_badge(record: dict | None) -> str:
     if record.get("ready_median_seconds") is None:
         return f"none of {record['clusters']} started"
     percent = record["started"] * 100 // record["clusters"]  # 199 of 200 reads 99%, never 100%
-    ready = (record["ready_median_seconds"] + 30) // 60
+    ready = record["ready_median_minutes"]  # the server's rounding (half up)
     return f"{percent}% started · " + (f"~{ready} min" if ready else "<1 min")
 
 
@@ -624,7 +616,7 @@ def _balance_line(data: dict) -> str:
 
 
 def _ready_line(data: dict) -> str:
-    line = minutes(data.get("ready_estimate_seconds"))
+    line = data.get("ready_estimate") or "—"  # the server's words: "about 4 min"
     if data.get("track_record"):
         line += f" (track record: {track_record_badge(data['track_record'])})"
     return line

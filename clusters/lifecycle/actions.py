@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, User
 from billing import metering
+from clusters import policy
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.reserve import (
@@ -185,7 +186,7 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
     cluster_id = Node.objects.filter(pk=node_id).values_list("cluster_id", flat=True).first()
     with transaction.atomic():
         locked = lock_cluster(cluster_id) if cluster_id else None
-        if locked is None or locked.status not in (Status.READY, Status.DEGRADED):
+        if locked is None or not policy.is_running(locked.status):
             return False
         work = UnitOfWork.load(locked, now=now)
         nodes = work.nodes

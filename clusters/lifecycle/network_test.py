@@ -21,6 +21,7 @@ from clusters.lifecycle.work import install_plan
 from clusters.machines import get_driver
 from clusters.machines.base import DriverError, NetworkTestResult
 from clusters.models import Cluster, Event, Node
+from runcrate.durations import in_words
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ def network_test_report(cluster: Cluster, now: datetime | None = None) -> dict |
     if state == "running" and not cluster.network_test_running(now):
         state = "failed"
         error = (
-            f"It did not finish within {NETWORK_TEST_SECONDS // 60} minutes (its worker may have "
+            f"It did not finish within {in_words(NETWORK_TEST_SECONDS)} (its worker may have "
             "stopped); run it again."
         )
     results = test.get("results") or {}

@@ -58,10 +58,12 @@ ADVANCE_PENDING_SECONDS = 30
 # --- small rules -------------------------------------------------------------------------------
 
 
-def step_deadline(*, start: datetime, seconds: float, cap: datetime) -> datetime:
-    """`start + seconds`, never less than RUNCRATE_MIN_STEP_SECONDS, never past `cap`."""
+def step_deadline(*, start: datetime, seconds: float, cap: datetime | None) -> datetime:
+    """`start + seconds`, never less than RUNCRATE_MIN_STEP_SECONDS, never past `cap` (None: an
+    install's own time, which the node's give-up time does not cap)."""
     seconds = max(seconds, settings.RUNCRATE_MIN_STEP_SECONDS)
-    return min(start + timedelta(seconds=seconds), cap)
+    deadline = start + timedelta(seconds=seconds)
+    return deadline if cap is None else min(deadline, cap)
 
 
 def node_give_up_at(node: Node, machine_type: MachineType) -> datetime:

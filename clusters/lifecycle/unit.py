@@ -30,12 +30,13 @@ from clusters.lifecycle.rules import (
     needs_work,
     node_give_up_at,
     set_needs_work,
+    step_deadline,
     with_node_names,
 )
 from clusters.machines import get_driver
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.models import Host, MachineType
-from runcrate.durations import in_words
+from runcrate.durations import in_words, whole_minutes
 from runcrate.models import our_downtime
 from runcrate.sql import update_rows
 
@@ -230,7 +231,7 @@ class UnitOfWork:
         return f"{times}the {in_words(self.boot)} boot time of {self.machine_type.slug}"
 
     def cap_minutes(self) -> int:
-        return int(give_up_after(self.machine_type.slow_boot).total_seconds() // 60)
+        return whole_minutes(int(give_up_after(self.machine_type.slow_boot).total_seconds()))
 
     def backing_off(self, outcome: Outcome | None) -> bool:
         """Whether work that came back `outcome` waits before it is tried again."""
@@ -269,9 +270,8 @@ class UnitOfWork:
         node.move_to(step=Step.INSTALL)
         node.step_started_at = self.now
         node.installed_at = None
-        node.step_deadline = self.now + timedelta(
-            seconds=max(INSTALL_SECONDS, settings.RUNCRATE_MIN_STEP_SECONDS)
-        )
+        # An install has its own 15 minutes, never the node's give-up cap (`deadline`).
+        node.step_deadline = step_deadline(start=self.now, seconds=INSTALL_SECONDS, cap=None)
         self.touch(node)
 
     def replan_others(self, changed: Node) -> None:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from clusters import policy
 from clusters.lifecycle.actions import mark_lost
 from clusters.machines import get_driver
 from clusters.machines.base import MachineState
@@ -54,7 +55,7 @@ def watch_heartbeats(*, now: datetime | None = None) -> list[str]:
     stale = (
         Node.objects.filter(
             status=NodeStatus.JOINED,
-            cluster__status__in=[Status.READY, Status.DEGRADED],
+            cluster__status__in=policy.RUNNING,
         )
         .filter(Q(heartbeat_at__lte=cutoff) | Q(heartbeat_at__isnull=True))
         .select_related("host", "cluster__machine_type__location")

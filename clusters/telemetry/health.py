@@ -40,6 +40,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from clusters import policy
 from clusters.lifecycle.rules import lock_cluster
 from clusters.lifecycle.unit import UnitOfWork, read_nodes
 from clusters.models import Cluster, Event, Node
@@ -62,7 +63,7 @@ FRESH_INTERVALS = 3
 
 
 def watched(cluster: Cluster, node: Node) -> bool:
-    return cluster.status in (Status.READY, Status.DEGRADED) and node.status == NodeStatus.JOINED
+    return policy.is_running(cluster.status) and node.status == NodeStatus.JOINED
 
 
 def expected_services(cluster: Cluster, node: Node) -> list[str]:
@@ -214,7 +215,7 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     `nodes` (all of them, read with the lock): events for what is new and what is gone, the
     cluster degraded or ready again. Returns whether anything was written."""
 
-    if cluster.status not in (Status.READY, Status.DEGRADED):
+    if not policy.is_running(cluster.status):
         return False
     if _worker_joining(cluster, nodes):
         return False

@@ -34,6 +34,7 @@ from django.db.models import Count, Max, Prefetch, Q
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
+from clusters import policy
 from clusters.lifecycle.rules import lock_cluster
 from clusters.lifecycle.unit import UnitOfWork, read_nodes
 from clusters.models import Cluster, Event, GpuRollup, GpuSample, Node, Resolution
@@ -41,7 +42,7 @@ from clusters.telemetry.metrics import RAW_KEEP
 from runcrate.durations import span
 from runcrate.money import usd
 
-WATCHED = (Cluster.Status.READY, Cluster.Status.DEGRADED)
+WATCHED = policy.RUNNING  # ready or degraded (clusters/policy.py)
 MINUTE = timedelta(minutes=1)
 # Minutes of the period a machine's reports may miss and the period still count as covered:
 # the two at its ends, which the period only partly holds (the current one may have no report

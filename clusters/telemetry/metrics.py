@@ -29,6 +29,7 @@ from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, Value, When
 from django.db.models.functions import Cast, Coalesce, Greatest, Trunc
 from django.utils import timezone
 
+from clusters import policy
 from clusters.models import (
     Cluster,
     GpuRollup,
@@ -71,10 +72,7 @@ _BIG_LIMIT = 2**63 - 1  # a PositiveBigIntegerField
 def recording(*, cluster_status: str, node_status: str) -> bool:
     """Whether a node's reports are kept: a live node of a ready or degraded cluster. The
     check-in's `metrics_seconds` asks the same, so an agent sends only what is kept."""
-    return (
-        cluster_status in (Cluster.Status.READY, Cluster.Status.DEGRADED)
-        and node_status in Node.LIVE
-    )
+    return policy.is_running(cluster_status) and node_status in Node.LIVE
 
 
 def metrics_seconds(cluster: Cluster, node: Node) -> int | None:

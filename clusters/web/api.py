@@ -27,7 +27,7 @@ from clusters.telemetry import idle, metrics
 from clusters.web import plans
 from offers.api import track_record_json
 from offers.models import MAX_NODES, MIN_NODES
-from runcrate import outages
+from runcrate import durations, outages
 from runcrate.api import (
     ApiError,
     ErrorOut,
@@ -86,6 +86,14 @@ class ClusterSummaryOut(Schema):
     status: str = Field(
         description="provisioning, installing, ready, degraded, failed, terminating, "
         "terminated or stopped."
+    )
+    running: bool = Field(
+        description="Ready or degraded: the machines that joined are up and the software is "
+        "settled (clusters/policy.py). Display it; do not decide it from `status`."
+    )
+    can_terminate: bool = Field(
+        description="Whether the cluster may be terminated now: the dashboard's Terminate "
+        "button follows the same rule."
     )
     environment: str
     offer_id: str = Field(description="The offer it was created from (the machine type's id).")
@@ -321,6 +329,14 @@ class PlanOut(Schema):
         description="The estimated time from create to ready (docs/clusters.md, 'Time to "
         "ready'); the offer's track record says how its clusters really started."
     )
+    ready_estimate: str = Field(
+        description="ready_estimate_seconds in words, to the minute half up: 'about 4 min', "
+        "'under 1 min'."
+    )
+    hours_covered_text: str | None = Field(
+        description="hours_covered as the dashboard words the span: '5 h 20 min', rounded "
+        "down; null as `balance`."
+    )
     track_record: dict | None = Field(
         description="The offer's track record, as GET /api/v1/offers gives it; null below "
         "the minimum of clusters."
@@ -384,6 +400,8 @@ def _summary(cluster: Cluster) -> dict:
         "id": cluster.pk,
         "name": cluster.name,
         "status": cluster.status,
+        "running": cluster.is_running,
+        "can_terminate": cluster.can_terminate,
         "environment": cluster.environment.name,
         "offer_id": machine_type.slug,
         "gpu": machine_type.gpu.slug,
@@ -576,6 +594,10 @@ def _plan(planned: plans.Plan) -> dict:
         "hours_covered": money_str(planned.hours_covered),
         "balance_needed": money_str(planned.balance_needed),
         "ready_estimate_seconds": int(planned.ready_estimate.total_seconds()),
+        "ready_estimate": durations.about_minutes(planned.ready_estimate),
+        "hours_covered_text": None
+        if planned.hours_covered is None
+        else durations.span(planned.hours_covered * 3600),
         "track_record": track_record_json(offer.track_record),
         "network": plans.network_terms(machine_type.interconnect),
         "plan_token": planned.token,

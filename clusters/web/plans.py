@@ -22,11 +22,12 @@ from django.core import signing
 from django.utils import timezone
 
 from accounts.models import ApiKey, Environment, Project, User
-from billing import balances, usage
+from billing import balances, policy, usage
 from billing.access import can_manage_billing
 from clusters import connect, estimates, lifecycle
 from clusters.errors import ClusterRefused
 from offers.offers import ETHERNET_NOT_FOR, ETHERNET_SUITS, Offer
+from runcrate.durations import in_words
 
 PLAN_TTL = timedelta(minutes=10)
 _SALT = "runcrate.clusters.plan"
@@ -54,7 +55,7 @@ def check_token(
     except signing.SignatureExpired:
         raise ClusterRefused(
             "plan_expired",
-            f"This plan_token is older than {PLAN_TTL.seconds // 60} minutes: plan again "
+            f"This plan_token is older than {in_words(PLAN_TTL.total_seconds())}: plan again "
             "(POST /api/v1/clusters/plan) and create with the new token. Nothing was reserved.",
         ) from None
     except signing.BadSignature:
@@ -92,13 +93,12 @@ class Plan:
 
     @property
     def hours_covered(self) -> Decimal | None:
-        """The hours the balance pays for this cluster beside what already runs."""
+        """The hours the balance pays for this cluster beside what already runs (the runway,
+        billing/policy.py), rounded down to the cent: a plan never promises a minute more."""
         if self.balance is None or self.running_per_hour is None:
             return None
-        per_hour = self.price_per_hour + self.running_per_hour
-        if self.balance <= 0 or per_hour <= 0:
-            return Decimal("0.00")
-        return (self.balance / per_hour).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
+        hours = policy.runway_hours(self.balance, self.price_per_hour + self.running_per_hour)
+        return (hours or Decimal(0)).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
 
 
 def plan(

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
@@ -19,9 +20,10 @@ from django.utils.dateparse import parse_datetime
 
 from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
+from billing import policy as billing_policy
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
-from clusters import connect, estimates, lifecycle
+from clusters import connect, estimates, lifecycle, policy
 from clusters.models import STEP_NAMES, Cluster, Event, Node, give_up_after
 from clusters.telemetry import logs, metrics
 from clusters.web import charts
@@ -108,8 +110,9 @@ def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
 
 
 def _covers(balance: Decimal, per_hour: Decimal) -> Decimal | None:
-    """The seconds `balance` pays for at `per_hour`."""
-    return balance * 3600 / per_hour if per_hour > 0 and balance > 0 else None
+    """The seconds `balance` pays for at `per_hour` (the runway, billing/policy.py); None when
+    it pays for none, so the card names no span."""
+    return billing_policy.runway_seconds(balance, per_hour) or None
 
 
 def price_card(request: ProjectRequest, offer: Offer, nodes: int) -> dict:
@@ -417,11 +420,14 @@ def _connect_panel(cluster: Cluster) -> dict:
 # which reloads the page, or when it is stopped: a slower poll spares the server.
 POLL_SECONDS_MOVING = 2
 POLL_SECONDS_SETTLED = 10
+# How far ahead the header is handed its cost and uptime: past the meter's next run, whose
+# poll answer draws them anew (`_meter_moved`), with a settled poll's interval to spare.
+COST_AHEAD_SECONDS = int(settings.RUNCRATE_METER_SECONDS) + POLL_SECONDS_SETTLED
 
 
 def _poll_seconds(cluster: Cluster, nodes: list[Node]) -> int:
     settled = (
-        cluster.status in (Cluster.Status.READY, Cluster.Status.DEGRADED)
+        policy.is_running(cluster.status)
         and not any(n.status == Node.Status.STARTING for n in nodes)
         and not cluster.network_test_running()
     )
@@ -470,6 +476,13 @@ def detail_context(
         "machines": machines,
         "price_per_hour": cluster.price_per_hour(machines),
         "cost": cost,
+        # What the cost and uptime read second by second until the meter's next run has the
+        # poll draw them anew (static/js/app.js shows them; it computes nothing).
+        "cost_ahead": json.dumps(
+            cost.ahead(price_per_hour=cluster.price_per_hour(machines), seconds=COST_AHEAD_SECONDS)
+        )
+        if cost.running
+        else "",
         "tab": tab,
         "tabs": [{"tab": t, "url": t.url(cluster), "current": t is tab} for t in TABS],
         "ready_by": _ready_by(cluster, nodes, now),

@@ -109,42 +109,30 @@ document.addEventListener("click", (event) => {
   setInterval(() => show(document), 30_000);
 })();
 
-// The cost so far and the uptime of a running cluster move every second: the server wrote
-// the cost, the uptime and the price per hour of the machines up (`data-cost`, `data-uptime`,
-// `data-cost-per-hour` on #cluster-cost) at `data-server-now`; the cost grows by the price per
-// second from there, rounded to the cent as the meter rounds (billing/meter.py), and the next
-// poll's answer, the server's figure, replaces it.
+// The cost so far and the uptime of a running cluster move every second, in the server's
+// words: #cluster-cost's `data-cost-ahead` lists, for the coming seconds, what they read from
+// then on ([seconds after it was drawn, cost, uptime], billing.usage.ClusterCost.ahead: the
+// meter's rounding, runcrate/money.py and runcrate/durations.py's wording). This shows the
+// row whose time has come and computes nothing; the next poll's answer draws them anew.
 (() => {
-  const usd = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD" });
-
-  function span(total) {
-    // runcrate/durations.py `span`: whole units, rounded down, the two largest that matter.
-    if (total < 60) return `${total} s`;
-    if (total < 3600) return `${Math.floor(total / 60)} min`;
-    if (total < 2 * 86_400) {
-      const hours = Math.floor(total / 3600);
-      const minutes = Math.floor((total % 3600) / 60);
-      return minutes ? `${hours} h ${minutes} min` : `${hours} h`;
-    }
-    const days = Math.floor(total / 86_400);
-    const hours = Math.floor((total % 86_400) / 3600);
-    return hours ? `${days} days ${hours} h` : `${days} days`;
-  }
-
-  let drawn = null; // the element the server drew, and when this browser first saw it
+  let drawn = null; // the element the server drew, its rows, and when this browser saw it
   function tick() {
-    const element = document.querySelector("#cluster-cost[data-cost]");
+    const element = document.querySelector("#cluster-cost[data-cost-ahead]");
     if (!element) return;
-    if (!drawn || drawn.element !== element) drawn = { element, at: Date.now() };
-    const elapsed = Math.floor((Date.now() - drawn.at) / 1000);
-    const baseCents = Math.round(Number(element.dataset.cost) * 100);
-    const perHourCents = Math.round(Number(element.dataset.costPerHour) * 100);
-    const cents = baseCents + Math.floor((2 * perHourCents * elapsed + 3600) / 7200);
+    if (!drawn || drawn.element !== element) {
+      drawn = { element, at: Date.now(), rows: JSON.parse(element.dataset.costAhead) };
+    }
+    const elapsed = (Date.now() - drawn.at) / 1000;
+    let row = null;
+    for (const next of drawn.rows) {
+      if (next[0] > elapsed) break;
+      row = next;
+    }
+    if (!row) return; // the server's own text stands
+    const [, text, up] = row;
     const figure = element.querySelector(".cost-figure");
     const uptime = element.querySelector(".cost-uptime");
-    const text = usd.format(cents / 100);
     if (figure && figure.textContent !== text) figure.textContent = text;
-    const up = span(Number(element.dataset.uptime) + elapsed);
     if (uptime && uptime.textContent !== up) uptime.textContent = up;
   }
 

@@ -28,11 +28,24 @@ def test_it_answers_the_balance_burn_rate_and_hours_remaining(owner):
             "balance": "90.00",
             "burn_rate": "10.00",
             "hours_remaining": "9.00",
+            "runway_seconds": 32400,  # 90 / 10 hours, the top bar's words for it below
+            "runway": "9 h",
+            "low": False,
             "minimum_balance": "10.00",
             "balance_needed": None,
             "currency": "USD",
         }
     }
+
+
+def test_it_says_a_low_balance_and_its_runway_in_words(owner):
+    add_credit(owner.project, "15.00", at=NOW - timedelta(days=1))
+    bill_cluster(owner.project, size=4, price="5.00", at=NOW)  # $20/h: 45 minutes
+
+    with time_machine.travel(NOW, tick=False):
+        data = owner.api().get("/api/v1/billing/balance").json()["data"]
+
+    assert (data["runway_seconds"], data["runway"], data["low"]) == (2700, "45 min", True)
 
 
 def test_it_answers_null_hours_remaining_while_nothing_runs(owner):
@@ -42,6 +55,9 @@ def test_it_answers_null_hours_remaining_while_nothing_runs(owner):
         "balance": "0.00",
         "burn_rate": "0.00",
         "hours_remaining": None,
+        "runway_seconds": None,
+        "runway": None,
+        "low": False,
         "minimum_balance": "10.00",
         "balance_needed": None,
         "currency": "USD",

@@ -400,3 +400,27 @@ def test_it_reads_the_acceptance_report_of_a_joined_cluster_and_null_before(owne
     assert data["acceptance"]["nodes"][0]["bandwidth_mbit"] == 1712.4
     assert data["acceptance"]["nodes"][0]["reachability"] == {"node-0": True}
     assert owner.api().get(f"/api/v1/clusters/{starting.pk}").json()["data"]["acceptance"] is None
+
+
+@pytest.mark.parametrize(
+    ("status", "running", "can_terminate"),
+    [
+        (Cluster.Status.PROVISIONING, False, True),
+        (Cluster.Status.READY, True, True),
+        (Cluster.Status.DEGRADED, True, True),
+        (Cluster.Status.TERMINATING, False, False),
+        (Cluster.Status.FAILED, False, False),
+    ],
+)
+def test_it_says_whether_a_cluster_runs_and_may_be_terminated(
+    owner, status, running, can_terminate
+):
+    """The API carries what the dashboard decides (clusters/policy.py, the Terminate button's
+    `can_terminate`), in the list and the detail alike, so no client decides it from status."""
+    cluster = ClusterFactory(project=owner.project, status=status)
+
+    detail = owner.api().get(f"/api/v1/clusters/{cluster.pk}").json()["data"]
+    listed = owner.api().get("/api/v1/clusters").json()["data"][0]
+
+    assert (detail["running"], detail["can_terminate"]) == (running, can_terminate)
+    assert (listed["running"], listed["can_terminate"]) == (running, can_terminate)

@@ -2,6 +2,7 @@
 loaded whole without it; the poll on each tab sends what that tab shows; the header's cost,
 the stepper's end, the billed machines, and the top bar's balance after a meter run."""
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -10,6 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import time_machine
+from django.conf import settings
 
 from billing import meter
 from billing.models import UsageRecord
@@ -128,15 +130,22 @@ def test_an_ended_cluster_shows_what_it_cost_for_the_machines_it_billed(owner):
     assert rows == ["node-0", "node-1", "node-2"]
 
 
-def test_a_running_cluster_writes_what_its_cost_ticks_from(owner):
+def test_a_running_cluster_writes_what_its_cost_and_uptime_read_next(owner):
+    """The browser shows the server's words for each coming second (static/js/app.js computes
+    nothing): the cost grows by the machines' price, rounded as the meter rounds it, and the
+    uptime as runcrate.durations words it; a row only where either changes."""
     cluster = bill_cluster(owner.project, size=2, price="1.80", at=NOW - timedelta(minutes=10))
 
     html = owner.browser_client().get(f"/clusters/{cluster.pk}/").content.decode()
 
-    cost = re.search(r'<div class="price-sub cost-so-far" id="cluster-cost"([^>]*)>', html).group(1)
-    # 600 s × 1.80 / 3600 = 0.30 per machine; two machines up at $3.60 per hour.
-    assert 'data-cost="0.60"' in cost and 'data-cost-per-hour="3.60"' in cost
-    assert 'data-uptime="600"' in cost
+    found = re.search(r'id="cluster-cost" data-cost-ahead="([^"]*)"', html)
+    rows = json.loads(unescape(found.group(1)))
+    # 600 s × 1.80 / 3600 = 0.30 per machine, so $0.60 now; two machines up at $3.60 per hour
+    # add a cent every 10 s (half up: at 5 s), and the uptime reads 11 min from 60 s on.
+    assert rows[:3] == [[5, "$0.61", "10 min"], [15, "$0.62", "10 min"], [25, "$0.63", "10 min"]]
+    assert [60, "$0.66", "11 min"] in rows
+    assert rows[-1][0] <= settings.RUNCRATE_METER_SECONDS + 10  # past the meter's next run
+    assert rows[-1][0] > settings.RUNCRATE_METER_SECONDS
 
 
 def test_the_poll_brings_the_balance_once_the_meter_ran_without_a_query_while_it_did_not(

@@ -162,6 +162,8 @@ def test_it_sends_the_track_record_in_the_offers_api(owner, history):
         "started_share": 0.6,
         "ready_median_seconds": 690,
         "ready_p95_seconds": 1200,
+        "ready_median_minutes": 12,  # 11.5 minutes, half up: what the offers page shows
+        "ready_p95_minutes": 20,
         "failures_by_step": {"agent": 1, "install": 1, "network": 1, "running": 1},
         "bandwidth_median_mbit": 1500.0,
         "computed_at": "2026-06-30T12:00:00Z",

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from clusters.lifecycle.records import Failure
-from clusters.lifecycle.rules import acceptance_report, extended
+from clusters.lifecycle.rules import acceptance_report, deadline_with_downtime
 from clusters.lifecycle.steps import agent, network, running
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Cluster, Event, Node, give_up_after
@@ -69,13 +69,16 @@ def provision(work: UnitOfWork) -> None:
 
 
 def give_up_at(work: UnitOfWork) -> datetime:
-    """The cluster's `give_up_at`, moved back by our downtime once it has passed: its 25
-    (45) minutes count only the machines' time."""
+    """The cluster's `give_up_at`, moved back by our downtime once it has passed, as any capped
+    deadline is (`deadline_with_downtime`): its 25 (45) minutes count only the machines' time,
+    from the cluster's reservation."""
     give_up = work.cluster.give_up_at
     if work.now < give_up:
         return give_up
-    since = give_up - give_up_after(work.machine_type.slow_boot)
-    return extended(give_up, since=since, downtime=work.downtime)
+    reserved = give_up - give_up_after(work.machine_type.slow_boot)
+    return deadline_with_downtime(
+        give_up, since=reserved, cap=give_up, reserved_at=reserved, downtime=work.downtime
+    )
 
 
 def fail_cluster(work: UnitOfWork, failure: Failure) -> None:
