@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='cluster',
             name='health_problems',
-            field=models.JSONField(blank=True, default=dict, help_text="What its machines' health reports show wrong now, each announced once with a node_unhealthy event: key -> {node, message} (clusters/telemetry/health.py)."),
+            field=models.JSONField(blank=True, default=dict, help_text="What its machines' health reports show wrong now, each announced once with a node_unhealthy event: key -> {node, message} (clusters/lifecycle/health.py)."),
         ),
         migrations.AddField(
             model_name='node',

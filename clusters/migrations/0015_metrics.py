@@ -79,7 +79,7 @@ class Migration(migrations.Migration):
                 (
                     "throttle",
                     models.PositiveSmallIntegerField(
-                        help_text="The active throttle reasons, a bitmask (clusters/telemetry/metrics.py).",
+                        help_text="The active throttle reasons, a bitmask (clusters/metrics.py).",
                         null=True,
                     ),
                 ),

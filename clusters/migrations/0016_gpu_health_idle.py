@@ -13,12 +13,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='cluster',
             name='idle_since',
-            field=models.DateTimeField(blank=True, help_text='Since when every GPU of the ready cluster has stayed below RUNCRATE_IDLE_GPU_PERCENT, once that lasted RUNCRATE_IDLE_GPU_MINUTES (one gpus_idle event per idle period); None while the GPUs work (clusters/telemetry/idle.py). Nothing is stopped.', null=True),
+            field=models.DateTimeField(blank=True, help_text='Since when every GPU of the ready cluster has stayed below RUNCRATE_IDLE_GPU_PERCENT, once that lasted RUNCRATE_IDLE_GPU_MINUTES (one gpus_idle event per idle period); None while the GPUs work (clusters/idle.py). Nothing is stopped.', null=True),
         ),
         migrations.AddField(
             model_name='node',
             name='gpu_health',
-            field=models.JSONField(blank=True, default=dict, help_text='The GPU conditions its latest metrics reports show (uncorrectable ECC errors, pages pending retirement, a hardware or thermal slowdown, a GPU missing): key -> {gpu, what, since}; judged as health problems by clusters/telemetry/health.py.'),
+            field=models.JSONField(blank=True, default=dict, help_text='The GPU conditions its latest metrics reports show (uncorrectable ECC errors, pages pending retirement, a hardware or thermal slowdown, a GPU missing): key -> {gpu, what, since}; judged as health problems by clusters/lifecycle/health.py.'),
         ),
         migrations.AlterField(
             model_name='event',

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='node',
             name='metrics_paced_until',
-            field=models.DateTimeField(blank=True, help_text="The pace of its agent's metrics reports (clusters/telemetry/metrics.py `take_report`): a report is taken while this is at most a burst ahead of now, and moves it on by one interval.", null=True),
+            field=models.DateTimeField(blank=True, help_text="The pace of its agent's metrics reports (clusters/metrics.py `take_report`): a report is taken while this is at most a burst ahead of now, and moves it on by one interval.", null=True),
         ),
     ]
