@@ -24,9 +24,13 @@ reservation), `unit` (the unit of work: a locked cluster loaded once, its change
 written back once), `steps` (what each step decides on it), `records` (what it carries, typed:
 `Action`, the `Outcome` of each kind of work, a node's `NodeWork`), `reconcile` (`advance`: one
 unit over a cluster), `work` (per-node work under a lease, talking to drivers),
-`actions` (terminate, stop, retry, add workers),
+`actions` (terminate, stop, retry, add workers), `stops` (the meter's stops for balance and
+budget), `observe` (the record of what a node's agent says: its check-in, its network report),
 `network_test` (the network test a user asks for: the action, its task, how it reads), `watch`
-(what the periodic tasks look at). Callers import this package, never its modules.
+(what the periodic tasks look at). The dispatcher finds the work it hands on by registration:
+`@dispatch.runs` on the functions here, `register_task` from clusters/tasks.py for the Celery
+tasks, so nothing here imports what sits above it (docs/architecture.md, "Inside clusters").
+Callers import this package, never its modules.
 """
 
 from clusters.lifecycle.actions import add_workers, mark_lost, retry_install, stop, terminate
