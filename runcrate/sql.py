@@ -63,7 +63,9 @@ def insert_rows(rows: Sequence[Model]) -> None:
     """Insert `rows` (one model, primary keys left to the database) in one bare `INSERT`: no
     transaction around it and no `RETURNING`, so the rows' `pk` stay unset. bulk_create sends
     the same INSERT inside a transaction of its own even for one statement (a BEGIN and a
-    COMMIT: two round trips more) and reads the keys back; a metrics report needs neither."""
+    COMMIT: two round trips more) and reads the keys back; a metrics report needs neither.
+    Every column gets the row's own value: for models without a `db_default` or a generated
+    field, as bulk_create would then send too."""
     if not rows:
         return
     model = type(rows[0])
