@@ -62,8 +62,11 @@ class ApiKeyAuth(HttpBearer):
                 "API. Ask an owner of the project to add them again, or use another key.",
             )
         request.user = key.user
-        # What ApiRequest declares (accounts/requests.py); Django Ninja then sets `auth`.
-        cast(ApiRequest, request).project = key.project
+        # What ApiRequest declares (accounts/requests.py); Django Ninja then sets `auth`. No
+        # page's context: a session's, if the call came with one, is another user's project.
+        typed = cast(ApiRequest, request)
+        typed.project = key.project
+        typed.project_context = None
         self.check(request, key)
         return key
 

@@ -9,5 +9,6 @@ from accounts.permissions import Abilities
 
 
 def abilities(request: HttpRequest) -> dict[str, object]:
-    # `request.project` is a lazy object (accounts/middleware.py): read only when asked.
-    return {"may": Abilities(getattr(request, "user", None), getattr(request, "project", None))}
+    # `request.project_context` is a lazy object (accounts/middleware.py): read only when asked;
+    # a request the middleware did not see has none.
+    return {"may": Abilities(getattr(request, "project_context", None))}

@@ -8,13 +8,14 @@ from django.utils.functional import SimpleLazyObject
 
 from accounts import otp
 from accounts.models import Project, User
-from accounts.projects import SESSION_KEY, chosen_project_id, project_for
-from accounts.requests import AnonymousRequest, ProjectRequest
+from accounts.projects import SESSION_KEY, chosen_project_id, context_for
+from accounts.requests import AnonymousRequest, ProjectContext, ProjectRequest
 from runcrate.emails import PROJECT_PARAM
 
 
 class ProjectMiddleware:
-    """Sets `request.project`, the project every lookup of a logged-in request is scoped to."""
+    """Sets `request.project`, the project every lookup of a logged-in request is scoped to,
+    and `request.project_context`, the same project with the user's role and projects."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -26,17 +27,23 @@ class ProjectMiddleware:
             user, asked = request.user, _asked_project(request)
             chosen = asked if asked is not None else chosen_project_id(request)
 
-            def find() -> Project | None:
-                project = project_for(user, chosen)
+            def find() -> ProjectContext:
+                context = context_for(user, chosen)
+                project = context.project
                 # A link that names a project of the user's (an email's) switches to it, as
                 # the top bar's switcher does; one that names another project is ignored.
                 if asked is not None and project and project.pk == asked:
                     request.session[SESSION_KEY] = asked
-                return project
+                return context
 
-            cast(ProjectRequest, request).project = cast(Project, SimpleLazyObject(find))
+            found = cast(ProjectContext, SimpleLazyObject(find))
+            typed = cast(ProjectRequest, request)
+            typed.project_context = found
+            typed.project = cast(Project, SimpleLazyObject(lambda: found.project))
         else:
-            cast(AnonymousRequest, request).project = None
+            anonymous = cast(AnonymousRequest, request)
+            anonymous.project = None
+            anonymous.project_context = None
         return self.get_response(request)
 
 

@@ -5,9 +5,11 @@ from decimal import Decimal
 from typing import ClassVar
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
+from django.contrib.auth.models import PermissionsMixin
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 
 class UserManager(BaseUserManager["User"]):
@@ -32,26 +34,49 @@ class UserManager(BaseUserManager["User"]):
         return self._create_user(email, password, **extra)
 
 
-class User(AbstractUser):
-    """A person who logs in with an email address and a password."""
+class User(AbstractBaseUser, PermissionsMixin):
+    """A person who logs in with an email address and a password.
 
-    # AbstractUser's fields this model drops (django-stubs types them as strings).
-    username = None  # type: ignore[assignment]
-    first_name = None  # type: ignore[assignment]
-    last_name = None  # type: ignore[assignment]
+    Django's AbstractUser without its username and first and last names: its other fields are
+    written out here as it writes them (the same columns, names and help texts, so the table and
+    the migrations' state are unchanged), rather than removed from it by assigning None."""
+
+    is_staff = models.BooleanField(
+        _("staff status"),
+        default=False,
+        help_text=_("Designates whether the user can log into this admin site."),
+    )
+    is_active = models.BooleanField(
+        _("active"),
+        default=True,
+        help_text=_(
+            "Designates whether this user should be treated as active. "
+            "Unselect this instead of deleting accounts."
+        ),
+    )
+    date_joined = models.DateTimeField(_("date joined"), default=timezone.now)
     name = models.CharField(max_length=150, blank=True)
-    email = models.EmailField("email address", unique=True)
+    email = models.EmailField(_("email address"), unique=True)
     two_factor_required = models.BooleanField(
         default=False,
         help_text="One of their projects requires two-factor sign-in (accounts/otp.py keeps it "
         "with the projects' and memberships' changes), read from the row every request loads.",
     )
 
+    EMAIL_FIELD = "email"
     USERNAME_FIELD = "email"
     REQUIRED_FIELDS: ClassVar[list[str]] = []
 
-    # Ours, not AbstractUser's UserManager (which needs a username).
-    objects: ClassVar[UserManager] = UserManager()  # type: ignore[assignment]
+    objects: ClassVar[UserManager] = UserManager()
+
+    class Meta:
+        verbose_name = _("user")
+        verbose_name_plural = _("users")
+
+    def clean(self) -> None:
+        """As AbstractUser's: the email normalized (its domain in lower case)."""
+        super().clean()
+        self.email = type(self).objects.normalize_email(self.email)
 
     def __str__(self) -> str:
         return self.email

@@ -16,7 +16,7 @@ from django.http import HttpResponse
 
 from accounts.models import Membership, Project, User
 from accounts.projects import require_project
-from accounts.requests import ProjectRequest
+from accounts.requests import ProjectContext, ProjectRequest
 from runcrate.errors import Refused
 
 Role = Membership.Role
@@ -76,17 +76,22 @@ def allowed(role: str | None, action: str) -> bool:
 
 
 def role_of(user: User, project: Project | None) -> str | None:
-    """The user's role in the project now (one query), None for a non-member. The request's
-    own project (accounts.projects.project_for) already read it with the membership it was
-    found by: no query then."""
+    """The user's role in the project now (one query), None for a non-member."""
     if project is None or not user.is_authenticated:
         return None
-    known = getattr(project, "member_role", None)
-    if known is not None and known[0] == user.pk:
-        return known[1]
     return (
         Membership.objects.filter(project=project, user=user).values_list("role", flat=True).first()
     )
+
+
+def request_role(request: ProjectRequest) -> str | None:
+    """The user's role in the request's project. A page's request read it with the membership
+    its project was found by (`request.project_context`, accounts/projects.py `context_for`):
+    no query of its own. An API call's is read from the row (`role_of`)."""
+    context = request.project_context
+    if context is not None:
+        return context.role
+    return role_of(request.user, request.project)
 
 
 def _roles_sentence(roles: tuple[str, ...]) -> str:
@@ -126,7 +131,7 @@ def require_page(request: ProjectRequest, action: str) -> Project:
     """The request's project when the member's role allows `action`; else the 403 page with
     the table's sentence (PermissionDenied), or the 404 of a user in no project."""
     project = require_project(request)
-    role = role_of(request.user, project)
+    role = request_role(request)
     if not allowed(role, action):
         raise PermissionDenied(refusal(action, role).message)
     return project
@@ -137,7 +142,7 @@ def page_requires(action: str) -> Callable:
     `action`. Anyone else gets the 403 page with the table's sentence ("Only an owner or a
     manager may see billing. Your role in this project is developer."): the page exists, so a
     member is told why it is not theirs, rather than shown a 404. No query of its own: the
-    request's project already read the role (accounts/projects.py `project_for`)."""
+    request's project already read the role (`request_role`)."""
     roles_for(action)  # an action not in the table fails at import, not at the first request
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -154,20 +159,16 @@ def page_requires(action: str) -> Callable:
 
 class Abilities:
     """What the request's member may do, for the templates: `{% if may.billing_view %}` asks
-    the table for "billing.view" (the first underscore is the action's dot). The role is read
-    once, when a template first asks; a page that asks nothing reads nothing."""
+    the table for "billing.view" (the first underscore is the action's dot). The role is the
+    one the request's project was found with (`request.project_context`, lazy): a page that
+    asks nothing reads nothing; a logged-out request (no context) may do nothing."""
 
-    def __init__(self, user: User | None, project: Project | None) -> None:
-        self._user = user
-        self._project = project  # maybe the request's lazy project: not read until asked
-        self._role: tuple[str | None] | None = None
+    def __init__(self, context: ProjectContext | None) -> None:
+        self._context = context  # maybe the request's lazy context: not read until asked
 
     @property
     def role(self) -> str | None:
-        if self._role is None:
-            known = self._user is not None and self._user.is_authenticated and self._project
-            self._role = (role_of(self._user, self._project) if known else None,)  # type: ignore[arg-type]
-        return self._role[0]
+        return self._context.role if self._context is not None else None
 
     def __getitem__(self, key: str) -> bool:
         action = key.replace("_", ".", 1)

@@ -8,7 +8,7 @@ from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Environment, Membership, Project, User
-from accounts.requests import ProjectRequest
+from accounts.requests import ProjectContext, ProjectRequest
 
 DEFAULT_ENVIRONMENT = "default"
 
@@ -36,18 +36,22 @@ def chosen_project_id(request: HttpRequest) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def project_for(user: User, chosen: int | None = None) -> Project | None:
-    """The project the user acts in: the one chosen (a project id) if they are its member,
-    else their first."""
+def context_for(user: User, chosen: int | None = None) -> ProjectContext:
+    """The project the user acts in (the one chosen, a project id, if they are its member,
+    else their first) with their role in it and every project of theirs, from one query."""
     memberships = list(_memberships(user, chosen).select_related("project"))
     if not memberships:
-        return None
-    project = memberships[0].project
-    # Every project of the user, for the top bar's switcher, from this same query.
-    project.switchable = [m.project for m in memberships]  # type: ignore[attr-defined]
-    # And the user's role in it, which permissions.role_of reads for this request's user.
-    project.member_role = (user.pk, memberships[0].role)  # type: ignore[attr-defined]
-    return project
+        return ProjectContext(project=None, role=None, switchable=[])
+    return ProjectContext(
+        project=memberships[0].project,
+        role=memberships[0].role,
+        switchable=[m.project for m in memberships],
+    )
+
+
+def project_for(user: User, chosen: int | None = None) -> Project | None:
+    """The project the user acts in (`context_for`)."""
+    return context_for(user, chosen).project
 
 
 @transaction.atomic

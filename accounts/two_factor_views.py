@@ -80,9 +80,7 @@ def verify(request: HttpRequest) -> HttpResponse:
 
 def _is_owner(request: ProjectRequest) -> bool:
     """Whether the user may require two-factor sign-in of the project (the permission table)."""
-    project = request.project
-    role = permissions.role_of(request.user, project) if project else None
-    return permissions.allowed(role, "project.require_two_factor")
+    return permissions.allowed(permissions.request_role(request), "project.require_two_factor")
 
 
 def _render_security(request: ProjectRequest, status: int = 200, **extra: object) -> HttpResponse:

@@ -279,13 +279,10 @@ def _team_project(request: ProjectRequest) -> Project:
 def _render_members(
     request: ProjectRequest, project: Project, *, status: int = 200, **extra: object
 ) -> HttpResponse:
-    role = permissions.role_of(request.user, project)
-    team = list(members.members_of(project))
-    for membership in team:
-        membership.last_activity = members.last_activity(membership)  # type: ignore[attr-defined]
+    role = permissions.request_role(request)
     context = {
         "project": project,
-        "members": team,
+        "members": members.rows_of(project),
         "invitations": invitations.pending(project, now=timezone.now()).select_related(
             "invited_by"
         ),

@@ -9,5 +9,11 @@ BILLING_ROLES = permissions.roles_for("billing.manage")
 
 
 def can_manage_billing(*, user: User, project: Project | None) -> bool:
-    """No query for the request's own project, whose role is read already."""
-    return permissions.allowed(permissions.role_of(user, project), "billing.manage")
+    """One query: the user's role in the project (`role_manages_billing` for a role at hand)."""
+    return role_manages_billing(permissions.role_of(user, project))
+
+
+def role_manages_billing(role: str | None) -> bool:
+    """Whether a member in `role` sees billing: for a role already read, such as a page's
+    (`accounts.permissions.request_role`, no query)."""
+    return permissions.allowed(role, "billing.manage")

@@ -2,8 +2,8 @@
 "Getting started"): add an SSH key, add credit, create a cluster, each ticked once done.
 
 Cheap on purpose: a project with any cluster has done all three and costs no query here (the
-list already knows it has rows); an empty one costs two `exists()` (its keys, its ledger), and
-a third (the user's role) while it has no credit, to say who can add it.
+list already knows it has rows); an empty one costs two `exists()` (its keys, its ledger). Who
+can add credit is the role the page's request read with its project.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
-from accounts.models import Project, User
+from accounts.models import Project
 from billing import ledger
-from billing.access import can_manage_billing
+from billing.access import role_manages_billing
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Step:
     help: str
 
 
-def steps(*, project: Project, user: User, has_clusters: bool) -> list[Step] | None:
+def steps(*, project: Project, role: str | None, has_clusters: bool) -> list[Step] | None:
     """The steps with what is done, or None once there is nothing left to show (a cluster
     exists: it needed a key and credit)."""
     if has_clusters:
@@ -35,7 +35,7 @@ def steps(*, project: Project, user: User, has_clusters: bool) -> list[Step] | N
     has_credit = ledger.has_credit(project=project)
     credit_help = "Clusters are paid from the project's balance, per second."
     credit_url = reverse("billing:index")
-    if not has_credit and not can_manage_billing(user=user, project=project):
+    if not has_credit and not role_manages_billing(role):
         credit_help = "Ask an owner or manager of the project to add credit."
         credit_url = ""
     return [

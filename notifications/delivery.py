@@ -13,9 +13,11 @@ import json
 import logging
 import ssl
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any
 
 import httpcore
 import httpx
@@ -129,7 +131,7 @@ class _DeadlineStream(httpcore.NetworkStream):
         )
         return _DeadlineStream(tls, self.deadline)
 
-    def get_extra_info(self, info: str):
+    def get_extra_info(self, info: str) -> Any:
         return self.stream.get_extra_info(info)
 
 
@@ -141,7 +143,14 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self.deadline = deadline
         self.backend = httpcore.SyncBackend()
 
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
         stream = self.backend.connect_tcp(
             host,
             port,
@@ -151,7 +160,12 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         )
         return _DeadlineStream(stream, self.deadline)
 
-    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
         raise httpcore.ConnectError("webhooks go to network addresses only")
 
     def sleep(self, seconds: float) -> None:

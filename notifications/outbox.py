@@ -9,7 +9,7 @@ Only events since the endpoint was made, and within LOOKBACK of now, are read: a
 gets no history, and a beat that was down for less than LOOKBACK misses nothing.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -72,7 +72,9 @@ def plan_deliveries(*, now: datetime, limit: int = BATCH) -> Planned:
     return Planned(deliveries=len(new))
 
 
-def _deliveries(endpoints: list[Endpoint], rows: list, source: Source, now: datetime):
+def _deliveries(
+    endpoints: list[Endpoint], rows: Sequence[Event | Notice], source: Source, now: datetime
+) -> list[Delivery]:
     """A delivery of each row to each endpoint of its project that chose its kind, made no
     earlier than the row and not yet given it."""
     if not rows:

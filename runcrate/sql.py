@@ -1,5 +1,5 @@
 """Set-based writes the ORM has no word for, on PostgreSQL and SQLite alike: the meter's and
-the reconciler's write-backs, and the `__among` lookup."""
+the reconciler's write-backs, the metrics reports' bare insert, and the `__among` lookup."""
 
 from collections.abc import Sequence
 
@@ -57,6 +57,33 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
         [_column_type(column) for column in columns],
         values,
     )
+
+
+def insert_rows(rows: Sequence[Model]) -> None:
+    """Insert `rows` (one model, primary keys left to the database) in one bare `INSERT`: no
+    transaction around it and no `RETURNING`, so the rows' `pk` stay unset. bulk_create sends
+    the same INSERT inside a transaction of its own even for one statement (a BEGIN and a
+    COMMIT: two round trips more) and reads the keys back; a metrics report needs neither.
+    Every column gets the row's own value: for models without a `db_default` or a generated
+    field, as bulk_create would then send too."""
+    if not rows:
+        return
+    model = type(rows[0])
+    meta = model._meta
+    quote = connection.ops.quote_name
+    fields = [field for field in meta.concrete_fields if not field.primary_key]
+    columns = ", ".join(quote(field.column) for field in fields)
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    params = [
+        field.get_db_prep_save(field.pre_save(instance, True), connection)
+        for instance in rows
+        for field in fields
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(rows))}",  # noqa: S608 - names are ours, values are parameters
+            params,
+        )
 
 
 def _column(model: type[Model], name: str) -> Field:

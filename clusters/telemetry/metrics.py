@@ -41,6 +41,7 @@ from clusters.models import (
 )
 from clusters.telemetry import health as node_health
 from clusters.telemetry.agent_service import AgentRefused, ReportingNode, reporting_node
+from runcrate.sql import insert_rows
 
 RAW_KEEP = timedelta(hours=1)
 MINUTES_KEEP = timedelta(days=14)
@@ -64,7 +65,6 @@ THROTTLE_REASONS = (
 )
 _THROTTLE_BIT = {name: 1 << bit for bit, name in enumerate(THROTTLE_REASONS)}
 
-_GPU_SAMPLE_FIELDS = [f for f in GpuSample._meta.concrete_fields if not f.primary_key]
 _INT_LIMIT = 2**31 - 1  # a PositiveIntegerField on every database
 _BIG_LIMIT = 2**63 - 1  # a PositiveBigIntegerField
 
@@ -328,14 +328,11 @@ def store(
     nothing."""
     # Two statements, each committing on its own: a transaction around them would cost a BEGIN
     # and a COMMIT, two round trips more than the three; so would bulk_create, which wraps
-    # even one INSERT in its own transaction, hence the one INSERT it would send, sent bare.
-    # Each insert is whole; should the second fail, the report's GPU rows stand without its
-    # node's row, as a report without `node` would.
+    # even one INSERT in its own transaction, hence the one INSERT it would send, sent bare
+    # (runcrate/sql.py `insert_rows`). Each insert is whole; should the second fail, the
+    # report's GPU rows stand without its node's row, as a report without `node` would.
     if gpus:
-        GpuSample.objects._insert(  # type: ignore[attr-defined]  # bulk_create's own INSERT
-            [GpuSample(node_id=node_id, at=at, **row) for row in gpus],
-            fields=_GPU_SAMPLE_FIELDS,
-        )
+        insert_rows([GpuSample(node_id=node_id, at=at, **row) for row in gpus])
     if host is not None:
         NodeSample.objects.create(node_id=node_id, at=at, **host)
     bump_metrics_version(cluster_id)

@@ -177,7 +177,9 @@ def cluster_list(request: ProjectRequest) -> HttpResponse:
         context["shown"] = shown = _counted(shown, Cluster.objects.filter(project=project))
         context["quotes"] = list(quotes_for(request.project))
         context["getting_started"] = getting_started.steps(
-            project=request.project, user=request.user, has_clusters=shown.total > 0
+            project=request.project,
+            role=permissions.request_role(request),
+            has_clusters=shown.total > 0,
         )
         response = render(request, "clusters/list.html", context)
     patch_vary_headers(response, ("HX-Request",))

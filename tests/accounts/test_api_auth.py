@@ -135,3 +135,23 @@ def test_it_checks_the_membership_in_the_query_that_finds_the_key(
 
     with django_assert_num_queries(2):  # the key (with its membership), the environments
         assert api.get("/api/v1/me").status_code == 200
+
+
+def test_a_call_that_also_brings_a_session_acts_with_the_key_s_role(owner, teammate):
+    """A browser's session cookie beside a bearer key: the page's context (the session user's
+    project and role) is dropped, so the role asked is the key's user's, read from the row."""
+    from django.test import RequestFactory
+
+    from accounts import permissions
+    from accounts.api_auth import ApiKeyAuth
+    from accounts.projects import context_for
+
+    request = RequestFactory().get("/api/v1/me")
+    request.user = owner.user
+    request.project_context = context_for(owner.user)
+    request.project = request.project_context.project
+
+    ApiKeyAuth("read").authenticate(request, teammate.key)
+
+    assert request.project_context is None and request.user == teammate.user
+    assert permissions.request_role(request) == Membership.Role.DEVELOPER

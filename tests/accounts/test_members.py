@@ -259,10 +259,10 @@ def test_the_page_lists_members_with_their_role_and_last_activity(
         response = client.get("/accounts/members/")
 
     assert response.status_code == 200
-    rows = {m.user.email: m for m in response.context["members"]}
-    assert rows["teammate@example.com"].role == DEVELOPER
+    rows = {row.membership.user.email: row for row in response.context["members"]}
+    assert rows["teammate@example.com"].membership.role == DEVELOPER
     assert rows["teammate@example.com"].last_activity == used
-    assert rows["owner@example.com"].role == OWNER
+    assert rows["owner@example.com"].membership.role == OWNER
 
 
 def test_a_developer_gets_no_team_billing_or_budget_page(owner, teammate):

@@ -85,7 +85,12 @@ def test_every_may_a_template_asks_names_an_action_of_the_table():
 def test_abilities_read_the_role_once_and_refuse_an_unknown_action(
     owner, teammate, django_assert_num_queries
 ):
-    may = permissions.Abilities(teammate.user, owner.project)
+    from django.utils.functional import SimpleLazyObject
+
+    from accounts.projects import context_for
+
+    # As the middleware hands it over: the request's lazy context, read at the first question.
+    may = permissions.Abilities(SimpleLazyObject(lambda: context_for(teammate.user)))
 
     with django_assert_num_queries(1):
         assert not may["billing_view"]
@@ -93,7 +98,25 @@ def test_abilities_read_the_role_once_and_refuse_an_unknown_action(
         assert not may["keys_remove_others"]
     with pytest.raises(KeyError, match="no.such"):
         may["no_such"]
-    assert not permissions.Abilities(None, None)["clusters_manage"]
+    assert not permissions.Abilities(None)["clusters_manage"]
+
+
+def test_the_request_role_is_read_with_the_project_and_an_api_call_reads_the_row(
+    owner, teammate, django_assert_num_queries
+):
+    from types import SimpleNamespace
+
+    from accounts.projects import context_for
+
+    context = context_for(teammate.user, owner.project.pk)
+    page = SimpleNamespace(user=teammate.user, project=context.project, project_context=context)
+    with django_assert_num_queries(0):
+        assert permissions.request_role(page) == DEVELOPER
+
+    api_call = SimpleNamespace(user=teammate.user, project=owner.project, project_context=None)
+    Membership.objects.filter(user=teammate.user).update(role=MANAGER)
+    with django_assert_num_queries(1):
+        assert permissions.request_role(api_call) == MANAGER
 
 
 def test_the_legend_says_what_each_role_may_do_owner_first():
