@@ -155,7 +155,8 @@ def _clean_acceptance(acceptance: Any) -> dict[str, Any]:
 
 
 def record_check_in(found: Node, *, token: str, gpus: Any, wireguard_key: Any = None) -> list[str]:
-    """`agent_check_in` on a locked `found`, unsaved; returns the fields it changed."""
+    """The check-in (as the agent's endpoint records it, clusters/telemetry/agent_service.py
+    `agent_check_in`) on a locked `found`, unsaved; returns the fields it changed."""
     cleaned = clean_gpus(gpus)
     key = clean_wireguard_key(wireguard_key)
     _require_token(found, token)
@@ -165,7 +166,8 @@ def record_check_in(found: Node, *, token: str, gpus: Any, wireguard_key: Any = 
 def record_network_report(
     found: Node, *, token: str, reachability: Any, acceptance: Any = None
 ) -> list[str]:
-    """`agent_report_network` on a locked `found`, unsaved; returns the fields it changed."""
+    """The network report (as `agent_report_network` records it) on a locked `found`, unsaved;
+    returns the fields it changed."""
     measured = clean_network_report(reachability, acceptance)
     _require_token(found, token)
     return network_report(found, reachability=reachability, measured=measured)
