@@ -151,7 +151,8 @@ def _clean_acceptance(acceptance: Any) -> dict[str, Any]:
 
 # What a driver that plays the agent (the simulated data center) reports is recorded through
 # these, on a node the write-back of its work has locked and read: the same checks and the
-# same record as the endpoints above, saved with the write-back and followed by its advance.
+# same record as the agent's endpoints (clusters/telemetry/agent_service.py), saved with the
+# write-back and followed by its advance.
 
 
 def record_check_in(found: Node, *, token: str, gpus: Any, wireguard_key: Any = None) -> list[str]:
