@@ -1,4 +1,5 @@
-"""The agent's endpoints and the stdlib agent that calls them (clusters/agent/)."""
+"""The agent's endpoints and the stdlib agent that calls them (clusters/telemetry/agent_api.py
+and agent_service.py; the program is clusters/machines/runcrate_agent.py)."""
 
 import socket
 
