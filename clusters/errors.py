@@ -33,4 +33,9 @@ class ClusterRefused(Refused):
         "invalid_price": 422,
         "plan_mismatch": 422,
         "plan_expired": 422,
+        "unknown_node": 404,
+        "invalid_repair_policy": 422,
+        "head_not_replaceable": 409,
+        "replacement_in_progress": 409,
+        "node_not_replaceable": 409,
     }

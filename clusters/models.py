@@ -79,6 +79,11 @@ class Cluster(models.Model):
         KUBERNETES = "kubernetes", "Kubernetes"
         RAY = "ray", "Ray"
 
+    class RepairPolicy(models.TextChoices):
+        # docs/lifecycle.md, "Repair": who decides to replace a lost or unhealthy worker.
+        ASK = "ask", "Ask me"
+        AUTO = "auto", "Replace automatically"
+
     class StopReason(models.TextChoices):
         BALANCE = "balance", "the balance ran out"
         BUDGET = "budget", "the environment reached its monthly budget"
@@ -109,6 +114,13 @@ class Cluster(models.Model):
     software = models.CharField(max_length=12, choices=Software.choices, default=Software.NONE)
     status = models.CharField(
         max_length=14, choices=Status.choices, default=Status.PROVISIONING, db_index=True
+    )
+    repair_policy = models.CharField(
+        max_length=4,
+        choices=RepairPolicy.choices,
+        default=RepairPolicy.ASK,
+        help_text="Whether a lost or unhealthy worker is replaced only when a user asks, or "
+        "automatically (clusters/lifecycle/repair.py).",
     )
     authorized_keys = models.TextField(
         help_text="The SSH public keys installed on every node, fixed at creation."
@@ -405,6 +417,29 @@ class Node(models.Model):
         default=False, help_text="True while the host is reserved for, or used by, this node."
     )
     is_worker = models.BooleanField(default=False, help_text="Added to a ready cluster.")
+    replaces = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="replaced_by",
+        help_text="The lost or unhealthy node this one replaces, under the same name and private "
+        "address (clusters/lifecycle/repair.py).",
+    )
+    drained = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="Why the product took this node out of its software's scheduling (Slurm's "
+        "drain, Kubernetes' cordon, Ray's raylet stopped); empty while it schedules work.",
+    )
+    drained_at = models.DateTimeField(null=True, blank=True)
+    quarantine = models.TextField(
+        blank=True,
+        default="",
+        help_text="Why its host is taken offline for staff once released, instead of offered "
+        "again: it was lost, or replaced as unhealthy.",
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.STARTING)
     step = models.CharField(max_length=10, choices=Step.choices, default=Step.RUNNING)
     step_started_at = models.DateTimeField(default=timezone.now)
@@ -491,9 +526,15 @@ class Node(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["cluster", "index"]
+        ordering = ["cluster", "index", "pk"]
         constraints = [
-            models.UniqueConstraint(fields=["cluster", "index"], name="node_unique_index"),
+            # A replacement takes the name (the index) of the node it replaces, which has left:
+            # one live node per index.
+            models.UniqueConstraint(
+                fields=["cluster", "index"],
+                condition=Q(status__in=["starting", "joined"]),
+                name="node_unique_live_index",
+            ),
             models.UniqueConstraint(
                 fields=["host"], condition=Q(holds_host=True), name="host_held_by_one_node"
             ),
@@ -599,6 +640,15 @@ class Event(models.Model):
         # RUNCRATE_IDLE_GPU_MINUTES (a notice: nothing is stopped), and the end of it
         GPUS_IDLE = "gpus_idle"
         GPUS_BUSY = "gpus_busy"
+        # repair (docs/lifecycle.md, "Repair"): a worker out of its software's scheduling and
+        # back in; a replacement asked for (by a user, or by the cluster's `auto` policy), done,
+        # or failed (released alone)
+        NODE_DRAINED = "node_drained"
+        NODE_UNDRAINED = "node_undrained"
+        REPLACE_REQUESTED = "replace_requested"
+        NODE_REPLACED = "node_replaced"
+        REPLACEMENT_FAILED = "replacement_failed"
+        REPAIR_POLICY = "repair_policy"
         # stops (billing)
         STOPPED_BALANCE = "stopped_balance"
         STOPPED_BUDGET = "stopped_budget"
@@ -668,6 +718,8 @@ class Event(models.Model):
     @property
     def notification(self) -> str | None:
         """Which email this event asks for: "ready", "failed", "degraded", "lost", "unhealthy",
+        "replaced" (a replacement joined: what it costs, and whether the cluster is ready again),
+        "replacement_failed",
         "volume" (a volume that could not be synced back), "idle" (its GPUs idle: a notice,
         once per idle period), or None."""
         if self.reason == self.Reason.READY:
@@ -680,6 +732,10 @@ class Event(models.Model):
             return "lost"
         if self.reason == self.Reason.NODE_UNHEALTHY:
             return "unhealthy"
+        if self.reason == self.Reason.NODE_REPLACED:
+            return "replaced"
+        if self.reason == self.Reason.REPLACEMENT_FAILED:
+            return "replacement_failed"
         if self.reason in self.DEGRADING:
             return "degraded"
         if self.reason in self.FAILURES - self.DEGRADING - self.STAFF_ONLY:

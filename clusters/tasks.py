@@ -54,6 +54,13 @@ def watch_heartbeats() -> int:
     return len(lifecycle.watch_heartbeats())
 
 
+@shared_task(name="clusters.tasks.auto_repair", ignore_result=True)
+def auto_repair() -> int:
+    """Replace the lost and lastingly unhealthy workers of clusters whose repair policy is
+    `auto` (clusters/lifecycle/repair.py)."""
+    return len(lifecycle.auto_repair())
+
+
 @shared_task(name="clusters.tasks.advance", ignore_result=True)
 def advance(cluster_id: int) -> list[str]:
     # Cleared before reading anything, so a change committed from here on queues a new one.

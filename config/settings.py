@@ -401,6 +401,17 @@ CELERY_BEAT_SCHEDULE["clusters-heartbeats"] = {
     "task": "clusters.tasks.watch_heartbeats",
     "schedule": 30.0,
 }
+# Repair (clusters/lifecycle/repair.py, docs/lifecycle.md "Repair"): a cluster whose repair
+# policy is `auto` replaces a worker that stays unhealthy this long (a lost one at once), at most
+# this many replacements per cluster in any 24 hours; a replacement is never drawn from a host
+# quarantined (lost, or replaced as unhealthy) in the last this many days.
+RUNCRATE_REPAIR_GRACE_SECONDS = env_int("RUNCRATE_REPAIR_GRACE_SECONDS", 300, minimum=0)
+RUNCRATE_AUTO_REPAIRS_PER_DAY = env_int("RUNCRATE_AUTO_REPAIRS_PER_DAY", 3, minimum=0)
+RUNCRATE_QUARANTINE_DAYS = env_int("RUNCRATE_QUARANTINE_DAYS", 30, minimum=0)
+CELERY_BEAT_SCHEDULE["clusters-repairs"] = {
+    "task": "clusters.tasks.auto_repair",
+    "schedule": 30.0,
+}
 # How often the agent of a ready (or degraded) cluster's node adds a health report to its
 # heartbeat: the peers it reaches, its services, /shared (clusters/telemetry/health.py).
 RUNCRATE_HEALTH_SECONDS = env_int("RUNCRATE_HEALTH_SECONDS", 120, minimum=1)

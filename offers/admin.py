@@ -281,7 +281,14 @@ class HostAdmin(ChangesOffers):
     list_select_related = ["machine_type__location", "machine_type__gpu"]
     search_fields = ["name", "address", "machine_type__slug"]
     autocomplete_fields = ["machine_type"]
-    readonly_fields = ["state", "state_changed_at", "pristine_report", "baseline_at"]
+    readonly_fields = [
+        "state",
+        "state_changed_at",
+        "pristine_report",
+        "baseline_at",
+        "quarantined_at",
+        "quarantine_reason",
+    ]
     # Mark free, Reimage and Record baseline connect to the hosts, and what went wrong lately is
     # clusters' events: clusters/admin.py registers this admin again with them added.
     actions = ["mark_offline"]

@@ -217,6 +217,11 @@ class Host(models.Model):
     baseline_at = models.DateTimeField(null=True, blank=True, editable=False)
     # Why the host is dirty or offline: the reimage's failure, or what differs from the baseline.
     pristine_report = models.TextField(blank=True, default="", editable=False)
+    # A host whose machine was lost or replaced as unhealthy goes offline for staff (clusters/
+    # lifecycle/repair.py): when, and why with the health report. Kept after staff clear it, so
+    # no replacement is drawn from it for RUNCRATE_QUARANTINE_DAYS (docs/inventory.md).
+    quarantined_at = models.DateTimeField(null=True, blank=True, editable=False)
+    quarantine_reason = models.TextField(blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["name"]

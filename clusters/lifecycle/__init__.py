@@ -11,7 +11,8 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
   per-node task under a lease (one task for a cluster's nodes where the driver batches) and
   never runs inside the transaction; the task writes its results back only while their lease
   tokens still match, and advances the cluster in the same transaction (`do_work`).
-- `terminate`, `retry_install`, `add_workers` change what the reconciler aims for.
+- `terminate`, `retry_install`, `add_workers`, `replace_node` change what the reconciler aims
+  for.
 - `run_network_test` measures the private network of a ready cluster on request, in a task.
 
 Every write to a cluster's nodes happens with the cluster row locked, so `advance`, the agent's
@@ -24,7 +25,8 @@ reservation), `unit` (the unit of work: a locked cluster loaded once, its change
 written back once), `steps` (what each step decides on it), `records` (what it carries, typed:
 `Action`, the `Outcome` of each kind of work, a node's `NodeWork`), `reconcile` (`advance`: one
 unit over a cluster), `work` (per-node work under a lease, talking to drivers),
-`actions` (terminate, stop, retry, add workers), `stops` (the meter's stops for balance and
+`actions` (terminate, stop, retry, add workers), `repair` (replacing a lost or unhealthy
+worker in place, the `auto` repair policy), `stops` (the meter's stops for balance and
 budget), `observe` (the record of what a node's agent says: its check-in, its network report),
 `network_test` (the network test a user asks for: the action, its task, how it reads), `watch`
 (what the periodic tasks look at). The dispatcher finds the work it hands on by registration:
@@ -50,6 +52,15 @@ from clusters.lifecycle.network_test import (
 )
 from clusters.lifecycle.reconcile import advance, step_deadlines
 from clusters.lifecycle.records import Action, ActionKind, Failure, NodeWork, Outcome
+from clusters.lifecycle.repair import (
+    HEAD_REFUSAL,
+    ReplacePlan,
+    auto_repair,
+    node_problem,
+    plan_replace,
+    replace_node,
+    set_repair_policy,
+)
 from clusters.lifecycle.reserve import (
     Checked,
     Quoted,
@@ -79,6 +90,13 @@ from clusters.lifecycle.work import do_node_work, do_work, install_plan, node_pl
 
 __all__ = [
     "CHECK_EVERY",
+    "HEAD_REFUSAL",
+    "ReplacePlan",
+    "auto_repair",
+    "node_problem",
+    "plan_replace",
+    "replace_node",
+    "set_repair_policy",
     "INSTALL_SECONDS",
     "LEASE_SECONDS",
     "NETWORK_TEST_SECONDS",

@@ -13,7 +13,7 @@ from accounts.models import ApiKey, User
 from billing import metering
 from clusters import policy
 from clusters.errors import ClusterRefused
-from clusters.lifecycle import dispatch
+from clusters.lifecycle import dispatch, repair
 from clusters.lifecycle.reserve import (
     new_nodes,
     require_balance,
@@ -21,6 +21,7 @@ from clusters.lifecycle.reserve import (
     reserve_hosts,
 )
 from clusters.lifecycle.rules import lock_cluster, set_needs_work
+from clusters.lifecycle.steps import drain
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Cluster, Event, Node
 from offers.models import MAX_NODES
@@ -203,8 +204,17 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
                 f"Refund: {locked.name} {node.name} was lost; billed past its last heartbeat"
             ),
         )
+        # Its host goes to staff once released, never back to the pool unseen; the
+        # software's configuration loses it (the head's prune), which is its drain.
+        repair.quarantine(work, node, f"Lost: {why}.")
+        drain.mark_drained(work, node, f"it was lost ({why})", lost=True)
         work.end_node(node, NodeStatus.LOST, at=last_heard)
         work.replan_others(node)  # the others stop naming it in /etc/hosts and the hostfile
+        locked.health_problems = {
+            key: problem
+            for key, problem in (locked.health_problems or {}).items()
+            if problem.get("node") != node.name
+        }
         left = [n for n in nodes if n.status == NodeStatus.JOINED]
         if locked.status == Status.READY:
             work.set_status(Status.DEGRADED)
@@ -220,6 +230,12 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
             if left
             else "no machine of it is left, and nothing more is billed; terminate it to end it."
         )
+        auto = repair.auto_replaces(locked, nodes, node, now=now)
+        if auto:
+            others = (
+                "it is being replaced automatically (the cluster's repair policy); you get one "
+                "email once the new machine is up."
+            )
         work.event(
             Reason.MACHINE_LOST,
             f"{node.name} was lost: {why}. Its billing ended at its last heartbeat, "
@@ -227,7 +243,12 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
             node=node,
             step=node.step,
         )
+        if auto:
+            # Told by the replacement's own email (replaced, or not), not by one of its own.
+            work.events[-1].emailed_at = now
         work.flush()
+        if auto:
+            repair.repair_cluster(locked, now=now)
         dispatch.current().advance(locked.pk)
     log.warning("cluster %s: %s lost (%s)", locked.pk, node.name, why)
     return True

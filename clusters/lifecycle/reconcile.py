@@ -15,7 +15,7 @@ from django.utils import timezone
 from clusters.lifecycle import dispatch
 from clusters.lifecycle.records import Failure
 from clusters.lifecycle.rules import lock_cluster
-from clusters.lifecycle.steps import install, join, release, terminate, workers
+from clusters.lifecycle.steps import drain, install, join, release, terminate, workers
 from clusters.lifecycle.unit import NODE_FIELDS, UnitOfWork, read_nodes
 from clusters.models import Cluster, Node
 
@@ -75,8 +75,11 @@ def advance_locked(
         join.provision(work)
     elif cluster.status == Status.INSTALLING:
         install.installing(work)
-    elif cluster.status == Status.READY:
+    elif cluster.status in Cluster.RUNNING:
+        # Workers added to a ready cluster, replacements (a degraded one's too), then the
+        # head's scheduler told which workers are drained.
         workers.workers(work)
+        drain.drain(work)
     release.release(work)
     if cluster.status == Status.TERMINATING:
         terminate.finish_terminating(work)

@@ -34,6 +34,9 @@ class ActionKind(StrEnum):
     INSTALL = "install"  # the software's installer (key: which install, `install_key`)
     CHECK = "check"  # the software's readiness check, on the head (key: the install's)
     STOP = "stop"  # stop the machine and make it fit for the next tenant
+    # on the head: its software's scheduling made to hold exactly the drained workers (key:
+    # their names, "node-2,node-3"; steps/drain.py)
+    DRAIN = "drain"
 
 
 @dataclass(frozen=True)

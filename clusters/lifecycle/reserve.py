@@ -8,7 +8,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from accounts import keys
@@ -51,7 +51,9 @@ class _TooFewUnlocked(Exception):
     """Fewer free hosts than asked for were not locked by others: look again, waiting."""
 
 
-def reserve_hosts(*, machine_type: MachineType, count: int, now: datetime) -> list[Host]:
+def reserve_hosts(
+    *, machine_type: MachineType, count: int, now: datetime, among: QuerySet[Host] | None = None
+) -> list[Host]:
     """Take `count` free hosts of `machine_type`, all or none. Call inside a transaction.
 
     On PostgreSQL the rows are locked (`FOR UPDATE SKIP LOCKED`): two requests racing for the
@@ -61,9 +63,11 @@ def reserve_hosts(*, machine_type: MachineType, count: int, now: datetime) -> li
     refused only when, after everyone ahead of it has committed or given up, too few are free,
     so N racing requests for a pool of P get exactly min(N, P // size) clusters. SQLite has no
     row locks; its IMMEDIATE transactions (see settings) already let one writer in at a time.
-    The conditional update is checked either way.
+    The conditional update is checked either way. `among` narrows the hosts drawn from (a
+    replacement's: none quarantined lately); by default, every offered one.
     """
-    free = offered_hosts().filter(machine_type=machine_type).order_by("pk")
+    offered = offered_hosts() if among is None else among
+    free = offered.filter(machine_type=machine_type).order_by("pk")
     hosts: list[Host] = []
     if connection.features.has_select_for_update_skip_locked:
         try:
@@ -441,6 +445,7 @@ def create_cluster(
     api_key: ApiKey | None = None,
     quoted: Quoted | None = None,
     member_ids: list[int] | None = None,
+    repair_policy: str = Cluster.RepairPolicy.ASK,
 ) -> Cluster:
     """Validate a request (SPEC §2, in this order: `check_create`, then `check_locked`), reserve
     every host, create the cluster, attach the volume `volume_id` if one is asked for. Made
@@ -454,6 +459,7 @@ def create_cluster(
     Raises ClusterRefused before anything is reserved or written.
     """
     now = timezone.now()
+    require_repair_policy(repair_policy)
     checked = check_create(
         project=project,
         environment=environment,
@@ -477,6 +483,7 @@ def create_cluster(
         nodes=nodes,
         software=software,
         checked=checked,
+        repair_policy=repair_policy,
     )
     return _create_checked(create, now=now)
 
@@ -494,6 +501,18 @@ class _Create:
     nodes: int
     software: str
     checked: Checked
+    repair_policy: str = Cluster.RepairPolicy.ASK
+
+
+def require_repair_policy(policy: object) -> None:
+    """A repair policy is `ask` or `auto` (docs/lifecycle.md, "Repair")."""
+    if policy not in Cluster.RepairPolicy.values:
+        raise ClusterRefused(
+            "invalid_repair_policy",
+            "The repair policy is ask (replace a lost or unhealthy machine when you say so) or "
+            "auto (replace it automatically).",
+            field="repair_policy",
+        )
 
 
 def _create_checked(create: _Create, *, now: datetime) -> Cluster:
@@ -527,6 +546,7 @@ def _create_checked(create: _Create, *, now: datetime) -> Cluster:
                 machine_type=machine_type,
                 size=nodes,
                 software=create.software,
+                repair_policy=create.repair_policy,
                 status=Status.PROVISIONING,
                 authorized_keys="\n".join(k.public_key.strip() for k in chosen) + "\n",
                 key_holders=[keys.key_holder(key) for key in chosen],

@@ -46,6 +46,7 @@ LEASE_SECONDS = {
     "stop": 30,
     "replan": 15,
     "prune": 30,
+    "drain": 30,
 }
 # The longest one piece of work may run at all: the broker's visibility timeout is set from it
 # (config/settings.py), so an unacknowledged message is handed back only after its work
@@ -136,15 +137,19 @@ def needs_work(cluster: Cluster, nodes: list[Node]) -> bool:
     ended still holds its host (to wipe). Kept in `Cluster.needs_work`, which the tick reads."""
     if cluster.status in (Status.PROVISIONING, Status.INSTALLING, Status.TERMINATING):
         return True
-    return any(
-        n.status == NodeStatus.STARTING
-        or (n.holds_host and n.status in Node.RELEASED)
-        or (
-            cluster.status == Status.READY
-            and n.status == NodeStatus.JOINED
-            and n.step == Node.Step.INSTALL
-        )
-        for n in nodes
+    return any(joining(cluster, n) or (n.holds_host and n.status in Node.RELEASED) for n in nodes)
+
+
+def joining(cluster: Cluster, node: Node) -> bool:
+    """Whether `node` is a machine joining a running cluster: starting, or joined and installing
+    its software, as a worker added to a ready cluster or a replacement (which joins a degraded
+    one too). A degraded cluster's own nodes left at `install` by a failed install are not."""
+    if node.status == NodeStatus.STARTING:
+        return True
+    return (
+        node.status == NodeStatus.JOINED
+        and node.step == Node.Step.INSTALL
+        and (cluster.status == Status.READY or node.replaces_id is not None)
     )
 
 

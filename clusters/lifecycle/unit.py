@@ -99,6 +99,8 @@ class UnitOfWork:
     hosts: dict[str, set[int]] = field(default_factory=dict)
     # Why a host released now is dirty, for staff (Host.pristine_report), by host.
     host_reports: dict[int, str] = field(default_factory=dict)
+    # Hosts quarantined now (a lost machine's, or one replaced as unhealthy), with why.
+    quarantined: dict[int, str] = field(default_factory=dict)
     # The nodes billed from `now` on (their machines joined the cluster).
     billed: list[Node] = field(default_factory=list)
     handoffs: list[Handoff] = field(default_factory=list)
@@ -315,6 +317,8 @@ class UnitOfWork:
             Host.objects.filter(pk__in=host_ids).update(state=state, state_changed_at=self.now)
         for host_id, report in self.host_reports.items():
             Host.objects.filter(pk=host_id).update(pristine_report=report)
+        for host_id, why in self.quarantined.items():
+            Host.objects.filter(pk=host_id).update(quarantined_at=self.now, quarantine_reason=why)
         metering.open_machines(
             project_id=self.cluster.project_id,
             cluster_id=self.cluster.pk,

@@ -120,6 +120,17 @@ def _run(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
             result = driver.install(node, plan=plans.install(with_node_plans=True))
             return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
         return Ran(Outcome(ok=True, key=key))
+    if kind is ActionKind.DRAIN:
+        # The drained workers as the cluster holds them now; the key names the ones the
+        # reconciler asked for (steps/drain.py compares it with what it wants next).
+        names = set(key.split(",")) if key else set()
+        drained = {
+            n.name: n.drained
+            for n in node.cluster.nodes.filter(status=NodeStatus.JOINED)
+            if n.name in names and n.drained
+        }
+        result = driver.drain(node, plan=plans.install(), drained=drained)
+        return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
     if kind in (ActionKind.AGENT, ActionKind.NETWORK):
         # The agent's report is recorded with the write-back, in its transaction.
         return Ran(Outcome(ok=True))

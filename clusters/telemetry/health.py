@@ -41,7 +41,8 @@ from django.conf import settings
 from django.db import transaction
 
 from clusters import policy
-from clusters.lifecycle.rules import lock_cluster
+from clusters.lifecycle.rules import joining, lock_cluster
+from clusters.lifecycle.steps import drain
 from clusters.lifecycle.unit import UnitOfWork, read_nodes
 from clusters.models import Cluster, Event, Node
 from runcrate.durations import span
@@ -73,6 +74,9 @@ def expected_services(cluster: Cluster, node: Node) -> list[str]:
     if node.step == Node.Step.DONE:
         everywhere, head = SERVICES.get(cluster.software, ((), ()))
         services += [*everywhere, *(head if node.index == 0 else ())]
+    if node.drained and cluster.software == Cluster.Software.RAY:
+        # Draining a Ray worker stops its raylet (steps/drain.py): not a problem of its own.
+        services.remove("raylet")
     return services
 
 
@@ -225,8 +229,17 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     known = dict(cluster.health_problems or {}) if cluster.status == Status.DEGRADED else {}
     new = [p for key, p in found.items() if key not in known]
     gone = [known[key] for key in known if key not in found]
+    # Each problem keeps when it was first seen while it lasts: the `auto` repair policy
+    # replaces a machine whose problems outlast its grace period (clusters/lifecycle/repair.py).
+    since = {key: (p.get("since") or "") for key, p in (cluster.health_problems or {}).items()}
     stored = {
-        key: {"node": p.node, "message": p.message, "healed": p.healed} for key, p in found.items()
+        key: {
+            "node": p.node,
+            "message": p.message,
+            "healed": p.healed,
+            "since": since.get(key) or now.isoformat(),
+        }
+        for key, p in found.items()
     }
     if stored == (cluster.health_problems or {}) and not new and not gone:
         return False
@@ -262,16 +275,32 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
         )
     if ours and found and cluster.status == Status.DEGRADED:
         _record_failure(cluster, list(found.values()))
+    _drain_as_found(work, found.values())
     work.flush()
     return True
 
 
+def _drain_as_found(work: UnitOfWork, found) -> None:
+    """Every worker an open problem names is out of its software's scheduling, and every
+    drained one no problem names any more is back in; the head's scheduler is told
+    (clusters/lifecycle/steps/drain.py)."""
+    named: dict[str, list[str]] = {}
+    for problem in found:
+        named.setdefault(problem.node, []).append(problem.message)
+    for node in work.nodes:
+        if node.status != NodeStatus.JOINED or node.index == 0:
+            continue
+        if node.name in named:
+            drain.mark_drained(work, node, "; ".join(named[node.name]))
+        else:
+            drain.mark_undrained(work, node)
+    drain.drain(work)
+
+
 def _worker_joining(cluster: Cluster, nodes: list[Node]) -> bool:
-    """Whether a worker is joining, which its peers are still adding: health waits for it."""
-    return any(n.status == NodeStatus.STARTING for n in nodes) or (
-        cluster.status == Status.READY
-        and any(n.status == NodeStatus.JOINED and n.step == Node.Step.INSTALL for n in nodes)
-    )
+    """Whether a worker (or a replacement) is joining, which its peers are still adding:
+    health waits for it."""
+    return any(joining(cluster, n) for n in nodes)
 
 
 def _record_failure(cluster: Cluster, found: list[Problem]) -> None:

@@ -9,10 +9,11 @@ Each operation declares the scope its key needs; the key is passed on so that it
 
 from dataclasses import asdict
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from django.db.models import Prefetch, QuerySet
 from django.http import HttpResponse
+from django.utils import timezone
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import WithJsonSchema
 from pydantic.config import JsonDict
@@ -60,11 +61,22 @@ class HealthOut(Schema):
 
 
 class MachineOut(Schema):
+    id: int = Field(
+        description="The machine's own id: a replacement has the name of the one it "
+        "replaces, never its id."
+    )
     name: str = Field(description="node-0 … node-N-1; node-0 is the head.")
     private_ip: str
     step: str = Field(description="running, agent, network, install or done.")
-    status: str = Field(description="starting, joined, failed or ended.")
+    status: str = Field(description="starting, joined, failed, ended or lost.")
     health: HealthOut
+    drained: str | None = Field(
+        description="Why the product took it out of its software's scheduling (Slurm drain, "
+        "Kubernetes cordon, Ray raylet stopped); null while it takes jobs."
+    )
+    replaces: int | None = Field(description="The id of the lost or unhealthy machine it replaces.")
+    replaced_by: int | None = Field(description="The id of the machine that replaced it.")
+    ended_at: datetime | None = Field(description="When it stopped serving the cluster.")
 
 
 class EventOut(Schema):
@@ -118,6 +130,10 @@ class ClusterSummaryOut(Schema):
     stop_reason: str | None = Field(description="balance or budget for a stopped cluster.")
     volume: AttachedVolumeOut | None = Field(
         description="The volume attached (at /shared/volume on node-0); null once it ended."
+    )
+    repair_policy: str = Field(
+        description="ask: a lost or unhealthy worker is replaced when you say so; auto: "
+        "automatically (docs/lifecycle.md, 'Repair')."
     )
     machines: list[MachineOut]
     idle_since: datetime | None = Field(
@@ -273,6 +289,12 @@ class ClusterIn(Schema):
         description="A volume of the project to attach (same location, not on community "
         "offers, not attached elsewhere); it appears at /shared/volume on node-0.",
     )
+    repair_policy: Literal["ask", "auto"] = Field(
+        "ask",
+        description="Who decides to replace a lost or unhealthy worker: ask (you, from the "
+        "dashboard, the API, the CLI or the MCP server) or auto (the product, at once for a "
+        "lost one, after RUNCRATE_REPAIR_GRACE_SECONDS for an unhealthy one).",
+    )
     plan_token: str | None = Field(
         None,
         description="The plan_token of POST /api/v1/clusters/plan for exactly this body: the "
@@ -299,6 +321,7 @@ class PlanOut(Schema):
     offer_id: str
     nodes: int
     software: str
+    repair_policy: str
     ssh_key_ids: list[int] = Field(description="The SSH keys the create would install.")
     volume_id: int | None
     gpu: str = Field(description="The GPU model's name.")
@@ -353,6 +376,37 @@ class PlanEnvelope(Schema):
     data: PlanOut
 
 
+class ReplaceIn(Schema):
+    plan_token: str | None = Field(
+        None,
+        description="The plan_token of POST /api/v1/clusters/{id}/nodes/{name}/replace/plan for "
+        "this machine: the replacement is then refused `plan_mismatch` for another machine, "
+        "cluster, project or key, and `plan_expired` 10 minutes after the plan.",
+    )
+
+
+class ReplacePlanOut(Schema):
+    cluster_id: int
+    node: str = Field(description="The machine replaced; the new one takes its name.")
+    private_ip: str = Field(description="Its private address, which the new machine keeps.")
+    why: str = Field(description="Why it may be replaced: lost, or its open health problems.")
+    price_per_hour: str = Field(description="The new machine, USD per hour, billed once up.")
+    cluster_price_per_hour: str = Field(description="The whole cluster once it is up.")
+    billing: str = Field(description="What the replacement does to the bill, in words.")
+    plan_token: str
+    plan_expires_at: datetime
+
+
+class ReplacePlanEnvelope(Schema):
+    data: ReplacePlanOut
+
+
+class ClusterChangeIn(Schema):
+    repair_policy: Literal["ask", "auto"] = Field(
+        description="ask or auto (docs/lifecycle.md, 'Repair')."
+    )
+
+
 class WorkersIn(Schema):
     count: int = Field(
         description=f"How many machines to add; the cluster stays at most {MAX_NODES}.",
@@ -387,6 +441,7 @@ def _get_cluster(request: ApiRequest, cluster_id: int) -> Cluster:
 def _summary(cluster: Cluster) -> dict:
     machine_type = cluster.machine_type
     nodes = list(cluster.nodes.all())
+    replaced_by = {n.replaces_id: n.pk for n in nodes if n.replaces_id is not None}
     size = cluster.machines_priced(Cluster.machines_up_in(nodes))
     failure = None
     if cluster.failure_reason:
@@ -423,13 +478,23 @@ def _summary(cluster: Cluster) -> dict:
             ({"id": v.pk, "name": v.name} for v in cluster.volumes.all() if v.deleted_at is None),
             None,
         ),
+        "repair_policy": cluster.repair_policy,
         "machines": [
             {
+                "id": node.pk,
                 "name": node.name,
                 "private_ip": node.private_ip,
                 "step": node.step,
                 "status": node.status,
-                "health": health(cluster, node.name),
+                # A machine that left has no health of its own any more: its name's problems
+                # are the live machine's.
+                "health": health(cluster, node.name)
+                if node.status in Node.LIVE
+                else {"status": "healthy", "problems": []},
+                "drained": node.drained or None,
+                "replaces": node.replaces_id,
+                "replaced_by": replaced_by.get(node.pk),
+                "ended_at": node.ended_at,
             }
             for node in nodes
         ],
@@ -534,6 +599,7 @@ def _create(request: ApiRequest, payload: ClusterIn) -> idempotency.Answer:
             member_ids=payload.member_ids,
             volume_id=payload.volume_id,
             api_key=request.auth,
+            repair_policy=payload.repair_policy,
         )
     )
     # Committed (outside Idempotency-Key's transaction): a connection lost now still answers 201.
@@ -721,6 +787,93 @@ def run_network_test(request: ApiRequest, cluster_id: int) -> Status:
     cluster = _get_cluster(request, cluster_id)
     started = lifecycle.run_network_test(cluster=cluster, user=request.user)
     return Status(202, {"data": lifecycle.network_test_report(started)})
+
+
+REPLACE_REFUSALS = (
+    "Refused, changing nothing: 404 `unknown_node` for a name the cluster never had, 409 "
+    "`head_not_replaceable` for node-0 (the head holds /shared, the scheduler and the Ray head), "
+    "409 `node_not_replaceable` for a healthy machine, 409 `replacement_in_progress`, 409 "
+    "`invalid_state` for a cluster that is not ready or degraded, and the create's money "
+    "refusals for one hour of the added machine (402 `insufficient_balance`, 402 "
+    "`budget_reached`, 403 `key_limit_exceeded`), 409 `not_enough_machines`."
+)
+
+
+def _replace_body(cluster: Cluster, name: str) -> dict:
+    """What a replacement's plan_token binds: the cluster and the machine."""
+    return {"replace": cluster.pk, "node": name}
+
+
+@router.post(
+    "/clusters/{cluster_id}/nodes/{name}/replace/plan",
+    auth=needs_as(Scope.CREATE, "POST /api/v1/clusters/{id}/nodes/{name}/replace"),
+    response={200: ReplacePlanEnvelope, **ACTION_RESPONSES, 402: ErrorOut},
+    summary="Plan replacing a machine",
+    description="Runs every check of the replacement, reserving nothing, and answers what it "
+    "would do and cost, with a `plan_token` valid 10 minutes. " + REPLACE_REFUSALS,
+)
+def plan_replace(request: ApiRequest, cluster_id: int, name: str) -> dict:
+    cluster = _get_cluster(request, cluster_id)
+    planned = lifecycle.plan_replace(cluster=cluster, node_name=name, api_key=request.auth)
+    token = plans.issue_token(
+        project=request.project, api_key=request.auth, body=_replace_body(cluster, name)
+    )
+    return {
+        "data": {
+            "cluster_id": cluster.pk,
+            **planned.as_dict(),
+            "plan_token": token,
+            "plan_expires_at": timezone.now() + plans.PLAN_TTL,
+        }
+    }
+
+
+@router.post(
+    "/clusters/{cluster_id}/nodes/{name}/replace",
+    auth=needs(Scope.CREATE),
+    response={**ACTION_RESPONSES, 402: ErrorOut},
+    summary="Replace a lost or unhealthy machine",
+    description="A new machine of the same type takes the name and private address of a lost "
+    "or unhealthy worker, passes the same steps and joins the software; the old one is "
+    "released at once (an unhealthy one's billing ends now) and the new one is billed from the "
+    "moment it is up. " + REPLACE_REFUSALS,
+)
+@outages.committing
+def replace_node(
+    request: ApiRequest, cluster_id: int, name: str, payload: ReplaceIn | None = None
+) -> Status:
+    cluster = _get_cluster(request, cluster_id)
+    if payload is not None and payload.plan_token is not None:
+        plans.check_token(
+            payload.plan_token,
+            project=request.project,
+            api_key=request.auth,
+            body=_replace_body(cluster, name),
+            plan_path=f"POST /api/v1/clusters/{cluster.pk}/nodes/{name}/replace/plan",
+        )
+    lifecycle.replace_node(cluster=cluster, node_name=name, api_key=request.auth, user=request.user)
+    return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
+
+
+@router.patch(
+    "/clusters/{cluster_id}",
+    auth=needs(Scope.CREATE),
+    response={
+        200: ClusterEnvelope,
+        401: ErrorOut,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        422: ErrorOut,
+    },
+    summary="Change a cluster's repair policy",
+    description="`repair_policy`: ask or auto; 409 `invalid_state` for a cluster that ended.",
+)
+@outages.committing
+def change_cluster(request: ApiRequest, cluster_id: int, payload: ClusterChangeIn) -> dict:
+    cluster = _get_cluster(request, cluster_id)
+    lifecycle.set_repair_policy(cluster=cluster, policy=payload.repair_policy, user=request.user)
+    return {"data": _detail(_get_cluster(request, cluster_id))}
 
 
 @router.delete(

@@ -46,30 +46,35 @@ def issue_token(*, project: Project, api_key: ApiKey | None, body: dict[str, Any
 
 
 def check_token(
-    token: str, *, project: Project, api_key: ApiKey | None, body: dict[str, Any]
+    token: str,
+    *,
+    project: Project,
+    api_key: ApiKey | None,
+    body: dict[str, Any],
+    plan_path: str = "POST /api/v1/clusters/plan",
 ) -> None:
-    """Refuse a create whose `plan_token` is not a plan of exactly this body, for this project
-    and key (`plan_mismatch`), or is older than PLAN_TTL (`plan_expired`)."""
+    """Refuse a create (or a replacement: `plan_path` names its plan) whose `plan_token` is not
+    a plan of exactly this body, for this project and key (`plan_mismatch`), or is older than
+    PLAN_TTL (`plan_expired`)."""
     try:
         value = signing.loads(token, salt=_SALT, max_age=PLAN_TTL)
     except signing.SignatureExpired:
         raise ClusterRefused(
             "plan_expired",
             f"This plan_token is older than {in_words(PLAN_TTL.total_seconds())}: plan again "
-            "(POST /api/v1/clusters/plan) and create with the new token. Nothing was reserved.",
+            f"({plan_path}) and send it with the new token. Nothing was reserved.",
         ) from None
     except signing.BadSignature:
         raise ClusterRefused(
             "plan_mismatch",
-            "This plan_token is not one this server gave: plan again (POST "
-            "/api/v1/clusters/plan) and create with the token it answers. Nothing was reserved.",
+            f"This plan_token is not one this server gave: plan again ({plan_path}) and send "
+            "it with the token it answers. Nothing was reserved.",
         ) from None
     if value != {"p": project.pk, "k": api_key.pk if api_key else None, "b": body_digest(body)}:
         raise ClusterRefused(
             "plan_mismatch",
-            "This plan_token was given for another create (another body, project or API key): "
-            "create with exactly the body that was planned, or plan this one. Nothing was "
-            "reserved.",
+            "This plan_token was given for something else (another body, machine, project or "
+            "API key): send exactly what was planned, or plan this one. Nothing was reserved.",
         )
 
 

@@ -18,11 +18,12 @@ Reason = Event.Reason
 
 
 def install_key(work: UnitOfWork, targets: list[Node]) -> str:
-    """Which install the work is for: the cluster's n-th, or the workers up to the last one
-    added; a result for another install is not this one's."""
+    """Which install the work is for: the cluster's n-th, or the joining machines up to the last
+    one added (by row: a replacement reuses its name, never its row); a result for another
+    install is not this one's."""
     if work.cluster.status == Status.INSTALLING:
         return f"install-{work.cluster.install_attempts}"
-    return f"workers-{max(n.index for n in targets)}"
+    return f"workers-{max(n.pk for n in targets)}"
 
 
 def install(work: UnitOfWork, targets: list[Node]) -> tuple[list[Failure], list[Node]]:

@@ -29,8 +29,12 @@ def release(work: UnitOfWork) -> None:
             node.holds_host = False
             work.touch(node)
             # A host goes back to the pool only reimaged and found pristine; otherwise it
-            # is dirty, offered to no one until staff reimage it (docs/inventory.md).
-            if stop.pristine:
+            # is dirty, offered to no one until staff reimage it (docs/inventory.md). One
+            # whose machine was lost or replaced as unhealthy goes to staff either way.
+            if node.quarantine:
+                quarantine_host(work, node, stop.why)
+                kept_out.append(node)
+            elif stop.pristine:
                 work.set_host(node, Host.State.FREE)
                 reimaged.append(node)
             else:
@@ -49,6 +53,8 @@ def release(work: UnitOfWork) -> None:
                 start.error,
             )
         elif stop is not None and stop.attempts >= RELEASE_ATTEMPTS:
+            if node.quarantine:
+                quarantine_host(work, node, stop.error)
             take_offline(
                 work,
                 node,
@@ -87,6 +93,17 @@ def released_words(*, reimaged: list[Node], kept_out: list[Node]) -> str:
 
 def _names(nodes: list[Node]) -> str:
     return ", ".join(n.name for n in nodes)
+
+
+def quarantine_host(work: UnitOfWork, node: Node, stopped: str) -> None:
+    """The host of a machine that was lost or replaced as unhealthy goes offline for staff,
+    with why and its health report (`Node.quarantine`) and what its stop found: only staff
+    put it back, reimaged and verified (docs/inventory.md, "Quarantined hosts")."""
+    assert node.host_id is not None  # reserved with its host
+    work.set_host(node, Host.State.OFFLINE)
+    report = node.quarantine + (f"\nIts release: {stopped}" if stopped else "")
+    work.quarantined[node.host_id] = report
+    work.host_reports[node.host_id] = report
 
 
 def take_offline(work: UnitOfWork, node: Node, message: str, why: str) -> None:
