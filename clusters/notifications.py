@@ -22,6 +22,7 @@ from django.utils import timezone
 from accounts import recipients
 from clusters import connect
 from clusters.models import STEP_NAMES, Cluster, Event, Node
+from runcrate.durations import in_words
 from runcrate.emails import project_url, send_templated
 from runcrate.money import usd
 
@@ -76,6 +77,30 @@ def _peers(names: list[str]) -> str:
     return f"{names[0]} … {names[-1]}"
 
 
+# The emails that say what replacing the machine costs, and link to where it is offered.
+REPAIR_EMAILS = {"lost", "unhealthy", "replaced", "replacement_failed"}
+
+
+def _repair_context(event: Event, link) -> dict:
+    """What a repair email adds: whether the machine can be replaced (node-0 cannot), what a
+    new one costs, the Machines tab where it is offered, and the cluster's repair policy."""
+    cluster = event.cluster
+    node_name = event.node.name if event.node else cluster.failure_node
+    return {
+        "replaceable": bool(node_name) and node_name != "node-0",
+        "replace_price": usd(cluster.price_per_machine_hour),
+        "machines_url": link(reverse("clusters:tab", args=[cluster.pk, "machines"])),
+        "auto_repair": cluster.repair_policy == Cluster.RepairPolicy.AUTO,
+        "grace": in_words(settings.RUNCRATE_REPAIR_GRACE_SECONDS),
+        # A replacement's email says what happened to the machine it replaced.
+        "replaced_why": (
+            event.node.replaces.quarantine.splitlines()[0]
+            if event.node and event.node.replaces and event.node.replaces.quarantine
+            else ""
+        ),
+    }
+
+
 def email_context(event: Event) -> dict:
     cluster = event.cluster
     machine_type = cluster.machine_type
@@ -99,6 +124,8 @@ def email_context(event: Event) -> dict:
         "terminate_url": link(reverse("clusters:terminate", args=[cluster.pk])),
         "offers_url": link(reverse("offers:picker") + f"?gpu={machine_type.gpu.slug}"),
     }
+    if event.notification in REPAIR_EMAILS:
+        context.update(_repair_context(event, link))
     if event.notification == "ready":
         context.update(_connect_context(cluster))
     if event.notification == "idle":

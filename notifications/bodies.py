@@ -18,6 +18,8 @@ BY_NOTIFICATION = {
     "lost": "cluster.machine_lost",
     "unhealthy": "node.unhealthy",
     "idle": "cluster.idle",
+    "replaced": "node.replaced",
+    "replacement_failed": "node.replacement_failed",
 }
 STOPS = {Event.Reason.STOPPED_BALANCE, Event.Reason.STOPPED_BUDGET}
 
@@ -29,6 +31,9 @@ TITLES = {
     "cluster.stopped": "was stopped",
     "node.unhealthy": "has an unhealthy node",
     "cluster.idle": "has idle GPUs",
+    "node.drained": "took a node out of scheduling",
+    "node.replaced": "replaced a node",
+    "node.replacement_failed": "could not replace a node",
 }
 NOTICES = {
     Notice.Kind.LOW_BALANCE: "billing.low_balance",
@@ -40,6 +45,8 @@ def event_type(event: Event) -> str | None:
     """The channel event type of `event`, or None when channels are not told of it."""
     if event.reason in STOPS:
         return "cluster.stopped"
+    if event.reason == Event.Reason.NODE_DRAINED:
+        return "node.drained"  # told to channels only: the unhealthy email says it
     notification = event.notification
     return BY_NOTIFICATION.get(notification) if notification else None
 

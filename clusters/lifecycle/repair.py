@@ -232,6 +232,9 @@ def replace_node(
         )
         if old.status == NodeStatus.JOINED:
             _release_unhealthy(work, old, why)
+            # Ended before its successor takes its index (one live node per index); the rest
+            # of its row is written with the unit.
+            Node.objects.filter(pk=old.pk).update(status=old.status)
         locked.bump_version()  # new_nodes stamps the new row with it
         (new,) = new_nodes(
             cluster=locked, hosts=hosts, first_index=old.index, is_worker=True, now=now
