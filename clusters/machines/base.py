@@ -199,6 +199,15 @@ class Driver:
         """Run the software's readiness check on `node` (the head) for the whole plan."""
         raise NotImplementedError
 
+    def drain(self, head: Node, *, plan: InstallPlan, drained: dict[str, str]) -> InstallResult:
+        """Make the scheduler of `plan.software` on `head` (node-0) drain exactly the nodes in
+        `drained` (node name -> why, in words) among the plan's nodes, and resume those the
+        product drained before that are not in it; what a user drained by hand stays as it is.
+        Slow work, outside any transaction; `ok` when the scheduler matches, with what changed
+        in `output` (`runcrate: drained node-2`, `runcrate: resumed node-3`, `runcrate: skipped
+        …`)."""
+        raise NotImplementedError
+
     def stop(self, node: Node, *, attempt: int = 1) -> Released:
         """Stop the machine and make it fit for the next tenant: reimage and verify it where
         it can be, else wipe it (then it is not pristine: it waits for staff). Raises

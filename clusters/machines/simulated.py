@@ -210,6 +210,21 @@ class SimulatedDriver(Driver):
         expected = [checks.ExpectedNode(n.name, n.private_ip, n.gpus) for n in plan.nodes]
         return checks.run_check(plan.software, output, expected)
 
+    def drain(self, head: Node, *, plan: InstallPlan, drained: dict[str, str]) -> InstallResult:
+        """No scheduler to ask: what drain.sh would print for a drain of `drained` that changed
+        each node it names (a simulated machine keeps no state to resume from), so the
+        product's flow runs on the simulated data center."""
+        names = {n.name for n in plan.nodes}
+        lines = []
+        if plan.software != "none":
+            for name in sorted(drained):
+                if name in names:
+                    lines.append(f"runcrate: drained {name}")
+                else:
+                    lines.append(f"runcrate: skipped {name} (not a node of this cluster)")
+        lines.append("runcrate: ok")
+        return InstallResult(ok=True, output="\n".join(lines) + "\n")
+
     # --- the network test --------------------------------------------------------------------
 
     def network_test(
