@@ -78,6 +78,9 @@ SCRIPTS = Path(__file__).resolve().parent / "software" / "host"
 AGENT_FILE = Path(__file__).resolve().parent / "runcrate_agent.py"
 INCOMING = "/var/lib/runcrate/incoming"
 SOFTWARE_INCOMING = "/var/lib/runcrate/software"
+# drain.sh and its files on the head: a folder of its own, since an upload empties its folder
+# first and an install may be using SOFTWARE_INCOMING.
+DRAIN_INCOMING = "/var/lib/runcrate/drain"
 WIREGUARD_PORT = 51820
 REIMAGE_POLL_SECONDS = 2
 # A log fetch (read_logs): its whole deadline, and the most the dashboard reads of one text
@@ -299,6 +302,24 @@ class SshDriver(Driver):
         last = last_line(output)
         return InstallResult(ok=status == 0 and last == "runcrate: ok", output=output[-20_000:])
 
+    def drain(self, head: Node, *, plan: InstallPlan, drained: dict[str, str]) -> InstallResult:
+        """Run `clusters/machines/software/host/drain.sh` on the head with the plan's nodes
+        (drain.env) and the nodes to drain (drain.list); it changes only what differs and only
+        what the product drained (docs/drivers.md, "Draining a node")."""
+        files = {
+            "drain.env": (drain_env(plan), 0o600),
+            "drain.list": (drain_list(drained), 0o600),
+            "drain.sh": ((SCRIPTS / "drain.sh").read_text(), 0o700),
+        }
+        with host_session(head.reserved_host) as session:
+            session.upload(files, DRAIN_INCOMING)
+            status, output = session.run(
+                f"sh {DRAIN_INCOMING}/drain.sh", timeout=drain_seconds(len(plan.nodes))
+            )
+            keep_output(session, "drain", output)
+        last = last_line(output)
+        return InstallResult(ok=status == 0 and last == "runcrate: ok", output=output[-20_000:])
+
     def check(self, node: Node, *, plan: InstallPlan, now: datetime) -> CheckResult:
         """The software's own readiness check, run on the head (`node`), read by the same
         parsers as everywhere (`clusters/machines/software/checks.py`)."""
@@ -492,6 +513,34 @@ def software_env(node: Node, plan: InstallPlan) -> str:
             kubernetes_env(node) if plan.software == "kubernetes" else "",
         ]
     )
+
+
+def drain_env(plan: InstallPlan) -> str:
+    """The shell variables drain.sh reads: the software, the head, every node of the plan."""
+    return "".join(
+        [
+            _env_line("SOFTWARE", plan.software),
+            _env_line("NODE_NAME", plan.head.name),
+            _env_line("HEAD_IP", plan.head.private_ip),
+            _env_line("NODES", " ".join(n.name for n in plan.nodes)),
+        ]
+    )
+
+
+def drain_list(drained: dict[str, str]) -> str:
+    """drain.list: a line `name<TAB>why` per node to drain. A line break or tab in `why` would
+    split the line, so each becomes a space; drain.sh cleans the rest (quotes, length)."""
+    lines = []
+    for name, why in sorted(drained.items()):
+        one_line = " ".join(why.replace("\t", " ").splitlines())
+        lines.append(f"{name}\t{one_line}\n")
+    return "".join(lines)
+
+
+def drain_seconds(nodes: int) -> int:
+    """How long drain.sh may run on a cluster of `nodes`: its own bounds, one node after
+    another (a Ray node's raylet started again: 120 s), and a minute for the scheduler."""
+    return 60 + 120 * nodes
 
 
 def kubernetes_env(node: Node) -> str:

@@ -19,6 +19,8 @@ INSTALLER=Ray
 . "$(dirname "$0")/installer.sh"
 VENV=/opt/runcrate/ray
 VERSION=${RAY_REQUIREMENT##*==}
+# "VERSION auth=HASH ARGS…": what this node's Ray was started with; drain.sh starts an undrained
+# node again with the ARGS (every word from the third on).
 STATE=/etc/runcrate/ray.args
 LOG="$SOFTWARE_DIR/ray-install.log"
 # Ray sends nothing home, and its programs are found on PATH by the jobs it runs.
