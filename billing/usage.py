@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import (
     BooleanField,
     Case,
@@ -705,7 +706,9 @@ def _records_in(month: Month) -> QuerySet[UsageRecord]:
             | Q(ended_at__gt=month.start),
             started_at__lt=month.end,
         )
-        .select_related("node", "cluster__machine_type__gpu", "cluster__machine_type__location")
+        .select_related(
+            "node__replaced_by", "cluster__machine_type__gpu", "cluster__machine_type__location"
+        )
         .order_by("cluster_id", "node__index", "pk")
     )
 
@@ -715,6 +718,18 @@ def _settled_rows(records: Iterable[UsageRecord], marks: dict, month: Month) -> 
         settle(record, marks.get(record.cluster_id))
         if record.charged_until > month.start:
             yield record.cluster_id, machine_row(record, month)
+
+
+def machine_name(record: UsageRecord) -> str:
+    """A machine's name on the bill: its node's, and for one that was replaced (lost, or
+    unhealthy: docs/lifecycle.md "Repair") when, so its row and its replacement's read apart:
+    "node-3 (replaced 14:02)"."""
+    node = record.node
+    try:
+        replacement = getattr(node, "replaced_by")  # noqa: B009 (a reverse one-to-one)
+    except ObjectDoesNotExist:
+        return node.name
+    return f"{node.name} (replaced {replacement.reserved_at:%H:%M})"
 
 
 def machine_row(record: UsageRecord, month: Month) -> MachineRow:
@@ -734,7 +749,7 @@ def machine_row(record: UsageRecord, month: Month) -> MachineRow:
     return MachineRow(
         cluster_id=record.cluster_id,
         cluster_name=record.cluster.name,
-        node=record.node.name,
+        node=machine_name(record),
         gpu=f"{machine_type.gpus_per_machine}× {machine_type.gpu.name}",
         location=machine_type.location.code,
         started_at=start,

@@ -1314,6 +1314,16 @@ class Lab:
         network namespace made anew; same address and host key."""
         self._restart(host, wipe=True)
 
+    def stop(self, host: str) -> None:
+        """Like pulling the plug: every process in the host stopped and its network gone, so
+        nothing of it answers; `reset` (or `restart`) brings it back."""
+        name = self.host(host).name
+        with _locked(self.lab_dir / "lock"):
+            record = (_read_state(self.lab_dir) or {}).get("hosts", {}).get(name)
+            if record is None:
+                raise LabError(f"{name} is not in the lab's state; run up() again")
+            _stop_host(record)
+
     def restart(self, host: str) -> None:
         """Like a reboot: every process in the host stopped, its files kept, started again."""
         self._restart(host, wipe=False)

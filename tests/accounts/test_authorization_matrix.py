@@ -146,6 +146,9 @@ OPERATIONS: dict[str, str] = {
     "clusters_api_terminate_cluster": "clusters.manage",
     "clusters_api_retry_install": "clusters.manage",
     "clusters_api_add_workers": "clusters.manage",
+    "clusters_api_plan_replace": "clusters.manage",
+    "clusters_api_replace_node": "clusters.manage",
+    "clusters_api_change_cluster": "clusters.manage",
     "clusters_api_run_network_test": "clusters.manage",
     "clusters_api_delete_machine": "clusters.manage",
     "clusters_api_cluster_metrics": "clusters.manage",
@@ -196,6 +199,7 @@ API_BODIES: dict[str, dict] = {
     },
     "billing_api_put_budget": {"amount": "500.00"},
     "clusters_api_add_workers": {"count": 1},
+    "clusters_api_change_cluster": {"repair_policy": "auto"},
     "clusters_agent_api_network": {"reachability": {}},
 }
 
@@ -330,6 +334,8 @@ API_ARGUMENTS: dict[str, Callable[[World], dict]] = {
     "accounts_api_change_member": lambda w: {"member_id": w.membership.pk},
     "accounts_api_remove_member": lambda w: {"member_id": w.membership.pk},
     "clusters_api_delete_machine": lambda w: {"cluster_id": w.cluster.pk, "name": "node-1"},
+    "clusters_api_plan_replace": lambda w: {"cluster_id": w.cluster.pk, "name": "node-1"},
+    "clusters_api_replace_node": lambda w: {"cluster_id": w.cluster.pk, "name": "node-1"},
     "clusters_api_delete_volume": lambda w: {"volume_id": w.volume.pk},
     "billing_api_put_budget": lambda w: {"name": w.environment},
     "notifications_api_delete_webhook": lambda w: {"webhook_id": w.endpoint.pk},
