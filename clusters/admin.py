@@ -162,7 +162,7 @@ class NodeInline(ReadOnlyAdmin, admin.TabularInline):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).select_related("host").order_by("index")
+        return super().get_queryset(request).select_related("host").order_by("index", "pk")
 
     @admin.display(description="host")
     def host_link(self, node: Node) -> str:

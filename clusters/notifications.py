@@ -173,7 +173,8 @@ def send_pending_cluster_emails(*, limit: int = BATCH) -> int:
         )
         .prefetch_related(
             Prefetch(
-                "cluster__nodes", queryset=Node.objects.select_related("host").order_by("index")
+                "cluster__nodes",
+                queryset=Node.objects.select_related("host").order_by("index", "pk"),
             ),
             "cluster__volumes",
         )

@@ -41,7 +41,7 @@ def run_network_test(*, cluster: Cluster, user: User | None = None) -> Cluster:
         locked = lock_cluster(cluster.pk)
         if locked is None:
             raise ClusterRefused("invalid_state", "This cluster is gone.")
-        nodes = list(locked.nodes.order_by("index"))
+        nodes = list(locked.nodes.order_by("index", "pk"))
         refusal = locked.network_test_refusal(nodes, now)
         if refusal is not None:
             raise ClusterRefused(*refusal)
@@ -88,7 +88,9 @@ def do_network_test(*, cluster_id: int, token: str) -> bool:
     if not cluster.network_test_running():
         return False
     nodes = list(
-        cluster.nodes.filter(status=Node.Status.JOINED).select_related("host").order_by("index")
+        cluster.nodes.filter(status=Node.Status.JOINED)
+        .select_related("host")
+        .order_by("index", "pk")
     )
     result = _measure(cluster, nodes)
     return _write_back(cluster_id=cluster_id, token=token, result=result)

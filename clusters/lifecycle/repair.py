@@ -32,6 +32,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+import audit
 from accounts.models import ApiKey, User
 from billing import metering
 from clusters import policy
@@ -391,11 +392,18 @@ def repair_cluster(cluster: Cluster, *, now: datetime) -> list[str]:
             )
             break
         try:
-            replace_node(cluster=cluster, node_name=name, automatic=True, now=now)
+            new = replace_node(cluster=cluster, node_name=name, automatic=True, now=now)
         except ClusterRefused as refused:
             said = f"{name} could not be replaced automatically: {refused.message}"
             _tell_once(cluster, name, said, now=now)
             continue
+        audit.system(
+            project=cluster.project,
+            action="clusters:auto_replace",
+            object_type="node",
+            object_id=new.pk,
+            changes={"replaced": {"before": new.replaces_id, "after": new.pk}, "node": name},
+        )
         asked.append(f"{cluster.pk}/{name}")
         nodes = list(cluster.nodes.all())
     return asked

@@ -70,7 +70,7 @@ NODE_FIELDS = [
 
 def read_nodes(cluster: Cluster) -> list[Node]:
     """A locked cluster's nodes, as the reconciler reads them."""
-    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    nodes = list(cluster.nodes.select_related("host").order_by("index", "pk"))
     for node in nodes:
         node.cluster = cluster
     return nodes

@@ -256,7 +256,7 @@ def do_work(*, action: str, leases: list[tuple[int, str]]) -> int:
     ).filter(pk__in=list(tokens))
     nodes = [
         n
-        for n in found.order_by("index")
+        for n in found.order_by("index", "pk")
         if n.lease_token == tokens[n.pk] and n.lease_expires_at and n.lease_expires_at > now
     ]
     if work.kind is not ActionKind.STOP:

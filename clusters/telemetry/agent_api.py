@@ -67,7 +67,7 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
         .exclude(pk=node.pk)
         .select_related("host")
         .only("index", "status", "agent_at", "heartbeat_at", "wireguard_key", "host__address")
-        .order_by("index")
+        .order_by("index", "pk")
     )
     return {
         "data": {

@@ -289,7 +289,7 @@ def _judge_health(found: Node, report: dict[str, Any] | None) -> None:
     open_problems = cluster.status == Cluster.Status.DEGRADED and cluster.health_problems
     if not node_health.report_has_problem(report) and not open_problems:
         return
-    nodes = list(cluster.nodes.select_related("host").order_by("index"))
+    nodes = list(cluster.nodes.select_related("host").order_by("index", "pk"))
     assert found.health_at is not None  # stamped with the report
     node_health.judge_health(cluster, nodes, now=found.health_at)
 

@@ -79,7 +79,7 @@ def readable(node: Node) -> bool:
 
 
 def readable_nodes(cluster: Cluster) -> list[Node]:
-    return [n for n in cluster.nodes.select_related("host").order_by("index") if readable(n)]
+    return [n for n in cluster.nodes.select_related("host").order_by("index", "pk") if readable(n)]
 
 
 def head_of(cluster: Cluster) -> Node | None:

@@ -18,6 +18,7 @@ from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import WithJsonSchema
 from pydantic.config import JsonDict
 
+import audit
 from accounts.api_auth import Scope, needs, needs_as
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
@@ -422,7 +423,9 @@ def _clusters(request: ApiRequest) -> QuerySet[Cluster]:
     return (
         Cluster.objects.filter(project=request.project)
         .select_related("environment", "machine_type__location", "machine_type__gpu")
-        .prefetch_related(Prefetch("nodes", queryset=Node.objects.order_by("index")), "volumes")
+        .prefetch_related(
+            Prefetch("nodes", queryset=Node.objects.order_by("index", "pk")), "volumes"
+        )
     )
 
 
@@ -851,7 +854,10 @@ def replace_node(
             body=_replace_body(cluster, name),
             plan_path=f"POST /api/v1/clusters/{cluster.pk}/nodes/{name}/replace/plan",
         )
-    lifecycle.replace_node(cluster=cluster, node_name=name, api_key=request.auth, user=request.user)
+    new = lifecycle.replace_node(
+        cluster=cluster, node_name=name, api_key=request.auth, user=request.user
+    )
+    audit.record(request, changes={"replaced": {"before": new.replaces_id, "after": new.pk}})
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
@@ -872,7 +878,11 @@ def replace_node(
 @outages.committing
 def change_cluster(request: ApiRequest, cluster_id: int, payload: ClusterChangeIn) -> dict:
     cluster = _get_cluster(request, cluster_id)
+    before = cluster.repair_policy
     lifecycle.set_repair_policy(cluster=cluster, policy=payload.repair_policy, user=request.user)
+    audit.record(
+        request, changes={"repair_policy": {"before": before, "after": payload.repair_policy}}
+    )
     return {"data": _detail(_get_cluster(request, cluster_id))}
 
 
