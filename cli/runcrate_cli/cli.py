@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import date
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.live import Live
 from typer.core import TyperGroup
 
 from runcrate_cli import config, output, ssh
-from runcrate_cli.client import ApiClient, ApiError, configured_client
+from runcrate_cli.client import ApiClient, ApiError, configured_client, is_joining
 from runcrate_cli.keys import keys_app
 from runcrate_cli.output import Output
 
@@ -354,7 +354,7 @@ def _verdict(
 ) -> int:
     name, status = f"{cluster['name']} (id {cluster['id']})", cluster["status"]
     if not settled:
-        starting = [m["name"] for m in cluster["machines"] if m["status"] == "starting"]
+        starting = [m["name"] for m in cluster["machines"] if is_joining(cluster, m)]
         still = f"still {status}"
         if cluster["running"] and starting:
             are = "is" if len(starting) == 1 else "are"
@@ -373,9 +373,25 @@ def _verdict(
     sentence = output.failure_sentence(cluster)
     message = f"Cluster {name} is {status}" + (f": {sentence}" if sentence else ".")
     if status == "degraded":
-        message += f" `runcrate clusters retry-install {cluster['id']}` installs again."
+        message += _degraded_remedy(cluster)
     out.note(message)
     return EXIT_NOT_READY
+
+
+# The failures of a machine, not of the install: a worker with one is replaced, not reinstalled.
+MACHINE_FAILURES = frozenset({"machine_lost", "node_unhealthy"})
+
+
+def _degraded_remedy(cluster: dict) -> str:
+    """What to run for a degraded cluster: replace the lost or unhealthy worker, or install
+    the software again (nothing for a head that was lost: it cannot be replaced)."""
+    failure = cluster.get("failure") or {}
+    if failure.get("reason") not in MACHINE_FAILURES:
+        return f" `runcrate clusters retry-install {cluster['id']}` installs again."
+    node = failure.get("node")
+    if not node or node == "node-0":
+        return ""
+    return f" `runcrate clusters replace {cluster['id']} {node}` replaces it."
 
 
 def _machine_failure(cluster: dict, machine: dict) -> str:
@@ -421,6 +437,8 @@ IdempotencyKey = Annotated[
 WaitFlag = Annotated[
     bool, typer.Option("--wait", help="Show each machine's progress until it settles.")
 ]
+# The API's repair policies (docs/lifecycle.md, "Repair").
+RepairPolicy = Literal["ask", "auto"]
 
 
 def _plan_create(
@@ -465,6 +483,14 @@ def clusters_create(
     ssh_key: SshKeys = None,
     volume: VolumeOption = None,
     environment: Annotated[str | None, typer.Option(help="An environment's name.")] = None,
+    repair_policy: Annotated[
+        RepairPolicy,
+        typer.Option(
+            "--repair-policy",
+            help="Who replaces a lost or unhealthy worker: ask (you, with `runcrate clusters "
+            "replace`) or auto (the product, by itself).",
+        ),
+    ] = "ask",
     idempotency_key: IdempotencyKey = None,
     yes: Yes = False,
     dry_run: DryRun = False,
@@ -479,7 +505,8 @@ def clusters_create(
     question, --dry-run prints the plan and creates nothing. Without a terminal it creates
     only with --yes. Billing starts when every machine has joined. With --wait, each
     machine's progress is shown until the cluster is ready (exit 0), failed or degraded
-    (exit 3).
+    (exit 3). --repair-policy auto lets the product replace a lost or unhealthy worker by
+    itself; change it later with `runcrate clusters repair-policy`.
     """
     out, client = _session(json_flag)
     with client:
@@ -493,6 +520,7 @@ def clusters_create(
             "ssh_key_ids": key_ids,
             "volume_id": volume_id,
             "environment": environment,
+            "repair_policy": repair_policy,
         }
         plan_token = _plan_create(
             out, client, fields, idempotency_key=idempotency_key, yes=yes, dry_run=dry_run
@@ -619,6 +647,78 @@ def clusters_add_workers(
         )
         code = _wait(out, client, grown, timeout=timeout, added=added)
     raise typer.Exit(code)
+
+
+@clusters_app.command("replace")
+def clusters_replace(
+    cluster: ClusterRef,
+    node: Annotated[
+        str,
+        typer.Argument(
+            help="The lost or unhealthy worker: node-1 … node-N-1, or its number.",
+            show_default=False,
+        ),
+    ],
+    yes: Yes = False,
+    dry_run: DryRun = False,
+    json_flag: Json = False,
+) -> None:
+    """Replace a lost or unhealthy worker in place: a new machine takes its name and address.
+
+    Prints the server's plan first (why the machine may be replaced, the private address the
+    new one keeps, the new machine's price and the cluster's, what happens to the bill) and
+    asks to confirm; --yes skips the question, --dry-run prints the plan and replaces
+    nothing. Without a terminal it replaces only with --yes. node-0, the head, is never
+    replaced. The new machine starts at once: `runcrate clusters wait CLUSTER` waits for it.
+    """
+    out, client = _session(json_flag)
+    target = _node_name(node)
+    with client:
+        cluster_id = client.resolve_cluster(cluster)
+        plan = client.plan_replace(cluster_id, target)
+        _show_plan(
+            out,
+            plan,
+            render=lambda console, planned: output.replace_plan(console, planned, cluster),
+            dry_run=dry_run,
+        )
+        if dry_run:
+            return
+        _confirm(
+            f"Replace {target} of {cluster} with a new machine at "
+            f"{output.money(plan['price_per_hour'], '/h')}?",
+            yes=yes,
+            untouched="nothing was replaced",
+        )
+        replaced = client.replace_node(cluster_id, target, plan_token=plan["plan_token"])
+    out.emit(replaced, output.cluster)
+    out.note(
+        f"A new machine is starting as {target} of {replaced['name']} (id {replaced['id']}), "
+        f"at {plan['private_ip']}; it is billed from the moment it is up. "
+        f"`runcrate clusters show {replaced['name']}` follows it; `runcrate clusters wait "
+        f"{replaced['name']}` waits until it joined."
+    )
+
+
+@clusters_app.command("repair-policy")
+def clusters_repair_policy(
+    cluster: ClusterRef,
+    policy: Annotated[
+        RepairPolicy,
+        typer.Argument(
+            help="ask: you replace a lost or unhealthy worker (`runcrate clusters replace`); "
+            "auto: the product replaces it by itself.",
+            show_default=False,
+        ),
+    ],
+    json_flag: Json = False,
+) -> None:
+    """Change who replaces a lost or unhealthy worker of a cluster that runs: ask or auto."""
+    out, client = _session(json_flag)
+    with client:
+        changed = client.set_repair_policy(client.resolve_cluster(cluster), policy)
+    out.emit(changed, output.cluster)
+    out.note(f"Cluster {changed['name']} (id {changed['id']}): {output.repair_words(policy)}.")
 
 
 @clusters_app.command("network-test")

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -53,13 +54,28 @@ class ApiError(Exception):
         return self.code in UNREACHABLE or self.status in TRANSIENT_STATUSES
 
 
+def is_joining(cluster: dict, machine: dict) -> bool:
+    """Whether `machine` is still joining a running cluster (the server's
+    `clusters.lifecycle.rules.joining`): starting, or joined and installing its software as a
+    worker added to a ready cluster or as a replacement. A degraded cluster's own machines left
+    at `install` by a failed install are not: nothing more happens to them alone."""
+    if machine["status"] == "starting":
+        return True
+    return (
+        machine["status"] == "joined"
+        and machine["step"] == "install"
+        and (cluster["status"] == "ready" or bool(machine.get("replaces")))
+    )
+
+
 def is_settled(cluster: dict) -> bool:
     """Nothing more happens to the cluster without someone acting: it ended, or it runs (ready
-    or degraded) with no machine still starting. A ready cluster whose added workers start is
-    not settled yet: its hostfile lists only the machines that joined."""
+    or degraded) with no machine still joining. A ready cluster whose added workers start is
+    not settled yet: its hostfile lists only the machines that joined; nor is a degraded one
+    whose replacement installs its software: it is ready again once that is done."""
     if not cluster["running"]:
         return cluster["status"] in ENDED
-    return not any(machine["status"] == "starting" for machine in cluster.get("machines") or [])
+    return not any(is_joining(cluster, machine) for machine in cluster.get("machines") or [])
 
 
 def utilization_summary(series: list[dict], *, index: int | None = None) -> dict[str, Any]:
@@ -234,6 +250,7 @@ class ApiClient:
         ssh_key_ids: list[int] | None = None,
         volume_id: int | None = None,
         environment: str | None = None,
+        repair_policy: str | None = None,
     ) -> dict[str, Any]:
         """The body of a create, which the plan takes too (POST /clusters/plan)."""
         body: dict[str, Any] = {
@@ -248,6 +265,8 @@ class ApiClient:
             body["volume_id"] = volume_id
         if environment:
             body["environment"] = environment
+        if repair_policy is not None:
+            body["repair_policy"] = repair_policy
         return body
 
     def plan_cluster(self, body: dict[str, Any]) -> dict:
@@ -266,6 +285,7 @@ class ApiClient:
         ssh_key_ids: list[int] | None = None,
         volume_id: int | None = None,
         environment: str | None = None,
+        repair_policy: str | None = None,
         idempotency_key: str | None = None,
         plan_token: str | None = None,
     ) -> dict:
@@ -281,6 +301,7 @@ class ApiClient:
             ssh_key_ids=ssh_key_ids,
             volume_id=volume_id,
             environment=environment,
+            repair_policy=repair_policy,
         )
         if plan_token is not None:
             payload["plan_token"] = plan_token
@@ -295,6 +316,28 @@ class ApiClient:
 
     def add_workers(self, cluster_id: int, *, count: int) -> dict:
         return self.data("POST", f"/clusters/{cluster_id}/workers", json={"count": count})
+
+    def plan_replace(self, cluster_id: int, node: str) -> dict:
+        """What replacing the lost or unhealthy worker `node` would do, decided by the server
+        with every check the replacement runs, reserving nothing: the plan (why, the private
+        address kept, the prices, the billing in words, a `plan_token` valid 10 minutes) or the
+        replacement's own refusal as an ApiError."""
+        return self.data("POST", f"{self._node_path(cluster_id, node)}/replace/plan")
+
+    def replace_node(self, cluster_id: int, node: str, *, plan_token: str | None = None) -> dict:
+        """Replace `node` in place; the cluster as it is then. With `plan_token` (from
+        `plan_replace`), the server refuses it for another machine (`plan_mismatch`) or after
+        10 minutes (`plan_expired`)."""
+        body = {"plan_token": plan_token} if plan_token is not None else {}
+        return self.data("POST", f"{self._node_path(cluster_id, node)}/replace", json=body)
+
+    def set_repair_policy(self, cluster_id: int, policy: str) -> dict:
+        """Change who decides a replacement (`ask` or `auto`); the cluster as it is then."""
+        return self.data("PATCH", f"/clusters/{cluster_id}", json={"repair_policy": policy})
+
+    @staticmethod
+    def _node_path(cluster_id: int, node: str) -> str:
+        return f"/clusters/{cluster_id}/nodes/{quote(node, safe='')}"
 
     def network_test(self, cluster_id: int) -> dict:
         return self.data("POST", f"/clusters/{cluster_id}/network-test")

@@ -8,7 +8,8 @@ network suits, and a `plan_token` signed with the server's secret. `create_clust
 that token and sends it with the create, which the server refuses for any other body
 (`plan_mismatch`) or after ten minutes (`plan_expired`). Since the server signs and checks the
 token, a token from one `runcrate mcp` process creates through another (a client that starts a
-process per call, a restart, a second replica).
+process per call, a restart, a second replica). Replacing a lost or unhealthy worker goes the
+same way: `plan_replace_node` answers the server's plan with its token, `replace_node` requires it.
 
 Every tool answers compact JSON and the same object as `structuredContent`, described by its
 output schema. Every API refusal comes back as a tool error (`isError`) whose text is
@@ -60,6 +61,8 @@ WAIT_POLL_THREADS = 16
 # A machine's steps in order (clusters.models.STEP_NAMES on the server).
 STEPS = ("running", "agent", "network", "install", "done")
 Software = Literal["none", "slurm", "kubernetes", "ray"]
+# Who replaces a lost or unhealthy worker (the API's `repair_policy`).
+RepairPolicy = Literal["ask", "auto"]
 # The metrics' windows (GET /api/v1/clusters/{id}/metrics: the server's
 # clusters.telemetry.metrics.WINDOWS).
 MetricsWindow = Literal["15m", "1h", "24h", "7d"]
@@ -73,8 +76,10 @@ INSTRUCTIONS = (
     "list_gpus, list_offers(gpu, nodes), list_ssh_keys (add_ssh_key if there is none), "
     "plan_cluster (the server's price and checks, and a plan_token; show the price to the "
     "user), create_cluster with the same arguments and that token, wait_for_cluster (call it "
-    "again while it says so), get_connect_info. terminate_cluster ends billing. Every call "
-    "that fails returns the API's error code and message."
+    "again while it says so), get_connect_info. terminate_cluster ends billing. A lost or "
+    "unhealthy worker (get_cluster's machines) is replaced the same way: plan_replace_node "
+    "(its price and a plan_token; show it to the user), then replace_node with that token. "
+    "Every call that fails returns the API's error code and message."
 )
 
 ClusterRef = Annotated[int | str, Field(description="The cluster's id (a number) or its name.")]
@@ -96,6 +101,21 @@ SshKeyIds = Annotated[
 ]
 VolumeId = Annotated[int | None, Field(description="A volume to attach (list_volumes), or none.")]
 Environment = Annotated[str, Field(description="The environment's name.", min_length=1)]
+RepairPolicyArg = Annotated[
+    RepairPolicy,
+    Field(
+        description="Who replaces a lost or unhealthy worker: ask (the user, through "
+        "replace_node) or auto (the product, by itself)."
+    ),
+]
+NodeName = Annotated[
+    str,
+    Field(
+        description="The worker to replace, as get_cluster's machines name it: node-1 … "
+        "node-N-1 (never node-0, the head).",
+        min_length=1,
+    ),
+]
 WaitSeconds = Annotated[
     float,
     Field(
@@ -147,7 +167,17 @@ class Offer(ApiObject):
 class Machine(ApiObject):
     name: str
     step: str = Field(description="running, agent, network, install or done.")
-    status: str = Field(description="starting, joined, failed or ended.")
+    status: str = Field(description="starting, joined, failed, ended or lost.")
+    drained: str | None = Field(
+        default=None,
+        description="Why it was taken out of its software's scheduling; null while it takes jobs.",
+    )
+    replaces: int | None = Field(
+        default=None, description="The id of the machine it replaced (which had its name)."
+    )
+    replaced_by: int | None = Field(
+        default=None, description="The id of the machine that replaced it under its name."
+    )
 
 
 class NetworkTest(ApiObject):
@@ -174,6 +204,11 @@ class ClusterSummary(ApiObject):
     )
     nodes: int
     price_per_hour: str
+    repair_policy: str | None = Field(
+        default=None,
+        description="ask: a lost or unhealthy worker is replaced when the user says so "
+        "(replace_node); auto: automatically.",
+    )
     machines: list[Machine]
 
 
@@ -196,6 +231,18 @@ class Plan(ApiObject):
     plan_expires_at: str
 
 
+class ReplacePlan(ApiObject):
+    cluster_id: int
+    node: str = Field(description="The machine replaced; the new one takes its name.")
+    private_ip: str = Field(description="Its private address, which the new machine keeps.")
+    why: str = Field(description="Why it may be replaced: lost, or its health problems.")
+    price_per_hour: str = Field(description="The new machine, USD per hour, billed once up.")
+    cluster_price_per_hour: str = Field(description="The whole cluster once it is up.")
+    billing: str = Field(description="What the replacement does to the bill, in words.")
+    plan_token: str = Field(description="Give it to replace_node for the same machine.")
+    plan_expires_at: str
+
+
 class SshKey(ApiObject):
     id: int
     name: str
@@ -215,6 +262,15 @@ class PlanAnswer(BaseModel):
     plan: Plan | None = Field(None, description="The server's plan, when it can create.")
     error: ErrorBody | None = Field(
         None, description="The refusal the create would get (its code and message), when not."
+    )
+
+
+class ReplacePlanAnswer(BaseModel):
+    can_replace: bool = Field(description="Whether replace_node would succeed now.")
+    plan: ReplacePlan | None = Field(None, description="The server's plan, when it can.")
+    error: ErrorBody | None = Field(
+        None,
+        description="The refusal the replacement would get (its code and message), when not.",
     )
 
 
@@ -346,7 +402,9 @@ def progress(cluster: dict[str, Any]) -> tuple[float, int, str]:
     """How far a cluster's machines are, in machines (each machine's steps done over its
     steps), its size, and a sentence: machines up out of the size and the current step, the
     step of the machine furthest behind."""
-    machines = cluster.get("machines") or []
+    # A machine that was replaced is no longer one of the cluster's: its replacement, under
+    # its name, is.
+    machines = [m for m in cluster.get("machines") or [] if not m.get("replaced_by")]
     size = len(machines) or int(cluster.get("nodes") or 0)
     steps = [STEPS.index(m["step"]) if m.get("step") in STEPS else 0 for m in machines]
     done = sum(steps) / (len(STEPS) - 1)
@@ -549,7 +607,8 @@ def list_offers(
     "the environment, the budget, capacity, software, volume) and nothing reserved. "
     "can_create true: the plan (price per hour of the whole cluster, per machine and per "
     "GPU-hour, GPUs in all, hours the balance covers, estimated time to ready, the offer's "
-    "track record, what its Ethernet network suits) and a plan_token valid 10 minutes, "
+    "track record, what its Ethernet network suits, the repair policy) and a plan_token "
+    "valid 10 minutes, "
     "which create_cluster needs with exactly these arguments. can_create false: the "
     "refusal the create would get. Free. Show the price to the user before creating.",
 )
@@ -562,6 +621,7 @@ def plan_cluster(
     ssh_key_ids: SshKeyIds = None,
     volume_id: VolumeId = None,
     environment: Environment = "default",
+    repair_policy: RepairPolicyArg = "ask",
 ) -> Annotated[CallToolResult, PlanAnswer]:
     body = ApiClient.cluster_body(
         offer_id=offer_id,
@@ -571,6 +631,7 @@ def plan_cluster(
         ssh_key_ids=ssh_key_ids,
         volume_id=volume_id,
         environment=environment,
+        repair_policy=repair_policy,
     )
 
     def plan(client: ApiClient) -> dict[str, Any]:
@@ -607,6 +668,7 @@ def create_cluster(
     ssh_key_ids: SshKeyIds = None,
     volume_id: VolumeId = None,
     environment: Environment = "default",
+    repair_policy: RepairPolicyArg = "ask",
 ) -> Annotated[CallToolResult, ClusterAnswer]:
     # One plan, one cluster: a create retried with the same token (after a timeout, say)
     # gets the cluster the first one made. The server binds the token to its body, so the
@@ -622,6 +684,7 @@ def create_cluster(
             ssh_key_ids=ssh_key_ids,
             volume_id=volume_id,
             environment=environment,
+            repair_policy=repair_policy,
             plan_token=plan_token,
             idempotency_key=f"mcp-plan-{digest}",
         )
@@ -836,6 +899,80 @@ async def run_network_test(
     return answer(
         {"network_test": test, "finished": test["state"] != "running", "message": message}
     )
+
+
+@tool(
+    title="Plan replacing a machine",
+    annotations=READS,
+    description="Ask the server what replacing a lost or unhealthy worker would do, with "
+    "every check the replacement runs (the machine may be replaced: never node-0, the head; "
+    "the cluster's state; the key's limits, the budget and one hour of the new machine on "
+    "the balance; a free machine) and nothing reserved. can_replace true: the plan (why it "
+    "may be replaced, the private address the new machine keeps under the same name, the "
+    "new machine's price per hour and the cluster's once it is up, what happens to the "
+    "bill) and a plan_token valid 10 minutes, which replace_node needs for this machine. "
+    "can_replace false: the refusal the replacement would get, e.g. head_not_replaceable, "
+    "node_not_replaceable. Free. Show the price to the user before replacing.",
+)
+def plan_replace_node(
+    ctx: Context, cluster: ClusterRef, node: NodeName
+) -> Annotated[CallToolResult, ReplacePlanAnswer]:
+    def plan(client: ApiClient) -> dict[str, Any]:
+        cluster_id = client.resolve_cluster(cluster)
+        try:
+            return {"can_replace": True, "plan": client.plan_replace(cluster_id, node)}
+        except ApiError as refusal:
+            if refusal.status is None:  # no answer (unreachable, timeout): nothing known
+                raise
+            return {"can_replace": False, "error": refusal.as_dict()}
+
+    return call(ctx, plan)
+
+
+@tool(
+    title="Replace a machine (costs money)",
+    # Destructive: the machine replaced is released. Idempotent: the same call again while
+    # the new machine starts is refused (replacement_in_progress), never a second machine.
+    annotations=hints(read_only=False, destructive=True, idempotent=True),
+    description="Replace the planned lost or unhealthy worker in place. COSTS MONEY: a new "
+    "machine, billed per second at the plan's price_per_hour from the moment it is up, "
+    "takes the machine's name and private address; the machine replaced is released at "
+    "once (an unhealthy one's billing ends now, a lost one's ended at its last heartbeat). "
+    "Needs the plan_token plan_replace_node gave for this cluster and machine: the server "
+    "refuses it for another machine (plan_mismatch) or after 10 minutes (plan_expired). "
+    "Returns at once with the new machine starting: call wait_for_cluster.",
+)
+def replace_node(
+    ctx: Context,
+    cluster: ClusterRef,
+    node: NodeName,
+    plan_token: Annotated[
+        str, Field(description="The plan_token plan_replace_node returned.", min_length=1)
+    ],
+) -> Annotated[CallToolResult, ClusterAnswer]:
+    def replace(client: ApiClient) -> dict[str, Any]:
+        cluster_id = client.resolve_cluster(cluster)
+        return {"cluster": shown(client.replace_node(cluster_id, node, plan_token=plan_token))}
+
+    return call(ctx, replace)
+
+
+@tool(
+    title="Set a cluster's repair policy",
+    annotations=hints(read_only=False, idempotent=True),
+    description="Change who replaces a lost or unhealthy worker of a cluster that runs: ask "
+    "(the user, through plan_replace_node and replace_node) or auto (the product, at once "
+    "for a lost one, after a grace period for an unhealthy one, each replacement billed "
+    "like the others). Free in itself.",
+)
+def set_repair_policy(
+    ctx: Context, cluster: ClusterRef, repair_policy: RepairPolicyArg
+) -> Annotated[CallToolResult, ClusterAnswer]:
+    def change(client: ApiClient) -> dict[str, Any]:
+        cluster_id = client.resolve_cluster(cluster)
+        return {"cluster": shown(client.set_repair_policy(cluster_id, repair_policy))}
+
+    return call(ctx, change)
 
 
 @tool(

@@ -111,6 +111,8 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("POST", r"/clusters/(\d+)/workers", r"runcrate clusters add-workers \1"),
     ("POST", r"/clusters/(\d+)/retry-install", r"runcrate clusters retry-install \1"),
     ("POST", r"/clusters/(\d+)/network-test", r"runcrate clusters network-test \1"),
+    ("POST", r"/clusters/(\d+)/nodes/([\w-]+)/replace/plan", r"runcrate clusters replace \1 \2"),
+    ("POST", r"/clusters/(\d+)/nodes/([\w-]+)/replace", r"runcrate clusters replace \1 \2"),
     ("GET", r"/clusters/(\d+)/connect", r"runcrate ssh \1"),
     ("GET", r"/clusters/(\d+)", r"runcrate clusters show \1"),
     ("GET", r"/clusters", "runcrate clusters list"),
@@ -382,6 +384,37 @@ def failure_sentence(cluster: dict) -> str | None:
     return f"{failure['reason']}" + (f" on {where}" if where else "") + f": {failure['message']}"
 
 
+REPAIR_POLICIES = {
+    "ask": "you replace a lost or unhealthy worker",
+    "auto": "the product replaces a lost or unhealthy worker",
+}
+
+
+def repair_words(policy: str) -> str:
+    """A cluster's repair policy, and what it means."""
+    meaning = REPAIR_POLICIES.get(policy)
+    return f"{policy}: {meaning}" if meaning else policy
+
+
+def machine_name(machine: dict) -> str:
+    """A machine's name, `node-2 (replaced)` for one a replacement took the place of: the
+    cluster lists both under the name."""
+    return machine["name"] + (" (replaced)" if machine.get("replaced_by") else "")
+
+
+def machine_notes(machine: dict) -> str:
+    """What a person should know of a machine beside its step: which machine it replaces or
+    was replaced by (by id: both have the name), and why it was drained."""
+    notes = []
+    if machine.get("replaces"):
+        notes.append(f"#{machine['id']}, replaces #{machine['replaces']}")
+    if machine.get("replaced_by"):
+        notes.append(f"#{machine['id']}, replaced by #{machine['replaced_by']}")
+    if machine.get("drained"):
+        notes.append(f"drained: {machine['drained']}")
+    return "; ".join(notes)
+
+
 def machines_table(cluster: dict, *, width: int) -> RenderableType:
     # The steps a machine passes before `done`: no install step without software.
     gates = [s for s in STEPS[:-1] if s != "install" or cluster.get("software") != "none"]
@@ -398,13 +431,17 @@ def machines_table(cluster: dict, *, width: int) -> RenderableType:
         passed = len(gates) if step == "done" else gates.index(step) if step in gates else 0
         rows.append(
             [
-                machine["name"],
+                machine_name(machine),
                 status_text(machine["status"]),
                 step,
                 "█" * passed + "░" * (len(gates) - passed),
                 machine["private_ip"] or "",
             ]
         )
+    notes = [machine_notes(machine) for machine in cluster["machines"]]
+    if any(notes):  # the column only for a cluster that has something to say
+        columns.append(Column("notes", prose=True))
+        rows = [[*row, Text(note)] for row, note in zip(rows, notes, strict=True)]
     return fit_table(width, columns, rows)
 
 
@@ -445,6 +482,8 @@ def cluster(console: Console, data: dict) -> None:
         lines.append(f"ended       {data['ended_at']}")
     if data.get("volume"):
         lines.append(f"volume      {data['volume']['name']} (id {data['volume']['id']})")
+    if data.get("repair_policy"):
+        lines.append(f"repair      {repair_words(data['repair_policy'])}")
     sentence = failure_sentence(data)
     if sentence:
         lines.append(f"failure     {sentence}")
@@ -645,6 +684,31 @@ def workers_plan(console: Console, data: dict) -> None:
                     "after",
                     f"{data['machines_after']} machines, {money(data['new_price_per_hour'], '/h')}",
                 ),
+            ]
+        )
+    )
+
+
+def replace_plan(console: Console, data: dict, cluster: str) -> None:
+    """What replacing a machine would do, as the server planned it (POST
+    /clusters/{id}/nodes/{name}/replace/plan)."""
+    console.print(
+        Text(
+            f"Replace {data['node']} of {cluster} (id {data['cluster_id']})",
+            style="bold",
+        )
+    )
+    console.print(
+        _facts(
+            [
+                ("why", Text(data["why"])),
+                ("address", f"{data['private_ip']}, kept by the new machine under its name"),
+                (
+                    "price",
+                    f"{money(data['price_per_hour'], '/h')} for the new machine; the cluster "
+                    f"{money(data['cluster_price_per_hour'], '/h')} once it is up",
+                ),
+                ("billing", Text(data["billing"])),
             ]
         )
     )

@@ -126,11 +126,18 @@ def drive_until(
         drive()
 
 
-def ready_cluster(account: Account, ticker: Ticker, *, name: str = "train", **inventory_args):
+def ready_cluster(
+    account: Account,
+    ticker: Ticker,
+    *,
+    name: str = "train",
+    software: str = "none",
+    **inventory_args,
+):
     """A cluster of 2 machines of a fresh simulated offer, driven until it is ready."""
     from clusters.models import Cluster
 
-    cluster = create(account.project, inventory(**inventory_args), name=name)
+    cluster = create(account.project, inventory(**inventory_args), name=name, software=software)
 
     def is_ready(_seconds: float) -> bool:
         cluster.refresh_from_db()

@@ -30,6 +30,11 @@ TOOLS = {
     "get_connect_info": (True, False, True),
     "get_cluster_metrics": (True, False, True),
     "run_network_test": (False, False, False),  # each call measures again
+    "plan_replace_node": (True, False, True),
+    # The machine replaced is released; the same token again while the new one starts is
+    # refused, never a second machine.
+    "replace_node": (False, True, True),
+    "set_repair_policy": (False, False, True),
     "terminate_cluster": (False, True, True),
     "list_volumes": (True, False, True),
     "get_balance": (True, False, True),
