@@ -439,6 +439,14 @@ WaitFlag = Annotated[
 ]
 # The API's repair policies (docs/lifecycle.md, "Repair").
 RepairPolicy = Literal["ask", "auto"]
+RepairPolicyOption = Annotated[
+    RepairPolicy,
+    typer.Option(
+        "--repair-policy",
+        help="Who replaces a lost or unhealthy worker: ask (you, with `runcrate clusters "
+        "replace`) or auto (the product, by itself).",
+    ),
+]
 
 
 def _plan_create(
@@ -483,14 +491,7 @@ def clusters_create(
     ssh_key: SshKeys = None,
     volume: VolumeOption = None,
     environment: Annotated[str | None, typer.Option(help="An environment's name.")] = None,
-    repair_policy: Annotated[
-        RepairPolicy,
-        typer.Option(
-            "--repair-policy",
-            help="Who replaces a lost or unhealthy worker: ask (you, with `runcrate clusters "
-            "replace`) or auto (the product, by itself).",
-        ),
-    ] = "ask",
+    repair_policy: RepairPolicyOption = "ask",
     idempotency_key: IdempotencyKey = None,
     yes: Yes = False,
     dry_run: DryRun = False,

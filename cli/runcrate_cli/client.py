@@ -55,17 +55,10 @@ class ApiError(Exception):
 
 
 def is_joining(cluster: dict, machine: dict) -> bool:
-    """Whether `machine` is still joining a running cluster (the server's
-    `clusters.lifecycle.rules.joining`): starting, or joined and installing its software as a
-    worker added to a ready cluster or as a replacement. A degraded cluster's own machines left
-    at `install` by a failed install are not: nothing more happens to them alone."""
-    if machine["status"] == "starting":
-        return True
-    return (
-        machine["status"] == "joined"
-        and machine["step"] == "install"
-        and (cluster["status"] == "ready" or bool(machine.get("replaces")))
-    )
+    """Whether `machine` is still joining a running cluster: starting, or installing its
+    software as an added worker or a replacement. The server decides it (`joining`, from
+    `clusters.lifecycle.rules.joining`); the CLI only reads it."""
+    return bool(machine.get("joining"))
 
 
 def is_settled(cluster: dict) -> bool:

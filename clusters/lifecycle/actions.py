@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Max
@@ -210,12 +211,7 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         drain.mark_drained(work, node, f"it was lost ({why})", lost=True)
         work.end_node(node, NodeStatus.LOST, at=last_heard)
         work.replan_others(node)  # the others stop naming it in /etc/hosts and the hostfile
-        locked.health_problems = {
-            key: problem
-            for key, problem in (locked.health_problems or {}).items()
-            if problem.get("node") != node.name
-        }
-        left = [n for n in nodes if n.status == NodeStatus.JOINED]
+        repair.forget_problems(locked, node.name)  # they leave with it; none is "healed"
         if locked.status == Status.READY:
             work.set_status(Status.DEGRADED)
         locked.failure_reason = Reason.MACHINE_LOST
@@ -223,32 +219,42 @@ def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | N
         locked.failure_step = node.step
         locked.failure_message = f"{node.name} was lost: {why}."
         work.cluster_dirty = True
-        refund = f" ({usd(refunded)} charged past it was refunded)" if refunded else ""
-        others = (
-            f"the other {'machine keeps' if len(left) == 1 else 'machines keep'} running and "
-            "billed; terminate it when you are done."
-            if left
-            else "no machine of it is left, and nothing more is billed; terminate it to end it."
-        )
         auto = repair.auto_replaces(locked, nodes, node, now=now)
-        if auto:
-            others = (
-                "it is being replaced automatically (the cluster's repair policy); you get one "
-                "email once the new machine is up."
-            )
-        work.event(
-            Reason.MACHINE_LOST,
-            f"{node.name} was lost: {why}. Its billing ended at its last heartbeat, "
-            f"{last_heard:%H:%M:%S} UTC{refund}. The cluster is degraded: {others}",
-            node=node,
-            step=node.step,
-        )
-        if auto:
-            # Told by the replacement's own email (replaced, or not), not by one of its own.
-            work.events[-1].emailed_at = now
+        _lost_event(work, node, why=why, last_heard=last_heard, refunded=refunded, auto=auto)
         work.flush()
         if auto:
             repair.repair_cluster(locked, now=now)
         dispatch.current().advance(locked.pk)
     log.warning("cluster %s: %s lost (%s)", locked.pk, node.name, why)
     return True
+
+
+def _lost_event(
+    work: UnitOfWork, node: Node, *, why: str, last_heard: datetime, refunded: Decimal, auto: bool
+) -> None:
+    """The `machine_lost` event: what was lost, its billing, and what is left of the cluster
+    (or that the `auto` repair policy replaces it, whose one email then says it all)."""
+    left = [n for n in work.nodes if n.status == NodeStatus.JOINED]
+    refund = f" ({usd(refunded)} charged past it was refunded)" if refunded else ""
+    if auto:
+        others = (
+            "it is being replaced automatically (the cluster's repair policy); you get one "
+            "email once the new machine is up."
+        )
+    elif left:
+        others = (
+            f"the other {'machine keeps' if len(left) == 1 else 'machines keep'} running and "
+            "billed; terminate it when you are done."
+        )
+    else:
+        others = "no machine of it is left, and nothing more is billed; terminate it to end it."
+    work.event(
+        Reason.MACHINE_LOST,
+        f"{node.name} was lost: {why}. Its billing ended at its last heartbeat, "
+        f"{last_heard:%H:%M:%S} UTC{refund}. The cluster is degraded: {others}",
+        node=node,
+        step=node.step,
+    )
+    if auto:
+        # Told by the replacement's own email (replaced, or not), not by one of its own.
+        work.events[-1].emailed_at = work.now

@@ -275,12 +275,18 @@ def _release_unhealthy(work: UnitOfWork, old: Node, why: str) -> None:
     quarantine(work, old, f"Replaced as unhealthy: {why}.")
     work.end_node(old, NodeStatus.ENDED)
     work.replan_others(old)
+    forget_problems(cluster, old.name)
+    work.cluster_dirty = True
+
+
+def forget_problems(cluster: Cluster, name: str) -> None:
+    """The open health problems of the machine `name`, which left, leave with it: none of them
+    is announced as healed, and none names its replacement (saved with the cluster)."""
     cluster.health_problems = {
         key: problem
         for key, problem in (cluster.health_problems or {}).items()
-        if problem.get("node") != old.name
+        if problem.get("node") != name
     }
-    work.cluster_dirty = True
 
 
 def quarantine(work: UnitOfWork, node: Node, why: str) -> None:
@@ -442,6 +448,7 @@ __all__ = [
     "ReplacePlan",
     "auto_repair",
     "auto_replaces",
+    "forget_problems",
     "grace_words",
     "node_problem",
     "plan_replace",

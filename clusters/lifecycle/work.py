@@ -121,16 +121,7 @@ def _run(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
             return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
         return Ran(Outcome(ok=True, key=key))
     if kind is ActionKind.DRAIN:
-        # The drained workers as the cluster holds them now; the key names the ones the
-        # reconciler asked for (steps/drain.py compares it with what it wants next).
-        names = set(key.split(",")) if key else set()
-        drained = {
-            n.name: n.drained
-            for n in node.cluster.nodes.filter(status=NodeStatus.JOINED)
-            if n.name in names and n.drained
-        }
-        result = driver.drain(node, plan=plans.install(), drained=drained)
-        return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
+        return _drain(node, key, plans)
     if kind in (ActionKind.AGENT, ActionKind.NETWORK):
         # The agent's report is recorded with the write-back, in its transaction.
         return Ran(Outcome(ok=True))
@@ -162,6 +153,19 @@ def _run(node: Node, action: Action, now: datetime, plans: _Plans) -> Ran:
             output=released.output[-OUTPUT_CHARS:] if released.warning else "",
         )
     )
+
+
+def _drain(head: Node, key: str, plans: _Plans) -> Ran:
+    """The head's scheduler made to hold the drained workers the key names, each with why as
+    the cluster holds it now (steps/drain.py compares the key with what it wants next)."""
+    names = set(key.split(",")) if key else set()
+    drained = {
+        n.name: n.drained
+        for n in head.cluster.nodes.filter(status=NodeStatus.JOINED)
+        if n.name in names and n.drained
+    }
+    result = get_driver(head.reserved_host).drain(head, plan=plans.install(), drained=drained)
+    return Ran(Outcome(ok=result.ok, key=key, output=result.output[-OUTPUT_CHARS:]))
 
 
 @dataclass(frozen=True)

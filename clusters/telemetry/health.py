@@ -229,18 +229,7 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     known = dict(cluster.health_problems or {}) if cluster.status == Status.DEGRADED else {}
     new = [p for key, p in found.items() if key not in known]
     gone = [known[key] for key in known if key not in found]
-    # Each problem keeps when it was first seen while it lasts: the `auto` repair policy
-    # replaces a machine whose problems outlast its grace period (clusters/lifecycle/repair.py).
-    since = {key: (p.get("since") or "") for key, p in (cluster.health_problems or {}).items()}
-    stored = {
-        key: {
-            "node": p.node,
-            "message": p.message,
-            "healed": p.healed,
-            "since": since.get(key) or now.isoformat(),
-        }
-        for key, p in found.items()
-    }
+    stored = _stored(cluster, found, now=now)
     if stored == (cluster.health_problems or {}) and not new and not gone:
         return False
     by_name = {n.name: n for n in nodes}
@@ -295,6 +284,22 @@ def _drain_as_found(work: UnitOfWork, found) -> None:
         else:
             drain.mark_undrained(work, node)
     drain.drain(work)
+
+
+def _stored(cluster: Cluster, found: dict[str, Problem], *, now: datetime) -> dict:
+    """The problems as `Cluster.health_problems` keeps them, each with when it was first seen
+    (kept while it lasts: the `auto` repair policy replaces a machine whose problems outlast
+    its grace period, clusters/lifecycle/repair.py)."""
+    since = {key: (p.get("since") or "") for key, p in (cluster.health_problems or {}).items()}
+    return {
+        key: {
+            "node": p.node,
+            "message": p.message,
+            "healed": p.healed,
+            "since": since.get(key) or now.isoformat(),
+        }
+        for key, p in found.items()
+    }
 
 
 def _worker_joining(cluster: Cluster, nodes: list[Node]) -> bool:

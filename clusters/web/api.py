@@ -77,6 +77,10 @@ class MachineOut(Schema):
     )
     replaces: int | None = Field(description="The id of the lost or unhealthy machine it replaces.")
     replaced_by: int | None = Field(description="The id of the machine that replaced it.")
+    joining: bool = Field(
+        description="Still joining a running cluster: starting, or installing its software as "
+        "an added worker or a replacement (the cluster is settled once none is)."
+    )
     ended_at: datetime | None = Field(description="When it stopped serving the cluster.")
 
 
@@ -444,7 +448,6 @@ def _get_cluster(request: ApiRequest, cluster_id: int) -> Cluster:
 def _summary(cluster: Cluster) -> dict:
     machine_type = cluster.machine_type
     nodes = list(cluster.nodes.all())
-    replaced_by = {n.replaces_id: n.pk for n in nodes if n.replaces_id is not None}
     size = cluster.machines_priced(Cluster.machines_up_in(nodes))
     failure = None
     if cluster.failure_reason:
@@ -482,27 +485,33 @@ def _summary(cluster: Cluster) -> dict:
             None,
         ),
         "repair_policy": cluster.repair_policy,
-        "machines": [
-            {
-                "id": node.pk,
-                "name": node.name,
-                "private_ip": node.private_ip,
-                "step": node.step,
-                "status": node.status,
-                # A machine that left has no health of its own any more: its name's problems
-                # are the live machine's.
-                "health": health(cluster, node.name)
-                if node.status in Node.LIVE
-                else {"status": "healthy", "problems": []},
-                "drained": node.drained or None,
-                "replaces": node.replaces_id,
-                "replaced_by": replaced_by.get(node.pk),
-                "ended_at": node.ended_at,
-            }
-            for node in nodes
-        ],
+        "machines": _machines(cluster, nodes),
         "idle_since": cluster.idle_since,
     }
+
+
+def _machines(cluster: Cluster, nodes: list[Node]) -> list[dict]:
+    replaced_by = {n.replaces_id: n.pk for n in nodes if n.replaces_id is not None}
+    return [
+        {
+            "id": node.pk,
+            "name": node.name,
+            "private_ip": node.private_ip,
+            "step": node.step,
+            "status": node.status,
+            # A machine that left has no health of its own any more: its name's problems are
+            # the live machine's.
+            "health": health(cluster, node.name)
+            if node.status in Node.LIVE
+            else {"status": "healthy", "problems": []},
+            "drained": node.drained or None,
+            "replaces": node.replaces_id,
+            "replaced_by": replaced_by.get(node.pk),
+            "joining": lifecycle.joining(cluster, node),
+            "ended_at": node.ended_at,
+        }
+        for node in nodes
+    ]
 
 
 def health(cluster: Cluster, node_name: str) -> dict:

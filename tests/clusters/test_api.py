@@ -225,11 +225,17 @@ def test_it_reads_a_failed_cluster_with_its_failure_machines_and_events(owner):
     assert data["stop_reason"] is None
     assert data["ended_at"].endswith("Z")
     assert data["machines"][1] == {
+        "id": node.pk,
         "name": "node-1",
         "private_ip": "10.77.0.2",
         "step": "running",
         "status": "ended",
         "health": {"status": "healthy", "problems": []},
+        "drained": None,
+        "replaces": None,
+        "replaced_by": None,
+        "joining": False,
+        "ended_at": None,  # the factory's node records no end of its own
     }
     assert data["events"][-1]["node"] == "node-1"
     assert data["events"][-1]["step"] == "running"

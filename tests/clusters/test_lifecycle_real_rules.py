@@ -231,11 +231,13 @@ def test_a_ready_cluster_whose_agent_falls_silent_is_degraded_and_stops_paying_f
     assert ledger.balance(project=project) == before + overcharge
     event = Event.objects.get(cluster=cluster, reason="machine_lost")
     assert event.node == lost and "silent for" in event.message
-    # Its host is wiped and released; the other machine keeps running and billed.
-    assert lost.holds_host is False and lost.host.state == Host.State.FREE
+    # Its host is wiped and released to staff, quarantined with why (docs/lifecycle.md,
+    # "Repair"); the other machine keeps running and billed.
+    assert lost.holds_host is False and lost.host.state == Host.State.OFFLINE
+    assert lost.host.quarantine_reason.startswith("Lost: its agent has been silent for")
     assert node(cluster, 0).status == Node.Status.JOINED
     assert UsageRecord.objects.get(node=node(cluster, 0)).ended_at is None
-    assert free_hosts(machine_type) == 2
+    assert free_hosts(machine_type) == 1  # the spare; the lost machine's host waits for staff
 
     assert send_pending_cluster_emails() >= 1
     lost_mail = [m for m in mail.outbox if "node-1 was lost" in m.subject]
