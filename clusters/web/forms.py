@@ -26,6 +26,7 @@ REFUSAL_FIELDS = {
     "ssh_key_ids": "ssh_keys",
     "ssh_keys": "ssh_keys",
     "volume": "volume",
+    "repair_policy": "repair_policy",
 }
 
 SOFTWARE_HELP: dict[str, str] = {
@@ -84,6 +85,10 @@ class ClusterForm(forms.Form):
     nodes = forms.IntegerField(
         error_messages={"invalid": "Nodes must be a whole number from 2 to 64."},
         widget=forms.NumberInput(attrs={"min": MIN_NODES, "max": MAX_NODES}),
+    )
+    # Left out (an older page, a script), it is the default: ask.
+    repair_policy = forms.ChoiceField(
+        choices=Cluster.RepairPolicy.choices, required=False, initial=Cluster.RepairPolicy.ASK
     )
     # Any number passes here; whether it may be attached is the lifecycle's rule.
     volume = forms.IntegerField(

@@ -24,6 +24,8 @@ from billing import policy as billing_policy
 from billing.context_processors import request_summary
 from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
 from clusters import connect, estimates, lifecycle, policy
+from clusters.errors import ClusterRefused
+from clusters.lifecycle.repair import grace_words, replaceable
 from clusters.models import STEP_NAMES, Cluster, Event, Node, give_up_after
 from clusters.telemetry import logs, metrics
 from clusters.web import charts
@@ -102,6 +104,7 @@ def _create_again_url(cluster: Cluster, *, offer: str | None = None) -> str:
         "name": cluster.name,
         "software": cluster.software,
         "environment": cluster.environment.name,
+        "repair_policy": cluster.repair_policy,
     }
     return f"{reverse('clusters:new')}?{urlencode(query)}"
 
@@ -165,6 +168,7 @@ def new_cluster_context(
             "give_up_after": give_up_after(machine_type.slow_boot),
         },
         "name_suggested": name_suggested,
+        "repair_policies": repair_policy_choices(),
     }
 
 
@@ -177,7 +181,8 @@ NODE_COLUMNS_UNSHOWN = ("gpus", "reachability", "driver_state")
 
 
 def page_nodes() -> QuerySet[Node]:
-    return Node.objects.defer(*NODE_COLUMNS_UNSHOWN).order_by("index")
+    # A replacement shares its name (its index) with the machine it replaces: it follows it.
+    return Node.objects.defer(*NODE_COLUMNS_UNSHOWN).order_by("index", "pk")
 
 
 def page_events() -> QuerySet[Event]:
@@ -206,6 +211,18 @@ class NodeRow:
     reported_at: datetime | None = None  # that report's time
     reporting: bool = False  # whether that report is recent (metrics.reporting)
     problems: tuple[str, ...] = ()  # its open health problems, as the "unhealthy" badge says
+    may_replace: bool = False  # a lost or unhealthy worker the user may replace now
+    head_sick: bool = False  # node-0, lost or unhealthy: it cannot be replaced in place
+    replaced_at: datetime | None = None  # when a machine that left was replaced (asked for)
+    replaces: Node | None = None  # the machine this replacement took the name of
+
+    @property
+    def row_id(self) -> str:
+        """The row's id, which a poll's changed row is swapped by: the node's name, or, for a
+        machine replaced under its name, one of its own."""
+        if self.replaced_at is not None:
+            return f"{self.node.name}-replaced-{self.node.pk}"
+        return self.node.name
 
 
 def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
@@ -265,7 +282,39 @@ def _steps_done(node: Node, with_install: bool) -> int:
     return done
 
 
-def node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRow]:
+def replaceable_now(cluster: Cluster, nodes: list[Node]) -> dict[str, Node]:
+    """The workers the user may replace now, by name: those the lifecycle's own check lets
+    through (`clusters.lifecycle.repair.replaceable`: a running cluster, a lost or unhealthy
+    worker, none starting under its name), asked of the nodes read, with no query."""
+    if not cluster.is_running:
+        return {}
+    found = {}
+    for name in dict.fromkeys(n.name for n in nodes if n.index != 0):
+        try:
+            node, _ = replaceable(cluster, nodes, name)
+        except ClusterRefused:
+            continue
+        found[name] = node
+    return found
+
+
+def head_sick(cluster: Cluster, nodes: list[Node]) -> bool:
+    """Whether node-0 is lost or unhealthy in a running cluster: where a worker would have its
+    Replace button, the head says it cannot be replaced in place."""
+    head = next((n for n in nodes if n.index == 0), None)
+    return cluster.is_running and head is not None and bool(lifecycle.node_problem(cluster, head))
+
+
+def node_rows(
+    cluster: Cluster, nodes: list[Node], now: datetime, *, every: list[Node] | None = None
+) -> list[NodeRow]:
+    """The rows of `nodes`, read with `every` node of the cluster (default: `nodes`), which say
+    what replaced what and what may be replaced."""
+    every = nodes if every is None else every
+    by_pk = {n.pk: n for n in every}
+    replaced_by = {n.replaces_id: n for n in every if n.replaces_id is not None}
+    may_replace = replaceable_now(cluster, every)
+    sick_head = head_sick(cluster, every)
     with_install = cluster.software != Cluster.Software.NONE
     total = 4 if with_install else 3
     install_failed = cluster.can_retry_install
@@ -316,7 +365,12 @@ def node_rows(cluster: Cluster, nodes: list[Node], now: datetime) -> list[NodeRo
                 else "",
                 reported_at=reported,
                 reporting=metrics.reporting(reported, now=now),
-                problems=tuple(cluster.problems_of(node.name)),
+                # A machine replaced under its name has left: the name's problems are the new one's.
+                problems=() if node.pk in replaced_by else tuple(cluster.problems_of(node.name)),
+                may_replace=node.name in may_replace and may_replace[node.name].pk == node.pk,
+                head_sick=node.index == 0 and sick_head,
+                replaced_at=replaced_by[node.pk].reserved_at if node.pk in replaced_by else None,
+                replaces=by_pk.get(node.replaces_id) if node.replaces_id is not None else None,
             )
         )
     return rows
@@ -495,6 +549,7 @@ def detail_context(
         "connect_version": "",
     }
     context["volume"] = next(iter(cluster.volumes.all()), None)
+    context.update(_repair_context(cluster, nodes))
     context.update(_failure_context(cluster))
     context["acceptance"] = _acceptance(cluster)
     context.update(_network_context(cluster, nodes, now))
@@ -506,6 +561,38 @@ def detail_context(
     context["meter_run"] = meter.last_run_stamp()
     context["poll_url"] = _poll_url(cluster, context, now)
     return context
+
+
+# The repair policies as the Machines tab's form and the create form offer them, each with what
+# it does (docs/lifecycle.md, "Repair").
+def repair_policy_choices() -> list[dict]:
+    return [
+        {
+            "value": Cluster.RepairPolicy.ASK,
+            "label": Cluster.RepairPolicy.ASK.label,
+            "help": "A lost or unhealthy worker waits for you to replace it, from the Machines "
+            "tab.",
+        },
+        {
+            "value": Cluster.RepairPolicy.AUTO,
+            "label": Cluster.RepairPolicy.AUTO.label,
+            "help": f"A lost worker is replaced at once; an unhealthy one once it stayed "
+            f"unhealthy for {grace_words()}. Each replacement is billed like the machine it "
+            "replaces.",
+        },
+    ]
+
+
+def _repair_context(cluster: Cluster, nodes: list[Node]) -> dict:
+    """The workers that may be replaced now (the degraded banner's links) and the repair
+    policy's form, shown while the cluster has not ended (what `set_repair_policy` allows)."""
+    return {
+        "replace_names": list(replaceable_now(cluster, nodes)),
+        "head_refusal": lifecycle.HEAD_REFUSAL if head_sick(cluster, nodes) else "",
+        "repair_policies": repair_policy_choices(),
+        "repair_grace": grace_words(),
+        "repair_policy_open": not cluster.is_final and cluster.status != Cluster.Status.TERMINATING,
+    }
 
 
 def _network_context(cluster: Cluster, nodes: list[Node], now: datetime) -> dict:

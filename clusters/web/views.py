@@ -243,6 +243,7 @@ def _create_from(
             software=cleaned["software"],
             ssh_key_ids=[key.pk for key in cleaned["ssh_keys"]],
             volume_id=cleaned["volume"],
+            repair_policy=cleaned["repair_policy"] or Cluster.RepairPolicy.ASK,
         )
     except ClusterRefused as refusal:
         form.add_refusal(refusal)
@@ -252,10 +253,11 @@ def _create_from(
 def _prefilled_form(
     request: ProjectRequest, project: Project, data: QueryDict, offer: Offer, nodes: int
 ) -> tuple[ClusterForm, bool]:
-    """The form as a link fills it (a create-again link gives name, software, environment and
-    volume), and whether its name is one suggested because the link gave none."""
+    """The form as a link fills it (a create-again link gives name, software, environment,
+    volume and repair policy), and whether its name is one suggested because the link gave
+    none."""
     initial = {"offer": offer.id, "nodes": nodes}
-    for key in ("name", "software", "environment", "volume"):
+    for key in ("name", "software", "environment", "volume", "repair_policy"):
         if data.get(key):
             initial[key] = data[key]
     suggested = "name" not in initial
@@ -446,16 +448,24 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
     if tab == "machines":
         nodes, now = context["nodes"], context["now"]
         on_page = _count(request.GET.get("nodes"))
-        on_page = len(nodes) if on_page is None else on_page
+        # The page shows the first `on_page` machines the cluster had (none is ever deleted).
+        shown_pks = {n.pk for n in sorted(nodes, key=lambda n: n.pk)[:on_page]}
+        added = [n for n in nodes if n.pk not in shown_pks]
         # A report moves every row's utilisation: all of them, then.
         redraw = context.get("metrics_moved", False)
-        changed = [n for n in nodes if n.index < on_page and (redraw or n.version > shown)]
-        context["changed_rows"] = node_rows(cluster, changed, now)
-        context["added_rows"] = node_rows(cluster, [n for n in nodes if n.index >= on_page], now)
-        context["oob"] = context["reports_oob"] = True
-        parts.append(render_to_string("clusters/parts/changes.html", context, request))
-        parts.append(render_to_string("clusters/parts/machines_actions.html", context, request))
-        parts.append(render_to_string("clusters/parts/reports.html", context, request))
+        changed = [n for n in nodes if n.pk in shown_pks and (redraw or n.version > shown)]
+        if any(n.replaces_id is not None for n in added):
+            # A replacement's row goes beside the one it replaces, whose row changes its id:
+            # the tab whole, once.
+            context["node_rows"] = node_rows(cluster, nodes, now)
+            parts += _tab_parts(request, context)
+        else:
+            context["changed_rows"] = node_rows(cluster, changed, now, every=nodes)
+            context["added_rows"] = node_rows(cluster, added, now, every=nodes)
+            context["oob"] = context["reports_oob"] = True
+            parts.append(render_to_string("clusters/parts/changes.html", context, request))
+            parts.append(render_to_string("clusters/parts/machines_actions.html", context, request))
+            parts.append(render_to_string("clusters/parts/reports.html", context, request))
     elif tab == "events":
         # Up to the version read: an event written since comes with the next poll, and only then.
         context["new_events"] = list(
@@ -524,6 +534,53 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
     else:
         noun = "worker" if count == 1 else "workers"
         messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
+    return redirect("clusters:tab", pk=cluster.pk, tab="machines")
+
+
+@permissions.page_requires("clusters.manage")
+@require_http_methods(["GET", "POST"])
+@outages.committing
+def cluster_replace_node(request: ProjectRequest, pk: int, node: str) -> HttpResponse:
+    """GET shows what replacing the worker `node` does (which machine, why, the address it
+    keeps, what it costs) or why it cannot be; POST replaces it. Works without JavaScript."""
+    cluster = _get_cluster_for_user(request, pk)
+    if request.method == "GET":
+        context: dict[str, Any] = {"cluster": cluster, "node_name": node}
+        try:
+            plan = lifecycle.plan_replace(cluster=cluster, node_name=node)
+        except ClusterRefused as refusal:
+            context["refusal"] = refusal.message
+        else:
+            context["plan"] = plan
+            context["cluster_price_per_hour"] = plan.price_per_hour * plan.machines_after
+        return render(request, "clusters/replace.html", context)
+    try:
+        new = lifecycle.replace_node(cluster=cluster, node_name=node, user=request.user)
+    except ClusterRefused as refusal:
+        messages.error(request, refusal.message)
+    else:
+        messages.success(
+            request,
+            f"Replacing {new.name}: a new machine takes its name and private address "
+            f"{new.private_ip}, and is billed from the moment it is up.",
+        )
+    return redirect("clusters:tab", pk=cluster.pk, tab="machines")
+
+
+@permissions.page_requires("clusters.manage")
+@require_POST
+@outages.committing
+def cluster_repair_policy(request: ProjectRequest, pk: int) -> HttpResponse:
+    """Change who decides to replace a lost or unhealthy worker (the Machines tab's form)."""
+    cluster = _get_cluster_for_user(request, pk)
+    try:
+        cluster = lifecycle.set_repair_policy(
+            cluster=cluster, policy=request.POST.get("repair_policy", ""), user=request.user
+        )
+    except ClusterRefused as refusal:
+        messages.error(request, refusal.message)
+    else:
+        messages.success(request, f"Repair policy: {cluster.get_repair_policy_display().lower()}.")
     return redirect("clusters:tab", pk=cluster.pk, tab="machines")
 
 
