@@ -267,6 +267,12 @@ class Cluster(models.Model):
         return f"This cluster is {status}; only a {allowed} cluster can be terminated."
 
     @property
+    def can_set_repair_policy(self) -> bool:
+        """Who replaces a lost or unhealthy worker can change until the cluster ends (or
+        terminates): clusters/lifecycle/repair.py `set_repair_policy`, the Machines tab."""
+        return self.status in self.TERMINABLE
+
+    @property
     def can_add_workers(self) -> bool:
         """Ready, and not quoted: a quoted cluster's size is part of the agreed terms."""
         return self.status == self.Status.READY and not self.is_quoted

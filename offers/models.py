@@ -193,6 +193,7 @@ class Host(models.Model):
         AGENT = "agent", "agent never checks in"
         NETWORK = "network", "cannot reach one peer"
         INSTALL = "install", "software install fails"
+        GPU = "gpu", "a GPU fails after 10 minutes"
 
     name = models.CharField(max_length=100, unique=True)
     machine_type = models.ForeignKey(MachineType, on_delete=models.PROTECT, related_name="hosts")

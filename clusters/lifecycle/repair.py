@@ -307,7 +307,7 @@ def set_repair_policy(*, cluster: Cluster, policy: object, user: User | None = N
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
-        if locked is None or locked.is_final or locked.status == Status.TERMINATING:
+        if locked is None or not locked.can_set_repair_policy:
             raise ClusterRefused(
                 "invalid_state",
                 "The repair policy is for a cluster that runs; this one has ended.",

@@ -227,7 +227,7 @@ def record(*, node_id: int, token: str, report: Any) -> int | None:
     at = timezone.now()
     take_report(sender.node_id, now=at)
     store(sender.node_id, sender.cluster_id, gpus=gpus, host=host, at=at)
-    _judge_gpu_health(sender, gpus, at=at)
+    judge_gpu_health(sender, gpus, at=at)
     return settings.RUNCRATE_METRICS_SECONDS
 
 
@@ -295,7 +295,7 @@ def take_report(node_id: int, *, now: datetime) -> None:
     raise TooManyReports(retry_after=max(math.ceil(wait), 1))
 
 
-def _judge_gpu_health(sender: ReportingNode, gpus: list[dict[str, Any]], *, at: datetime) -> None:
+def judge_gpu_health(sender: ReportingNode, gpus: list[dict[str, Any]], *, at: datetime) -> None:
     """The report's GPU health (clusters/telemetry/health.py, docs/metrics.md "GPU health"),
     judged only when there may be something to say: the report shows a condition, the node has
     one kept, or its cluster has a GPU problem of it open. A healthy report of a healthy node

@@ -11,6 +11,11 @@ checkpoint), each node's cycle shifted by its id, utilisation wobbling while bus
 high while busy, and power, temperature and the SM clock follow utilisation. A quiet spell is
 shorter than the idle notice's 30 minutes, so the demo never reads as idle.
 
+A host with the `gpu` fault (the demo's: docs/lifecycle.md, "Repair") fails as a GPU does: once
+its cluster has run GPU_FAILS_AFTER_SECONDS, GPU 0 of its machine reports uncorrectable ECC
+errors, judged as any agent's report is (the node unhealthy, drained, and replaced where the
+cluster's repair policy says so); its replacement, on a sound host, is healthy.
+
 Real (ssh) machines are left to their agents. This is not a driver (clusters/machines/ must not
 import clusters.telemetry.metrics' dependencies); it only reads which hosts are simulated.
 """
@@ -25,6 +30,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node
 from clusters.telemetry import metrics
+from clusters.telemetry.agent_service import ReportingNode
 from offers.models import Host
 
 CYCLE_SECONDS = 30 * 60
@@ -48,6 +54,9 @@ IDLE_SM_CLOCK_MHZ = 345
 NETWORK_BYTES_PER_SECOND = 120_000_000
 HOST_MEMORY_MIB = 2_064_384  # 2 TiB
 DISK_GIB = 900.0
+# A host with the `gpu` fault: its GPU 0 fails this long after its cluster joined.
+GPU_FAILS_AFTER_SECONDS = 10 * 60
+FAILED_GPU_ECC_ERRORS = 2
 
 
 def busy(node_id: int, moment: datetime) -> bool:
@@ -71,7 +80,13 @@ def utilization(node_id: int, gpu_index: int, moment: datetime) -> float:
 
 
 def gpu_report(
-    node_id: int, gpu_index: int, moment: datetime, *, memory_total_mib: int, power_limit_w: float
+    node_id: int,
+    gpu_index: int,
+    moment: datetime,
+    *,
+    memory_total_mib: int,
+    power_limit_w: float,
+    ecc_uncorrected: int = 0,
 ) -> dict[str, Any]:
     """One GPU's figures, as the agent sends them (docs/metrics.md)."""
     load = utilization(node_id, gpu_index, moment) / 100
@@ -92,7 +107,7 @@ def gpu_report(
         "sm_clock_mhz": MAX_SM_CLOCK_MHZ if working else IDLE_SM_CLOCK_MHZ,
         "throttle": throttle,
         "ecc_corrected": 0,
-        "ecc_uncorrected": 0,
+        "ecc_uncorrected": ecc_uncorrected,
         "retired_pages_pending": False,
         "remapped_rows_pending": False,
     }
@@ -105,6 +120,8 @@ def node_report(node: Node, moment: datetime) -> dict[str, Any]:
     seen = node.gpus or [{} for _ in range(machine_type.gpus_per_machine)]
     fallback_mib = machine_type.gpu.memory_gib * 1024
     limit = POWER_LIMIT_W.get(machine_type.gpu.slug, DEFAULT_POWER_LIMIT_W)
+    since = node.cluster.joined_at or node.cluster.created_at
+    failed = gpu_failed(node, moment, since=since)
     gpus = [
         gpu_report(
             node.pk,
@@ -112,11 +129,11 @@ def node_report(node: Node, moment: datetime) -> dict[str, Any]:
             moment,
             memory_total_mib=int(gpu.get("memory_total_mib") or fallback_mib),
             power_limit_w=limit,
+            ecc_uncorrected=FAILED_GPU_ECC_ERRORS if failed and index == 0 else 0,
         )
         for index, gpu in enumerate(seen)
     ]
     mean = sum(g["utilization_percent"] for g in gpus) / len(gpus) if gpus else 0.0
-    since = node.cluster.joined_at or node.cluster.created_at
     moved = max(int((moment - since).total_seconds()), 0) * NETWORK_BYTES_PER_SECOND
     return {
         "gpus": gpus,
@@ -134,6 +151,35 @@ def node_report(node: Node, moment: datetime) -> dict[str, Any]:
     }
 
 
+def gpu_failed(node: Node, moment: datetime, *, since: datetime) -> bool:
+    """Whether `node`'s host has the `gpu` fault and its GPU 0 has failed by `moment`."""
+    elapsed = (moment - since).total_seconds()
+    return (
+        node.host is not None
+        and node.host.fault == Host.Fault.GPU
+        and (elapsed >= GPU_FAILS_AFTER_SECONDS)
+    )
+
+
+def _sender(node: Node) -> ReportingNode:
+    """The node as the GPU health judgement reads a report's sender (what the agent's own
+    report path reads in one query: here, from the rows already loaded)."""
+    cluster = node.cluster
+    return ReportingNode(
+        node_id=node.pk,
+        cluster_id=cluster.pk,
+        node_status=node.status,
+        cluster_status=cluster.status,
+        token_hash=node.agent_token_hash,
+        accepted_gpus=len(node.gpus or []),
+        gpu_health=node.gpu_health or {},
+        gpu_problems_open=any(
+            key.startswith(f"gpu:{node.name}:") for key in (cluster.health_problems or {})
+        ),
+        machine_gpus=cluster.machine_type.gpus_per_machine,
+    )
+
+
 def reporting_nodes() -> list[Node]:
     """The simulated machines whose agent would report now: live nodes of a ready or degraded
     cluster (`metrics.recording`, the agent's own rule) on the simulated driver. One query."""
@@ -143,8 +189,8 @@ def reporting_nodes() -> list[Node]:
             host__driver=Host.Driver.SIMULATED,
             cluster__status__in=Cluster.BILLED,
         )
-        .select_related("cluster__machine_type__gpu")
-        .order_by("cluster_id", "index")
+        .select_related("host", "cluster__machine_type__gpu")
+        .order_by("cluster_id", "index", "pk")
     )
     return [
         node
@@ -162,4 +208,6 @@ def report(*, now: datetime | None = None) -> int:
     for node in nodes:
         gpus, host = metrics.clean_report(node_report(node, now))
         metrics.store(node.pk, node.cluster_id, gpus=gpus, host=host, at=now)
+        # Judged as an agent's report is: a healthy report of a healthy node costs nothing.
+        metrics.judge_gpu_health(_sender(node), gpus, at=now)
     return len(nodes)

@@ -591,7 +591,7 @@ def _repair_context(cluster: Cluster, nodes: list[Node]) -> dict:
         "head_refusal": lifecycle.HEAD_REFUSAL if head_sick(cluster, nodes) else "",
         "repair_policies": repair_policy_choices(),
         "repair_grace": grace_words(),
-        "repair_policy_open": not cluster.is_final and cluster.status != Cluster.Status.TERMINATING,
+        "repair_policy_open": cluster.can_set_repair_policy,
     }
 
 

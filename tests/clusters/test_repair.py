@@ -21,6 +21,7 @@ from clusters.errors import ClusterRefused
 from clusters.lifecycle.records import ActionKind, NodeWork
 from clusters.models import Cluster, Event, Node
 from clusters.notifications import send_pending_cluster_emails
+from clusters.telemetry import simulated_metrics
 from offers.models import Host
 from tests.clusters.lifecycle_kit import Sim, create, inventory, new_project
 from tests.clusters.test_gpu_health import gpu
@@ -254,3 +255,40 @@ def test_asking_for_a_replacement_costs_the_same_queries_at_any_size(client, clo
             lifecycle.replace_node(cluster=cluster, node_name="node-1")
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+
+
+def test_the_demos_sick_gpu_is_judged_drained_and_replaced_by_the_auto_policy(clock, settings):
+    """The simulated data center's `gpu` fault (what the demo's node-1 has): its GPU 0 reports
+    uncorrectable ECC errors 10 minutes after the cluster joined, judged as an agent's report;
+    the `auto` policy replaces it after the grace period, from a sound host."""
+    settings.RUNCRATE_REPAIR_GRACE_SECONDS = 300
+    cluster = ready(clock, nodes=2, software="slurm", policy="auto")
+    sick = live(cluster, 1)
+    Host.objects.filter(pk=sick.host_id).update(fault=Host.Fault.GPU)
+    cluster.refresh_from_db()
+    joined = cluster.joined_at
+    clock.move_to(joined + timedelta(seconds=simulated_metrics.GPU_FAILS_AFTER_SECONDS - 1))
+    with Sim():
+        simulated_metrics.report()
+    cluster.refresh_from_db()
+    assert cluster.status == Status.READY
+    clock.move_to(joined + timedelta(seconds=simulated_metrics.GPU_FAILS_AFTER_SECONDS))
+    with Sim() as sim:
+        simulated_metrics.report()
+        sim.dispatcher.run()
+    cluster.refresh_from_db()
+    assert cluster.status == Status.DEGRADED
+    assert "node-1 GPU 0: 2 uncorrectable ECC errors" in cluster.failure_message
+    assert live(cluster, 1).drained and drain_key(cluster) == "node-1"
+    clock.shift(300)
+    with Sim():
+        assert lifecycle.auto_repair() == [f"{cluster.pk}/node-1"]
+    settle(clock)
+    cluster.refresh_from_db()
+    assert cluster.status == Status.READY, cluster.failure_message
+    assert live(cluster, 1).host.fault == ""
+    with Sim():
+        simulated_metrics.report()
+    cluster.refresh_from_db()
+    assert cluster.status == Status.READY
+    assert Host.objects.get(pk=sick.host_id).state == Host.State.OFFLINE

@@ -19,7 +19,7 @@ from clusters import lifecycle
 from clusters.demo_history import seed_demo_history
 from clusters.models import Cluster, Event, Node, give_up_after
 from offers.inventory import DEMO_INVENTORY, load_inventory_file
-from offers.models import GpuModel, MachineType
+from offers.models import GpuModel, Host, MachineType
 
 DEMO_EMAIL = "demo@runcrate.localhost"
 DEMO_PASSWORD = "demo-gpus-2026"
@@ -84,7 +84,9 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             f"The demo user has {len(ended)} ended clusters this month and {live.name}, "
-            f"{live.get_status_display().lower()}, billed by the meter."
+            f"{live.get_status_display().lower()}, billed by the meter. Its node-1 has a GPU "
+            "that fails 10 minutes after it joined: watch it marked unhealthy, then replaced "
+            "by the cluster's repair policy (auto) 5 minutes later."
         )
         self.stdout.write(f"Demo login: {DEMO_EMAIL} / {DEMO_PASSWORD}")
         self.stdout.write("A staff account for /admin/: manage.py createsuperuser")
@@ -189,7 +191,13 @@ def _ready_cluster(project: Project, user: User, key: SshKey) -> Cluster:
         name=LIVE_NAME,
         software=Cluster.Software.NONE,
         ssh_key_ids=[key.pk],
+        repair_policy=Cluster.RepairPolicy.AUTO,
     )
+    # The demo's sick node (docs/lifecycle.md, "Repair"): node-1's GPU 0 fails 10 minutes after
+    # the cluster joined (the simulated data center's `gpu` fault); the repair policy replaces
+    # it, from a sound host, once it stayed unhealthy for the grace period.
+    worker = cluster.nodes.get(index=1)
+    Host.objects.filter(pk=worker.host_id).update(fault=Host.Fault.GPU)
     speed = settings.RUNCRATE_SIM_SPEED
     settings.RUNCRATE_SIM_SPEED = max(speed, SEED_SIM_SPEED)
     deadline = time.monotonic() + READY_WITHIN_SECONDS
