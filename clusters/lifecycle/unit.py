@@ -104,6 +104,9 @@ class UnitOfWork:
     # The nodes billed from `now` on (their machines joined the cluster).
     billed: list[Node] = field(default_factory=list)
     handoffs: list[Handoff] = field(default_factory=list)
+    # Something the unit could not hand off yet (the head busy, a failed drain backing off):
+    # the tick advances the cluster again, beside what `needs_work` reads from its rows.
+    still_due: bool = False
     fields: set[str] = field(default_factory=set)
     _work: dict[int, NodeWork] = field(default_factory=dict)
 
@@ -328,7 +331,7 @@ class UnitOfWork:
         )
         if self.events:
             Event.objects.bulk_create(self.events)
-        if set_needs_work(self.cluster, needs_work(self.cluster, self.nodes)):
+        if set_needs_work(self.cluster, self.still_due or needs_work(self.cluster, self.nodes)):
             self.cluster_dirty = True  # what the tick reads
         if self.cluster_dirty:
             self.cluster.save()

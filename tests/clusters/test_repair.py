@@ -19,6 +19,8 @@ from billing.models import UsageRecord
 from clusters import lifecycle
 from clusters.errors import ClusterRefused
 from clusters.lifecycle.records import ActionKind, NodeWork
+from clusters.machines.base import InstallResult
+from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Event, Node
 from clusters.notifications import send_pending_cluster_emails
 from clusters.telemetry import simulated_metrics
@@ -72,7 +74,7 @@ def ecc(client, cluster, index, errors=2):
 def drain_key(cluster: Cluster) -> str | None:
     """What the head's scheduler was last told to hold drained."""
     done = NodeWork.of(live(cluster, 0)).get(ActionKind.DRAIN)
-    return None if done is None else done.key
+    return None if done is None or not done.ok else done.key
 
 
 def settle(clock, seconds=BOOT * 3):
@@ -292,3 +294,24 @@ def test_the_demos_sick_gpu_is_judged_drained_and_replaced_by_the_auto_policy(cl
     cluster.refresh_from_db()
     assert cluster.status == Status.READY
     assert Host.objects.get(pk=sick.host_id).state == Host.State.OFFLINE
+
+
+def test_a_drain_the_head_could_not_apply_is_tried_again_by_the_tick(client, clock, monkeypatch):
+    cluster = ready(clock)
+    answers = [InstallResult(ok=False, output="runcrate: failed: scontrol timed out")]
+    real = SimulatedDriver.drain
+
+    def flaky(self, head, *, plan, drained):
+        return answers.pop() if answers else real(self, head, plan=plan, drained=drained)
+
+    monkeypatch.setattr(SimulatedDriver, "drain", flaky)
+    ecc(client, cluster, 1)
+    assert drain_key(cluster) is None  # it failed: the head holds nothing known
+    cluster.refresh_from_db()
+    assert cluster.needs_work  # so the tick comes back for it
+    clock.shift(11)
+    with Sim() as sim:
+        sim.tick()
+    assert drain_key(cluster) == "node-1"
+    cluster.refresh_from_db()
+    assert not cluster.needs_work

@@ -60,14 +60,16 @@ def drain(work: UnitOfWork) -> None:
     cluster = work.cluster
     if not drains(cluster) or cluster.status not in Cluster.RUNNING:
         return
-    if any(joining(cluster, n) for n in work.nodes):
-        return
     head = next((n for n in work.nodes if n.index == 0 and n.status == NodeStatus.JOINED), None)
     if head is None or head.step != Node.Step.DONE:
         return
     wanted = wanted_key(work.nodes)
+    if applied_key(work, head) == wanted:
+        return
     done = work.work_of(head).get(ActionKind.DRAIN)
-    if applied_key(work, head) == wanted or (done is not None and work.backing_off(done)):
+    waiting = any(joining(cluster, n) for n in work.nodes)
+    if waiting or (done is not None and work.backing_off(done)) or head.lease_is_held(work.now):
+        work.still_due = True  # the tick comes back for it
         return
     work.hand_off(head, Action(ActionKind.DRAIN, wanted))
 
