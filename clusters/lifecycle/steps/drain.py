@@ -63,15 +63,30 @@ def drain(work: UnitOfWork) -> None:
     head = next((n for n in work.nodes if n.index == 0 and n.status == NodeStatus.JOINED), None)
     if head is None or head.step != Node.Step.DONE:
         return
-    wanted = wanted_key(work.nodes)
-    if applied_key(work, head) == wanted:
+    wanted, applied = wanted_key(work.nodes), applied_key(work, head)
+    if applied == wanted:
         return
     done = work.work_of(head).get(ActionKind.DRAIN)
-    waiting = any(joining(cluster, n) for n in work.nodes)
-    if waiting or (done is not None and work.backing_off(done)) or head.lease_is_held(work.now):
+    if (
+        _waiting_for_a_join(work, applied)
+        or (done is not None and not done.ok and work.backing_off(done))
+        or head.lease_is_held(work.now)
+    ):
         work.still_due = True  # the tick comes back for it
         return
     work.hand_off(head, Action(ActionKind.DRAIN, wanted))
+
+
+def _waiting_for_a_join(work: UnitOfWork, applied: str | None) -> bool:
+    """Whether the drain waits for a machine that is joining (the software's configuration
+    is changing then). Not when the scheduler holds drained the name of a replacement that
+    is joining: its predecessor's drain, which the scheduler may keep for the name (Slurm
+    does), would keep the replacement from ever being ready; it is lifted at once."""
+    joining_names = {n.name for n in work.nodes if joining(work.cluster, n)}
+    if not joining_names:
+        return False
+    held = set(applied.split(",")) if applied else set()
+    return not (held & joining_names)
 
 
 def mark_drained(work: UnitOfWork, node: Node, why: str, *, lost: bool = False) -> None:
