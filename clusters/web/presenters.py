@@ -305,6 +305,20 @@ def head_sick(cluster: Cluster, nodes: list[Node]) -> bool:
     return cluster.is_running and head is not None and bool(lifecycle.node_problem(cluster, head))
 
 
+def _doing(cluster: Cluster, node: Node, *, finished: bool, install_failed: bool) -> tuple:
+    """What a machine's row says it is doing, and its tone."""
+    if node.status == Node.Status.FAILED:
+        return f"Failed at {STEP_NAMES.get(node.step, node.step).lower()}", "bad"
+    if node.status == Node.Status.LOST:
+        heard = node.heartbeat_at or node.ended_at
+        return (f"Lost: silent since {heard:%H:%M:%S} UTC" if heard else "Lost"), "bad"
+    if install_failed and node.step == Node.Step.INSTALL:
+        # The install stopped: the node that failed says so, the others did not finish.
+        failed_here = node.name == cluster.failure_node
+        return ("Install failed", "bad") if failed_here else ("Install stopped", "")
+    return NODE_STEP_PHRASES.get(node.step, node.step), "ok" if finished else ""
+
+
 def node_rows(
     cluster: Cluster, nodes: list[Node], now: datetime, *, every: list[Node] | None = None
 ) -> list[NodeRow]:
@@ -333,23 +347,7 @@ def node_rows(
         done = _steps_done(node, with_install)
         deadline = deadlines.get(node.pk)
         left = max(0, int((deadline - now).total_seconds())) if deadline else None
-        doing = NODE_STEP_PHRASES.get(node.step, node.step)
-        if node.status == Node.Status.FAILED:
-            tone = "bad"
-            doing = f"Failed at {STEP_NAMES.get(node.step, node.step).lower()}"
-        elif node.status == Node.Status.LOST:
-            tone = "bad"
-            heard = node.heartbeat_at or node.ended_at
-            doing = f"Lost: silent since {heard:%H:%M:%S} UTC" if heard else "Lost"
-        elif install_failed and node.step == Node.Step.INSTALL:
-            # The install stopped: the node that failed says so, the others did not finish.
-            failed_here = node.name == cluster.failure_node
-            tone = "bad" if failed_here else ""
-            doing = "Install failed" if failed_here else "Install stopped"
-        elif done == total:
-            tone = "ok"
-        else:
-            tone = ""
+        doing, tone = _doing(cluster, node, finished=done == total, install_failed=install_failed)
         rows.append(
             NodeRow(
                 node=node,
