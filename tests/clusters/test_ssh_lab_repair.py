@@ -172,6 +172,14 @@ def test_auto_replaces_a_worker_whose_host_stopped(pool, user_key, tmp_path, set
     send_pending_cluster_emails()
     mail.outbox.clear()
     gone = live(cluster, 2)
+    # A heartbeat after its billing began, so its end is the heartbeat's (never before the
+    # start: docs/lifecycle.md "Lost machines").
+    billed_from = UsageRecord.objects.get(node=gone).started_at
+    deadline = time.monotonic() + 60
+    while (gone.heartbeat_at or billed_from) <= billed_from:
+        assert time.monotonic() < deadline, "node-2's agent sent no heartbeat once billed"
+        time.sleep(1)
+        gone.refresh_from_db()
     lab.stop(gone.host.name)
     try:
         with Sim() as sim:
