@@ -322,3 +322,19 @@ def test_a_drain_the_head_could_not_apply_is_tried_again_by_the_tick(client, clo
     assert drain_key(cluster) == "node-1"
     cluster.refresh_from_db()
     assert not cluster.needs_work
+
+
+def test_the_unhealthy_and_lost_emails_say_what_replacing_costs_and_link_there(client, clock):
+    cluster = ready(clock)
+    ecc(client, cluster, 1)
+    with Sim():
+        lifecycle.mark_lost(node_id=live(cluster, 2).pk, last_heard=timezone.now(), why="gone")
+    send_pending_cluster_emails()
+    bodies = {m.subject: m.body for m in mail.outbox}
+    unhealthy = next(b for s, b in bodies.items() if "node-1 is unhealthy" in s)
+    lost = next(b for s, b in bodies.items() if "node-2 was lost" in s)
+    machines = f"/clusters/{cluster.pk}/machines/"
+    for body, name in ((unhealthy, "node-1"), (lost, "node-2")):
+        assert f"Replace it: a new machine takes {name}'s name and private address" in body
+        assert "$20.00 per hour" in body and machines in body
+    assert "its billing ends at once" in unhealthy
