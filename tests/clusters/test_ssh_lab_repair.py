@@ -118,6 +118,10 @@ def test_slurm_drains_a_worker_with_ecc_errors_and_a_replacement_takes_its_place
     assert "runcrate: node-2 GPU 0: 2 uncorrectable ECC errors" in state, state
     machines = api.get(f"/api/v1/clusters/{cluster.pk}").json()["data"]["machines"]
     assert "ECC" in next(m["drained"] for m in machines if m["name"] == "node-2")
+    page = Client()
+    page.force_login(user)
+    tab = page.get(f"/clusters/{cluster.pk}/machines/").content.decode()
+    assert "Drained: node-2 GPU 0: 2 uncorrectable ECC errors" in tab, tab
     # A job for two machines does not land on the drained one.
     job = ssh(config, "node-0", "sbatch --parsable -N2 -o /dev/null --wrap 'sleep 1'")
     deadline = time.monotonic() + 60
