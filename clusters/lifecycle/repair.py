@@ -344,6 +344,19 @@ def auto_replaces(cluster: Cluster, nodes: list[Node], node: Node, *, now: datet
     )
 
 
+def auto_replaces_unhealthy(
+    cluster: Cluster, nodes: list[Node], named: list[Node], *, now: datetime
+) -> bool:
+    """Whether the `auto` policy will replace every machine a new health problem names, once it
+    outlasts the grace period: workers only (never node-0), within the daily bound."""
+    return (
+        cluster.repair_policy == Cluster.RepairPolicy.AUTO
+        and bool(named)
+        and all(n.index != 0 for n in named)
+        and repairs_today(cluster, nodes, now) < settings.RUNCRATE_AUTO_REPAIRS_PER_DAY
+    )
+
+
 def due_for_auto_repair(cluster: Cluster, nodes: list[Node], now: datetime) -> list[str]:
     """The workers the `auto` policy replaces now: lost ones with no live machine under their
     name, and those whose health problems all began more than the grace period ago."""
@@ -448,6 +461,7 @@ __all__ = [
     "ReplacePlan",
     "auto_repair",
     "auto_replaces",
+    "auto_replaces_unhealthy",
     "forget_problems",
     "grace_words",
     "node_problem",

@@ -41,6 +41,7 @@ from django.conf import settings
 from django.db import transaction
 
 from clusters import policy
+from clusters.lifecycle import repair
 from clusters.lifecycle.rules import joining, lock_cluster
 from clusters.lifecycle.steps import drain
 from clusters.lifecycle.unit import UnitOfWork, read_nodes
@@ -238,17 +239,7 @@ def judge_health(cluster: Cluster, nodes: list[Node], *, now: datetime) -> bool:
     work.cluster_dirty = True
     ours = cluster.status == Status.READY or cluster.failure_reason == Reason.NODE_UNHEALTHY
     if new:
-        if cluster.status == Status.READY:
-            work.set_status(Status.DEGRADED)
-        worst = by_name[new[0].node]
-        work.event(
-            Reason.NODE_UNHEALTHY,
-            f"{_sentences(p.message for p in new)} The cluster is degraded: its machines keep "
-            "running and billed; it is ready again by itself once every machine is healthy, or "
-            "terminate it.",
-            node=worst,
-            step=worst.step,
-        )
+        _announce(work, new, by_name)
     # A gone node (lost, a failed worker) heals nothing: its own event said what happened.
     healed = [p for p in gone if by_name.get(p["node"]) and by_name[p["node"]].status == "joined"]
     if healed:
@@ -284,6 +275,34 @@ def _drain_as_found(work: UnitOfWork, found) -> None:
         else:
             drain.mark_undrained(work, node)
     drain.drain(work)
+
+
+def _announce(work: UnitOfWork, new: list[Problem], by_name: dict[str, Node]) -> None:
+    """New problems: the cluster degraded, and one `node_unhealthy` event naming them (and the
+    email, unless the `auto` repair policy will replace them: its one email tells then)."""
+    cluster, now = work.cluster, work.now
+    if cluster.status == Status.READY:
+        work.set_status(Status.DEGRADED)
+    worst = by_name[new[0].node]
+    named = [by_name[p.node] for p in new]
+    auto = repair.auto_replaces_unhealthy(cluster, work.nodes, named, now=now)
+    then = (
+        f"if it is still unhealthy in {repair.grace_words()}, it is replaced automatically "
+        "(the cluster's repair policy), and you get one email saying so."
+        if auto
+        else "it is ready again by itself once every machine is healthy, or terminate it."
+    )
+    work.event(
+        Reason.NODE_UNHEALTHY,
+        f"{_sentences(p.message for p in new)} The cluster is degraded: its machines keep "
+        f"running and billed; {then}",
+        node=worst,
+        step=worst.step,
+    )
+    if auto:
+        # Told by the replacement's one email (or the refusal's), not by one of its own;
+        # a problem that clears within the grace period was the product's to handle.
+        work.events[-1].emailed_at = now
 
 
 def _stored(cluster: Cluster, found: dict[str, Problem], *, now: datetime) -> dict:

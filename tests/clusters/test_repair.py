@@ -239,6 +239,14 @@ def test_auto_waits_out_the_grace_period_for_an_unhealthy_worker(client, clock, 
     with Sim():
         assert lifecycle.auto_repair() == [f"{cluster.pk}/node-1"]
     assert live(cluster, 1).replaces is not None
+    settle(clock)
+    # One email: the replacement's, saying what happened and what it costs (the unhealthy
+    # event said it would be replaced; its own email is not sent).
+    send_pending_cluster_emails()
+    assert [m.subject for m in mail.outbox] == [
+        f"Cluster {cluster.name}: node-1 was replaced; ready again"
+    ]
+    assert "Replaced as unhealthy: node-1 GPU 0" in mail.outbox[0].body
 
 
 def test_auto_replaces_at_most_the_daily_bound_and_says_so_once(client, clock, settings):
