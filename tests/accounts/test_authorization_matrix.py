@@ -107,6 +107,8 @@ PAGES: dict[str, str] = {
     "clusters:terminate": "clusters.manage",
     "clusters:retry_install": "clusters.manage",
     "clusters:add_workers": "clusters.manage",
+    "clusters:replace_node": "clusters.manage",
+    "clusters:repair_policy": "clusters.manage",
     "clusters:network_test": "clusters.manage",
     "storage:list": "volumes.manage",
     "storage:delete": "volumes.manage",
@@ -189,6 +191,7 @@ UNAVAILABLE_MAY_BE = {"readyz"}
 # What a POST sends: a valid body where the API reads one before any check of the caller.
 PAGE_BODIES: dict[str, Callable[["World"], dict]] = {
     "accounts:switch_project": lambda w: {"project": w.people["owner"].project.pk},
+    "clusters:repair_policy": lambda w: {"repair_policy": "auto"},
 }
 API_BODIES: dict[str, dict] = {
     "accounts_api_change_member": {"role": "manager"},
@@ -315,6 +318,7 @@ PAGE_ARGUMENTS: dict[str, Callable[[World], dict]] = {
     "billing:set_budget": lambda w: {"name": w.environment},
     "clusters:logs_download": lambda w: {"pk": w.cluster.pk, "node": "node-0", "kind": "system"},
     "clusters:tab": lambda w: {"pk": w.cluster.pk, "tab": "events"},
+    "clusters:replace_node": lambda w: {"pk": w.cluster.pk, "node": "node-1"},
     "notifications:deliveries": lambda w: {"endpoint_id": w.endpoint.pk},
     "notifications:send_test": lambda w: {"endpoint_id": w.endpoint.pk},
     "notifications:remove": lambda w: {"endpoint_id": w.endpoint.pk},

@@ -345,8 +345,8 @@ BAD_FILES = {
     ),
     "bad fault": (
         _set("hosts", 1, "fault", "fire"),
-        'hosts[1] (drill-1).fault: must be null, "boot", "crash", "agent", "network" or "install",'
-        ' not "fire"',
+        'hosts[1] (drill-1).fault: must be null, "boot", "crash", "agent", "network", "install" '
+        'or "gpu", not "fire"',
     ),
     "negative price": (
         _set("machine_types", 0, "price_per_hour", "-1"),
