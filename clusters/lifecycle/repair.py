@@ -315,7 +315,7 @@ def set_repair_policy(*, cluster: Cluster, policy: object, user: User | None = N
         if locked.repair_policy == policy:
             return locked
         work = UnitOfWork.load(locked, now=now)
-        locked.repair_policy = policy
+        locked.repair_policy = str(policy)  # one of RepairPolicy's, checked above
         work.cluster_dirty = True
         who = f" by {user.email}" if user else ""
         work.event(

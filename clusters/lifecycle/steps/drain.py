@@ -22,7 +22,7 @@ Reason = Event.Reason
 Software = Cluster.Software
 
 # How each software takes a machine out of its scheduling, in the events' words.
-TAKEN_OUT = {
+TAKEN_OUT: dict[str, str] = {
     Software.SLURM: "drained in Slurm",
     Software.RAY: "taken out of Ray (its raylet stopped)",
     Software.KUBERNETES: "cordoned in Kubernetes",

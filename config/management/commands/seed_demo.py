@@ -196,8 +196,7 @@ def _ready_cluster(project: Project, user: User, key: SshKey) -> Cluster:
     # The demo's sick node (docs/lifecycle.md, "Repair"): node-1's GPU 0 fails 10 minutes after
     # the cluster joined (the simulated data center's `gpu` fault); the repair policy replaces
     # it, from a sound host, once it stayed unhealthy for the grace period.
-    worker = cluster.nodes.get(index=1)
-    Host.objects.filter(pk=worker.host_id).update(fault=Host.Fault.GPU)
+    Host.objects.filter(nodes__cluster=cluster, nodes__index=1).update(fault=Host.Fault.GPU)
     speed = settings.RUNCRATE_SIM_SPEED
     settings.RUNCRATE_SIM_SPEED = max(speed, SEED_SIM_SPEED)
     deadline = time.monotonic() + READY_WITHIN_SECONDS
