@@ -112,12 +112,17 @@ def assert_clean(lab, host: Host) -> None:
 
 
 def terminate_and_check(lab, cluster: Cluster) -> None:
-    """Terminate; every host is wiped, verified clean inside, and free again."""
+    """Terminate; every host is wiped, verified clean inside, and free again: but for the host
+    of a machine that was lost (or replaced as unhealthy), quarantined offline for staff
+    (docs/lifecycle.md, "Repair")."""
     with Sim():
         lifecycle.terminate(cluster=cluster)
     drive(cluster, Cluster.Status.TERMINATED)
-    released(cluster)
-    for host in Host.objects.filter(nodes__cluster=cluster):
+    released(cluster, allowed=(Host.State.FREE, Host.State.OFFLINE))
+    quarantined = set(cluster.nodes.exclude(quarantine="").values_list("host_id", flat=True))
+    for host in Host.objects.filter(nodes__cluster=cluster).distinct():
+        wanted = Host.State.OFFLINE if host.pk in quarantined else Host.State.FREE
+        assert host.state == wanted, (host.name, host.state, host.pristine_report)
         assert_clean(lab, host)
 
 
