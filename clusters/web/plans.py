@@ -159,3 +159,9 @@ def network_terms(interconnect: str) -> dict[str, str]:
     if interconnect == "ethernet":
         terms |= {"suits": ETHERNET_SUITS, "not_for": ETHERNET_NOT_FOR}
     return terms
+
+
+def workers_body(cluster_id: int, count: int) -> dict[str, Any]:
+    """What an add-workers plan_token binds (the API's plan, the dashboard's confirm page): the
+    cluster and how many machines."""
+    return {"workers": cluster_id, "count": count}
