@@ -149,8 +149,16 @@ def plan_add_workers(
         if free < checked:
             raise ClusterRefused(
                 "not_enough_machines",
-                f"Only {free} machines of this type are free right now and this needs "
-                f"{checked}; nothing was reserved. Try fewer workers, or again later.",
+                f"{_free_words(free)} free right now and this needs {checked}; "
+                "nothing was reserved. Add fewer workers, or try again later.",
                 field="count",
             )
     return WorkersPlan(locked, checked, live, locked.price_per_machine_hour)
+
+
+def _free_words(free: int) -> str:
+    if free == 0:
+        return "No machine of this type is"
+    if free == 1:
+        return "Only 1 machine of this type is"
+    return f"Only {free} machines of this type are"
