@@ -819,7 +819,7 @@ def plan_add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -
     token = plans.issue_token(
         project=request.project,
         api_key=request.auth,
-        body=plans.workers_body(cluster.pk, payload.count),
+        body=plans.workers_body(cluster, payload.count, machines_now=planned.machines_now),
     )
     return {
         "data": {
@@ -848,7 +848,7 @@ def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Sta
             payload.plan_token,
             project=request.project,
             api_key=request.auth,
-            body=plans.workers_body(cluster.pk, payload.count),
+            body=plans.workers_body(cluster, payload.count),
             plan_path=f"POST /api/v1/clusters/{cluster.pk}/workers/plan",
         )
     lifecycle.add_workers(cluster=cluster, count=payload.count, api_key=request.auth)

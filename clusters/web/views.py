@@ -518,8 +518,9 @@ def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
 
 
 STALE_WORKERS_PLAN = (
-    "Nothing was added: the price you confirmed was for another number of workers or is more "
-    "than 10 minutes old. This is the price now; confirm again to add them."
+    "Nothing was added: the price you confirmed is more than 10 minutes old, or was for another "
+    "number of workers or another size of the cluster (workers were added since). This is the "
+    "price now; confirm again to add them."
 )
 
 
@@ -540,7 +541,7 @@ def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
         return _add_workers_page(request, cluster, count)
     try:
         plans.check_token(
-            token, project=request.project, api_key=None, body=plans.workers_body(cluster.pk, count)
+            token, project=request.project, api_key=None, body=plans.workers_body(cluster, count)
         )
     except ClusterRefused:
         return _add_workers_page(request, cluster, count, refused=STALE_WORKERS_PLAN)
@@ -567,7 +568,9 @@ def _add_workers_page(
     else:
         context["plan"] = planned
         context["plan_token"] = plans.issue_token(
-            project=request.project, api_key=None, body=plans.workers_body(cluster.pk, count)
+            project=request.project,
+            api_key=None,
+            body=plans.workers_body(cluster, count, machines_now=planned.machines_now),
         )
     return render(request, "clusters/add_workers.html", context)
 

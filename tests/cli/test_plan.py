@@ -194,7 +194,7 @@ def test_add_workers_sends_the_plans_token(env, tmp_path, account, ticker, monke
 
     assert result.code == 0, result.stderr
     assert "+$20.00/h (1 × $20.00/h)" in result.stderr
-    assert [body for _, body in checked] == [{"workers": cluster.pk, "count": 1}]
+    assert [body for _, body in checked] == [{"workers": cluster.pk, "count": 1, "machines": 2}]
     assert cluster.nodes.count() == 3
 
 

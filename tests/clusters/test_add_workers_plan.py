@@ -98,6 +98,20 @@ def test_its_post_with_the_pages_token_adds_them(owner, cluster):
     assert "Adding 1 worker: each is billed once it is up." in shown
 
 
+def test_a_second_click_on_the_same_confirm_adds_nothing_more(owner, cluster):
+    client = owner.browser_client()
+    token = token_of(client.get(page_url(cluster), {"count": "1"}).content.decode())
+
+    with Sim():
+        first = client.post(page_url(cluster), {"count": "1", "plan_token": token})
+        again = client.post(page_url(cluster), {"count": "1", "plan_token": token})
+
+    assert first.status_code == 302
+    assert "(workers were added since)" in text_of(again.content.decode())
+    assert machines(cluster) == 4
+    assert "Now 4 machines, $80.00 per hour" in text_of(again.content.decode())
+
+
 def test_a_post_without_the_confirm_changes_nothing_and_asks(owner, cluster):
     response = owner.browser_client().post(page_url(cluster), {"count": "2"})
 
@@ -113,7 +127,10 @@ def test_a_token_for_another_count_adds_nothing_and_shows_the_price_now(owner, c
     response = client.post(page_url(cluster), {"count": "2", "plan_token": token})
 
     text = text_of(response.content.decode())
-    assert "Nothing was added: the price you confirmed was for another number of workers" in text
+    assert (
+        "Nothing was added: the price you confirmed is more than 10 minutes old, or was for "
+        "another number of workers" in text
+    )
     assert "+$40.00 per hour" in text  # the plan of what was posted, to confirm again
     assert machines(cluster) == 3
 
@@ -209,6 +226,12 @@ def test_the_api_plans_then_adds_with_its_token(owner, cluster):
         )
 
     assert done.status_code == 202, done.content
+    assert machines(cluster) == 5
+    with Sim():  # the same token again (a retry): the cluster grew since, nothing more is added
+        again = api.post(
+            api_url(cluster), {"count": 2, "plan_token": data["plan_token"]}, "application/json"
+        )
+    assert again.status_code == 422 and again.json()["error"]["code"] == "plan_mismatch"
     assert machines(cluster) == 5
 
 
