@@ -206,7 +206,7 @@ def test_add_workers_says_why_the_plan_refuses_and_adds_nothing(env, tmp_path, a
         "clusters", "add-workers", "train", "--count", "1", "--yes", env=env, tmp_path=tmp_path
     )
 
-    assert result.code != 0
+    assert result.code == 1  # the API refused
     assert "its whole monthly budget of $0.00" in result.stderr
     assert "+$20.00/h" not in result.stderr  # no plan, no price
     assert cluster.nodes.count() == 2
