@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import date
-from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import typer
@@ -589,10 +588,6 @@ def clusters_terminate(cluster: ClusterRef, yes: Yes = False, json_flag: Json = 
         out.emit(client.terminate(cluster_id), output.cluster)
 
 
-def _money(value: Decimal) -> str:
-    return str(value.quantize(Decimal("0.01")))
-
-
 @clusters_app.command("add-workers")
 def clusters_add_workers(
     cluster: ClusterRef,
@@ -607,37 +602,28 @@ def clusters_add_workers(
 ) -> None:
     """Add machines to a ready cluster; each is billed from the moment it is up.
 
-    Prints what they add to the price (COUNT × the machine price) and the new total, and asks
-    to confirm; --yes skips the question, --dry-run changes nothing. With --wait, waits until
+    Prints the server's plan (what they add to the price, COUNT × the machine price, and the
+    new total, checked by the add's own rules) and asks to confirm; --yes skips the question,
+    --dry-run changes nothing. The add carries the plan's token: the server refuses it for
+    another count, or 10 minutes after the plan. With --wait, waits until
     every machine added has joined (exit 0), or one failed (exit 3).
     """
     out, client = _session(json_flag)
     with client:
-        current = client.cluster(client.resolve_cluster(cluster))
-        machine_price = Decimal(current["machine_price_per_hour"])
-        added_price = machine_price * count
-        plan = {
-            "cluster_id": current["id"],
-            "name": current["name"],
-            "count": count,
-            "machine_price_per_hour": _money(machine_price),
-            "added_price_per_hour": _money(added_price),
-            "machines_now": current["nodes"],
-            "price_per_hour": current["price_per_hour"],
-            "machines_after": current["nodes"] + count,
-            "new_price_per_hour": _money(Decimal(current["price_per_hour"]) + added_price),
-        }
+        cluster_id = client.resolve_cluster(cluster)
+        plan = client.plan_add_workers(cluster_id, count=count)
         _show_plan(out, plan, render=output.workers_plan, dry_run=dry_run)
         if dry_run:
             return
         _confirm(
-            f"Add {count} machine{'' if count == 1 else 's'} to {current['name']} for "
+            f"Add {count} machine{'' if count == 1 else 's'} to {plan['name']} for "
             f"+{output.money(plan['added_price_per_hour'], '/h')}?",
             yes=yes,
             untouched="nothing was added",
         )
-        before = {machine["name"] for machine in current["machines"]}
-        grown = client.add_workers(current["id"], count=count)
+        # The machines before, so a wait names the ones added.
+        before = {machine["name"] for machine in client.cluster(cluster_id)["machines"]}
+        grown = client.add_workers(cluster_id, count=count, plan_token=plan["plan_token"])
         if not wait:
             out.emit(grown, output.cluster)
             return

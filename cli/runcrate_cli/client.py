@@ -307,8 +307,21 @@ class ApiClient:
     def retry_install(self, cluster_id: int) -> dict:
         return self.data("POST", f"/clusters/{cluster_id}/retry-install")
 
-    def add_workers(self, cluster_id: int, *, count: int) -> dict:
-        return self.data("POST", f"/clusters/{cluster_id}/workers", json={"count": count})
+    def plan_add_workers(self, cluster_id: int, *, count: int) -> dict:
+        """What adding `count` machines would cost, decided by the server with every check the
+        add runs, reserving nothing: the plan (the machines added per hour, the cluster's price
+        now and after, a `plan_token` valid 10 minutes) or the add's own refusal as an
+        ApiError."""
+        return self.data("POST", f"/clusters/{cluster_id}/workers/plan", json={"count": count})
+
+    def add_workers(self, cluster_id: int, *, count: int, plan_token: str | None = None) -> dict:
+        """Add `count` machines; the cluster as it is then. With `plan_token` (from
+        `plan_add_workers`), the server refuses another count or cluster (`plan_mismatch`) or a
+        plan older than 10 minutes (`plan_expired`)."""
+        body: dict[str, Any] = {"count": count}
+        if plan_token is not None:
+            body["plan_token"] = plan_token
+        return self.data("POST", f"/clusters/{cluster_id}/workers", json=body)
 
     def plan_replace(self, cluster_id: int, node: str) -> dict:
         """What replacing the lost or unhealthy worker `node` would do, decided by the server

@@ -9,7 +9,8 @@ that token and sends it with the create, which the server refuses for any other 
 (`plan_mismatch`) or after ten minutes (`plan_expired`). Since the server signs and checks the
 token, a token from one `runcrate mcp` process creates through another (a client that starts a
 process per call, a restart, a second replica). Replacing a lost or unhealthy worker goes the
-same way: `plan_replace_node` answers the server's plan with its token, `replace_node` requires it.
+same way: `plan_replace_node` answers the server's plan with its token, `replace_node` requires it;
+and adding workers: `plan_add_workers`, then `add_workers` with its token.
 
 Every tool answers compact JSON and the same object as `structuredContent`, described by its
 output schema. Every API refusal comes back as a tool error (`isError`) whose text is
@@ -79,6 +80,8 @@ INSTRUCTIONS = (
     "again while it says so), get_connect_info. terminate_cluster ends billing. A lost or "
     "unhealthy worker (get_cluster's machines) is replaced the same way: plan_replace_node "
     "(its price and a plan_token; show it to the user), then replace_node with that token. "
+    "Workers are added the same way: plan_add_workers (what they add per hour, the new total "
+    "and a plan_token; show them to the user), then add_workers with that token. "
     "Every call that fails returns the API's error code and message."
 )
 
@@ -114,6 +117,14 @@ NodeName = Annotated[
         description="The worker to replace, as get_cluster's machines name it: node-1 … "
         "node-N-1 (never node-0, the head).",
         min_length=1,
+    ),
+]
+WorkerCount = Annotated[
+    int,
+    Field(
+        description=f"How many machines to add: the cluster stays at most {MAX_NODES}.",
+        ge=1,
+        le=MAX_NODES - MIN_NODES,
     ),
 ]
 WaitSeconds = Annotated[
@@ -243,6 +254,21 @@ class ReplacePlan(ApiObject):
     plan_expires_at: str
 
 
+class WorkersPlan(ApiObject):
+    cluster_id: int
+    name: str
+    count: int = Field(description="The machines added.")
+    machine_price_per_hour: str = Field(description="One machine of the cluster, USD per hour.")
+    added_price_per_hour: str = Field(description="What they add: count × the machine price.")
+    machines_now: int
+    price_per_hour: str = Field(description="The whole cluster now, USD per hour.")
+    machines_after: int
+    new_price_per_hour: str = Field(description="The whole cluster once they are up.")
+    billing: str = Field(description="What adding them does to the bill, in words.")
+    plan_token: str = Field(description="Give it to add_workers with the same count.")
+    plan_expires_at: str
+
+
 class SshKey(ApiObject):
     id: int
     name: str
@@ -271,6 +297,14 @@ class ReplacePlanAnswer(BaseModel):
     error: ErrorBody | None = Field(
         None,
         description="The refusal the replacement would get (its code and message), when not.",
+    )
+
+
+class WorkersPlanAnswer(BaseModel):
+    can_add: bool = Field(description="Whether add_workers would succeed now.")
+    plan: WorkersPlan | None = Field(None, description="The server's plan, when it can.")
+    error: ErrorBody | None = Field(
+        None, description="The refusal adding them would get (its code and message), when not."
     )
 
 
@@ -521,6 +555,18 @@ def call(ctx: Context, work: Callable[[ApiClient], dict[str, Any]]) -> CallToolR
     return caller(ctx).call(ctx, work)
 
 
+def planned(flag: str, plan: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A plan tool's answer: `{flag: true, "plan": …}`, or the refusal the action would get as
+    `{flag: false, "error": …}`. No answer at all (unreachable, a timeout) says nothing about
+    the action: it stays a tool error."""
+    try:
+        return {flag: True, "plan": plan()}
+    except ApiError as refusal:
+        if refusal.status is None:
+            raise
+        return {flag: False, "error": refusal.as_dict()}
+
+
 async def in_thread(work: Callable[[], Any], *, limiter: anyio.CapacityLimiter | None) -> Any:
     # Abandoned on cancel: the caller's cancellation returns at once, and the one request
     # in flight, if any, is the last.
@@ -634,15 +680,7 @@ def plan_cluster(
         repair_policy=repair_policy,
     )
 
-    def plan(client: ApiClient) -> dict[str, Any]:
-        try:
-            return {"can_create": True, "plan": client.plan_cluster(body)}
-        except ApiError as refusal:
-            if refusal.status is None:  # no answer (unreachable, timeout): nothing known
-                raise
-            return {"can_create": False, "error": refusal.as_dict()}
-
-    return call(ctx, plan)
+    return call(ctx, lambda c: planned("can_create", lambda: c.plan_cluster(body)))
 
 
 @tool(
@@ -919,12 +957,7 @@ def plan_replace_node(
 ) -> Annotated[CallToolResult, ReplacePlanAnswer]:
     def plan(client: ApiClient) -> dict[str, Any]:
         cluster_id = client.resolve_cluster(cluster)
-        try:
-            return {"can_replace": True, "plan": client.plan_replace(cluster_id, node)}
-        except ApiError as refusal:
-            if refusal.status is None:  # no answer (unreachable, timeout): nothing known
-                raise
-            return {"can_replace": False, "error": refusal.as_dict()}
+        return planned("can_replace", lambda: client.plan_replace(cluster_id, node))
 
     return call(ctx, plan)
 
@@ -955,6 +988,57 @@ def replace_node(
         return {"cluster": shown(client.replace_node(cluster_id, node, plan_token=plan_token))}
 
     return call(ctx, replace)
+
+
+@tool(
+    title="Plan adding workers",
+    annotations=READS,
+    description="Ask the server what adding `count` machines to a ready cluster would do, "
+    "with every check the add runs (the cluster's state, at most 64 machines, the key's "
+    "limits, the budget, one hour of the grown cluster on the balance, enough free machines) "
+    "and nothing reserved. can_add true: the plan (what they add per hour, the cluster's "
+    "price per hour now and after) and a plan_token valid 10 minutes, which add_workers "
+    "needs with the same count. can_add false: the refusal the add would get. Free. Show "
+    "the added price and the new total to the user before adding.",
+)
+def plan_add_workers(
+    ctx: Context, cluster: ClusterRef, count: WorkerCount
+) -> Annotated[CallToolResult, WorkersPlanAnswer]:
+    def plan(client: ApiClient) -> dict[str, Any]:
+        cluster_id = client.resolve_cluster(cluster)
+        return planned("can_add", lambda: client.plan_add_workers(cluster_id, count=count))
+
+    return call(ctx, plan)
+
+
+@tool(
+    title="Add workers (costs money)",
+    # Idempotent: the token binds the cluster's size when planned, so the same call again
+    # (a retry after a timeout) is refused plan_mismatch once they were added, never a second
+    # add.
+    annotations=hints(read_only=False, idempotent=True),
+    description="Add the planned machines to a ready cluster. COSTS MONEY: each is billed "
+    "per second at the plan's machine_price_per_hour (added_price_per_hour in all) from the "
+    "moment it is up until terminate_cluster. Needs the plan_token plan_add_workers gave for "
+    "this cluster and count: the server refuses another count, a cluster whose size changed "
+    "since (the same token again, once they were added) with plan_mismatch, and a plan older "
+    "than 10 minutes with plan_expired. Returns at once with the machines starting: call "
+    "wait_for_cluster.",
+)
+def add_workers(
+    ctx: Context,
+    cluster: ClusterRef,
+    count: WorkerCount,
+    plan_token: Annotated[
+        str, Field(description="The plan_token plan_add_workers returned.", min_length=1)
+    ],
+) -> Annotated[CallToolResult, ClusterAnswer]:
+    def add(client: ApiClient) -> dict[str, Any]:
+        cluster_id = client.resolve_cluster(cluster)
+        grown = client.add_workers(cluster_id, count=count, plan_token=plan_token)
+        return {"cluster": shown(grown)}
+
+    return call(ctx, add)
 
 
 @tool(

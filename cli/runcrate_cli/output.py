@@ -108,6 +108,7 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("GET", r"/quotes", "runcrate quote list"),
     ("POST", r"/clusters/plan", "runcrate clusters create"),
     ("POST", r"/clusters/(\d+)/terminate", r"runcrate clusters terminate \1"),
+    ("POST", r"/clusters/(\d+)/workers/plan", r"runcrate clusters add-workers \1"),
     ("POST", r"/clusters/(\d+)/workers", r"runcrate clusters add-workers \1"),
     ("POST", r"/clusters/(\d+)/retry-install", r"runcrate clusters retry-install \1"),
     ("POST", r"/clusters/(\d+)/network-test", r"runcrate clusters network-test \1"),

@@ -12,7 +12,7 @@ reconciler"). Views, the API, tasks and the admin call these functions; none re-
   never runs inside the transaction; the task writes its results back only while their lease
   tokens still match, and advances the cluster in the same transaction (`do_work`).
 - `terminate`, `retry_install`, `add_workers`, `replace_node` change what the reconciler aims
-  for.
+  for; `plan_add_workers` and `plan_replace` run their checks and reserve nothing (the plans).
 - `run_network_test` measures the private network of a ready cluster on request, in a task.
 
 Every write to a cluster's nodes happens with the cluster row locked, so `advance`, the agent's
@@ -25,7 +25,8 @@ reservation), `unit` (the unit of work: a locked cluster loaded once, its change
 written back once), `steps` (what each step decides on it), `records` (what it carries, typed:
 `Action`, the `Outcome` of each kind of work, a node's `NodeWork`), `reconcile` (`advance`: one
 unit over a cluster), `work` (per-node work under a lease, talking to drivers),
-`actions` (terminate, stop, retry, add workers), `repair` (replacing a lost or unhealthy
+`actions` (terminate, stop, retry, add workers), `grow` (the checks and the plan of adding
+workers), `repair` (replacing a lost or unhealthy
 worker in place, the `auto` repair policy), `stops` (the meter's stops for balance and
 budget), `observe` (the record of what a node's agent says: its check-in, its network report),
 `network_test` (the network test a user asks for: the action, its task, how it reads), `watch`
@@ -44,6 +45,7 @@ from clusters.lifecycle.dispatch import (
     enqueue_advance,
     register_task,
 )
+from clusters.lifecycle.grow import WorkersPlan, plan_add_workers
 from clusters.lifecycle.network_test import (
     NETWORK_TEST_SECONDS,
     do_network_test,
@@ -93,6 +95,8 @@ __all__ = [
     "CHECK_EVERY",
     "HEAD_REFUSAL",
     "ReplacePlan",
+    "WorkersPlan",
+    "plan_add_workers",
     "auto_repair",
     "node_problem",
     "plan_replace",

@@ -15,17 +15,12 @@ from billing import metering
 from clusters import policy
 from clusters.errors import ClusterRefused
 from clusters.lifecycle import dispatch, repair
-from clusters.lifecycle.reserve import (
-    new_nodes,
-    require_balance,
-    require_key_limits,
-    reserve_hosts,
-)
+from clusters.lifecycle.grow import require_count, require_workers
+from clusters.lifecycle.reserve import new_nodes, reserve_hosts
 from clusters.lifecycle.rules import lock_cluster, set_needs_work
 from clusters.lifecycle.steps import drain
 from clusters.lifecycle.unit import UnitOfWork
 from clusters.models import Cluster, Event, Node
-from offers.models import MAX_NODES
 from runcrate.money import usd
 
 log = logging.getLogger(__name__)
@@ -123,42 +118,15 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
     """Add `count` machines of the same type to a ready cluster; each is billed once it joins,
     and one that fails is released alone. Asked with `api_key`, the grown cluster must fit the
     key's limits; its added machines count against the key's hourly limit now, whoever created
-    the cluster (`require_key_limits`)."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ClusterRefused("invalid_count", "Add at least one worker.", field="count")
+    the cluster (`require_key_limits`). Checked as `plan_add_workers` checks it
+    (`require_workers`: the create's money rules for the grown cluster)."""
+    count = require_count(count)
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
-        if locked is None or not locked.can_add_workers:
-            if locked is not None and locked.status == Status.READY:  # ready, but quoted
-                raise ClusterRefused(
-                    "invalid_state",
-                    "A quoted cluster's size is part of the terms agreed with our team: request "
-                    "a quote to change it.",
-                    field="count",
-                )
-            raise ClusterRefused(
-                "invalid_state",
-                f"Workers can be added to a ready cluster; this one is "
-                f"{locked.status if locked else 'gone'}.",
-            )
+        require_workers(locked, count=count, api_key=api_key, now=now)
+        assert locked is not None  # require_workers refuses a cluster that is gone
         nodes = locked.nodes.all()
-        live = nodes.filter(status__in=Node.LIVE).count()
-        if live + count > MAX_NODES:
-            raise ClusterRefused(
-                "invalid_count",
-                f"A cluster has at most {MAX_NODES} machines: this one has {live}, so at most "
-                f"{MAX_NODES - live} more.",
-                field="count",
-            )
-        require_key_limits(
-            api_key=api_key, machine_type=locked.machine_type, machines=live + count, adding=count
-        )
-        require_balance(
-            project=locked.project,
-            price_per_hour=locked.price_per_machine_hour * (live + count),
-            doing=f"a cluster of {live + count} machines",
-        )
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)
         first = (nodes.aggregate(last=Max("index"))["last"] or 0) + 1
         version = locked.bump_version()  # new_nodes stamps the added rows with it

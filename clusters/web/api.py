@@ -417,6 +417,36 @@ class WorkersIn(Schema):
         description=f"How many machines to add; the cluster stays at most {MAX_NODES}.",
         json_schema_extra={"minimum": 1, "maximum": MAX_NODES - MIN_NODES},
     )
+    plan_token: str | None = Field(
+        None,
+        description="The plan_token of POST /api/v1/clusters/{id}/workers/plan for this cluster "
+        "and count: the workers are then refused `plan_mismatch` for another count, cluster, "
+        "project or key, and `plan_expired` 10 minutes after the plan. Ignored by the plan "
+        "itself.",
+    )
+
+
+class WorkersPlanOut(Schema):
+    cluster_id: int
+    name: str
+    count: int = Field(description="The machines added.")
+    machine_price_per_hour: str = Field(description="One machine of the cluster, USD per hour.")
+    added_price_per_hour: str = Field(description="What they add: count × the machine price.")
+    machines_now: int = Field(description="The cluster's live machines now.")
+    price_per_hour: str = Field(description="The whole cluster now, USD per hour.")
+    machines_after: int
+    new_price_per_hour: str = Field(description="The whole cluster once they are up.")
+    balance_needed: str = Field(
+        description="What the balance must hold: one hour of the grown cluster, never less "
+        "than the minimum balance (the create's rule)."
+    )
+    billing: str = Field(description="What adding them does to the bill, in words.")
+    plan_token: str
+    plan_expires_at: datetime
+
+
+class WorkersPlanEnvelope(Schema):
+    data: WorkersPlanOut
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -766,18 +796,61 @@ def retry_install(request: ApiRequest, cluster_id: int) -> Status:
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 
 
+WORKERS_REFUSALS = (
+    "Refused, changing nothing: 409 `invalid_state` for a cluster that is not ready (or is "
+    f"quoted), 422 `invalid_count` (at least 1, at most {MAX_NODES} machines in all), and the "
+    "create's money refusals for one hour of the grown cluster (402 `insufficient_balance`, "
+    "402 `budget_reached`, 403 `key_limit_exceeded`), 409 `not_enough_machines`."
+)
+
+
+@router.post(
+    "/clusters/{cluster_id}/workers/plan",
+    auth=needs_as(Scope.CREATE, "POST /api/v1/clusters/{id}/workers"),
+    response={200: WorkersPlanEnvelope, **ACTION_RESPONSES, 402: ErrorOut},
+    summary="Plan adding workers",
+    description="Takes the body of POST /api/v1/clusters/{id}/workers and runs every check it "
+    "runs, reserving nothing: what the machines add per hour, the cluster's new price per hour "
+    "and a `plan_token` valid 10 minutes. " + WORKERS_REFUSALS,
+)
+def plan_add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> dict:
+    cluster = _get_cluster(request, cluster_id)
+    planned = lifecycle.plan_add_workers(cluster=cluster, count=payload.count, api_key=request.auth)
+    token = plans.issue_token(
+        project=request.project,
+        api_key=request.auth,
+        body=plans.workers_body(cluster, payload.count, machines_now=planned.machines_now),
+    )
+    return {
+        "data": {
+            **planned.as_dict(),
+            "plan_token": token,
+            "plan_expires_at": timezone.now() + plans.PLAN_TTL,
+        }
+    }
+
+
 @router.post(
     "/clusters/{cluster_id}/workers",
     auth=needs(Scope.CREATE),
-    response=ACTION_RESPONSES,
+    response={**ACTION_RESPONSES, 402: ErrorOut},
     summary="Add workers",
-    description="Only for a ready cluster (409 `invalid_state` otherwise), up to "
-    f"{MAX_NODES} machines in all (422 `invalid_count`) and within the key's limits (403 "
-    "`key_limit_exceeded`); each worker is billed from the moment it is up.",
+    description="Adds `count` machines of the cluster's type; each is billed from the moment "
+    "it is up. With a `plan_token` (POST /api/v1/clusters/{id}/workers/plan), 422 "
+    "`plan_mismatch` for another count, cluster, project or key and 422 `plan_expired` after "
+    "10 minutes. " + WORKERS_REFUSALS,
 )
 @outages.committing
 def add_workers(request: ApiRequest, cluster_id: int, payload: WorkersIn) -> Status:
     cluster = _get_cluster(request, cluster_id)
+    if payload.plan_token is not None:
+        plans.check_token(
+            payload.plan_token,
+            project=request.project,
+            api_key=request.auth,
+            body=plans.workers_body(cluster, payload.count),
+            plan_path=f"POST /api/v1/clusters/{cluster.pk}/workers/plan",
+        )
     lifecycle.add_workers(cluster=cluster, count=payload.count, api_key=request.auth)
     return Status(202, {"data": _detail(_get_cluster(request, cluster_id))})
 

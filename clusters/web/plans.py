@@ -26,6 +26,7 @@ from billing import balances, policy, usage
 from billing.access import can_manage_billing
 from clusters import connect, estimates, lifecycle
 from clusters.errors import ClusterRefused
+from clusters.models import Cluster
 from offers.offers import ETHERNET_NOT_FOR, ETHERNET_SUITS, Offer
 from runcrate.durations import in_words
 
@@ -159,3 +160,14 @@ def network_terms(interconnect: str) -> dict[str, str]:
     if interconnect == "ethernet":
         terms |= {"suits": ETHERNET_SUITS, "not_for": ETHERNET_NOT_FOR}
     return terms
+
+
+def workers_body(
+    cluster: Cluster, count: int, *, machines_now: int | None = None
+) -> dict[str, Any]:
+    """What an add-workers plan_token binds (the API's plan, the dashboard's confirm page): the
+    cluster, how many machines, and how many it has up now (`machines_now`, else read): once
+    they were added the same token is refused, so a retry or a second click never adds twice."""
+    if machines_now is None:
+        machines_now = Cluster.machines_up_in(cluster.nodes.all())
+    return {"workers": cluster.pk, "count": count, "machines": machines_now}

@@ -34,7 +34,7 @@ from clusters import connect, getting_started, lifecycle, volumes
 from clusters.errors import ClusterRefused
 from clusters.models import Cluster, Node, Volume
 from clusters.telemetry import metrics
-from clusters.web import charts
+from clusters.web import charts, plans
 from clusters.web.forms import ClusterForm, VolumeForm, suggest_name
 from clusters.web.presenters import (
     METRICS_TABS,
@@ -517,24 +517,62 @@ def cluster_retry_install(request: ProjectRequest, pk: int) -> HttpResponse:
     return redirect("clusters:detail", pk=cluster.pk)
 
 
+STALE_WORKERS_PLAN = (
+    "Nothing was added: the price you confirmed is more than 10 minutes old, or was for another "
+    "number of workers or another size of the cluster (workers were added since). This is the "
+    "price now; confirm again to add them."
+)
+
+
 @permissions.page_requires("clusters.manage")
-@require_POST
+@require_http_methods(["GET", "POST"])
 @outages.committing
 def cluster_add_workers(request: ProjectRequest, pk: int) -> HttpResponse:
+    """GET (the Machines tab's form) shows what adding `count` workers costs (what they add
+    per hour, the cluster's new price) or why it cannot be, and asks; POST adds them, with the
+    page's plan_token: a POST without one changes nothing and shows the page. Works without
+    JavaScript."""
     cluster = _get_cluster_for_user(request, pk)
+    count = _count(
+        request.POST.get("count") if request.method == "POST" else request.GET.get("count")
+    )
+    token = request.POST.get("plan_token", "") if request.method == "POST" else ""
+    if count is None or not token:
+        return _add_workers_page(request, cluster, count)
     try:
-        count = int(request.POST.get("count", ""))
-    except ValueError:
-        messages.error(request, "Say how many workers to add, as a whole number.")
-        return redirect("clusters:detail", pk=cluster.pk)
+        plans.check_token(
+            token, project=request.project, api_key=None, body=plans.workers_body(cluster, count)
+        )
+    except ClusterRefused:
+        return _add_workers_page(request, cluster, count, refused=STALE_WORKERS_PLAN)
     try:
         lifecycle.add_workers(cluster=cluster, count=count)
     except ClusterRefused as refusal:
-        messages.error(request, refusal.message)
-    else:
-        noun = "worker" if count == 1 else "workers"
-        messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
+        return _add_workers_page(request, cluster, count, refused=refusal.message)
+    noun = "worker" if count == 1 else "workers"
+    messages.success(request, f"Adding {count} {noun}: each is billed once it is up.")
     return redirect("clusters:tab", pk=cluster.pk, tab="machines")
+
+
+def _add_workers_page(
+    request: ProjectRequest, cluster: Cluster, count: int | None, *, refused: str = ""
+) -> HttpResponse:
+    """The add-workers confirm page: the plan of `count` workers with its token, or why not."""
+    context: dict[str, Any] = {"cluster": cluster, "count": count, "refused": refused}
+    try:
+        if count is None:
+            raise ClusterRefused("invalid_count", "Say how many workers to add, as a whole number.")
+        planned = lifecycle.plan_add_workers(cluster=cluster, count=count)
+    except ClusterRefused as refusal:
+        context["refusal"] = refusal.message
+    else:
+        context["plan"] = planned
+        context["plan_token"] = plans.issue_token(
+            project=request.project,
+            api_key=None,
+            body=plans.workers_body(cluster, count, machines_now=planned.machines_now),
+        )
+    return render(request, "clusters/add_workers.html", context)
 
 
 @permissions.page_requires("clusters.manage")

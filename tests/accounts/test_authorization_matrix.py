@@ -148,6 +148,7 @@ OPERATIONS: dict[str, str] = {
     "clusters_api_terminate_cluster": "clusters.manage",
     "clusters_api_retry_install": "clusters.manage",
     "clusters_api_add_workers": "clusters.manage",
+    "clusters_api_plan_add_workers": "clusters.manage",
     "clusters_api_plan_replace": "clusters.manage",
     "clusters_api_replace_node": "clusters.manage",
     "clusters_api_change_cluster": "clusters.manage",
@@ -202,6 +203,7 @@ API_BODIES: dict[str, dict] = {
     },
     "billing_api_put_budget": {"amount": "500.00"},
     "clusters_api_add_workers": {"count": 1},
+    "clusters_api_plan_add_workers": {"count": 1},
     "clusters_api_change_cluster": {"repair_policy": "auto"},
     "clusters_agent_api_network": {"reachability": {}},
 }

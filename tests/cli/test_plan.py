@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from accounts.models import SshKey
+from accounts.models import Environment, SshKey
 from clusters.models import Cluster
+from clusters.web import plans
 from tests.cli.kit import assert_no_traceback, ready_cluster, run_cli, run_cli_tty
 from tests.clusters.lifecycle_kit import inventory
 
@@ -153,7 +154,9 @@ def test_add_workers_shows_the_added_cost_and_asks(env, tmp_path, account, ticke
     )
 
     assert dry.code == 0, dry.stderr
-    assert dry.json() == {
+    printed = dry.json()
+    assert printed.pop("plan_token") and printed.pop("plan_expires_at")  # the server's plan
+    assert printed == {
         "cluster_id": cluster.pk,
         "name": "train",
         "count": 2,
@@ -163,9 +166,48 @@ def test_add_workers_shows_the_added_cost_and_asks(env, tmp_path, account, ticke
         "price_per_hour": "40.00",
         "machines_after": 4,
         "new_price_per_hour": "80.00",
+        "balance_needed": "80.00",
+        "billing": "+$40.00/h: each is billed from the moment it is up, at $20.00/h like the "
+        "others, until the cluster is terminated; the cluster then costs $80.00/h.",
     }
     assert refused.code == 2
     assert "+$40.00/h (2 × $20.00/h)" in refused.stderr
     assert "4 machines, $80.00/h" in refused.stderr
     assert "nothing was added; pass --yes" in refused.stderr
     assert cluster.nodes.count() == 2
+
+
+def test_add_workers_sends_the_plans_token(env, tmp_path, account, ticker, monkeypatch):
+    cluster = ready_cluster(account, ticker, hosts=3, price="20.00")
+    checked = []
+    check = plans.check_token
+
+    def spy(token, **kwargs):
+        checked.append((token, kwargs["body"]))
+        return check(token, **kwargs)
+
+    monkeypatch.setattr(plans, "check_token", spy)
+
+    result = run_cli(
+        "clusters", "add-workers", "train", "--count", "1", "--yes", env=env, tmp_path=tmp_path
+    )
+
+    assert result.code == 0, result.stderr
+    assert "+$20.00/h (1 × $20.00/h)" in result.stderr
+    assert [body for _, body in checked] == [{"workers": cluster.pk, "count": 1, "machines": 2}]
+    assert cluster.nodes.count() == 3
+
+
+def test_add_workers_says_why_the_plan_refuses_and_adds_nothing(env, tmp_path, account, ticker):
+    cluster = ready_cluster(account, ticker, hosts=3, price="20.00")
+    Environment.objects.filter(pk=cluster.environment_id).update(monthly_budget=0)
+
+    result = run_cli(
+        "clusters", "add-workers", "train", "--count", "1", "--yes", env=env, tmp_path=tmp_path
+    )
+
+    assert result.code == 1  # the API refused
+    assert "its whole monthly budget of $0.00" in result.stderr
+    assert "+$20.00/h" not in result.stderr  # no plan, no price
+    assert cluster.nodes.count() == 2
+    assert_no_traceback(result)

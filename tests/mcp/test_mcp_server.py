@@ -35,6 +35,10 @@ TOOLS = {
     # refused, never a second machine.
     "replace_node": (False, True, True),
     "set_repair_policy": (False, False, True),
+    "plan_add_workers": (True, False, True),
+    # The token binds the cluster's size: the same call again once they were added is
+    # refused (plan_mismatch), never a second add.
+    "add_workers": (False, False, True),
     "terminate_cluster": (False, True, True),
     "list_volumes": (True, False, True),
     "get_balance": (True, False, True),

@@ -764,6 +764,7 @@ NOT_COMMITTING = {
     "Idempotency-Key the record's transaction holds the create",
     "plan_cluster": "changes nothing",
     "plan_replace": "changes nothing",
+    "plan_add_workers": "changes nothing",
     "delete_machine": "changes nothing: always 405",
     "test_webhook": "waits on the receiver: a transaction around it would wait too",
     "check_in": "the agent's: it sends again by itself",

@@ -444,6 +444,8 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("cluster failed, events tab", f"/clusters/{failed.pk}/events/", "owner"),
         Page("cluster terminated, billing tab", f"/clusters/{terminated.pk}/billing/", "owner"),
         Page("terminate, confirm", f"/clusters/{ready.pk}/terminate/", "owner"),
+        Page("add workers, confirm", f"/clusters/{ready.pk}/workers/?count=2", "owner"),
+        Page("add workers, refused", f"/clusters/{ready.pk}/workers/?count=63", "owner"),
         Page("offers picker", "/offers/", "owner", in_view=(".offer .price-main", ".offer .btn")),
         Page("create form", f"/clusters/new/?offer={offer.slug}&nodes=2", "owner"),
         Page(
