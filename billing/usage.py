@@ -279,7 +279,22 @@ def cluster_costs(
     ids = list(cluster_ids)
     if not ids:
         return {}
-    records = UsageRecord.objects.filter(cluster_id__in=ids).annotate(clock=Now()).order_by()
+    costs = _costs_of(UsageRecord.objects.filter(cluster_id__in=ids), now=now, rows=rows)
+    return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
+
+
+def still_billed_costs(*, project_id: int, now: datetime) -> dict[int, ClusterCost]:
+    """`cluster_costs` with rows for each of the project's clusters still billed (one of its
+    machines runs), found by the same query: what the Billing page brings to now."""
+    running = UsageRecord.objects.filter(project_id=project_id, ended_at__isnull=True)
+    records = UsageRecord.objects.filter(cluster_id__in=running.values("cluster_id"))
+    return _costs_of(records, now=now, rows=True)
+
+
+def _costs_of(
+    records: QuerySet[UsageRecord], *, now: datetime, rows: bool
+) -> dict[int, ClusterCost]:
+    records = records.annotate(clock=Now()).order_by()
     if rows:
         records = records.select_related(
             "node__replaced_by", "cluster__machine_type__gpu", "cluster__machine_type__location"
@@ -288,10 +303,7 @@ def cluster_costs(
     for record in records:
         by_cluster[record.cluster_id].append(record)
         now = min(now, record.clock)  # type: ignore[attr-defined]
-    costs = {
-        cluster_id: _cluster_cost(found, now, rows) for cluster_id, found in by_cluster.items()
-    }
-    return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
+    return {cluster_id: _cluster_cost(found, now, rows) for cluster_id, found in by_cluster.items()}
 
 
 def _cluster_cost(records: list[UsageRecord], now: datetime, rows: bool) -> ClusterCost:
@@ -531,11 +543,13 @@ def statement_page(
     number: int = 1,
     per_page: int = LINES_PER_PAGE,
     now: datetime | None = None,
+    live: dict[int, ClusterCost] | None = None,
 ) -> StatementPage:
     """Page `number` of the month's lines, newest first: one line per top-up or adjustment, one
     per cluster billed in the month and one per volume whose storage was charged in it. Three
     queries, each reading at most the lines up to the end of the page (each part in its own
-    order, merged here), so the page costs the same for 30 clusters and for 5,000."""
+    order, merged here), so the page costs the same for 30 clusters and for 5,000. With `live`
+    (`still_billed_costs`), the lines of clusters still billed are brought to its instant."""
     number = min(max(1, number), MAX_PAGE)
     wanted = number * per_page + 1  # one more than the page: is there a next one?
     parts = [
@@ -548,11 +562,27 @@ def statement_page(
     ]
     rows = list(heapq.merge(*parts, key=_statement_key, reverse=True))[:wanted]
     first = (number - 1) * per_page
-    return StatementPage(
-        number=number,
-        lines=to_lines(rows[first : first + per_page], now=now),
-        has_next=len(rows) > first + per_page,
-    )
+    lines = to_lines(rows[first : first + per_page], now=now)
+    if live is not None:
+        _to_now(lines, month, live)
+    return StatementPage(number=number, lines=lines, has_next=len(rows) > first + per_page)
+
+
+def in_month(rows: Iterable["MachineRow"], month: Month) -> list["MachineRow"]:
+    """The rows of `cluster_costs` (`rows=True`) for `month`."""
+    return [row for row in rows if month.start <= row.started_at < month.end]
+
+
+def _to_now(lines: list[Line], month: Month, live: dict[int, ClusterCost]) -> None:
+    """The statement's lines of clusters still billed, brought from the meter's last charge to
+    the instant of `live` by the one cost: the month's part of the cluster's cost so far, its
+    machines' month rows summed, as its page and the API show it. A line of a cluster that
+    ended is the ledger's, which the meter charged to the end: the same figure."""
+    for line in lines:
+        if line.is_usage and line.cluster_id in live:
+            rows = in_month(live[line.cluster_id].rows, month)
+            line.amount = -sum((row.cost for row in rows), ZERO)
+            line.machine_seconds = sum(row.seconds for row in rows)
 
 
 def month_lines(*, project_id: int, month: Month, now: datetime | None = None) -> list[Line]:
@@ -655,10 +685,18 @@ class MonthTotals:
     storage: Decimal = ZERO  # positive: what the month's volume storage cost
 
 
-def month_totals(*, project_id: int, month: Month) -> MonthTotals:
-    usage = UsageDay.objects.filter(
+def month_totals(
+    *, project_id: int, month: Month, live: dict[int, ClusterCost] | None = None
+) -> MonthTotals:
+    """The month's totals as the ledger has them; with `live` (`still_billed_costs`: the
+    Billing page), the usage of the clusters still billed brought to its instant as their
+    lines are (`_to_now`): one query more while one runs."""
+    days = UsageDay.objects.filter(
         project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
-    ).aggregate(total=Sum("amount"))["total"]
+    )
+    usage = days.aggregate(total=Sum("amount"))["total"]
+    if live:
+        usage = (usage or ZERO) - _not_yet_charged(days, month, live)
     credit = Q(kind__in=CREDIT_KINDS, created_at__gte=month.start, created_at__lt=month.end)
     storage = Q(
         kind=LedgerEntry.Kind.STORAGE, period_start__gte=month.start, period_start__lt=month.end
@@ -673,6 +711,16 @@ def month_totals(*, project_id: int, month: Month) -> MonthTotals:
         credits=totals["credits"] or ZERO,
         storage=-(totals["storage"] or ZERO),
     )
+
+
+def _not_yet_charged(
+    days: QuerySet[UsageDay], month: Month, live: dict[int, ClusterCost]
+) -> Decimal:
+    """What the clusters still billed cost in `month` up to the instant of `live` beyond what
+    the ledger's lines of the month hold: the rows of the one cost, less the lines."""
+    rows = (row for cost in live.values() for row in in_month(cost.rows, month))
+    charged = days.filter(cluster_id__in=list(live)).aggregate(total=Sum("amount"))["total"]
+    return sum((row.cost for row in rows), ZERO) + (charged or ZERO)  # the lines are debits
 
 
 def spend_per_day(*, project_id: int, month: Month) -> list[tuple[date, Decimal]]:
@@ -800,11 +848,11 @@ def machine_row(record: UsageRecord, month: Month, *, until: datetime | None = N
     )
 
 
-def machine_rows(*, cluster: Model, month: Month) -> list[MachineRow]:
-    """One row per machine of `cluster` billed in `month`: two queries."""
-    records = _records_in(month).filter(cluster_id=cluster.pk)
-    found = marks(cluster_id__in=[cluster.pk])
-    return [row for _, row in _settled_rows(records, found, month)]
+def machine_rows(*, cluster: Model, month: Month, now: datetime | None = None) -> list[MachineRow]:
+    """One row per machine of `cluster` billed in `month`, up to `now` (the one cost's rows,
+    `cluster_costs`, as the cluster's Billing tab shows them): one query."""
+    cost = cluster_costs([cluster.pk], now=now or timezone.now(), rows=True)[cluster.pk]
+    return in_month(cost.rows, month)
 
 
 def machine_rows_by_cluster(
