@@ -302,7 +302,7 @@ def _costs_of(
     by_cluster: dict[int, list[UsageRecord]] = defaultdict(list)
     for record in records:
         by_cluster[record.cluster_id].append(record)
-        now = min(now, record.clock)  # type: ignore[attr-defined]
+        now = min(now, record.clock)
     return {cluster_id: _cluster_cost(found, now, rows) for cluster_id, found in by_cluster.items()}
 
 
