@@ -5,9 +5,11 @@ with a worker added and a machine replaced. The cluster page's header and Billin
 Clusters list, the Billing page and the API read it; the list and the API in a fixed number
 of queries."""
 
+import html
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import time_machine
@@ -249,3 +251,21 @@ def test_the_api_gives_the_final_cost_once_ended_and_each_machines_cost(owner, s
     assert costs[worker.pk] == "12.17"
     assert sum(Decimal(c) for c in costs.values()) == Decimal("56.51")
     assert stranger.api().get(f"/api/v1/clusters/{cluster.pk}").status_code == 404
+
+
+def test_the_billing_tabs_poll_redraws_the_header_and_the_tab_together_at_the_next_cent(owner):
+    started = NOW - timedelta(minutes=10)
+    cluster = bill_cluster(owner.project, size=2, price="36.00", at=started)  # 2 cents a second
+    client = owner.browser_client()
+    page = client.get(f"/clusters/{cluster.pk}/billing/").content.decode()
+    url = html.unescape(re.search(r'<section id="cluster-status"[^>]* hx-get="([^"]+)"', page)[1])
+    until = int(parse_qs(urlsplit(url).query)["until"][0])
+
+    assert until == int(NOW.timestamp()) + 1  # the next cent, a second on
+    assert client.get(url, headers={"HX-Request": "true"}).status_code == 204  # not yet
+    with time_machine.travel(NOW + timedelta(seconds=1), tick=False):
+        answer = client.get(url, headers={"HX-Request": "true"}).content.decode()
+
+    # 10 min 1 s of two machines at $36.00 an hour: $12.02, in the header and the tab alike.
+    assert '<strong class="cost-figure">$12.02</strong>' in answer
+    assert '<strong id="billing-cost">$12.02</strong>' in answer
