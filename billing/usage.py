@@ -283,14 +283,6 @@ def cluster_costs(
     return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
 
 
-def still_billed_costs(*, project_id: int, now: datetime) -> dict[int, ClusterCost]:
-    """`cluster_costs` with rows for each of the project's clusters still billed (one of its
-    machines runs), found by the same query: what the Billing page brings to now."""
-    running = UsageRecord.objects.filter(project_id=project_id, ended_at__isnull=True)
-    records = UsageRecord.objects.filter(cluster_id__in=running.values("cluster_id"))
-    return _costs_of(records, now=now, rows=True)
-
-
 def _costs_of(
     records: QuerySet[UsageRecord], *, now: datetime, rows: bool
 ) -> dict[int, ClusterCost]:
@@ -543,13 +535,13 @@ def statement_page(
     number: int = 1,
     per_page: int = LINES_PER_PAGE,
     now: datetime | None = None,
-    live: dict[int, ClusterCost] | None = None,
+    live: bool = False,
 ) -> StatementPage:
     """Page `number` of the month's lines, newest first: one line per top-up or adjustment, one
     per cluster billed in the month and one per volume whose storage was charged in it. Three
     queries, each reading at most the lines up to the end of the page (each part in its own
     order, merged here), so the page costs the same for 30 clusters and for 5,000. With `live`
-    (`still_billed_costs`), the lines of clusters still billed are brought to its instant."""
+    (the Billing page), the lines of clusters still billed are brought to `now` (`_to_now`)."""
     number = min(max(1, number), MAX_PAGE)
     wanted = number * per_page + 1  # one more than the page: is there a next one?
     parts = [
@@ -563,8 +555,8 @@ def statement_page(
     rows = list(heapq.merge(*parts, key=_statement_key, reverse=True))[:wanted]
     first = (number - 1) * per_page
     lines = to_lines(rows[first : first + per_page], now=now)
-    if live is not None:
-        _to_now(lines, month, live)
+    if live:
+        _to_now(lines, month, to_lines(rows), now or timezone.now())
     return StatementPage(number=number, lines=lines, has_next=len(rows) > first + per_page)
 
 
@@ -573,11 +565,15 @@ def in_month(rows: Iterable["MachineRow"], month: Month) -> list["MachineRow"]:
     return [row for row in rows if month.start <= row.started_at < month.end]
 
 
-def _to_now(lines: list[Line], month: Month, live: dict[int, ClusterCost]) -> None:
-    """The statement's lines of clusters still billed, brought from the meter's last charge to
-    the instant of `live` by the one cost: the month's part of the cluster's cost so far, its
-    machines' month rows summed, as its page and the API show it. A line of a cluster that
-    ended is the ledger's, which the meter charged to the end: the same figure."""
+def _to_now(lines: list[Line], month: Month, read: list[Line], now: datetime) -> None:
+    """The page's lines of clusters still billed, brought from the meter's last charge to `now`
+    by the one cost (`cluster_costs`): the month's part of the cluster's cost so far, its
+    machines' month rows summed, as its page, its Billing tab and the API show it. A line of a
+    cluster that ended is the ledger's, which the meter charged to the end: the same figure.
+    One query, for the clusters still billed among the lines read (those up to the end of the
+    page, as the statement reads them), so a page costs the same whatever it shows."""
+    billed = [line.cluster_id for line in read if line.is_usage and line.billed]
+    live = cluster_costs([cluster_id for cluster_id in billed if cluster_id], now=now, rows=True)
     for line in lines:
         if line.is_usage and line.cluster_id in live:
             rows = in_month(live[line.cluster_id].rows, month)
@@ -685,18 +681,10 @@ class MonthTotals:
     storage: Decimal = ZERO  # positive: what the month's volume storage cost
 
 
-def month_totals(
-    *, project_id: int, month: Month, live: dict[int, ClusterCost] | None = None
-) -> MonthTotals:
-    """The month's totals as the ledger has them; with `live` (`still_billed_costs`: the
-    Billing page), the usage of the clusters still billed brought to its instant as their
-    lines are (`_to_now`): one query more while one runs."""
-    days = UsageDay.objects.filter(
+def month_totals(*, project_id: int, month: Month) -> MonthTotals:
+    usage = UsageDay.objects.filter(
         project_id=project_id, day__gte=month.first_day, day__lt=month.next.first_day
-    )
-    usage = days.aggregate(total=Sum("amount"))["total"]
-    if live:
-        usage = (usage or ZERO) - _not_yet_charged(days, month, live)
+    ).aggregate(total=Sum("amount"))["total"]
     credit = Q(kind__in=CREDIT_KINDS, created_at__gte=month.start, created_at__lt=month.end)
     storage = Q(
         kind=LedgerEntry.Kind.STORAGE, period_start__gte=month.start, period_start__lt=month.end
@@ -711,16 +699,6 @@ def month_totals(
         credits=totals["credits"] or ZERO,
         storage=-(totals["storage"] or ZERO),
     )
-
-
-def _not_yet_charged(
-    days: QuerySet[UsageDay], month: Month, live: dict[int, ClusterCost]
-) -> Decimal:
-    """What the clusters still billed cost in `month` up to the instant of `live` beyond what
-    the ledger's lines of the month hold: the rows of the one cost, less the lines."""
-    rows = (row for cost in live.values() for row in in_month(cost.rows, month))
-    charged = days.filter(cluster_id__in=list(live)).aggregate(total=Sum("amount"))["total"]
-    return sum((row.cost for row in rows), ZERO) + (charged or ZERO)  # the lines are debits
 
 
 def spend_per_day(*, project_id: int, month: Month) -> list[tuple[date, Decimal]]:

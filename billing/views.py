@@ -69,10 +69,9 @@ def _page_number(request: ProjectRequest) -> int:
 def _month_context(request: ProjectRequest, month: usage.Month) -> dict:
     project = request.project
     now = timezone.now()
-    # The clusters still billed, brought to now by the one cost (docs/billing.md, "One cost").
-    live = usage.still_billed_costs(project_id=project.pk, now=now)
+    # The lines of clusters still billed come to now (docs/billing.md, "One cost").
     page = usage.statement_page(
-        project_id=project.pk, month=month, number=_page_number(request), now=now, live=live
+        project_id=project.pk, month=month, number=_page_number(request), now=now, live=True
     )
     months = usage.months_since(project.created_at, now=now)
     if month not in months:
@@ -81,7 +80,7 @@ def _month_context(request: ProjectRequest, month: usage.Month) -> dict:
         "month": month,
         "months": months,
         "is_current_month": month == usage.Month.of(now),
-        "totals": usage.month_totals(project_id=project.pk, month=month, live=live),
+        "totals": usage.month_totals(project_id=project.pk, month=month),
         "chart": spend_chart(usage.spend_per_day(project_id=project.pk, month=month)),
         "page": page,
         "lines": page.lines,
