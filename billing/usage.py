@@ -827,10 +827,15 @@ def machine_row(record: UsageRecord, month: Month, *, until: datetime | None = N
 
 
 def machine_rows(*, cluster: Model, month: Month, now: datetime | None = None) -> list[MachineRow]:
-    """One row per machine of `cluster` billed in `month`, up to `now` (the one cost's rows,
-    `cluster_costs`, as the cluster's Billing tab shows them): one query."""
-    cost = cluster_costs([cluster.pk], now=now or timezone.now(), rows=True)[cluster.pk]
-    return in_month(cost.rows, month)
+    """One row per machine of `cluster` billed in `month`, up to where the meter charged it
+    (the ledger's: two queries); with `now` (the Billing page's opened line), up to `now`: the
+    one cost's rows (`cluster_costs`, one query), as the line of a cluster still billed is."""
+    if now is not None:
+        cost = cluster_costs([cluster.pk], now=now, rows=True)[cluster.pk]
+        return in_month(cost.rows, month)
+    records = _records_in(month).filter(cluster_id=cluster.pk)
+    found = marks(cluster_id__in=[cluster.pk])
+    return [row for _, row in _settled_rows(records, found, month)]
 
 
 def machine_rows_by_cluster(

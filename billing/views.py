@@ -128,7 +128,8 @@ def cluster_usage(request: ProjectRequest, cluster_id: int) -> HttpResponse:
     cluster = _billed_cluster(request, cluster_id)
     month, notice = _month(request)
     collapsed = request.GET.get("collapsed") == "1"
-    rows = [] if collapsed else usage.machine_rows(cluster=cluster, month=month)
+    now = timezone.now()  # the rows the page's line shows (docs/billing.md, "One cost")
+    rows = [] if collapsed else usage.machine_rows(cluster=cluster, month=month, now=now)
     context = {
         "cluster": cluster,
         "month": month,
