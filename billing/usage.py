@@ -9,8 +9,8 @@ rounding rule (`billing.meter.cost_between`), so the two agree to the cent.
 import calendar
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -215,13 +215,19 @@ def summary_for_member(*, project: Project, user: Model) -> Summary | None:
 @dataclass(frozen=True)
 class ClusterCost:
     """What a cluster's machines cost from the moment billing started to now (or to their end),
-    by the meter's rule, and the time it has been billed."""
+    by the meter's rule, the time it has been billed, and (asked with `rows=True`) a row per
+    machine and calendar month that add up to `cost` to the cent (docs/billing.md, "One cost")."""
 
     cost: Decimal
     billed_from: datetime | None  # None: never billed
     billed_until: datetime | None  # the last machine's end; None while one is billed
     uptime_seconds: int
     machines: int = 0  # the machines billed (a usage record each), ended ones included
+    # The machines billed now while it runs, or that were billed to its end once it ended:
+    # a worker added counts, a machine lost or replaced before the end does not.
+    machines_now: int = 0
+    node_costs: Mapping[int, Decimal] = field(default_factory=dict)  # node id -> its cost
+    rows: tuple["MachineRow", ...] = ()
 
     @property
     def billed(self) -> bool:
@@ -254,44 +260,79 @@ class ClusterCost:
 NOT_BILLED = ClusterCost(cost=ZERO, billed_from=None, billed_until=None, uptime_seconds=0)
 
 
-def cluster_costs(cluster_ids: Iterable[int], *, now: datetime) -> dict[int, ClusterCost]:
-    """Each cluster's cost so far and uptime, one query for any number of clusters (a row per
-    machine). Each machine costs `cost(price, whole seconds from its start to its end or now)`,
-    rounded on its own as the meter rounds it, so once the meter has run the cost equals the
-    cluster's usage lines in the ledger to the cent. Uptime: from the first machine's start to
-    the last one's end, or to now while one is billed. A cluster never billed is NOT_BILLED.
+def cluster_costs(
+    cluster_ids: Iterable[int], *, now: datetime, rows: bool = False
+) -> dict[int, ClusterCost]:
+    """Each cluster's cost so far, one query for any number of clusters (a row per machine):
+    the one figure every page, the API, the CLI and the MCP server show (docs/billing.md,
+    "One cost"). A machine's cost at `now` is what the ledger charged its record plus what its
+    open record ran since, which by the meter's rounding is `cost(price, whole seconds from its
+    start to its end or now)`: so it is the same whether the meter ran or not, and equals the
+    cluster's usage lines in the ledger once it has. Each machine is rounded on its own, and
+    the cluster's cost is the sum of its machines'; with `rows`, a machine running across a
+    month's end has a row per month (`cost(b) − cost(a)`), and the rows add up to the cost.
+    Uptime: from the first machine's start to the last one's end, or to now while one is
+    billed. A cluster never billed is NOT_BILLED.
 
     Now is never past the database's (read by the same query): the meter charges on that
     clock, so a web worker whose clock runs fast shows no cost the meter would not charge."""
     ids = list(cluster_ids)
     if not ids:
         return {}
-    spans: dict[int, list[tuple[Decimal, datetime, datetime | None]]] = defaultdict(list)
-    records = (
-        UsageRecord.objects.filter(cluster_id__in=ids)
-        .annotate(clock=Now())
-        .values_list("cluster_id", "price_per_hour", "started_at", "ended_at", "clock")
-    )
-    for cluster_id, price, started_at, ended_at, clock in records.order_by():
-        spans[cluster_id].append((price, started_at, ended_at))
-        now = min(now, clock)
-    costs = {}
-    for cluster_id, machines in spans.items():
-        cents_total = sum(
-            cost_in_cents(price, billed_seconds(start, end or now))
-            for price, start, end in machines
-        )
-        first = min(start for _, start, _ in machines)
-        running = any(end is None for _, _, end in machines)
-        last = None if running else max(end for _, _, end in machines if end is not None)
-        costs[cluster_id] = ClusterCost(
-            cost=cents(cents_total),
-            billed_from=first,
-            billed_until=last,
-            uptime_seconds=billed_seconds(first, last or now),
-            machines=len(machines),
-        )
+    costs = _costs_of(UsageRecord.objects.filter(cluster_id__in=ids), now=now, rows=rows)
     return {cluster_id: costs.get(cluster_id, NOT_BILLED) for cluster_id in ids}
+
+
+def _costs_of(
+    records: QuerySet[UsageRecord], *, now: datetime, rows: bool
+) -> dict[int, ClusterCost]:
+    records = records.annotate(clock=Now()).order_by()
+    if rows:
+        records = records.select_related(
+            "node__replaced_by", "cluster__machine_type__gpu", "cluster__machine_type__location"
+        ).order_by("cluster_id", "node__index", "pk")
+    by_cluster: dict[int, list[UsageRecord]] = defaultdict(list)
+    for record in records:
+        by_cluster[record.cluster_id].append(record)
+        now = min(now, record.clock)
+    return {cluster_id: _cluster_cost(found, now, rows) for cluster_id, found in by_cluster.items()}
+
+
+def _cluster_cost(records: list[UsageRecord], now: datetime, rows: bool) -> ClusterCost:
+    node_cents: dict[int, int] = defaultdict(int)
+    machine_rows: list[MachineRow] = []
+    for record in records:
+        end = record.ended_at or now
+        node_cents[record.node_id] += cost_in_cents(
+            record.price_per_hour, billed_seconds(record.started_at, end)
+        )
+        if rows:
+            machine_rows += _month_rows(record, end)
+    first = min(record.started_at for record in records)
+    running = [record for record in records if record.ended_at is None]
+    last = None if running else max(record.ended_at for record in records if record.ended_at)
+    to_end = running or [record for record in records if record.ended_at == last]
+    return ClusterCost(
+        cost=cents(sum(node_cents.values())),
+        billed_from=first,
+        billed_until=last,
+        uptime_seconds=billed_seconds(first, last or now),
+        machines=len(records),
+        machines_now=len(to_end),
+        node_costs={node_id: cents(amount) for node_id, amount in node_cents.items()},
+        rows=tuple(machine_rows),
+    )
+
+
+def _month_rows(record: UsageRecord, end: datetime) -> list["MachineRow"]:
+    """A machine's rows from its start to `end`, one per calendar month (UTC) it ran in:
+    each `cost(b) − cost(a)` of its whole span, so they add up to its cost to the cent."""
+    found = []
+    month, last = Month.of(record.started_at), Month.of(end)
+    while month.start <= last.start:
+        found.append(machine_row(record, month, until=end))
+        month = month.next
+    return found
 
 
 # ---- the month's statement -------------------------------------------------------------------
@@ -494,11 +535,13 @@ def statement_page(
     number: int = 1,
     per_page: int = LINES_PER_PAGE,
     now: datetime | None = None,
+    live: bool = False,
 ) -> StatementPage:
     """Page `number` of the month's lines, newest first: one line per top-up or adjustment, one
     per cluster billed in the month and one per volume whose storage was charged in it. Three
     queries, each reading at most the lines up to the end of the page (each part in its own
-    order, merged here), so the page costs the same for 30 clusters and for 5,000."""
+    order, merged here), so the page costs the same for 30 clusters and for 5,000. With `live`
+    (the Billing page), the lines of clusters still billed are brought to `now` (`_to_now`)."""
     number = min(max(1, number), MAX_PAGE)
     wanted = number * per_page + 1  # one more than the page: is there a next one?
     parts = [
@@ -511,11 +554,31 @@ def statement_page(
     ]
     rows = list(heapq.merge(*parts, key=_statement_key, reverse=True))[:wanted]
     first = (number - 1) * per_page
-    return StatementPage(
-        number=number,
-        lines=to_lines(rows[first : first + per_page], now=now),
-        has_next=len(rows) > first + per_page,
-    )
+    lines = to_lines(rows[first : first + per_page], now=now)
+    if live:
+        _to_now(lines, month, to_lines(rows), now or timezone.now())
+    return StatementPage(number=number, lines=lines, has_next=len(rows) > first + per_page)
+
+
+def in_month(rows: Iterable["MachineRow"], month: Month) -> list["MachineRow"]:
+    """The rows of `cluster_costs` (`rows=True`) for `month`."""
+    return [row for row in rows if month.start <= row.started_at < month.end]
+
+
+def _to_now(lines: list[Line], month: Month, read: list[Line], now: datetime) -> None:
+    """The page's lines of clusters still billed, brought from the meter's last charge to `now`
+    by the one cost (`cluster_costs`): the month's part of the cluster's cost so far, its
+    machines' month rows summed, as its page, its Billing tab and the API show it. A line of a
+    cluster that ended is the ledger's, which the meter charged to the end: the same figure.
+    One query, for the clusters still billed among the lines read (those up to the end of the
+    page, as the statement reads them), so a page costs the same whatever it shows."""
+    billed = [line.cluster_id for line in read if line.is_usage and line.billed]
+    live = cluster_costs([cluster_id for cluster_id in billed if cluster_id], now=now, rows=True)
+    for line in lines:
+        if line.is_usage and line.cluster_id in live:
+            rows = in_month(live[line.cluster_id].rows, month)
+            line.amount = -sum((row.cost for row in rows), ZERO)
+            line.machine_seconds = sum(row.seconds for row in rows)
 
 
 def month_lines(*, project_id: int, month: Month, now: datetime | None = None) -> list[Line]:
@@ -732,16 +795,18 @@ def machine_name(record: UsageRecord) -> str:
     return f"{node.name} (replaced {replacement.reserved_at:%H:%M})"
 
 
-def machine_row(record: UsageRecord, month: Month) -> MachineRow:
-    """A machine's part of the month, up to where the meter has charged it, never past its end
-    (what the meter charged past an end it refunds: billing/meter.py `_refund_past_end`)."""
+def machine_row(record: UsageRecord, month: Month, *, until: datetime | None = None) -> MachineRow:
+    """A machine's part of the month, up to where the meter has charged it (or to `until`:
+    `cluster_costs`' rows), never past its end (what the meter charged past an end it refunds:
+    billing/meter.py `_refund_past_end`)."""
     start = max(record.started_at, month.start)
-    charged_end = min(record.charged_until, month.end)
+    reached = record.charged_until if until is None else until
+    charged_end = min(reached, month.end)
     if record.ended_at is not None:
         charged_end = max(start, min(charged_end, record.ended_at))
     if record.ended_at is not None and record.ended_at <= month.end:
         end: datetime | None = record.ended_at
-    elif record.charged_until >= month.end:
+    elif reached >= month.end:
         end = month.end  # runs on after the month: its part of the month is over
     else:
         end = None  # running
@@ -761,8 +826,13 @@ def machine_row(record: UsageRecord, month: Month) -> MachineRow:
     )
 
 
-def machine_rows(*, cluster: Model, month: Month) -> list[MachineRow]:
-    """One row per machine of `cluster` billed in `month`: two queries."""
+def machine_rows(*, cluster: Model, month: Month, now: datetime | None = None) -> list[MachineRow]:
+    """One row per machine of `cluster` billed in `month`, up to where the meter charged it
+    (the ledger's: two queries); with `now` (the Billing page's opened line), up to `now`: the
+    one cost's rows (`cluster_costs`, one query), as the line of a cluster still billed is."""
+    if now is not None:
+        cost = cluster_costs([cluster.pk], now=now, rows=True)[cluster.pk]
+        return in_month(cost.rows, month)
     records = _records_in(month).filter(cluster_id=cluster.pk)
     found = marks(cluster_id__in=[cluster.pk])
     return [row for _, row in _settled_rows(records, found, month)]

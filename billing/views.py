@@ -69,8 +69,9 @@ def _page_number(request: ProjectRequest) -> int:
 def _month_context(request: ProjectRequest, month: usage.Month) -> dict:
     project = request.project
     now = timezone.now()
+    # The lines of clusters still billed come to now (docs/billing.md, "One cost").
     page = usage.statement_page(
-        project_id=project.pk, month=month, number=_page_number(request), now=now
+        project_id=project.pk, month=month, number=_page_number(request), now=now, live=True
     )
     months = usage.months_since(project.created_at, now=now)
     if month not in months:
@@ -127,7 +128,8 @@ def cluster_usage(request: ProjectRequest, cluster_id: int) -> HttpResponse:
     cluster = _billed_cluster(request, cluster_id)
     month, notice = _month(request)
     collapsed = request.GET.get("collapsed") == "1"
-    rows = [] if collapsed else usage.machine_rows(cluster=cluster, month=month)
+    now = timezone.now()  # the rows the page's line shows (docs/billing.md, "One cost")
+    rows = [] if collapsed else usage.machine_rows(cluster=cluster, month=month, now=now)
     context = {
         "cluster": cluster,
         "month": month,

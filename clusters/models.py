@@ -299,11 +299,16 @@ class Cluster(models.Model):
         """How many of `nodes` (a cluster's, read or prefetched) are up: starting or joined."""
         return sum(1 for node in nodes if node.status in Node.LIVE)
 
-    def machines_priced(self, up: int) -> int:
-        """The machines its price counts, given `up` of its machines up (`machines_up_in`, or
-        the list's count): those while it is live and any are, else the size it was created
-        with (what it will run, or ran)."""
-        return up if self.is_live and up else self.size
+    def machines_priced(self, up: int, *, billed: int = 0) -> int:
+        """The machines its price and every count of its machines say, given `up` of its
+        machines up (`machines_up_in`, or the list's count) and `billed`, billing's count of the
+        machines billed to its end (`ClusterCost.machines_now`): those up while it is live and
+        any are (a worker added counts at once); once its machines are gone (terminating, or
+        ended), those it was billed for to the end; else the size it was created with (what it
+        will run, or a cluster never billed asked for)."""
+        if self.is_live and up:
+            return up
+        return billed or self.size
 
     def price_per_hour(self, machines: int) -> Decimal:
         """What `machines` of this cluster cost per hour (its pages and the API show it for

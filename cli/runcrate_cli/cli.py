@@ -585,7 +585,7 @@ def clusters_terminate(cluster: ClusterRef, yes: Yes = False, json_flag: Json = 
             f"Terminate cluster {cluster} (id {cluster_id})? Its machines and their disks go.",
             yes=yes,
         )
-        out.emit(client.terminate(cluster_id), output.cluster)
+        out.emit(client.terminate(cluster_id), output.terminated)
 
 
 @clusters_app.command("add-workers")

@@ -189,6 +189,9 @@ class Machine(ApiObject):
     replaced_by: int | None = Field(
         default=None, description="The id of the machine that replaced it under its name."
     )
+    cost: str | None = Field(
+        default=None, description="What this machine cost so far, USD; they add up to cost_so_far."
+    )
 
 
 class NetworkTest(ApiObject):
@@ -221,6 +224,14 @@ class ClusterSummary(ApiObject):
         "(replace_node); auto: automatically.",
     )
     machines: list[Machine]
+    cost_so_far: str | None = Field(
+        default=None,
+        description="What the cluster cost so far, USD, as the dashboard and the CLI show it.",
+    )
+    final_cost: str | None = Field(
+        default=None, description="Its final cost, USD, once its machines are gone; else null."
+    )
+    billed_for: str | None = Field(default=None, description="How long it was billed: '2 h 3 min'.")
 
 
 class Cluster(ClusterSummary):
@@ -744,7 +755,8 @@ def list_clusters(ctx: Context) -> Annotated[CallToolResult, ClustersAnswer]:
 @tool(
     title="Read a cluster",
     annotations=READS,
-    description="Read a cluster: status, failure (node, step, message), machines, "
+    description="Read a cluster: status, failure (node, step, message), machines (each "
+    "with its cost), its cost so far (final_cost once ended, the dashboard's figure), "
     "acceptance report and the last network test with its verdict; its events (every "
     "transition, oldest first) only with events=true. Free.",
 )

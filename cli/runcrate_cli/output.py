@@ -342,6 +342,7 @@ def clusters(console: Console, rows: list[dict]) -> None:
         Column("status", whole=True),
         Column("machines"),
         Column("price", whole=True),
+        Column("cost", whole=True),
     ]
     table = [
         [
@@ -351,10 +352,35 @@ def clusters(console: Console, rows: list[dict]) -> None:
             f"{cluster['nodes']} × {cluster['gpus_per_machine']}× {cluster['gpu']} in "
             f"{cluster['location']}",
             money(cluster["price_per_hour"], "/h"),
+            cost_words(cluster),
         ]
         for cluster in rows
     ]
     console.print(fit_table(console.width, columns, table))
+
+
+def cost_words(cluster: dict) -> str:
+    """A cluster's one cost as the API gives it (docs/billing.md, "One cost"): `$12.34 so far`
+    while it may be billed, `$96.12 in all` once its machines are gone."""
+    if cluster.get("final_cost") is not None:
+        return f"{money(cluster['final_cost'])} in all"
+    if cluster.get("cost_so_far") is None:
+        return "—"
+    return f"{money(cluster['cost_so_far'])} so far"
+
+
+def terminated_line(cluster: dict) -> str:
+    """Terminate's last line: "Terminated: 4 machines for 2 h 13 min, $96.12", from the API's
+    count, its words for the time billed and the final cost."""
+    count = cluster["nodes"]
+    machines = f"{count} machine{'s' if count != 1 else ''}"
+    if cluster.get("final_cost") is None:
+        return f"Terminating: {machines}."
+    return f"Terminated: {machines} for {cluster['billed_for']}, {money(cluster['final_cost'])}"
+
+
+def terminated(console: Console, data: dict) -> None:
+    console.print(terminated_line(data), markup=False, highlight=False)
 
 
 def when(value: str | None) -> str:
@@ -477,6 +503,9 @@ def cluster(console: Console, data: dict) -> None:
         f"environment {data['environment']}",
         f"created     {data['created_at']}",
     ]
+    if "cost_so_far" in data:
+        billed = f", billed {data['billed_for']}" if data.get("billed_seconds") else ""
+        lines.append(f"cost        {cost_words(data)}{billed}")
     if data.get("ready_at"):
         lines.append(f"ready       {data['ready_at']}")
     if data.get("ended_at"):

@@ -23,6 +23,7 @@ from accounts.api_auth import Scope, needs, needs_as
 from accounts.models import Environment
 from accounts.projects import DEFAULT_ENVIRONMENT
 from accounts.requests import ApiRequest
+from billing.usage import ZERO, ClusterCost, cluster_costs
 from clusters import connect, idempotency, lifecycle, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from clusters.telemetry import idle, metrics
@@ -82,6 +83,10 @@ class MachineOut(Schema):
         "an added worker or a replacement (the cluster is settled once none is)."
     )
     ended_at: datetime | None = Field(description="When it stopped serving the cluster.")
+    cost: str = Field(
+        description="What this machine cost so far, USD (its final cost once it ended); the "
+        "machines' costs add up to the cluster's `cost_so_far` (docs/billing.md, 'One cost')."
+    )
 
 
 class EventOut(Schema):
@@ -117,7 +122,10 @@ class ClusterSummaryOut(Schema):
     gpu: str
     gpus_per_machine: int
     location: str
-    nodes: int = Field(description="Machines up now (with workers); the size asked for once ended.")
+    nodes: int = Field(
+        description="Machines up now (a worker added counts at once); once its machines are "
+        "gone, those billed to its end; the size asked for if it was never billed."
+    )
     software: str
     price_per_hour: str = Field(description="The whole cluster, USD per hour.")
     machine_price_per_hour: str = Field(
@@ -141,6 +149,17 @@ class ClusterSummaryOut(Schema):
         "automatically (docs/lifecycle.md, 'Repair')."
     )
     machines: list[MachineOut]
+    cost_so_far: str = Field(
+        description="What the cluster cost so far, USD, at the instant of the answer: the sum of "
+        "its machines' `cost`, the figure the dashboard, the CLI and the MCP server show "
+        "(docs/billing.md, 'One cost')."
+    )
+    final_cost: str | None = Field(
+        description="Its final cost, USD, once its machines are gone (terminating or ended); "
+        "null while it may still be billed."
+    )
+    billed_seconds: int = Field(description="How long it has been billed (its uptime).")
+    billed_for: str = Field(description="The same in words: '2 h 13 min'.")
     idle_since: datetime | None = Field(
         description="Since when every GPU has stayed below the idle threshold, once that "
         "lasted long enough to be told (a notice: nothing is stopped); null while they work."
@@ -475,10 +494,26 @@ def _get_cluster(request: ApiRequest, cluster_id: int) -> Cluster:
     return cluster
 
 
-def _summary(cluster: Cluster) -> dict:
+def _costs(clusters: list[Cluster]) -> dict[int, ClusterCost]:
+    """The one cost of each cluster (billing.usage.cluster_costs, one query for a page)."""
+    return cluster_costs([cluster.pk for cluster in clusters], now=timezone.now())
+
+
+def _cost_fields(cluster: Cluster, cost: ClusterCost) -> dict:
+    gone = cluster.is_final or cluster.status == Cluster.Status.TERMINATING
+    return {
+        "cost_so_far": money_str(cost.cost),
+        "final_cost": money_str(cost.cost) if gone and not cost.running else None,
+        "billed_seconds": cost.uptime_seconds,
+        "billed_for": durations.span(cost.uptime_seconds),
+    }
+
+
+def _summary(cluster: Cluster, cost: ClusterCost | None = None) -> dict:
     machine_type = cluster.machine_type
     nodes = list(cluster.nodes.all())
-    size = cluster.machines_priced(Cluster.machines_up_in(nodes))
+    cost = cost or _costs([cluster])[cluster.pk]
+    size = cluster.machines_priced(Cluster.machines_up_in(nodes), billed=cost.machines_now)
     failure = None
     if cluster.failure_reason:
         failure = {
@@ -515,12 +550,13 @@ def _summary(cluster: Cluster) -> dict:
             None,
         ),
         "repair_policy": cluster.repair_policy,
-        "machines": _machines(cluster, nodes),
+        "machines": _machines(cluster, nodes, cost),
+        **_cost_fields(cluster, cost),
         "idle_since": cluster.idle_since,
     }
 
 
-def _machines(cluster: Cluster, nodes: list[Node]) -> list[dict]:
+def _machines(cluster: Cluster, nodes: list[Node], cost: ClusterCost) -> list[dict]:
     replaced_by = {n.replaces_id: n.pk for n in nodes if n.replaces_id is not None}
     return [
         {
@@ -539,6 +575,7 @@ def _machines(cluster: Cluster, nodes: list[Node]) -> list[dict]:
             "replaced_by": replaced_by.get(node.pk),
             "joining": lifecycle.joining(cluster, node),
             "ended_at": node.ended_at,
+            "cost": money_str(cost.node_costs.get(node.pk, ZERO)),
         }
         for node in nodes
     ]
@@ -598,7 +635,10 @@ def list_clusters(
 ) -> dict:
     """The project's clusters, newest first. Each object is a cluster without its events."""
     queryset = _clusters(request).order_by("-created_at", "-pk")
-    return paginated(queryset, limit=limit, offset=offset, render=_summary)
+    page = paginated(queryset, limit=limit, offset=offset)
+    costs = _costs(page["data"])  # one query for the page
+    page["data"] = [_summary(cluster, costs[cluster.pk]) for cluster in page["data"]]
+    return page
 
 
 IDEMPOTENCY = (

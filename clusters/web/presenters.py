@@ -22,7 +22,7 @@ from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
 from billing import policy as billing_policy
 from billing.context_processors import request_summary
-from billing.usage import ClusterCost, MachineRow, Month, cluster_costs, machine_rows
+from billing.usage import ClusterCost, cluster_costs
 from clusters import connect, estimates, lifecycle, policy
 from clusters.errors import ClusterRefused
 from clusters.lifecycle.repair import grace_words, replaceable
@@ -512,10 +512,10 @@ def detail_context(
     now = timezone.now()
     nodes = list(cluster.nodes.all())
     up = Cluster.machines_up_in(nodes) if cluster.is_live else 0
-    cost = cluster_costs([cluster.pk], now=now)[cluster.pk]
-    # An ended cluster is priced for the machines it was billed for (a worker added counts),
-    # a live one for those up (or the size it starts with).
-    machines = cost.machines if cluster.is_final and cost.machines else cluster.machines_priced(up)
+    # The one cost (docs/billing.md, "One cost"): the header and the Billing tab's line and
+    # rows read it, at one instant; the rows only on the Billing tab.
+    cost = cluster_costs([cluster.pk], now=now, rows=tab.slug == "billing")[cluster.pk]
+    machines = cluster.machines_priced(up, billed=cost.machines_now)
     machine_type = cluster.machine_type
     context: dict[str, Any] = {
         "cluster": cluster,
@@ -528,13 +528,7 @@ def detail_context(
         "machines": machines,
         "price_per_hour": cluster.price_per_hour(machines),
         "cost": cost,
-        # What the cost and uptime read second by second until the meter's next run has the
-        # poll draw them anew (static/js/app.js shows them; it computes nothing).
-        "cost_ahead": json.dumps(
-            cost.ahead(price_per_hour=cluster.price_per_hour(machines), seconds=COST_AHEAD_SECONDS)
-        )
-        if cost.running
-        else "",
+        "cost_ahead": "",
         "tab": tab,
         "tabs": [{"tab": t, "url": t.url(cluster), "current": t is tab} for t in TABS],
         "ready_by": _ready_by(cluster, nodes, now),
@@ -555,10 +549,25 @@ def detail_context(
         context.update(_reach_context(cluster, machines))
     if cluster.status == Cluster.Status.FAILED:
         context["offers_now"] = _offers_now(cluster)
+    context.update(_cost_moves(cluster, tab, cost, machines))
     context.update(_tab_context(cluster, tab, cost, shown_window, now))
     context["meter_run"] = meter.last_run_stamp()
     context["poll_url"] = _poll_url(cluster, context, now)
     return context
+
+
+def _cost_moves(cluster: Cluster, tab: Tab, cost: ClusterCost, machines: int) -> dict:
+    """How the header's cost moves while the cluster runs. On most tabs, second by second
+    until the meter's next run has the poll draw it anew (`cost_ahead`: static/js/app.js shows
+    its rows; it computes nothing). On the Billing tab, whose line and rows are the same figure
+    at the same instant (docs/billing.md, "One cost"), it does not tick: the poll draws the
+    header and the tab together once the figure's words change (`cost_moves_in`, seconds)."""
+    if not cost.running:
+        return {}
+    ahead = cost.ahead(price_per_hour=cluster.price_per_hour(machines), seconds=COST_AHEAD_SECONDS)
+    if tab.slug == "billing":
+        return {"cost_moves_in": ahead[0][0] if ahead else COST_AHEAD_SECONDS}
+    return {"cost_ahead": json.dumps(ahead)}
 
 
 # The repair policies as the Machines tab's form and the create form offer them, each with what
@@ -651,7 +660,7 @@ def _tab_context(
     charts, and Metrics and Machines the metrics version they show."""
     context: dict[str, Any] = {}
     if tab.slug == "billing":
-        context["billed_machines"] = _billed_machines(cluster, cost, now)
+        context["billed_machines"] = list(cost.rows)
     if tab.slug == "logs":
         context.update(logs.tab_context(cluster))
     if tab.slug in METRICS_TABS:
@@ -696,19 +705,6 @@ def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> d
             for name in metrics.WINDOWS
         ],
     }
-
-
-def _billed_machines(cluster: Cluster, cost: ClusterCost, now: datetime) -> list[MachineRow]:
-    """Every machine billed for the cluster, a row per machine and calendar month it ran in,
-    as the Billing page's statement shows them (billing.usage.machine_rows)."""
-    if cost.billed_from is None:
-        return []
-    month, last = Month.of(cost.billed_from), Month.of(cost.billed_until or now)
-    rows: list[MachineRow] = []
-    while month.start <= last.start:
-        rows += machine_rows(cluster=cluster, month=month)
-        month = month.next
-    return rows
 
 
 def _other_shape(offer: Offer, machine_type: MachineType) -> str:
@@ -761,7 +757,12 @@ def _poll_url(cluster: Cluster, context: dict, now: datetime) -> str:
         query["metrics"] = context["metrics_version"]
     if "metrics_window" in context:
         query["window"] = context["metrics_window"].name
+    holds: list[int] = []
     if cluster.network_test_running(now):
         expires = datetime.fromisoformat(cluster.network_test["expires_at"])
-        query["until"] = math.ceil(expires.timestamp())
+        holds.append(math.ceil(expires.timestamp()))
+    if "cost_moves_in" in context:  # the Billing tab: redrawn with the header's cost
+        holds.append(math.ceil(now.timestamp()) + context["cost_moves_in"])
+    if holds:
+        query["until"] = min(holds)
     return f"{context['tab'].url(cluster)}?{urlencode(query)}"

@@ -87,7 +87,8 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
     traces = metrics.utilization_traces([c.pk for c in clusters if c.is_live], now=now)
     rows = []
     for cluster in clusters:
-        machines = cluster.machines_priced(cluster.machines_up)
+        cost = costs[cluster.pk]
+        machines = cluster.machines_priced(cluster.machines_up, billed=cost.machines_now)
         rows.append(
             ClusterRow(
                 cluster=cluster,
@@ -95,7 +96,7 @@ def _cluster_rows(clusters, now: datetime) -> list[ClusterRow]:
                 price_per_hour=cluster.price_per_hour(machines),
                 badge=STATUS_BADGES[cluster.status],
                 age=durations.age(cluster.created_at, now),
-                cost=costs[cluster.pk],
+                cost=cost,
                 trace=charts.sparkline(traces.get(cluster.pk, []), now=now),
             )
         )

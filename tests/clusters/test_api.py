@@ -236,6 +236,7 @@ def test_it_reads_a_failed_cluster_with_its_failure_machines_and_events(owner):
         "replaced_by": None,
         "joining": False,
         "ended_at": None,  # the factory's node records no end of its own
+        "cost": "0.00",  # never billed
     }
     assert data["events"][-1]["node"] == "node-1"
     assert data["events"][-1]["step"] == "running"
