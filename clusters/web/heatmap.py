@@ -272,9 +272,10 @@ def _label(figure: HeatFigure, nodes: Sequence[NodeMetrics]) -> str:
                 missing += 1
             else:
                 counts[found] += 1
-    parts = [f"{count} {words}" for count, words in zip(counts, figure.legend, strict=True) if count]
+    levels = zip(counts, figure.legend, strict=True)
+    parts = [f"{words}: {count} GPU{'' if count == 1 else 's'}" for count, words in levels if count]
     if missing:
-        parts.append(f"{missing} not reported")
+        parts.append(f"not reported: {missing}")
     what = "; ".join(parts) if parts else "no GPU reported"
     return (
         f"{figure.title} of each GPU now, a column per machine, a row per GPU: {what}. "
