@@ -11,7 +11,7 @@ level of five, and one for a figure the GPU did not report), and each cell's val
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -110,6 +110,7 @@ class Cell:
     y: float
     level: int | None  # 0 to 4, None where the GPU did not report the figure
     title: str  # "node-3 GPU 5: 97%"
+    silent: bool  # its node stopped reporting: these are its last figures, outlined
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class Heatmap:
     columns: list[Label]  # the nodes' numbers under the grid (every few where they are many)
     legend: list[tuple[int, str]]  # (level, its words)
     label: str  # what a screen reader hears of the picture
+    silent: bool  # some cells are a silent node's last figures
 
 
 @dataclass(frozen=True)
@@ -170,13 +172,14 @@ def cluster_view(window: Window) -> ClusterView:
     gpu_count = max((gpu.index + 1 for node in nodes for gpu in node.gpus), default=0)
     reporting = [n for n in nodes if metrics.reporting(n.reported_at, now=window.end) and n.gpus]
     busiest, hottest, idle = _named(reporting)
+    silent = {n.node.name for n in nodes if n not in reporting}
     return ClusterView(
-        heatmaps=[heatmap(figure, nodes, gpu_count) for figure in HEAT_FIGURES],
+        heatmaps=[heatmap(figure, nodes, gpu_count, silent=silent) for figure in HEAT_FIGURES],
         busiest=busiest,
         hottest=hottest,
         idle=idle[:NAMED_IDLE],
         idle_more=max(len(idle) - NAMED_IDLE, 0),
-        silent=[n.node.name for n in nodes if n not in reporting],
+        silent=[n.node.name for n in nodes if n.node.name in silent],
         idle_percent=_percent(settings.RUNCRATE_IDLE_GPU_PERCENT),
         gpu_columns=list(range(gpu_count)),
         rows=[_row(node, gpu_count) for node in nodes],
@@ -222,20 +225,32 @@ def _named(nodes: Sequence[NodeMetrics]) -> tuple[list[Named], list[Named], list
     return busiest, hottest, idle
 
 
-def heatmap(figure: HeatFigure, nodes: Sequence[NodeMetrics], gpu_count: int) -> Heatmap:
-    """One figure's grid: a column per node, a row per GPU index."""
+def heatmap(
+    figure: HeatFigure,
+    nodes: Sequence[NodeMetrics],
+    gpu_count: int,
+    *,
+    silent: Collection[str] = (),
+) -> Heatmap:
+    """One figure's grid: a column per node, a row per GPU index; the cells of the nodes in
+    `silent` (no recent report) are their last figures, outlined and said so."""
     columns = max(len(nodes), 1)
     pitch = min(GRID_WIDTH / columns, MAX_COLUMN_PITCH)
     cell_width = round(max(pitch - GAP, 1.0), 2)
     cells = []
     for column, node in enumerate(nodes):
+        quiet = node.node.name in silent
         for gpu in node.gpus:
+            title = f"{node.node.name} GPU {gpu.index}: {figure.text(gpu)}"
+            if quiet and node.reported_at is not None:
+                title += f" (silent since {node.reported_at:%H:%M} UTC)"
             cells.append(
                 Cell(
                     x=round(LEFT + column * pitch, 2),
                     y=gpu.index * ROW_PITCH,
                     level=level(figure.value(gpu), figure.bounds),
-                    title=f"{node.node.name} GPU {gpu.index}: {figure.text(gpu)}",
+                    title=title,
+                    silent=quiet,
                 )
             )
     rows_height = max(gpu_count, 1) * ROW_PITCH
@@ -258,6 +273,7 @@ def heatmap(figure: HeatFigure, nodes: Sequence[NodeMetrics], gpu_count: int) ->
         ],
         legend=list(enumerate(figure.legend)),
         label=_label(figure, nodes),
+        silent=any(cell.silent for cell in cells),
     )
 
 
