@@ -666,6 +666,8 @@ def _tab_context(
 # The tabs whose poll says which metrics version the page shows (`metrics=`): the Metrics tab
 # redraws its charts when it moved, the Machines tab its rows' utilisation.
 METRICS_TABS = ("metrics", "machines")
+
+
 @dataclass(frozen=True)
 class MetricsWindow:
     """What the Metrics tab was asked for: a window (`?window=`; none: the one that fits the

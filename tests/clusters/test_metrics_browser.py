@@ -117,9 +117,7 @@ def test_the_64_machine_metrics_tab_fits_and_passes_axe(
     assert overflow["scrollWidth"] <= overflow["clientWidth"], overflow["culprits"]
     if width == 1280:
         # The cluster view, words and three heatmaps, on the first screen.
-        bottom = page.evaluate(
-            "document.querySelector('.heatmaps').getBoundingClientRect().bottom"
-        )
+        bottom = page.evaluate("document.querySelector('.heatmaps').getBoundingClientRect().bottom")
         assert bottom <= WIDTHS[width]
     else:
         # Each heatmap is drawn whole across the phone's width, its cells still cells.

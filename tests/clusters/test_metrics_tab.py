@@ -214,7 +214,8 @@ def test_its_charts_take_their_colours_from_the_stylesheet_s_classes(owner, cloc
     cluster = ready_cluster(owner.project, size=1)
     report(cluster.nodes.get(), [50], at=timezone.now())
 
-    body = owner.browser_client().get(f"/clusters/{cluster.pk}/metrics/?window=15m").content.decode()
+    url = f"/clusters/{cluster.pk}/metrics/?window=15m"
+    body = owner.browser_client().get(url).content.decode()
 
     svgs = re.findall(r'<svg class="metric-chart".*?</svg>', body, re.S)
     heatmaps = re.findall(r'<svg class="heatmap-grid".*?</svg>', body, re.S)

@@ -224,7 +224,7 @@ def test_the_poll_s_redraw_keeps_the_asked_node(owner, four_nodes):
     panel = body.split('<section id="cluster-tab"')[1]
     assert 'id="metrics-node-1"' in panel and "1 GPU · 12%" in panel
     assert query_of(poll_url(body))["node"] == "node-1"
-    assert 'data-keep-open' in panel  # the table's <details> stays as the user left it
+    assert "data-keep-open" in panel  # the table's <details> stays as the user left it
 
 
 # --- queries flat in the node count -------------------------------------------------------------
