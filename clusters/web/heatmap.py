@@ -237,22 +237,13 @@ def heatmap(
     columns = max(len(nodes), 1)
     pitch = min(GRID_WIDTH / columns, MAX_COLUMN_PITCH)
     cell_width = round(max(pitch - GAP, 1.0), 2)
-    cells = []
-    for column, node in enumerate(nodes):
-        quiet = node.node.name in silent
-        for gpu in node.gpus:
-            title = f"{node.node.name} GPU {gpu.index}: {figure.text(gpu)}"
-            if quiet and node.reported_at is not None:
-                title += f" (silent since {node.reported_at:%H:%M} UTC)"
-            cells.append(
-                Cell(
-                    x=round(LEFT + column * pitch, 2),
-                    y=gpu.index * ROW_PITCH,
-                    level=level(figure.value(gpu), figure.bounds),
-                    title=title,
-                    silent=quiet,
-                )
-            )
+    cells = [
+        cell
+        for column, node in enumerate(nodes)
+        for cell in _column(
+            figure, node, x=round(LEFT + column * pitch, 2), rows=gpu_count, silent=silent
+        )
+    ]
     rows_height = max(gpu_count, 1) * ROW_PITCH
     every = 1 if columns <= 16 else 8
     return Heatmap(
@@ -275,6 +266,32 @@ def heatmap(
         label=_label(figure, nodes),
         silent=any(cell.silent for cell in cells),
     )
+
+
+def _column(
+    figure: HeatFigure, node: NodeMetrics, *, x: float, rows: int, silent: Collection[str]
+) -> list[Cell]:
+    """A node's cells: a GPU's each, its last figures outlined when the node is silent, or
+    every row an
+    outline without a report in the raw hour."""
+    name = node.node.name
+    if not node.gpus:
+        return [
+            Cell(x, i * ROW_PITCH, None, f"{name} GPU {i}: no report in the last hour", False)
+            for i in range(rows)
+        ]
+    quiet = name in silent
+    since = f" (silent since {node.reported_at:%H:%M} UTC)" if quiet and node.reported_at else ""
+    return [
+        Cell(
+            x=x,
+            y=gpu.index * ROW_PITCH,
+            level=level(figure.value(gpu), figure.bounds),
+            title=f"{name} GPU {gpu.index}: {figure.text(gpu)}{since}",
+            silent=quiet,
+        )
+        for gpu in node.gpus
+    ]
 
 
 def _label(figure: HeatFigure, nodes: Sequence[NodeMetrics]) -> str:

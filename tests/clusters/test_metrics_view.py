@@ -187,6 +187,18 @@ def test_a_silent_node_is_named_and_not_judged(owner, four_nodes):
     assert "Not reporting: node-1, node-2, node-3" in said
 
 
+def test_a_node_without_a_report_is_outlined_in_every_row(owner):
+    cluster = cluster_ready_at(owner.project, READY, size=2)
+    report_gpus(cluster.nodes.get(index=0), [gpu(i, 50.0) for i in range(8)], at=READY)
+    with time_machine.travel(READY + timedelta(seconds=5), tick=False):
+        body = owner.browser_client().get(f"/clusters/{cluster.pk}/metrics/").content.decode()
+
+    grid = re.findall(r'<svg class="heatmap-grid".*?</svg>', body, re.S)[0]
+    assert grid.count('<rect class="heat-none"') == 8
+    assert "<title>node-1 GPU 7: no report in the last hour</title>" in grid
+    assert "Not reporting: node-1" in named(body)
+
+
 # --- one node's detail, on demand ---------------------------------------------------------------
 
 
