@@ -271,9 +271,8 @@ def heatmap(
 def _column(
     figure: HeatFigure, node: NodeMetrics, *, x: float, rows: int, silent: Collection[str]
 ) -> list[Cell]:
-    """A node's cells: a GPU's each, its last figures outlined when the node is silent, or
-    every row an
-    outline without a report in the raw hour."""
+    """A node's cells: one per GPU, its last figures outlined when the node is silent, or
+    every row an outline without a report in the raw hour."""
     name = node.node.name
     if not node.gpus:
         return [
