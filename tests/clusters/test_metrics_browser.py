@@ -85,16 +85,18 @@ def screenshot(page, name: str) -> None:
         page.screenshot(path=f"{folder}/{name}-full.png", full_page=True)
 
 
-def opened(browser, live_server, axe_source, owner, width: int):  # noqa: F811
+def opened(browser, live_server, axe_source, owner, width: int, scheme: str = "light"):  # noqa: F811
     context = browser.new_context(
-        base_url=live_server.url, viewport={"width": width, "height": WIDTHS[width]}
+        base_url=live_server.url,
+        viewport={"width": width, "height": WIDTHS[width]},
+        color_scheme=scheme,
     )
     context.add_init_script(script=axe_source)
     context.add_cookies([session_cookie(owner, live_server.url)])
     return context, context.new_page()
 
 
-@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("width, scheme", [(1280, "light"), (390, "light"), (1280, "dark")])
 def test_the_64_machine_metrics_tab_fits_and_passes_axe(
     browser,
     live_server,
@@ -102,10 +104,11 @@ def test_the_64_machine_metrics_tab_fits_and_passes_axe(
     owner,
     big,
     width,
+    scheme,
 ):
-    context, page = opened(browser, live_server, axe_source, owner, width)
+    context, page = opened(browser, live_server, axe_source, owner, width, scheme)
     page.goto(f"/clusters/{big.pk}/metrics/", wait_until="load")
-    screenshot(page, f"metrics-64x8-{width}")
+    screenshot(page, f"metrics-64x8-{width}-{scheme}")
 
     assert page.locator(".heatmap-grid").count() == 3
     assert page.locator(".heatmap-grid rect").count() == 3 * MACHINES * GPUS
