@@ -659,6 +659,18 @@ WINDOWS: dict[str, tuple[timedelta, int | None]] = {
 }
 
 
+def fitting_window(cluster: Cluster, *, now: datetime) -> str:
+    """The window a cluster's figures are shown in when none was asked for: the smallest of
+    WINDOWS that covers its life since it was ready (its figures begin then), so a young
+    cluster shows all of its figures; the longest once it outlived them all."""
+    since = cluster.ready_at or cluster.created_at
+    age = now - since
+    for name, (span, _resolution) in WINDOWS.items():
+        if age <= span:
+            return name
+    return next(reversed(WINDOWS))
+
+
 def window(cluster: Cluster, window: str = "15m", *, now: datetime | None = None) -> Window:
     """The cluster's live nodes, each with its latest figures (GPUs and its own) and the series
     of `window` ("15m", "1h", "24h" or "7d"). Five queries whatever the node count: the nodes

@@ -12,8 +12,8 @@ spend chart does, whose axis rounding and ticks these share.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -29,6 +29,11 @@ TOP = 8
 BOTTOM = 22  # room for the times
 # A gap longer than this many points' time breaks the line: the node did not report meanwhile.
 GAP_POINTS = 2.5
+# A chart spans at least this much, however young its cluster (a lone report is a dot, not a
+# point at both edges), and names its times to the second while it spans less than
+# SECONDS_SHOWN.
+LEAST_DRAWN = timedelta(minutes=1)
+SECONDS_SHOWN = timedelta(minutes=10)
 # How each window names itself in a chart's spoken summary.
 WINDOW_WORDS = {
     "15m": "the last 15 minutes",
@@ -203,8 +208,11 @@ def axis_top(figure: Figure, series: Sequence[SpanPoint], *, limit: float | None
     return float(nice_ceiling(Decimal(str(round(max(highest, figure.floor), 6)))))
 
 
-def _time_label(at: datetime, window: str) -> str:
-    return f"{at:%b} {at.day}" if window == "7d" else f"{at:%H:%M}"
+def _time_label(at: datetime, window: Window) -> str:
+    if window.name == "7d":
+        return f"{at:%b} {at.day}"
+    # A young cluster's few minutes: the seconds tell its times apart.
+    return f"{at:%H:%M:%S}" if window.end - window.start < SECONDS_SHOWN else f"{at:%H:%M}"
 
 
 def line_chart(
@@ -255,9 +263,9 @@ def line_chart(
         dots=dots,
         ticks=[Tick(y=y(top * share), label=figure.text(top * share)) for share in (0, 0.5, 1)],
         times=[
-            TimeTick(LEFT, _time_label(window.start, window.name), "start"),
-            TimeTick(LEFT + plot_width / 2, _time_label(middle, window.name), "middle"),
-            TimeTick(WIDTH - RIGHT, _time_label(window.end, window.name), "end"),
+            TimeTick(LEFT, _time_label(window.start, window), "start"),
+            TimeTick(LEFT + plot_width / 2, _time_label(middle, window), "middle"),
+            TimeTick(WIDTH - RIGHT, _time_label(window.end, window), "end"),
         ],
         summary=summary,
         latest=latest,
@@ -348,12 +356,16 @@ class NodeCharts:
 class WindowCharts:
     window: Window
     charts: list[LineChart]  # the whole cluster's, a chart per figure
-    nodes: list[NodeCharts]
+    nodes: list[NodeCharts]  # the nodes whose detail was asked for
+
+    @property
+    def window_words(self) -> str:
+        return WINDOW_WORDS.get(self.window.name, self.window.name)
 
     @property
     def empty(self) -> bool:
         return all(chart.empty for chart in self.charts) and not any(
-            node.metrics.gpus for node in self.nodes
+            node.gpus for node in self.window.nodes
         )
 
 
@@ -389,8 +401,19 @@ def utilization_text(gpus: int, mean: float | None) -> str:
     return f"{gpus} {noun} · {FIGURES_BY_KEY['utilization'].text(mean)}"
 
 
-def window_charts(window: Window) -> WindowCharts:
-    """The whole cluster's charts (every GPU of every node) and each node's, over `window`."""
+def drawn_from(window: Window, since: datetime | None) -> Window:
+    """`window` as its charts span it: from `since` (the cluster's figures begin then: a young
+    cluster's few minutes fill the chart) when that is later than its start, and at least
+    LEAST_DRAWN."""
+    if since is None:
+        return window
+    start = max(window.start, min(since, window.end - LEAST_DRAWN))
+    return replace(window, start=start)
+
+
+def window_charts(window: Window, *, detail: Collection[str] | None = None) -> WindowCharts:
+    """The whole cluster's charts (every GPU of every node) over `window`, and those of the
+    nodes named in `detail` (every node's when None)."""
     every_gpu = [gpu for node in window.nodes for gpu in node.gpus]
     every_point = [point for node in window.nodes for point in node.series]
     charts = [
@@ -399,6 +422,8 @@ def window_charts(window: Window) -> WindowCharts:
     ]
     nodes = []
     for node in window.nodes:
+        if detail is not None and node.node.name not in detail:
+            continue
         utilization = _latest(FIGURES_BY_KEY["utilization"], node.gpus)
         nodes.append(
             NodeCharts(

@@ -28,7 +28,7 @@ from clusters.errors import ClusterRefused
 from clusters.lifecycle.repair import grace_words, replaceable
 from clusters.models import STEP_NAMES, Cluster, Event, Node, give_up_after
 from clusters.telemetry import logs, metrics
-from clusters.web import charts
+from clusters.web import charts, heatmap
 from clusters.web.forms import ClusterForm
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, MachineType
 from offers.offers import Offer, list_offers, same_shape_first
@@ -675,35 +675,64 @@ def _tab_context(
 # The tabs whose poll says which metrics version the page shows (`metrics=`): the Metrics tab
 # redraws its charts when it moved, the Machines tab its rows' utilisation.
 METRICS_TABS = ("metrics", "machines")
-DEFAULT_WINDOW = "15m"
 
 
 @dataclass(frozen=True)
 class MetricsWindow:
-    """The window the Metrics tab shows (`?window=`), and what to say of one it does not know."""
+    """What the Metrics tab was asked for: a window (`?window=`; none: the one that fits the
+    cluster's age, `metrics.fitting_window`), a node's detail (`?node=`), and a window it does
+    not know (said on the page, and the fitting one shown)."""
 
-    name: str = DEFAULT_WINDOW
-    refused: str = ""
+    name: str = ""  # "": the window that fits the cluster's age
+    node: str = ""  # the node whose detail is shown, as asked (checked against the nodes)
+    unknown: str = ""  # a window asked for that does not exist
 
     @classmethod
-    def of(cls, raw: str | None) -> "MetricsWindow":
+    def of(cls, raw: str | None, node: str | None = None) -> "MetricsWindow":
+        node = (node or "")[:40]
         if raw is None or raw == "" or raw in metrics.WINDOWS:
-            return cls(raw or DEFAULT_WINDOW)
-        shown = charts.WINDOW_WORDS[DEFAULT_WINDOW]
-        return cls(refused=f"There is no window “{raw[:20]}”: showing {shown}.")
+            return cls(raw or "", node)
+        return cls("", node, unknown=raw[:20])
 
 
 def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> dict:
-    """The Metrics tab: the window's charts (clusters.web.charts, from metrics.window's five
-    queries) and the window picker's links."""
+    """The Metrics tab: the cluster view (clusters.web.heatmap) and the cluster's charts
+    (clusters.web.charts) of the window, the asked node's detail, and the links that keep the
+    window and the node, all from metrics.window's five queries whatever the node count."""
     url = TABS_BY_SLUG["metrics"].url(cluster)
+    name = shown.name or metrics.fitting_window(cluster, now=now)
+    read = metrics.window(cluster, name, now=now)
+    names = [node.node.name for node in read.nodes]
+    node = shown.node if shown.node in names else ""
+    refusals = []
+    if shown.unknown:
+        words = charts.WINDOW_WORDS[name]
+        refusals.append(f"There is no window “{shown.unknown}”: showing {words}.")
+    if shown.node and not node:
+        refusals.append(f"There is no live machine “{shown.node}”: showing the whole cluster.")
+
+    def link(window: str, picked: str) -> str:
+        query = {"window": window, "node": picked}
+        return f"{url}?{urlencode({k: v for k, v in query.items() if v})}".rstrip("?")
+
     return {
         "metrics_window": shown,
-        "metrics_charts": charts.window_charts(metrics.window(cluster, shown.name, now=now)),
+        "metrics_window_name": name,
+        "metrics_node": node,
+        "metrics_refusals": refusals,
+        "metrics_charts": charts.window_charts(
+            charts.drawn_from(read, cluster.ready_at), detail={node} if node else ()
+        ),
+        "metrics_view": heatmap.cluster_view(read),
         "metrics_windows": [
-            {"name": name, "url": f"{url}?window={name}", "current": name == shown.name}
-            for name in metrics.WINDOWS
+            {"name": choice, "url": link(choice, node), "current": choice == name}
+            for choice in metrics.WINDOWS
         ],
+        "metrics_url": url,
+        # A node's detail: this, then its name (node names need no quoting).
+        "metrics_node_base": link(shown.name, "") + ("&" if shown.name else "?") + "node=",
+        "metrics_node_names": names,
+        "metrics_close_url": link(shown.name, ""),
     }
 
 
@@ -756,7 +785,12 @@ def _poll_url(cluster: Cluster, context: dict, now: datetime) -> str:
     if "metrics_version" in context:
         query["metrics"] = context["metrics_version"]
     if "metrics_window" in context:
-        query["window"] = context["metrics_window"].name
+        # The window only when one was asked for (else it follows the cluster's age), and the
+        # node whose detail the page shows.
+        if context["metrics_window"].name:
+            query["window"] = context["metrics_window"].name
+        if context["metrics_node"]:
+            query["node"] = context["metrics_node"]
     holds: list[int] = []
     if cluster.network_test_running(now):
         expires = datetime.fromisoformat(cluster.network_test["expires_at"])

@@ -312,7 +312,11 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
     if shown_tab is None:
         raise Http404("No such tab.")
     shown = _count(request.GET.get("version")) if request.htmx else None
-    shown_window = MetricsWindow.of(request.GET.get("window")) if tab == "metrics" else None
+    shown_window = (
+        MetricsWindow.of(request.GET.get("window"), request.GET.get("node"))
+        if tab == "metrics"
+        else None
+    )
     if shown is not None:
         response = _poll(request, pk, shown, shown_tab, shown_window)
     else:

@@ -140,3 +140,21 @@ document.addEventListener("click", (event) => {
   setInterval(tick, 1000);
   document.body.addEventListener("htmx:afterSettle", tick);
 })();
+
+// A `<details data-keep-open id>` in a panel the poll redraws stays as the user left it (open
+// or closed) across the redraws: the server draws it closed, this remembers each toggle by id.
+(() => {
+  const kept = new Map();
+  document.addEventListener("toggle", (event) => {
+    const details = event.target;
+    if (details instanceof HTMLDetailsElement && details.id && "keepOpen" in details.dataset) {
+      kept.set(details.id, details.open);
+    }
+  }, true);
+  document.body.addEventListener("htmx:afterSettle", () => {
+    for (const [id, open] of kept) {
+      const details = document.getElementById(id);
+      if (details instanceof HTMLDetailsElement && details.open !== open) details.open = open;
+    }
+  });
+})();

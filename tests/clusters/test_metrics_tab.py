@@ -182,7 +182,7 @@ def test_the_list_s_sparkline_spans_the_hour_on_a_0_to_100_scale():
 # --- the page ---------------------------------------------------------------------------------
 
 
-def test_it_shows_the_cluster_s_and_each_node_s_figures_and_charts(owner, clock):
+def test_it_shows_the_cluster_s_figures_and_the_asked_node_s_charts(owner, clock):
     cluster = ready_cluster(owner.project)
     node_0, node_1 = cluster.nodes.order_by("index")
     for seconds in (0, 15, 30):
@@ -190,18 +190,21 @@ def test_it_shows_the_cluster_s_and_each_node_s_figures_and_charts(owner, clock)
         report(node_0, [90, 100], at=at, throttle=0b1000)  # hw_slowdown
         report(node_1, [10, 20], at=at)
 
-    body = owner.browser_client().get(f"/clusters/{cluster.pk}/metrics/").content.decode()
+    url = f"/clusters/{cluster.pk}/metrics/?window=15m&node=node-0"
+    body = owner.browser_client().get(url).content.decode()
 
-    assert body.count('class="metric-chart"') == 4 * 3  # the cluster's, and each node's
-    assert body.count('role="img"') == 4 * 3
+    assert body.count('class="metric-chart"') == 4 * 2  # the cluster's, and node-0's
+    assert body.count('class="heatmap-grid"') == 3  # and the cluster view's
+    assert body.count('role="img"') == 4 * 2 + 3
     assert (
         'aria-label="GPU utilisation, every GPU of the cluster, the last 15 minutes: '
         'lowest 10%, mean 55%, highest 100%; now 55%."'
     ) in body
     assert 'node-0</span>\n      <span class="muted small">2 GPUs · 95%</span>' in body
-    assert "2 GPUs · 15%" in body
+    assert "2 GPUs · 15%" not in body  # node-1's detail was not asked for
     gpu_rows = re.findall(r'<tr><td class="num mono">(\d)</td><td class="num">([^<]+)</td>', body)
-    assert gpu_rows == [("0", "90%"), ("1", "100%"), ("0", "10%"), ("1", "20%")]
+    assert gpu_rows == [("0", "90%"), ("1", "100%")]  # node-0's alone
+    assert 'id="metrics-node-1"' not in body
     assert "40 of 80 GiB" in body and "500 of 700 W" in body and "60°C" in body
     assert '<span class="badge badge-warn">hw slowdown</span>' in body
     assert 'aria-current="page">15m</a>' in body
@@ -211,13 +214,18 @@ def test_its_charts_take_their_colours_from_the_stylesheet_s_classes(owner, cloc
     cluster = ready_cluster(owner.project, size=1)
     report(cluster.nodes.get(), [50], at=timezone.now())
 
-    body = owner.browser_client().get(f"/clusters/{cluster.pk}/metrics/").content.decode()
+    url = f"/clusters/{cluster.pk}/metrics/?window=15m"
+    body = owner.browser_client().get(url).content.decode()
 
     svgs = re.findall(r'<svg class="metric-chart".*?</svg>', body, re.S)
-    assert svgs
+    heatmaps = re.findall(r'<svg class="heatmap-grid".*?</svg>', body, re.S)
+    assert len(svgs) == 4 and len(heatmaps) == 3
     for svg in svgs:
         assert not re.search(r'(fill|stroke|style|color)="', svg), "a colour outside the stylesheet"
         assert re.search(r'class="(dot|line)"', svg)
+    for svg in heatmaps:
+        assert re.search(r'<rect class="heat-l2"', svg)
+        assert not re.search(r'(fill|stroke|style|color)="', svg), "a colour outside the stylesheet"
 
 
 @pytest.mark.parametrize(
@@ -272,8 +280,9 @@ def test_an_unknown_window_shows_the_default_and_says_so(owner, clock, raw):
 
     body = response.content.decode()
     assert response.status_code == 200
-    assert "showing the last 15 minutes" in body and "<script>" not in body.split("</header>")[-1]
-    assert 'aria-current="page">15m</a>' in body
+    # The window that fits the cluster's age (ready an hour ago).
+    assert "showing the last hour" in body and "<script>" not in body.split("</header>")[-1]
+    assert 'aria-current="page">1h</a>' in body
 
 
 def test_a_stranger_gets_404_for_the_tab_and_its_poll(owner, stranger, clock):
@@ -307,10 +316,15 @@ def test_it_says_which_node_is_not_reporting(owner, clock):
     node_0 = cluster.nodes.get(index=0)
     report(node_0, [50], at=timezone.now() - timedelta(minutes=5))  # silent since
 
-    body = owner.browser_client().get(f"/clusters/{cluster.pk}/metrics/").content.decode()
+    client = owner.browser_client()
+    body = client.get(f"/clusters/{cluster.pk}/metrics/").content.decode()
+    node_0 = client.get(f"/clusters/{cluster.pk}/metrics/?node=node-0").content.decode()
+    node_1 = client.get(f"/clusters/{cluster.pk}/metrics/?node=node-1").content.decode()
 
-    assert "silent since 09:55 UTC" in body
-    assert "No figures yet from node-1." in body
+    named = re.sub(r"<[^>]+>", "", body.split('<ul class="metrics-named">')[1].split("</ul>")[0])
+    assert "Not reporting: node-0, node-1" in " ".join(named.split())
+    assert "silent since 09:55 UTC" in node_0
+    assert "No figures yet from node-1." in node_1
 
 
 def test_the_tab_reads_its_figures_in_the_same_queries_for_1_and_8_nodes(
@@ -352,7 +366,8 @@ def test_a_report_redraws_the_metrics_panel_without_moving_the_cluster_s_version
     node = cluster.nodes.get(index=0)
     report(node, [50], at=timezone.now() - timedelta(seconds=15))
     client = owner.browser_client()
-    url = poll_url(client.get(f"/clusters/{cluster.pk}/metrics/?window=1h").content.decode())
+    page = client.get(f"/clusters/{cluster.pk}/metrics/?window=1h&node=node-0").content.decode()
+    url = poll_url(page)
     version = cluster.version
 
     report(node, [70], at=timezone.now())
@@ -368,6 +383,7 @@ def test_a_report_redraws_the_metrics_panel_without_moving_the_cluster_s_version
     moved = query_of(poll_url(body))
     assert moved["metrics"] == str(metrics.metrics_version(cluster.pk))
     assert moved["window"] == "1h" and moved["version"] == str(version)
+    assert moved["node"] == "node-0"  # the detail asked for stays open
     assert client.get(poll_url(body), headers=HTMX).status_code == 204
 
 
