@@ -70,6 +70,18 @@ class SignupForm(forms.Form):
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
     )
 
+    def __init__(self, *args: Any, invited_email: str | None = None, **kwargs: Any) -> None:
+        """`invited_email`: sign-up through an invitation's link makes that email's account, so
+        the field is filled in and fixed (a posted email is ignored)."""
+        super().__init__(*args, **kwargs)
+        if invited_email:
+            self.initial["email"] = invited_email
+            email = self.fields["email"]
+            email.disabled = True
+            email.help_text = (
+                "The email you were invited as: the invitation lets only this account join."
+            )
+
     def clean_email(self) -> str:
         email = normalize_email(self.cleaned_data["email"])
         if User.objects.filter(email__iexact=email).exists():
