@@ -170,6 +170,11 @@ class ApiKeyForm(forms.Form):
         help_text="The live clusters it created cost at most this much per hour, together.",
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Its own ids: the account page also holds the SSH key form, whose `name` is `id_name`.
+        kwargs.setdefault("auto_id", "id_api_key_%s")
+        super().__init__(*args, **kwargs)
+
     def chosen_scopes(self) -> list[str] | None:
         """The scopes ticked, or None (every scope) unless the key is narrowed."""
         if self.cleaned_data.get("access") != self.SCOPED:
