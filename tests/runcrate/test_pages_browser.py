@@ -13,6 +13,7 @@ To add a page state: build its data in `world()` and add a `Page` to the list it
 `RUNCRATE_SWEEP_PAGES=<words>` checks only the pages whose name contains one of the words.
 """
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from django_otp.oath import totp
 
 import audit
 from accounts import otp
-from accounts.models import Environment, Membership
+from accounts.models import Environment, Invitation, Membership
 from accounts.projects import create_project
 from billing.meter import charge_usage
 from billing.models import BillingDetails, LedgerEntry, Payment, UsageRecord
@@ -366,6 +367,24 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         idempotency_key="sweep",
         status=Payment.Status.OPEN,
     )
+    paid = Payment.objects.create(
+        project=project,
+        amount=Decimal("100.00"),
+        amount_paid=Decimal("100.00"),
+        idempotency_key="sweep-paid",
+        status=Payment.Status.PAID,
+        credited_at=now,
+    )
+    # An invitation whose link the sweep knows: its sign-up fills in the invited email.
+    Invitation.objects.create(
+        project=project,
+        email="invited@example.com",
+        role=Membership.Role.DEVELOPER,
+        invited_by=owner.user,
+        token_hash=hashlib.sha256(b"sweep-invitation").hexdigest(),
+        created_at=now,
+        expires_at=now + timedelta(days=7),
+    )
     uid = urlsafe_base64_encode(force_bytes(newcomer.user.pk))
     token = default_token_generator.make_token(newcomer.user)
 
@@ -391,6 +410,11 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
     }
     pages = [
         Page("sign-up", "/accounts/signup/", "anonymous"),
+        Page(
+            "sign-up from an invitation",
+            "/accounts/signup/?next=/accounts/invitations/sweep-invitation/",
+            "anonymous",
+        ),
         Page("sign-up, sent empty", "/accounts/signup/", "anonymous", then="button[type=submit]"),
         Page("log in", "/accounts/login/", "anonymous"),
         Page("password reset", "/accounts/password-reset/", "anonymous"),
@@ -474,6 +498,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
             in_view=(".spend-line .num", ".budget-form button"),
         ),
         Page("payment", f"/billing/payments/{payment.pk}/", "owner"),
+        Page("payment, paid", f"/billing/payments/{paid.pk}/", "owner"),
         Page("invoices", "/billing/invoices/", "owner"),
         Page(
             "invoices, details sent empty",
