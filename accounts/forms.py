@@ -70,6 +70,18 @@ class SignupForm(forms.Form):
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
     )
 
+    def __init__(self, *args: Any, invited_email: str | None = None, **kwargs: Any) -> None:
+        """`invited_email`: sign-up through an invitation's link makes that email's account, so
+        the field is filled in and fixed (a posted email is ignored)."""
+        super().__init__(*args, **kwargs)
+        if invited_email:
+            self.initial["email"] = invited_email
+            email = self.fields["email"]
+            email.disabled = True
+            email.help_text = (
+                "The email you were invited as: the invitation lets only this account join."
+            )
+
     def clean_email(self) -> str:
         email = normalize_email(self.cleaned_data["email"])
         if User.objects.filter(email__iexact=email).exists():
@@ -157,6 +169,11 @@ class ApiKeyForm(forms.Form):
         widget=forms.NumberInput(attrs={"min": "0.01", "step": "0.01", "placeholder": "no limit"}),
         help_text="The live clusters it created cost at most this much per hour, together.",
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Its own ids: the account page also holds the SSH key form, whose `name` is `id_name`.
+        kwargs.setdefault("auto_id", "id_api_key_%s")
+        super().__init__(*args, **kwargs)
 
     def chosen_scopes(self) -> list[str] | None:
         """The scopes ticked, or None (every scope) unless the key is narrowed."""

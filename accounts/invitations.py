@@ -9,12 +9,13 @@ table's (accounts/permissions.py): an owner any role, a manager developers and m
 import hashlib
 import secrets
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 
 from accounts import permissions
 from accounts.models import Invitation, Membership, Project, User
@@ -133,6 +134,21 @@ def find(token: str, *, now: datetime) -> Invitation:
             "owner to send a new one.",
         )
     return invitation
+
+
+def from_link(url: str, *, now: datetime) -> Invitation | None:
+    """The working invitation whose link `url` is (a sign-up's `next`), or None: sign-up fills
+    in the invited email from it, so the account made is the one the invitation lets join."""
+    try:
+        match = resolve(urlsplit(url).path)
+    except Resolver404:
+        return None
+    if match.view_name != "accounts:invitation":
+        return None
+    try:
+        return find(match.kwargs["token"], now=now)
+    except InvitationRefused:
+        return None
 
 
 def accept(*, token: str, user: User, now: datetime) -> Membership:

@@ -29,15 +29,18 @@ from runcrate import outages
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect(settings.LOGIN_REDIRECT_URL)
-    form = SignupForm(request.POST or None)
+    invitation = invitations.from_link(_next_url(request), now=timezone.now())
+    invited_email = invitation.email if invitation else None
+    form = SignupForm(request.POST or None, invited_email=invited_email)
     if request.method == "POST":
         try:
             # Every request counts, before anything is checked: the form also tells whether an
             # email has an account.
-            throttle.take("signup", request, email=str(request.POST.get("email", "")))
+            email = invited_email or str(request.POST.get("email", ""))
+            throttle.take("signup", request, email=email)
         except throttle.Throttled as refusal:
-            form = SignupForm(initial={"email": request.POST.get("email", "")})
-            context = {"form": form, "refusal": refusal.message}
+            form = SignupForm(initial={"email": email}, invited_email=invited_email)
+            context = {"form": form, "refusal": refusal.message, "invitation": invitation}
             response = render(request, "accounts/signup.html", context, status=refusal.status)
             return _retry_after(response, refusal)
     if request.method == "POST" and form.is_valid():
@@ -50,7 +53,8 @@ def signup(request: HttpRequest) -> HttpResponse:
         else:
             login(request, user, backend="django.contrib.auth.backends.ModelBackend")
             return redirect(_next_url(request) or settings.LOGIN_REDIRECT_URL)
-    return render(request, "accounts/signup.html", {"form": form, "next": _next_url(request)})
+    context = {"form": form, "next": _next_url(request), "invitation": invitation}
+    return render(request, "accounts/signup.html", context)
 
 
 def _retry_after(response: HttpResponse, refusal: throttle.Throttled) -> HttpResponse:

@@ -5,6 +5,7 @@ billing/{usage,payments,budgets,invoices}.py."""
 import csv
 import logging
 from decimal import Decimal
+from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.contrib import messages
@@ -13,7 +14,7 @@ from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.request import RawPostDataException
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
@@ -103,7 +104,10 @@ def index(request: ProjectRequest) -> HttpResponse:
 
 def _top_context(request: ProjectRequest, form: TopUpForm | None = None) -> dict:
     project = request.project
+    return_to = _return_to(request)
     return {
+        "return_to": return_to,
+        "return_label": _return_label(return_to),
         # The top bar's summary when it has one (one burn rate a request), else the project's.
         "summary": request_summary(request) or usage.summary(project_id=project.pk),
         "can_add_credit": payments.can_add_credit(),
@@ -192,8 +196,56 @@ def add_credit(request: ProjectRequest) -> HttpResponse:
         ).first()
         if kept is None:
             return redirect("billing:index")
+        _remember_return(request, kept)
         return redirect("billing:payment", pk=kept.pk)
+    _remember_return(request, payment)
     return redirect(payment.checkout_url, permanent=False)
+
+
+# Where a top-up returns once paid (`next`: the create form that needed it), kept in the session
+# by payment, so Stripe's page in between needs to know nothing of it (docs/billing.md).
+PAYMENT_RETURNS = "billing_payment_returns"
+
+
+def _return_to(request: ProjectRequest) -> str:
+    """A page of this site to go back to after paying (`next`), or ""."""
+    back = request.POST.get("next") or request.GET.get("next") or ""
+    safe = back.startswith("/") and url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    )
+    return back if safe else ""
+
+
+def _return_label(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        view_name = resolve(urlsplit(path).path).view_name
+    except Resolver404:
+        return "Back to where you were"
+    return "Back to the create form" if view_name == "clusters:new" else "Back to where you were"
+
+
+def _remember_return(request: ProjectRequest, payment: Payment) -> None:
+    return_to = _return_to(request)
+    if return_to:
+        returns = dict(request.session.get(PAYMENT_RETURNS, {}))
+        returns[str(payment.pk)] = return_to
+        request.session[PAYMENT_RETURNS] = returns
+
+
+def _payment_return(request: ProjectRequest, payment: Payment) -> dict[str, str]:
+    """The page a payment returns to, its button's words (none: Billing is the way back), and
+    the way to Billing for another try, which keeps it."""
+    return_to = request.session.get(PAYMENT_RETURNS, {}).get(str(payment.pk), "")
+    billing_back = reverse("billing:index")
+    if return_to:  # Billing again keeps the way back, for a second try
+        billing_back += "?" + urlencode({"next": return_to})
+    return {
+        "return_to": return_to,
+        "return_label": _return_label(return_to),
+        "billing_back": billing_back + "#topup-title",
+    }
 
 
 def _payment_for_user(request: ProjectRequest, pk: int) -> Payment:
@@ -217,6 +269,7 @@ def payment_detail(request: ProjectRequest, pk: int) -> HttpResponse:
         and not payment.last_error
         and payment.status != Payment.Status.CREATED
         and not payments.is_demo(payment),
+        **_payment_return(request, payment),
     }
     if request.htmx:
         response = render(request, "billing/payment.html#status", context)
@@ -284,7 +337,8 @@ def demo_checkout(request: ProjectRequest, pk: int) -> HttpResponse:
     payment = _demo_payment_for_user(request, pk)
     if not payments.is_pending(payment):
         return redirect("billing:payment", pk=payment.pk)
-    return render(request, "billing/demo_checkout.html", {"payment": payment})
+    context = {"payment": payment, **_payment_return(request, payment)}
+    return render(request, "billing/demo_checkout.html", context)
 
 
 @billing_view

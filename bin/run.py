@@ -172,7 +172,7 @@ def banner(*, env: Mapping[str, str], port: str, var_dir: Path) -> str:
         else "none (DEBUG is off: seed_demo makes no demo account)"
     )
     return (
-        f"\n  Runcrate Clusters is running: http://{HOST}:{port}/\n"
+        f"\n  Runcrate Clusters is running: {site_url(env, host=HOST, port=port)}/\n"
         f"  Demo login:  {login}\n"
         f"  Database:    {_describe_database(env.get('DATABASE_URL', ''), var_dir)}\n"
         f"  Broker:      {_describe_broker(env.get('REDIS_URL', ''), var_dir)}\n"
@@ -183,13 +183,23 @@ def banner(*, env: Mapping[str, str], port: str, var_dir: Path) -> str:
     )
 
 
+def site_url(env: Mapping[str, str], *, host: str, port: str) -> str:
+    """The demo's one address: what `make run` prints and what its emails link to (SITE_URL),
+    so the browser keeps one origin's cookies (127.0.0.1 and localhost are two). On 127.0.0.1
+    it is `localhost`, SITE_URL's default; on another address (`HOST=172.30.77.1`: the host
+    lab) that address, where agents and the emails' readers reach it. What the environment
+    sets wins."""
+    if env.get("SITE_URL"):
+        return env["SITE_URL"].rstrip("/")
+    return f"http://{'localhost' if host == '127.0.0.1' else host}:{port}"
+
+
 def listening_at(env: dict[str, str], *, host: str, port: str) -> None:
-    """Beyond 127.0.0.1 (`HOST=172.30.77.1`: the host lab), agents on real hosts reach the
-    dashboard where it listens, and so do the links in its emails: SITE_URL would say
-    localhost, which is not where it listens. What the environment sets wins."""
+    """Every process gets the address `site_url` chose; beyond 127.0.0.1 the agents on real
+    hosts reach the dashboard where it listens, and it answers to that name."""
+    env["SITE_URL"] = site_url(env, host=host, port=port)
     if host != "127.0.0.1":
         env.setdefault("RUNCRATE_AGENT_URL", f"http://{host}:{port}")
-        env.setdefault("SITE_URL", f"http://{host}:{port}")
         env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{host}")
 
 

@@ -535,9 +535,14 @@ LOGGING = {
             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
         }
     },
+    # An expected 403 (the permission table's refusal) is one line, without a traceback.
+    "filters": {"expected_refusals": {"()": "runcrate.logs.ExpectedRefusals"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "django.request": {"filters": ["expected_refusals"]},
+    },
 }
 # An error reporter, only where one is configured: Sentry (or anything speaking its protocol).
 # Its default sends no personal data (user emails, cookies, addresses); we leave it so.

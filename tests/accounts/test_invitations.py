@@ -2,6 +2,7 @@
 
 import re
 from datetime import timedelta
+from html import escape
 
 import pytest
 import time_machine
@@ -176,3 +177,45 @@ def test_withdrawing_an_invitation_stops_its_link(
 
     assert response.status_code == 302
     assert Client().get(link).status_code == 404
+
+
+def test_the_sign_up_from_an_invitation_fills_in_and_keeps_the_invited_email(
+    owner, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        invite(owner.browser_client(), "invited@example.com")
+    link = link_in(mail.outbox[0])
+    visitor = Client()
+
+    page = visitor.get(f"/accounts/signup/?next={link}")
+    email_input = re.search(r"<input[^>]*name=\"email\"[^>]*>", page.content.decode())
+    assert email_input and 'value="invited@example.com"' in email_input.group(0)
+    assert "disabled" in email_input.group(0)
+    assert f"join {escape(owner.project.name)}" in page.content.decode()
+
+    # A posted email other than the invited one is ignored: the invited email's account is made.
+    signed_up = visitor.post(
+        f"/accounts/signup/?next={link}",
+        {"email": "other@example.com", "password1": PASSWORD, "password2": PASSWORD},
+    )
+    assert signed_up.status_code == 302
+    assert signed_up["Location"] == link
+    assert not User.objects.filter(email="other@example.com").exists()
+    assert visitor.post(link).status_code == 302
+    invited = User.objects.get(email="invited@example.com")
+    assert Membership.objects.get(project=owner.project, user=invited).role == DEVELOPER
+
+
+def test_the_sign_up_without_a_working_invitation_asks_for_any_email(
+    owner, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        invite(owner.browser_client(), "gone@example.com")
+    link = link_in(mail.outbox[0])
+    Invitation.objects.all().delete()  # withdrawn: its link no longer fills anything in
+
+    for url in (f"/accounts/signup/?next={link}", "/accounts/signup/?next=/accounts/"):
+        page = Client().get(url).content.decode()
+        email_input = re.search(r"<input[^>]*name=\"email\"[^>]*>", page)
+        assert email_input and "disabled" not in email_input.group(0)
+        assert "gone@example.com" not in page

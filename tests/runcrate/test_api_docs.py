@@ -26,6 +26,10 @@ def test_it_shows_the_api_docs_in_the_dashboards_frame_in_the_readers_scheme(own
     assert 'href="/api/v1/openapi.json"' in html
     # Swagger UI's own dark theme, turned on when the reader's system is dark.
     assert "/static/js/swagger-scheme.js" in html
+    # Its markup mended for the accessibility rules (the browser sweep checks the result), and
+    # the heading level between the page's h1 and its h3 tags.
+    assert "/static/js/swagger-a11y.js" in html
+    assert '<h2 class="visually-hidden">Endpoints</h2>' in html
 
 
 def test_it_describes_the_api_in_openapi(client, db):

@@ -232,4 +232,37 @@ def test_make_run_on_another_address_mails_links_to_that_address():
 
     laptop = {}
     run.listening_at(laptop, host="127.0.0.1", port="8000")
-    assert laptop == {}
+    assert laptop == {"SITE_URL": "http://localhost:8000"}  # SITE_URL's default, said once
+
+
+def test_make_run_prints_the_address_its_emails_link_to(tmp_path):
+    """One origin: the address printed is the one Django's SITE_URL (the emails' links) reads,
+    never 127.0.0.1 beside localhost, whose cookies a browser keeps apart."""
+    spec = importlib.util.spec_from_file_location("run", RUN_PY)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    env = {k: v for k, v in os.environ.items() if k != "SITE_URL"}
+    env.update(RUNCRATE_SIM_SPEED="30", PORT="8123")
+    run.HOST = "127.0.0.1"  # make run's default
+    run.listening_at(env, host=run.HOST, port="8123")
+
+    printed = run.banner(env=env, port="8123", var_dir=tmp_path)
+    django = subprocess.run(
+        [
+            PYTHON,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.SITE_URL)",
+        ],
+        env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        cwd=RUN_PY.parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert django.returncode == 0, django.stderr
+    site = django.stdout.strip()
+    assert site == "http://localhost:8123"
+    assert f"Runcrate Clusters is running: {site}/" in printed
+    assert "127.0.0.1" not in printed.splitlines()[1]
