@@ -22,7 +22,7 @@ from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from offers.models import GpuModel, Host, Location, MachineType
+from offers.models import SPEC_FIELDS, GpuModel, Host, Location, MachineType
 from offers.offers import inventory_changed
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, NotAnAmount, read_amount
@@ -395,9 +395,7 @@ def check_host_field(field_name: str, value: str) -> str:
 
 # A machine type's specs (docs/inventory.md, "Machine specs"): each optional, null or left out
 # for "not stated". The admin form checks them with `check_spec_field`, the same rules.
-SPEC_KEYS = (
-    "vcpus", "memory_gib", "nvme_gib", "gpu_link", "os_image", "driver_version", "cuda_version",
-)  # fmt: skip
+SPEC_KEYS = SPEC_FIELDS
 _DRIVER_VERSION = re.compile(r"[0-9]{2,4}(?:\.[0-9]{1,4}){0,2}")
 _CUDA_VERSION = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
 _OS_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .+_()/-]*")
@@ -427,7 +425,7 @@ def _cuda_version(value: Any) -> str:
 def _os_image(value: Any) -> str:
     if not isinstance(value, str) or len(value) > 60 or not _OS_IMAGE.fullmatch(value.strip()):
         raise _Invalid(
-            'must name the OS image in at most 60 letters, digits, spaces and . + _ ( ) / -, '
+            "must name the OS image in at most 60 letters, digits, spaces and . + _ ( ) / -, "
             'like "Ubuntu 22.04"'
         )
     return value.strip()

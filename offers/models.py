@@ -229,15 +229,13 @@ class MachineType(models.Model):
 
     @property
     def specs(self) -> "MachineSpecs":
-        return MachineSpecs(
-            vcpus=self.vcpus,
-            memory_gib=self.memory_gib,
-            nvme_gib=self.nvme_gib,
-            gpu_link=self.gpu_link,
-            os_image=self.os_image,
-            driver_version=self.driver_version,
-            cuda_version=self.cuda_version,
-        )
+        return MachineSpecs(**{name: getattr(self, name) for name in SPEC_FIELDS})
+
+
+# A machine type's specs, as its fields, the inventory's keys and `MachineSpecs` name them.
+SPEC_FIELDS = (
+    "vcpus", "memory_gib", "nvme_gib", "gpu_link", "os_image", "driver_version", "cuda_version",
+)  # fmt: skip
 
 
 def size_words(gib: int) -> str:

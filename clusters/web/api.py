@@ -27,7 +27,7 @@ from clusters import connect, idempotency, lifecycle, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from clusters.telemetry import idle, metrics
 from clusters.web import plans
-from offers.api import track_record_json
+from offers.api import MachineSpecsOut, track_record_json
 from offers.models import MAX_NODES, MIN_NODES
 from runcrate import durations, outages
 from runcrate.api import (
@@ -334,6 +334,7 @@ class PlanOut(Schema):
     gpus_total: int = Field(description="Every GPU of the cluster: nodes × gpus_per_machine.")
     location: str
     community: bool = Field(description="On an independent operator's hosts: no secrets.")
+    specs: MachineSpecsOut = Field(description="What each machine is sold with.")
     machine_price_per_hour: str
     price_per_hour: str = Field(description="The whole cluster, USD per hour.")
     price_per_gpu_hour: str = Field(description="One GPU for an hour, USD, exact.")
@@ -664,6 +665,7 @@ def _plan(planned: plans.Plan) -> dict:
         "gpus_total": offer.gpus_total,
         "location": machine_type.location.code,
         "community": machine_type.community,
+        "specs": machine_type.specs.as_dict(),
         "machine_price_per_hour": money_str(planned.checked.price_per_machine_hour),
         "price_per_hour": money_str(planned.price_per_hour),
         "price_per_gpu_hour": exact_money_str(offer.price_per_gpu_hour),
