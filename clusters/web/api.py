@@ -150,6 +150,7 @@ class ClusterSummaryOut(Schema):
 class AcceptanceGpuOut(Schema):
     name: str
     memory_total_mib: int | None
+    driver_version: str | None = Field(None, description="The NVIDIA driver nvidia-smi reported.")
 
 
 class AcceptanceNodeOut(Schema):
@@ -159,6 +160,10 @@ class AcceptanceNodeOut(Schema):
     latency_ms: float | None = Field(description="Median TCP round trip to node-0; null on it.")
     bandwidth_mbit: float | None = Field(description="Measured to node-0; null on node-0.")
     method: str | None = Field(description="iperf3, tcp-stream (the agent's own) or simulated.")
+    vcpus: int | None = Field(None, description="The vCPUs its agent counted.")
+    memory_mib: int | None = Field(
+        None, description="Its memory as the kernel reads it (MemTotal)."
+    )
 
 
 class AcceptanceExpectedOut(Schema):
@@ -168,6 +173,9 @@ class AcceptanceExpectedOut(Schema):
     link_mbit: int | None = Field(None, description="Each machine's expected link, Mbit/s.")
     min_bandwidth_mbit: float | None = Field(
         None, description="The least a worker had to move to node-0, measured alone."
+    )
+    specs: MachineSpecsOut | None = Field(
+        None, description="Each machine's specs as sold: what every node was held to."
     )
 
 
