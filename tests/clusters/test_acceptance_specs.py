@@ -7,6 +7,7 @@ are tested, so a looser rule is caught."""
 import pytest
 from django.utils import timezone
 
+from billing.models import UsageRecord
 from clusters.lifecycle.observe import AgentRefused, clean_network_report
 from clusters.lifecycle.rules import (
     MEMORY_SHORTFALL_TOLERATED,
@@ -16,8 +17,9 @@ from clusters.lifecycle.rules import (
     machine_problem,
 )
 from clusters.machines.runcrate_agent import machine_facts
-from clusters.models import Node
+from clusters.models import Cluster, Node
 from offers.models import GpuModel, Location, MachineType, driver_at_least
+from tests.clusters.lifecycle_kit import Sim, at, create, inventory
 
 H100 = "NVIDIA H100 80GB HBM3"
 GIB = 1024
@@ -223,3 +225,27 @@ def test_the_acceptance_report_keeps_what_was_sold_and_what_each_node_showed():
     row = report["nodes"][1]
     assert (row["vcpus"], row["memory_mib"]) == (208, 1)
     assert row["gpus"][0]["driver_version"] == "570.124.06"
+
+
+# --- the simulated data center, end to end ------------------------------------------------------
+
+
+def _stated(machine_type: MachineType, **specs) -> MachineType:
+    MachineType.objects.filter(pk=machine_type.pk).update(**specs)
+    machine_type.refresh_from_db()
+    return machine_type
+
+
+def test_simulated_machines_show_what_their_type_sells_and_pass(project, clock):
+    machine_type = _stated(inventory(hosts=2), **SOLD, driver_version="570", cuda_version="12.8")
+    with Sim() as sim:
+        cluster = create(project, machine_type, nodes=2)
+        sim.run_until(clock, at(3 * 180))
+
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.READY, cluster.failure_message
+    rows = cluster.acceptance["nodes"]
+    assert [row["vcpus"] for row in rows] == [208, 208]
+    assert all(SOLD["memory_gib"] * GIB * 0.95 <= row["memory_mib"] < 1800 * GIB for row in rows)
+    assert {gpu["driver_version"] for row in rows for gpu in row["gpus"]} == {"570.124.06"}
+    assert UsageRecord.objects.filter(cluster=cluster).count() == 2
