@@ -1,6 +1,7 @@
 """Acceptance holds every node to what its machine type sells (issue 37; docs/lifecycle.md,
 "Acceptance before billing"), on real hosts: a node whose `nvidia-smi` (the lab's stand-in)
-reports 7 GPUs of an 8-GPU machine fails the cluster naming it, before anything is billed.
+reports 7 GPUs of an 8-GPU machine fails the cluster naming it, before anything is billed; so
+does a driver older than sold, and fewer vCPUs than sold (the agents' own count, read inside).
 
 Its own small lab: two hosts, no gateway and no storage host (the smallest a cluster needs),
 in an inventory whose machine type is an 8-GPU one stating every spec the lab's hosts meet.
@@ -14,6 +15,8 @@ from billing.models import UsageRecord
 from clusters.machines.session import operator_public_key
 from clusters.models import Cluster
 from lab import hostlab
+from offers.models import MachineType
+from offers.offers import inventory_changed
 from tests.clusters.lab_kit import BOOT, FIRST, register
 from tests.clusters.lifecycle_kit import create
 from tests.clusters.test_ssh_lab import (
@@ -103,4 +106,42 @@ def test_a_node_whose_nvidia_smi_shows_7_of_8_gpus_fails_acceptance_named_and_un
     assert not UsageRecord.objects.filter(cluster=cluster).exists()  # nothing billed
     assert event.node.name == "node-1"
     assert event.output.count(hostlab.DEFAULT_GPU_MODEL) == GPUS - 1  # what nvidia-smi said
+    released(cluster)
+
+
+def _sells(**specs) -> MachineType:
+    """`lab-h100x8-vm`, now selling `specs` (as staff would change it in admin)."""
+    MachineType.objects.filter(slug="lab-h100x8-vm").update(**specs)
+    inventory_changed()
+    return machine_type("lab-h100x8-vm")
+
+
+def test_a_driver_older_than_sold_fails_acceptance_naming_the_node(eight_gpu_hosts, user_key):
+    sold = _sells(driver_version="570")
+
+    cluster = create(project_with(user_key), sold, nodes=HOSTS, name="old-driver")
+    drive(cluster, Cluster.Status.FAILED, Cluster.Status.READY)
+
+    node = cluster.failure_node
+    assert_failed_at(cluster, "hardware_mismatch", node, "agent")
+    assert cluster.failure_message == (
+        f"{node} reports NVIDIA driver 550.54.15; lab-h100x8-vm sells driver 570 or newer."
+    )
+    released(cluster)
+
+
+def test_the_agents_report_their_real_vcpus_and_memory_and_fewer_than_sold_fail(
+    eight_gpu_hosts, user_key
+):
+    sold = _sells(vcpus=4096)
+    cores = int(eight_gpu_hosts.exec(eight_gpu_hosts.hosts[0].name, "nproc").stdout)
+
+    cluster = create(project_with(user_key), sold, nodes=HOSTS, name="few-cores")
+    drive(cluster, Cluster.Status.FAILED, Cluster.Status.READY)
+
+    node = cluster.failure_node
+    assert_failed_at(cluster, "acceptance_failed", node, "network")
+    assert cluster.failure_message == f"{node} has {cores} vCPUs; lab-h100x8-vm sells 4096."
+    reported = cluster.nodes.get(index=int(node.removeprefix("node-"))).acceptance
+    assert reported["vcpus"] == cores and reported["memory_mib"] > 0  # MemTotal, read inside
     released(cluster)
