@@ -6,11 +6,13 @@ import re
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from clusters import lifecycle
+from clusters.models import Cluster, Node
 from offers.models import MachineType
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
-from tests.factories import LocationFactory
+from tests.factories import ClusterFactory, LocationFactory
 from tests.offers.catalog import cell, offer_row, text
 
 SLUG = "use2-h100x8-bm"
@@ -91,3 +93,41 @@ def test_the_plan_gives_the_specs_of_the_machines_it_would_start(owner, offer):
 
     assert response.status_code == 200, response.content
     assert response.json()["data"]["specs"] == {**SPECS, "summary": WORDS}
+
+
+def test_the_acceptance_report_shows_what_was_sold_and_what_each_machine_had(owner):
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
+    report = {
+        "measured_at": timezone.now().isoformat(),
+        "expected": {
+            "gpu": "H100 SXM 80GB",
+            "gpus_per_machine": 8,
+            "memory_gib": 80,
+            "specs": {**SPECS, "summary": WORDS},
+        },
+        "nodes": [
+            {
+                "name": f"node-{i}",
+                "gpus": [{**gpu, "driver_version": "570.124.06"}] * 8,
+                "vcpus": 208,
+                "memory_mib": 1815606,  # MemTotal of 1.8 TiB sold: 1,773 GiB
+                "reachability": {f"node-{1 - i}": True},
+            }
+            for i in range(2)
+        ],
+    }
+    cluster = ClusterFactory(
+        project=owner.project,
+        status=Cluster.Status.READY,
+        joined_at=timezone.now(),
+        ready_at=timezone.now(),
+        acceptance=report,
+        machines=True,
+        machines__status=Node.Status.JOINED,
+    )
+
+    page = text(owner.browser_client().get(f"/clusters/{cluster.pk}/machines/").content.decode())
+
+    assert f"its driver, vCPUs and memory against what was sold ({WORDS})" in page
+    assert "8 × NVIDIA H100 80GB HBM3 driver 570.124.06" in page
+    assert page.count("208 · 1,773 GiB") == 2
