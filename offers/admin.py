@@ -15,8 +15,10 @@ from django.http import HttpRequest
 from offers.inventory import (
     FIXED_WHILE_SERVING,
     HELD_STATES,
+    SPEC_KEYS,
     check_gateway,
     check_host_field,
+    check_spec_field,
     host_setup_problems,
     take_hosts_offline,
     waiting_for_baseline,
@@ -135,7 +137,23 @@ class MachineTypeForm(forms.ModelForm):
             "boot_seconds",
             "slow_boot",
             "link_mbit",
+            *SPEC_KEYS,
         ]
+
+    def _clean_spec(self, field_name: str) -> str:
+        try:
+            return check_spec_field(field_name, self.cleaned_data[field_name].strip())
+        except ValueError as problem:
+            raise forms.ValidationError(_sentence(str(problem))) from None
+
+    def clean_os_image(self) -> str:
+        return self._clean_spec("os_image")
+
+    def clean_driver_version(self) -> str:
+        return self._clean_spec("driver_version")
+
+    def clean_cuda_version(self) -> str:
+        return self._clean_spec("cuda_version")
 
     def clean(self):
         cleaned = super().clean()
@@ -162,6 +180,7 @@ class MachineTypeAdmin(ChangesOffers):
         "community",
         money_column("price_per_hour", "per machine-hour"),
         "boot_seconds",
+        "specs_summary",
         "free_hosts",
         "host_count",
     ]
@@ -183,6 +202,10 @@ class MachineTypeAdmin(ChangesOffers):
     @admin.display(description="location", ordering="location__code")
     def location_code(self, machine_type: MachineType) -> str:
         return machine_type.location.code
+
+    @admin.display(description="specs per machine")
+    def specs_summary(self, machine_type: MachineType) -> str:
+        return machine_type.specs.summary or "not stated"
 
     @admin.display(description="free", ordering="free_hosts")
     def free_hosts(self, machine_type: "WithAnnotations[MachineType, _HostCounts]") -> int:

@@ -131,6 +131,28 @@ class TrackRecordOut(Schema):
     computed_at: str
 
 
+class MachineSpecsOut(Schema):
+    """What one machine is sold with (docs/inventory.md, "Machine specs"); each figure null
+    where the inventory does not state it."""
+
+    vcpus: int | None = Field(description="vCPUs per machine.")
+    memory_gib: int | None = Field(description="Memory (RAM) per machine, GiB.")
+    nvme_gib: int | None = Field(description="Local NVMe per machine, GiB (0: none).")
+    gpu_link: str | None = Field(
+        description="The GPU link inside the machine: nvlink, nvswitch or pcie."
+    )
+    os_image: str | None = Field(description='The OS image, e.g. "Ubuntu 22.04".')
+    driver_version: str | None = Field(
+        description="The NVIDIA driver: every node has this version or a newer one (acceptance "
+        "fails a node with an older one)."
+    )
+    cuda_version: str | None = Field(description='The CUDA version of the image, e.g. "12.8".')
+    summary: str = Field(
+        description='The figures as the dashboard shows them: "208 vCPUs · 1.8 TiB RAM · 2 TiB '
+        'NVMe · NVLink · Ubuntu 22.04 · driver 570 · CUDA 12.8" ("" when none is stated).'
+    )
+
+
 class OfferOut(Schema):
     id: str = Field(description="The machine type's slug; pass it as `offer` to create.")
     gpu: str
@@ -156,6 +178,7 @@ class OfferOut(Schema):
     max_nodes: int
     availability: str = Field(description="available, not_in_stock or reserved_ahead")
     software: list[str]
+    specs: MachineSpecsOut = Field(description="What each machine is sold with.")
     track_record: TrackRecordOut | None = Field(
         description="How this machine type's clusters started over the last 30 days; null "
         "below RUNCRATE_TRACK_RECORD_MIN_CLUSTERS clusters (5 by default)."
@@ -196,6 +219,7 @@ def offer_json(offer: Offer) -> dict:
         "max_nodes": offer.max_nodes,
         "availability": offer.availability.value,
         "software": offer.software,
+        "specs": machine_type.specs.as_dict(),
         "track_record": track_record_json(offer.track_record),
     }
 

@@ -22,7 +22,7 @@ from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from offers.models import GpuModel, Host, Location, MachineType
+from offers.models import SPEC_FIELDS, GpuModel, Host, Location, MachineType
 from offers.offers import inventory_changed
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, NotAnAmount, read_amount
@@ -393,6 +393,70 @@ def check_host_field(field_name: str, value: str) -> str:
         raise ValueError(invalid.problem) from None
 
 
+# A machine type's specs (docs/inventory.md, "Machine specs"): each optional, null or left out
+# for "not stated". The admin form checks them with `check_spec_field`, the same rules.
+SPEC_KEYS = SPEC_FIELDS
+_DRIVER_VERSION = re.compile(r"[0-9]{2,4}(?:\.[0-9]{1,4}){0,2}")
+_CUDA_VERSION = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
+_OS_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .+_()/-]*")
+
+
+def _optional(check: Callable[[Any], Any], empty: Any) -> Callable[[Any], Any]:
+    def optional(value: Any) -> Any:
+        return empty if value is None else check(value)
+
+    return optional
+
+
+def _driver_version(value: Any) -> str:
+    if not isinstance(value, str) or not _DRIVER_VERSION.fullmatch(value):
+        raise _Invalid(
+            'must be an NVIDIA driver version as nvidia-smi prints it, like "570" or "570.124.06"'
+        )
+    return value
+
+
+def _cuda_version(value: Any) -> str:
+    if not isinstance(value, str) or not _CUDA_VERSION.fullmatch(value):
+        raise _Invalid('must be a CUDA version like "12.8" (major.minor, as a string)')
+    return value
+
+
+def _os_image(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 60 or not _OS_IMAGE.fullmatch(value.strip()):
+        raise _Invalid(
+            "must name the OS image in at most 60 letters, digits, spaces and . + _ ( ) / -, "
+            'like "Ubuntu 22.04"'
+        )
+    return value.strip()
+
+
+_SPEC_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "vcpus": _optional(_integer(1, 4096), None),
+    "memory_gib": _optional(_integer(1, 65_536), None),
+    "nvme_gib": _optional(_integer(0, 1_048_576), None),
+    "gpu_link": _optional(_one_of(*MachineType.GpuLink.values), ""),
+    "os_image": _optional(_os_image, ""),
+    "driver_version": _optional(_driver_version, ""),
+    "cuda_version": _optional(_cuda_version, ""),
+}
+
+
+def _spec_default(key: str) -> Any:
+    return None if key in ("vcpus", "memory_gib", "nvme_gib") else ""
+
+
+def check_spec_field(field_name: str, value: str) -> str:
+    """A machine type's `os_image`, `driver_version` or `cuda_version` as the loader accepts it
+    ("" for not stated); raises ValueError with the problem (admin's form uses it)."""
+    if value == "":
+        return value
+    try:
+        return _SPEC_CHECKS[field_name](value)
+    except _Invalid as invalid:
+        raise ValueError(invalid.problem) from None
+
+
 def check_gateway(value: str) -> str:
     """A location's `ssh_gateway` ("" for none) as the loader accepts it; ValueError if bad."""
     try:
@@ -560,7 +624,7 @@ _LOCATION_KEYS = (
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
-    "price_per_hour", "boot_seconds", "slow_boot", "link_mbit",
+    "price_per_hour", "boot_seconds", "slow_boot", "link_mbit", *SPEC_KEYS,
 )  # fmt: skip
 _HOST_KEYS = (
     "name", "machine_type", "driver", "fault", "address", "port", "user", "host_key", "reimage",
@@ -674,6 +738,8 @@ def _check_machine_types(data: dict, doc: _Document, errors: list[str]) -> None:
             # null: the default of its interconnect (MachineType.DEFAULT_LINK_MBIT)
             "link_mbit": entry.get("link_mbit", _integer(1, 1_000_000), default=None),
         }
+        for key in SPEC_KEYS:
+            fields[key] = entry.get(key, _SPEC_CHECKS[key], default=_spec_default(key))
         if _claim(seen, slug, label, entry, "slug") and entry.ok:
             doc.machine_types[slug] = _Spec(label, fields, refs)
 

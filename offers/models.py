@@ -1,4 +1,6 @@
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -121,6 +123,14 @@ class MachineType(models.Model):
     }
     SELF_SERVE_INTERCONNECTS = {Interconnect.ETHERNET}
 
+    class GpuLink(models.TextChoices):
+        """How the GPUs inside one machine talk to each other (not the network between
+        machines, which is `interconnect`)."""
+
+        NVLINK = "nvlink", "NVLink"
+        NVSWITCH = "nvswitch", "NVSwitch"
+        PCIE = "pcie", "PCIe"
+
     slug = models.SlugField(max_length=60, unique=True)
     location = models.ForeignKey(Location, on_delete=models.PROTECT, related_name="machine_types")
     gpu = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="machine_types")
@@ -147,6 +157,53 @@ class MachineType(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
         help_text="Expected Ethernet link speed per machine in Mbit/s; empty: by interconnect.",
     )
+    # What a buyer compares machines by (docs/inventory.md, "Machine specs"): shown on every
+    # offer and plan (`specs`), and checked against what each node reports at acceptance
+    # (clusters/lifecycle/rules.py). Empty: not stated, neither shown nor checked.
+    vcpus = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(4096)],
+        help_text="vCPUs per machine; empty: not stated.",
+    )
+    memory_gib = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(65_536)],
+        help_text="Memory (RAM) per machine in GiB; empty: not stated.",
+    )
+    nvme_gib = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(1_048_576)],
+        help_text="Local NVMe per machine in GiB (2048 = 2 TiB; 0: none); empty: not stated.",
+    )
+    gpu_link = models.CharField(
+        max_length=8,
+        choices=GpuLink.choices,
+        blank=True,
+        default="",
+        help_text="The GPU link inside the machine; empty: not stated.",
+    )
+    os_image = models.CharField(
+        max_length=60,
+        blank=True,
+        default="",
+        help_text='The OS image machines boot, e.g. "Ubuntu 22.04"; empty: not stated.',
+    )
+    driver_version = models.CharField(
+        max_length=20,
+        blank=True,
+        default="",
+        help_text='The NVIDIA driver, e.g. "570" or "570.124.06": a node with an older one '
+        "fails acceptance; empty: not stated.",
+    )
+    cuda_version = models.CharField(
+        max_length=10,
+        blank=True,
+        default="",
+        help_text='The CUDA version the image carries, e.g. "12.8"; empty: not stated.',
+    )
 
     class Meta:
         ordering = ["slug"]
@@ -169,6 +226,99 @@ class MachineType(models.Model):
     @property
     def expected_link_mbit(self) -> int:
         return self.link_mbit or self.DEFAULT_LINK_MBIT.get(self.interconnect, 1_000)
+
+    @property
+    def specs(self) -> "MachineSpecs":
+        return MachineSpecs(**{name: getattr(self, name) for name in SPEC_FIELDS})
+
+
+# A machine type's specs, as its fields, the inventory's keys and `MachineSpecs` name them.
+SPEC_FIELDS = (
+    "vcpus", "memory_gib", "nvme_gib", "gpu_link", "os_image", "driver_version", "cuda_version",
+)  # fmt: skip
+
+
+def size_words(gib: int) -> str:
+    """A size in GiB as a GPU-cloud user reads it: "512 GiB", "1.8 TiB", "2 TiB"."""
+    if gib < 1024:
+        return f"{gib} GiB"
+    tib = f"{gib / 1024:.1f}".removesuffix(".0")
+    return f"{tib} TiB"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """ "570.124.06" -> (570, 124, 6); the parts a driver version is compared by (a part that
+    is not a number ends it)."""
+    parts = []
+    for part in version.strip().split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def driver_at_least(reported: str, sold: str) -> bool:
+    """Whether a node's driver `reported` is `sold` or newer, compared on as many parts as the
+    sold version gives ("570" is met by 570.124.06 and 575.51, not by 565.77)."""
+    wanted = version_tuple(sold)
+    have = version_tuple(reported)
+    return bool(have) and have[: len(wanted)] >= wanted
+
+
+@dataclass(frozen=True)
+class MachineSpecs:
+    """What one machine of a type is sold with (`MachineType.specs`); a figure not stated is
+    None or "". The one wording every page, the API, the CLI and the MCP server show."""
+
+    vcpus: int | None = None
+    memory_gib: int | None = None
+    nvme_gib: int | None = None
+    gpu_link: str = ""
+    os_image: str = ""
+    driver_version: str = ""
+    cuda_version: str = ""
+
+    @property
+    def gpu_link_label(self) -> str:
+        return MachineType.GpuLink(self.gpu_link).label if self.gpu_link else ""
+
+    def words(self) -> list[str]:
+        """["208 vCPUs", "1.8 TiB RAM", "2 TiB NVMe", "NVLink", "Ubuntu 22.04", "driver 570",
+        "CUDA 12.8"], leaving out what is not stated."""
+        words = []
+        if self.vcpus is not None:
+            words.append(f"{self.vcpus} vCPU{'' if self.vcpus == 1 else 's'}")
+        if self.memory_gib is not None:
+            words.append(f"{size_words(self.memory_gib)} RAM")
+        if self.nvme_gib is not None:
+            words.append(f"{size_words(self.nvme_gib)} NVMe" if self.nvme_gib else "no local NVMe")
+        if self.gpu_link:
+            words.append(self.gpu_link_label)
+        if self.os_image:
+            words.append(self.os_image)
+        if self.driver_version:
+            words.append(f"driver {self.driver_version}")
+        if self.cuda_version:
+            words.append(f"CUDA {self.cuda_version}")
+        return words
+
+    @property
+    def summary(self) -> str:
+        return " · ".join(self.words())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The API's and the CLI's `specs` object: every figure (null when not stated) and the
+        summary line."""
+        return {
+            "vcpus": self.vcpus,
+            "memory_gib": self.memory_gib,
+            "nvme_gib": self.nvme_gib,
+            "gpu_link": self.gpu_link or None,
+            "os_image": self.os_image or None,
+            "driver_version": self.driver_version or None,
+            "cuda_version": self.cuda_version or None,
+            "summary": self.summary,
+        }
 
 
 class Host(models.Model):

@@ -27,9 +27,11 @@ from django.utils import timezone
 from offers.models import (
     BOOLEAN_MAX_NODES,
     MAX_NODES,
+    SPEC_FIELDS,
     GpuModel,
     Host,
     Location,
+    MachineSpecs,
     MachineType,
 )
 from runcrate.durations import whole_minutes
@@ -95,6 +97,7 @@ class OfferMachineType:
     price_per_hour: Decimal
     location: OfferLocation
     gpu: OfferGpu
+    specs: MachineSpecs = MachineSpecs()
 
     @property
     def supports_kubernetes(self) -> bool:
@@ -401,6 +404,7 @@ _ROW = (
     "gpu__slug",
     "gpu__name",
     "gpu__memory_gib",
+    *SPEC_FIELDS,
     # The track record rides on the same query: a left join of its one row per machine type.
     *(f"track_record__{name}" for name in _TRACK_RECORD_FIELDS),
 )
@@ -424,6 +428,7 @@ def _listed(row: dict) -> OfferMachineType:
         gpu=OfferGpu(
             slug=row["gpu__slug"], name=row["gpu__name"], memory_gib=row["gpu__memory_gib"]
         ),
+        specs=MachineSpecs(**{name: row[name] for name in SPEC_FIELDS}),
     )
 
 

@@ -166,9 +166,31 @@ class Gpu(ApiObject):
     name: str
 
 
+class MachineSpecs(ApiObject):
+    vcpus: int | None = Field(default=None, description="vCPUs per machine.")
+    memory_gib: int | None = Field(default=None, description="Memory (RAM) per machine, GiB.")
+    nvme_gib: int | None = Field(default=None, description="Local NVMe per machine, GiB.")
+    gpu_link: str | None = Field(
+        default=None, description="The GPU link inside the machine: nvlink, nvswitch or pcie."
+    )
+    os_image: str | None = None
+    driver_version: str | None = Field(
+        default=None, description="The NVIDIA driver each node has, or a newer one."
+    )
+    cuda_version: str | None = None
+    summary: str = Field(
+        default="", description="The figures in words, as the dashboard shows them."
+    )
+
+
 class Offer(ApiObject):
     id: str = Field(description="Pass it as offer_id to plan_cluster.")
     gpu: str
+    specs: MachineSpecs | None = Field(
+        default=None,
+        description="What each machine is sold with (vCPUs, memory, NVMe, GPU link, OS image, "
+        "driver, CUDA); a figure the operator does not state is null.",
+    )
     price_per_hour: str = Field(description="The whole cluster, USD per hour.")
     machine_price_per_hour: str
     availability: str = Field(description="available, not_in_stock or reserved_ahead.")
@@ -248,6 +270,7 @@ class Plan(ApiObject):
     offer_id: str
     nodes: int
     name: str
+    specs: MachineSpecs | None = Field(default=None, description="What each machine has.")
     price_per_hour: str = Field(description="The whole cluster, USD per hour.")
     plan_token: str = Field(description="Give it to create_cluster with the same arguments.")
     plan_expires_at: str
@@ -637,7 +660,9 @@ def list_gpus(
     annotations=READS,
     description="List the offers that can start `nodes` machines of `gpu` now, best first, "
     "with the price per machine, per GPU-hour and for the whole cluster (USD/hour), free "
-    "machines, the track record and the software each offers. Free: creates nothing.",
+    "machines, the track record, the software each offers and what each machine has (specs: "
+    "vCPUs, memory, local NVMe, GPU link, OS image, driver and CUDA versions). Free: creates "
+    "nothing.",
 )
 def list_offers(
     ctx: Context,

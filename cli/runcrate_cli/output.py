@@ -312,7 +312,8 @@ def offers(console: Console, rows: list[dict]) -> None:
             [
                 offer["id"],
                 f"{offer['gpus_per_machine']}× {offer['gpu']} in {offer['location']}, {kind}, "
-                f"{offer['interconnect']}\n{track_record_badge(offer.get('track_record'))}",
+                f"{offer['interconnect']}{_specs_line(offer)}\n"
+                f"{track_record_badge(offer.get('track_record'))}",
                 f"{money(offer['price_per_hour'], '/h')}\n"
                 f"{money(offer['machine_price_per_hour'], '/h')} each\n"
                 f"{money(offer['price_per_gpu_hour'], '/GPU-h')}",
@@ -327,6 +328,12 @@ def offers(console: Console, rows: list[dict]) -> None:
     )
     if any(offer["community"] for offer in rows):
         console.print("Community offers run on independent operators' hosts: keep secrets off.")
+
+
+def _specs_line(data: dict) -> str:
+    """Each machine's specs as the server words them, on a line of its own ("" when none)."""
+    summary = (data.get("specs") or {}).get("summary")
+    return f"\n{summary}" if summary else ""
 
 
 # --- clusters ---------------------------------------------------------------------------------
@@ -640,6 +647,7 @@ def plan(console: Console, data: dict) -> None:
             "GPUs",
             f"{data['gpus_total']} × {data['gpu']} ({data['gpus_per_machine']} per machine)",
         ),
+        ("per machine", (data.get("specs") or {}).get("summary") or "specs not stated"),
         (
             "price",
             f"{money(data['price_per_hour'], '/h')}: "

@@ -132,6 +132,17 @@ def _clean_acceptance(acceptance: Any) -> dict[str, Any]:
     if error is not None and not isinstance(error, str):
         raise AgentRefused("invalid_report", "acceptance.error must be a string or null.")
     cleaned["error"] = error[:300] if error else None
+    # The machine's own vCPUs and memory (MemTotal, MiB), compared with what was sold.
+    for key, ceiling in (("vcpus", 100_000), ("memory_mib", 1 << 40)):
+        value = acceptance.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < ceiling
+        ):
+            raise AgentRefused(
+                "invalid_report", f"acceptance.{key} must be a whole number ≥ 0 or null."
+            )
+        if key in acceptance:
+            cleaned[key] = value
     # A worker's mount of node-0's /shared (made before it measured): how, or why not.
     if "shared" in acceptance:
         shared, shared_error = acceptance.get("shared"), acceptance.get("shared_error")

@@ -11,7 +11,7 @@ from django.conf import settings
 from clusters import secrets
 from clusters.machines.base import INSTALL_SECONDS as INSTALL_SECONDS
 from clusters.models import Cluster, DueCluster, Node, give_up_after
-from offers.models import MachineType
+from offers.models import MachineType, driver_at_least, size_words
 
 Status = Cluster.Status
 NodeStatus = Node.Status
@@ -215,7 +215,61 @@ def hardware_problem(node: Node, machine_type: MachineType) -> str | None:
                 f"{node.name} reports {gpu.get('name')} with {memory_gib:.0f} GiB; "
                 f"{machine_type.slug} sells {model.name} ({model.memory_gib} GiB)."
             )
+    return driver_problem(node, machine_type)
+
+
+def driver_problem(node: Node, machine_type: MachineType) -> str | None:
+    """Why the NVIDIA driver nvidia-smi reports is older than the one the machine type sells
+    (`driver_version`), or None; a type that states none is not checked."""
+    sold = machine_type.driver_version
+    if not sold:
+        return None
+    for gpu in node.gpus or []:
+        reported = str(gpu.get("driver_version") or "")
+        if not driver_at_least(reported, sold):
+            return (
+                f"{node.name} reports NVIDIA driver {reported or 'unknown'}; "
+                f"{machine_type.slug} sells driver {sold} or newer."
+            )
     return None
+
+
+# A node's memory may read this much below what its machine type sells and still pass: the
+# kernel and the firmware keep some of the RAM installed out of MemTotal (docs/lifecycle.md,
+# "Acceptance before billing").
+MEMORY_SHORTFALL_TOLERATED = 0.05
+
+
+def machine_problem(node: Node, machine_type: MachineType) -> str | None:
+    """Why the vCPUs or the memory the node's agent reported (inside `network`, with its
+    measurement) fall short of what the machine type sells, or None. More than sold passes; a
+    figure the type does not state is not checked."""
+    measured = node.acceptance or {}
+    vcpus, memory_mib = measured.get("vcpus"), measured.get("memory_mib")
+    if machine_type.vcpus is not None:
+        if vcpus is None:
+            return (
+                f"{node.name}'s agent reported no vCPU count; {machine_type.slug} sells "
+                f"{machine_type.vcpus}."
+            )
+        if vcpus < machine_type.vcpus:
+            return f"{node.name} has {vcpus} vCPUs; {machine_type.slug} sells {machine_type.vcpus}."
+    if machine_type.memory_gib is not None:
+        sold = size_words(machine_type.memory_gib)
+        if memory_mib is None:
+            return f"{node.name}'s agent reported no memory size; {machine_type.slug} sells {sold}."
+        if memory_mib < minimum_memory_mib(machine_type.memory_gib):
+            return (
+                f"{node.name} has {memory_mib / 1024:,.0f} GiB of memory; "
+                f"{machine_type.slug} sells {sold} (at least "
+                f"{minimum_memory_mib(machine_type.memory_gib) / 1024:,.0f} GiB must show)."
+            )
+    return None
+
+
+def minimum_memory_mib(memory_gib: int) -> float:
+    """The least memory (MiB, as MemTotal reads) a node sold with `memory_gib` GiB passes with."""
+    return memory_gib * 1024 * (1 - MEMORY_SHORTFALL_TOLERATED)
 
 
 def reachability_matrix(nodes: list[Node]) -> str:
@@ -249,9 +303,11 @@ def acceptance_problem(node: Node, machine_type: MachineType) -> str | None:
     """Why what the node's agent measured to node-0 fails acceptance, or None. node-0 measures
     nothing to itself. Where the cluster has a shared folder (virtual machines and bare metal),
     every other node must have mounted node-0's /shared. Workers measure one at a time
-    (`clusters.telemetry.agent_service.measure_turn`), so a figure is that node's own link."""
-    if node.index == 0:
-        return None
+    (`clusters.telemetry.agent_service.measure_turn`), so a figure is that node's own link.
+    Every node, node-0 included, must first have the vCPUs and memory sold (`machine_problem`)."""
+    problem = machine_problem(node, machine_type)
+    if problem or node.index == 0:
+        return problem
     measured = node.acceptance or {}
     needs_shared = machine_type.machine_kind != MachineType.Kind.CONTAINER
     if needs_shared and not measured.get("shared"):
@@ -283,8 +339,9 @@ def measured_note(node: Node) -> str:
 
 
 def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datetime) -> dict:
-    """The cluster's acceptance report, kept before billing starts: per node the GPUs its agent
-    saw, its reachability row, and latency and bandwidth to node-0."""
+    """The cluster's acceptance report, kept before billing starts: what the machine type sells,
+    and per node the GPUs its agent saw (with their driver), its vCPUs and memory, its
+    reachability row, and latency and bandwidth to node-0."""
     return {
         "measured_at": at.isoformat(),
         "expected": {
@@ -293,14 +350,22 @@ def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datet
             "memory_gib": machine_type.gpu.memory_gib,
             "link_mbit": machine_type.expected_link_mbit,
             "min_bandwidth_mbit": acceptance_minimum_mbit(machine_type),
+            # Each machine's vCPUs, memory, driver (…) as sold: what every node is held to.
+            "specs": machine_type.specs.as_dict(),
         },
         "nodes": [
             {
                 "name": n.name,
                 "gpus": [
-                    {"name": g.get("name", ""), "memory_total_mib": g.get("memory_total_mib")}
+                    {
+                        "name": g.get("name", ""),
+                        "memory_total_mib": g.get("memory_total_mib"),
+                        "driver_version": g.get("driver_version") or None,
+                    }
                     for g in n.gpus or []
                 ],
+                "vcpus": (n.acceptance or {}).get("vcpus"),
+                "memory_mib": (n.acceptance or {}).get("memory_mib"),
                 "reachability": dict(sorted((n.reachability or {}).items())),
                 "latency_ms": (n.acceptance or {}).get("latency_ms"),
                 "bandwidth_mbit": (n.acceptance or {}).get("bandwidth_mbit"),

@@ -491,6 +491,18 @@ def _mounted_by(path: str) -> str:
     return "unknown"
 
 
+def machine_facts(meminfo: Path = Path("/proc/meminfo")) -> dict[str, Any]:
+    """The machine's own vCPUs (those this process may run on) and memory (MemTotal, MiB),
+    reported with the acceptance measurement: the dashboard compares them with what the
+    machine type sells (clusters/lifecycle/rules.py `machine_problem`). null where unread."""
+    try:
+        vcpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        vcpus = os.cpu_count()
+    memory = memory_mib(meminfo)
+    return {"vcpus": vcpus, "memory_mib": memory[1] if memory else None}
+
+
 def unmeasured(error: str | None = None) -> dict[str, Any]:
     return {"latency_ms": None, "bandwidth_mbit": None, "method": None, "error": error}
 
@@ -1241,6 +1253,7 @@ class Agent:
             if settings.shared_mount and head:
                 how, why = mount_shared(settings.shared_mount, head, settings.shared_identity)
                 acceptance |= {"shared": how, "shared_error": why}
+        acceptance |= machine_facts()
         self._note("network", _describe(reachability, acceptance))
         return self._post("network", {"reachability": reachability, "acceptance": acceptance})
 

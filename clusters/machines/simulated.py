@@ -50,6 +50,10 @@ if TYPE_CHECKING:
     from offers.models import Host
 
 DRIVER_VERSION = "550.54.15"
+# The full version a simulated machine's nvidia-smi gives for the driver branch its type sells.
+DRIVER_RELEASES = {"550": "550.54.15", "570": "570.124.06"}
+# What a simulated machine's MemTotal keeps of the memory its type sells: the kernel's share.
+MEMORY_SHOWN = 0.985
 # Public addresses of simulated machines: the three documentation networks of RFC 5737, which
 # route nowhere, so a demo's SSH command can never reach a stranger's machine.
 DOCUMENTATION_NETWORKS = ("203.0.113", "198.51.100", "192.0.2")
@@ -63,6 +67,14 @@ def simulated_public_address(host: Host) -> str:
         return host.address
     network, last = divmod((host.pk - 1) % (254 * len(DOCUMENTATION_NETWORKS)), 254)
     return f"{DOCUMENTATION_NETWORKS[network]}.{last + 1}"
+
+
+def simulated_driver(sold: str) -> str:
+    """The driver a simulated machine reports: the full release of the branch its type sells
+    ("570" -> "570.124.06"), the sold version itself when it names one, else DRIVER_VERSION."""
+    if not sold:
+        return DRIVER_VERSION
+    return DRIVER_RELEASES.get(sold, sold)
 
 
 def sim_seconds(boot_seconds: int) -> timedelta:
@@ -131,14 +143,29 @@ class SimulatedDriver(Driver):
     def acceptance(self, node: Node) -> dict:
         """What a simulated agent measures to node-0: the Ethernet network's typical figures,
         1.6 Gbit/s, or 80% of the machine type's link where that is faster."""
+        machine_type = node.cluster.machine_type
+        # Its vCPUs and memory, as sold (MemTotal a little under: the kernel keeps some).
+        facts = {
+            "vcpus": machine_type.vcpus,
+            "memory_mib": None
+            if machine_type.memory_gib is None
+            else int(machine_type.memory_gib * 1024 * MEMORY_SHOWN),
+        }
         if node.index == 0:
-            return {"latency_ms": None, "bandwidth_mbit": None, "method": None, "error": None}
-        link = node.cluster.machine_type.expected_link_mbit
+            return {
+                "latency_ms": None,
+                "bandwidth_mbit": None,
+                "method": None,
+                "error": None,
+                **facts,
+            }
+        link = machine_type.expected_link_mbit
         measured = {
             "latency_ms": 0.25,
             "bandwidth_mbit": max(1600.0, 0.8 * link),
             "method": "simulated",
             "error": None,
+            **facts,
         }
         if node.cluster.machine_type.machine_kind != "container":
             # The simulated data center's /shared: mounted as its NFS would be.
@@ -164,7 +191,7 @@ class SimulatedDriver(Driver):
                 "name": f"NVIDIA {gpu.name}",
                 "memory_total_mib": gpu.memory_gib * 1024 - 421,
                 "uuid": "GPU-" + hashlib.sha256(f"{host.name}/{i}".encode()).hexdigest()[:32],
-                "driver_version": DRIVER_VERSION,
+                "driver_version": simulated_driver(machine_type.driver_version),
             }
             for i in range(machine_type.gpus_per_machine)
         ]

@@ -28,7 +28,7 @@ from clusters import connect, idempotency, lifecycle, volumes
 from clusters.models import NAME_RE, Cluster, Event, Node, Volume
 from clusters.telemetry import idle, metrics
 from clusters.web import plans
-from offers.api import track_record_json
+from offers.api import MachineSpecsOut, track_record_json
 from offers.models import MAX_NODES, MIN_NODES
 from runcrate import durations, outages
 from runcrate.api import (
@@ -169,6 +169,7 @@ class ClusterSummaryOut(Schema):
 class AcceptanceGpuOut(Schema):
     name: str
     memory_total_mib: int | None
+    driver_version: str | None = Field(None, description="The NVIDIA driver nvidia-smi reported.")
 
 
 class AcceptanceNodeOut(Schema):
@@ -178,6 +179,10 @@ class AcceptanceNodeOut(Schema):
     latency_ms: float | None = Field(description="Median TCP round trip to node-0; null on it.")
     bandwidth_mbit: float | None = Field(description="Measured to node-0; null on node-0.")
     method: str | None = Field(description="iperf3, tcp-stream (the agent's own) or simulated.")
+    vcpus: int | None = Field(None, description="The vCPUs its agent counted.")
+    memory_mib: int | None = Field(
+        None, description="Its memory as the kernel reads it (MemTotal)."
+    )
 
 
 class AcceptanceExpectedOut(Schema):
@@ -187,6 +192,9 @@ class AcceptanceExpectedOut(Schema):
     link_mbit: int | None = Field(None, description="Each machine's expected link, Mbit/s.")
     min_bandwidth_mbit: float | None = Field(
         None, description="The least a worker had to move to node-0, measured alone."
+    )
+    specs: MachineSpecsOut | None = Field(
+        None, description="Each machine's specs as sold: what every node was held to."
     )
 
 
@@ -353,6 +361,7 @@ class PlanOut(Schema):
     gpus_total: int = Field(description="Every GPU of the cluster: nodes × gpus_per_machine.")
     location: str
     community: bool = Field(description="On an independent operator's hosts: no secrets.")
+    specs: MachineSpecsOut = Field(description="What each machine is sold with.")
     machine_price_per_hour: str
     price_per_hour: str = Field(description="The whole cluster, USD per hour.")
     price_per_gpu_hour: str = Field(description="One GPU for an hour, USD, exact.")
@@ -734,6 +743,7 @@ def _plan(planned: plans.Plan) -> dict:
         "gpus_total": offer.gpus_total,
         "location": machine_type.location.code,
         "community": machine_type.community,
+        "specs": machine_type.specs.as_dict(),
         "machine_price_per_hour": money_str(planned.checked.price_per_machine_hour),
         "price_per_hour": money_str(planned.price_per_hour),
         "price_per_gpu_hour": exact_money_str(offer.price_per_gpu_hour),

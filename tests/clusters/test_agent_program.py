@@ -404,10 +404,18 @@ def test_it_measures_nothing_when_it_is_the_head_and_serves_the_sink(dashboard, 
     state = agent.run_once()
     agent.serve_if_head(state)
 
+    # Nothing measured to itself; its own vCPUs and memory, held to what was sold, all the same.
     assert dashboard.sent[1].body == {
         "reachability": {},
-        "acceptance": {"latency_ms": None, "bandwidth_mbit": None, "method": None, "error": None},
+        "acceptance": {
+            "latency_ms": None,
+            "bandwidth_mbit": None,
+            "method": None,
+            "error": None,
+            **runcrate_agent.machine_facts(),
+        },
     }
+    assert dashboard.sent[1].body["acceptance"]["vcpus"] >= 1
     assert agent.sink is not None and agent.sink.bound.wait(5)
     try:
         assert runcrate_agent.stream_bandwidth("127.0.0.1", bandwidth_port, seconds=0.05) > 0

@@ -11,6 +11,16 @@ from tests.factories import GpuModelFactory, MachineTypeFactory
 from tests.offers.catalog import add_hosts, offer_type
 
 BOOLEAN = Location.CapacityReporting.BOOLEAN
+# Each machine's specs (docs/inventory.md, "Machine specs"), as the inventory states them.
+SPECS = {
+    "vcpus": 208,
+    "memory_gib": 1800,
+    "nvme_gib": 2048,
+    "gpu_link": "nvlink",
+    "os_image": "Ubuntu 22.04",
+    "driver_version": "570",
+    "cuda_version": "12.8",
+}
 
 
 def offers(person, query: str) -> list[dict]:
@@ -33,6 +43,7 @@ def test_it_describes_each_offer_exactly(owner, h100):
         busy=5,
         gpus_per_machine=8,
         machine_kind="bare_metal",
+        **SPECS,
     )
 
     response = owner.api().get("/api/v1/offers?gpu=h100-sxm&nodes=4")
@@ -57,6 +68,11 @@ def test_it_describes_each_offer_exactly(owner, h100):
                 "max_nodes": 12,
                 "availability": "available",
                 "software": ["none", "slurm", "kubernetes", "ray"],
+                "specs": {
+                    **SPECS,
+                    "summary": "208 vCPUs · 1.8 TiB RAM · 2 TiB NVMe · NVLink · Ubuntu 22.04 · "
+                    "driver 570 · CUDA 12.8",
+                },
                 "track_record": None,
             }
         ],

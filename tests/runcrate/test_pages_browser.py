@@ -45,7 +45,7 @@ from clusters import volumes
 from clusters.models import Cluster, Event, Node
 from clusters.telemetry import logs, metrics
 from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
-from offers.models import QuoteRequest
+from offers.models import MachineType, QuoteRequest
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.conftest import Person
 from tests.factories import ClusterFactory, EventFactory, LocationFactory, UserFactory
@@ -175,6 +175,11 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
     offer = machine_type_with_hosts(
         free=6, slug="use2-h100x8-vm", price_per_hour=Decimal("23.92"), location=ohio
     )
+    # What each machine has, shown on the offer and the create form (docs/inventory.md).
+    MachineType.objects.filter(pk=offer.pk).update(
+        vcpus=208, memory_gib=1800, nvme_gib=2048, gpu_link="nvlink", os_image="Ubuntu 22.04",
+        driver_version="570", cuda_version="12.8",
+    )  # fmt: skip
     machine_type_with_hosts(free=2, slug="use2-a100x8-vm", location=ohio)
     ssh_key(project, "laptop")
     credit(project, "1250.00")
@@ -577,6 +582,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         admin_page("clusters", "/admin/clusters/cluster/"),
         admin_page("cluster", f"/admin/clusters/cluster/{ready.pk}/change/"),
         admin_page("hosts", "/admin/offers/host/"),
+        admin_page("machine types", "/admin/offers/machinetype/"),
         admin_page("ledger", "/admin/billing/ledgerentry/"),
     ]
     return people, pages
