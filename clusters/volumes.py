@@ -27,6 +27,7 @@ from billing import ledger, meter, metering
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, Cluster, Volume
 from offers.models import Location, MachineType
+from offers.visibility import visible_locations
 from runcrate.money import usd
 
 CENT = Decimal("0.01")
@@ -93,11 +94,12 @@ def why_no_volumes(location: Location) -> str:
 
 def volume_locations() -> list[tuple[Location, str]]:
     """Every location with why a volume cannot be created there ("" where it can), by code, in
-    one query: the Storage page shows the ones that cannot as disabled choices."""
+    one query: the Storage page shows the ones that cannot as disabled choices. Never a
+    failure-drill location (offers/visibility.py): storage is no place for hosts that fail."""
     self_serve = MachineType.objects.filter(
         location=OuterRef("pk"), interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
     )
-    locations = Location.objects.annotate(
+    locations = visible_locations(drills=False).annotate(
         can_attach=Exists(_attaching_types().filter(location=OuterRef("pk"))),
         sells=Exists(self_serve),
     ).order_by("code")
@@ -134,7 +136,11 @@ def create_volume(
             "and ending with a letter or digit.",
             field="name",
         )
-    place = Location.objects.filter(code=location).first() if isinstance(location, str) else None
+    place = (
+        visible_locations(drills=False).filter(code=location).first()
+        if isinstance(location, str)
+        else None
+    )
     if place is None:
         raise VolumeRefused(
             "unknown_location",

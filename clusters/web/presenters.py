@@ -625,10 +625,15 @@ def _reach_context(cluster: Cluster, machines: int) -> dict:
 
 def _offers_now(cluster: Cluster) -> list[dict]:
     """The offers a failed cluster could be created again on now, its own shape first, each
-    with its create link and how its machines differ."""
+    with its create link and how its machines differ. Never a failure-drill location, whoever
+    looks (docs/inventory.md, "Failure drills"): a suggestion is no place for hosts that fail
+    on purpose."""
     machine_type = cluster.machine_type
     offers = list_offers(
-        gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
+        gpu=machine_type.gpu,
+        nodes=cluster.size,
+        include_community=machine_type.community,
+        include_drills=False,
     )
     return [
         {
