@@ -450,6 +450,8 @@ def _connect_panel(cluster: Cluster) -> dict:
     return {
         "connect": info,
         "connect_version": version,
+        # demo machines: the panel says plainly that they cannot be logged into
+        "simulated": cluster.runs_simulated(),
         "commands": [
             {"key": key, "label": label, "where": where, "text": info["commands"][key]}
             for key, (label, where) in COMMANDS.items()
