@@ -99,10 +99,14 @@ def volume_locations() -> list[tuple[Location, str]]:
     self_serve = MachineType.objects.filter(
         location=OuterRef("pk"), interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
     )
-    locations = visible_locations(drills=False).annotate(
-        can_attach=Exists(_attaching_types().filter(location=OuterRef("pk"))),
-        sells=Exists(self_serve),
-    ).order_by("code")
+    locations = (
+        visible_locations(drills=False)
+        .annotate(
+            can_attach=Exists(_attaching_types().filter(location=OuterRef("pk"))),
+            sells=Exists(self_serve),
+        )
+        .order_by("code")
+    )
     return [(location, why_no_volumes(location)) for location in locations]
 
 

@@ -8,7 +8,6 @@ from django.utils import timezone
 
 from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, MachineType
 from offers.offers import GPUS_PER_MACHINE, SortBy
-from offers.visibility import visible_locations
 from offers.quotes import (
     NAME_MAX_LENGTH,
     NOTES_MAX_LENGTH,
@@ -19,6 +18,7 @@ from offers.quotes import (
     QuoteInvalid,
     check_start_date,
 )
+from offers.visibility import visible_locations
 
 SIZE_QUICK_PICKS = (2, 4, 8, 16, 32, 64)
 DEFAULT_NODES = 2

@@ -536,9 +536,7 @@ def gpu_cards(*, include_community: bool, include_drills: bool = False) -> list[
             "machine_types__gpus_per_machine",
             "machine_types__community",
         )
-        .annotate(
-            lowest=Min("machine_types__price_per_hour", filter=offered)
-        )
+        .annotate(lowest=Min("machine_types__price_per_hour", filter=offered))
         .order_by("name", "slug", "machine_types__gpus_per_machine")
     )
     grouped: dict[int, tuple[GpuModel, list[tuple[int, bool, Decimal]]]] = {}

@@ -53,8 +53,8 @@ from clusters.web.presenters import (
 )
 from offers.models import MIN_NODES
 from offers.offers import Offer, get_offer
-from offers.visibility import sees_drills
 from offers.quotes import quotes_for
+from offers.visibility import sees_drills
 from runcrate import durations, outages
 from runcrate.money import usd
 
