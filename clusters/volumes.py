@@ -126,6 +126,14 @@ def _size(raw: object) -> int:
     return size
 
 
+def _volume_location(code: object) -> Location | None:
+    """The location a volume may be created in by its code: never a failure-drill one
+    (offers/visibility.py), which reads as unknown."""
+    if not isinstance(code, str):
+        return None
+    return visible_locations(drills=False).filter(code=code).first()
+
+
 def create_volume(
     *, project: Project, name: str, location: str, size_gb: int | str, now: datetime | None = None
 ) -> Volume:
@@ -140,11 +148,7 @@ def create_volume(
             "and ending with a letter or digit.",
             field="name",
         )
-    place = (
-        visible_locations(drills=False).filter(code=location).first()
-        if isinstance(location, str)
-        else None
-    )
+    place = _volume_location(location)
     if place is None:
         raise VolumeRefused(
             "unknown_location",
