@@ -137,6 +137,9 @@ def test_no_banner_on_an_empty_new_account(owner):
     billing = client.get("/billing/").content.decode()
     assert "Running clusters are stopped" not in billing
     assert "Add credit to start a cluster." in billing
+    # $0.00 with nothing running is no alarm: no red, no warning colour
+    assert 'class="topbar-balance"' in topbar(billing)
+    assert '<div class="value" id="balance">$0.00</div>' in billing
 
 
 def test_no_banner_while_only_volumes_are_kept(owner):
