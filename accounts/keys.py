@@ -509,8 +509,10 @@ LAST_USED_PRECISION = timedelta(minutes=1)
 FORGOTTEN = "forgotten"
 # What the cached key holds of its user and project; reading any other field loads it fresh
 # (the user's password hash never reaches the cache).
-KEY_USER_FIELDS = ("user__id", "user__email", "user__name", "user__is_active")
-KEY_PROJECT_FIELDS = ("project__id", "project__name")
+# With what offers/visibility.py asks (staff, a project flagged for drills), so the offers'
+# hot path reads no more than the key.
+KEY_USER_FIELDS = ("user__id", "user__email", "user__name", "user__is_active", "user__is_staff")
+KEY_PROJECT_FIELDS = ("project__id", "project__name", "project__drills")
 # Fail closed: a forget the cache did not take is recorded in the database (UnforgottenKey),
 # and a cached key is served only while the cache is *trusted*: someone looked at those records
 # lately, found none (or forgot their keys for good), and said so in the cache under TRUST,

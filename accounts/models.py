@@ -99,6 +99,13 @@ class Project(models.Model):
     # Set by an owner: every member must have two-factor sign-in before any other page
     # (accounts/middleware.py TwoFactorRequired; API keys are not affected).
     require_two_factor = models.BooleanField(default=False, db_default=False)
+    # Set by staff (the admin): the project is offered the failure-drill locations, whose hosts
+    # fail on purpose (offers/visibility.py, docs/inventory.md "Failure drills").
+    drills = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Offer this project the failure-drill locations (every host fails on purpose).",
+    )
 
     def __str__(self) -> str:
         return self.name

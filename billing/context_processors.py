@@ -5,6 +5,9 @@ Read lazily: the query runs when a template reads `topbar_balance` or `balance_b
 only base.html's top bar does, so htmx fragments and polls (which render no top bar) pay nothing
 for it."""
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
 from weakref import WeakKeyDictionary
 
 from django.http import HttpRequest
@@ -35,13 +38,26 @@ def request_summary(request: HttpRequest) -> Summary | None:
 
 
 def banner_level(summary: Summary) -> str | None:
-    """How short the balance runs: `out` (nothing left), `low` (under an hour of what runs),
-    `short` (under a day); None when the banner has nothing to say."""
-    if not summary.runs_short:
+    """How short the balance runs: `out` (nothing left), `low` (a cluster runs and the balance
+    covers less than the policy's threshold, billing/policy.py `runway_warns`); None when the
+    banner has nothing to say (nothing runs, or the balance covers enough)."""
+    if not summary.runway_warns:
         return None
-    if summary.balance <= 0:
-        return "out"
-    return "low" if summary.low else "short"
+    return "out" if summary.balance <= 0 else "low"
+
+
+@dataclass(frozen=True)
+class RunwayBanner:
+    """What the banner says: the balance, what runs, and when the running clusters stop."""
+
+    balance: Decimal
+    burn_rate: Decimal
+    seconds_remaining: Decimal
+    runs_out_at: datetime  # when the balance reaches zero at this burn rate: the stop
+
+    @property
+    def out(self) -> bool:
+        return self.balance <= 0
 
 
 def banner_state(request: HttpRequest) -> str | None:
@@ -56,12 +72,19 @@ def banner_state(request: HttpRequest) -> str | None:
     return f"{getattr(project, 'pk', '')}.{level}.{timezone.now():%Y%m%d}"
 
 
-def banner_summary(request: HttpRequest) -> Summary | None:
-    """The summary the banner shows; None when it has nothing to say or was dismissed."""
+def banner_summary(request: HttpRequest) -> RunwayBanner | None:
+    """What the banner shows; None when it has nothing to say or was dismissed."""
     state = banner_state(request)
-    if state is None or request.COOKIES.get(BANNER_COOKIE) == state:
+    summary = request_summary(request)
+    if state is None or summary is None or request.COOKIES.get(BANNER_COOKIE) == state:
         return None
-    return request_summary(request)
+    seconds = summary.seconds_remaining or Decimal(0)
+    return RunwayBanner(
+        balance=summary.balance,
+        burn_rate=summary.burn_rate,
+        seconds_remaining=seconds,
+        runs_out_at=timezone.now() + timedelta(seconds=int(seconds)),
+    )
 
 
 def balance(request: HttpRequest) -> dict[str, object]:

@@ -13,11 +13,10 @@ from decimal import Decimal
 ZERO = Decimal("0")
 SECONDS_PER_HOUR = 3600
 
-# The low-balance email and the Billing page's warning: the balance covers less than this
-# many hours of what runs (and stores) now.
+# The one warning threshold of a balance: it covers less than this many hours of what runs
+# (and stores) now. The low-balance email, the Billing page's warning colour, the top bar's
+# colour and its runway banner all ask `is_low` (the banner only while a cluster runs).
 LOW_BALANCE_HOURS = Decimal("1")
-# The top bar's banner: the balance covers less than this many hours (a day) of what runs.
-SHORT_RUNWAY_HOURS = Decimal("24")
 # The budget warning: one email when the month-to-date spend reaches this share of the budget.
 BUDGET_WARNING_SHARE = Decimal("0.80")
 
@@ -44,9 +43,13 @@ def is_low(balance: Decimal, per_hour: Decimal) -> bool:
     return per_hour > 0 and balance < per_hour * LOW_BALANCE_HOURS
 
 
-def runs_short(balance: Decimal, per_hour: Decimal) -> bool:
-    """The balance covers less than SHORT_RUNWAY_HOURS of `per_hour`: the top bar's banner."""
-    return per_hour > 0 and balance < per_hour * SHORT_RUNWAY_HOURS
+def runway_warns(balance: Decimal, per_hour: Decimal, *, running_per_hour: Decimal) -> bool:
+    """The top bar's runway banner: a cluster runs (`running_per_hour`, its machines' price, is
+    above zero) and the balance is low (`is_low`, the one threshold) at `per_hour`, everything
+    that runs and is stored. Never on an account where nothing runs (an empty new one, or one
+    that only keeps volumes: a stop for balance stops clusters, not volumes), and never once a
+    top-up lifts the balance to the threshold or above."""
+    return running_per_hour > 0 and is_low(balance, per_hour)
 
 
 def budget_warns(*, spent: Decimal, budget: Decimal | None) -> bool:

@@ -153,12 +153,22 @@ class Summary:
     balance: Decimal
     burn_rate: Decimal
     hours_remaining: Decimal | None  # None while nothing runs
+    # The part of burn_rate that is machines billed now (clusters running), where it was read
+    # (`summary_for_member`, the top bar's); None where only the total was.
+    running_per_hour: Decimal | None = None
 
     @classmethod
-    def of(cls, *, balance: Decimal, burn_rate: Decimal) -> "Summary":
+    def of(
+        cls, *, balance: Decimal, burn_rate: Decimal, running_per_hour: Decimal | None = None
+    ) -> "Summary":
         hours = policy.runway_hours(balance, burn_rate)
         remaining = None if hours is None else hours.quantize(CENT, ROUND_HALF_UP)
-        return cls(balance=balance, burn_rate=burn_rate, hours_remaining=remaining)
+        return cls(
+            balance=balance,
+            burn_rate=burn_rate,
+            hours_remaining=remaining,
+            running_per_hour=running_per_hour,
+        )
 
     @property
     def seconds_remaining(self) -> Decimal | None:
@@ -173,9 +183,12 @@ class Summary:
         return policy.is_low(self.balance, self.burn_rate)
 
     @property
-    def runs_short(self) -> bool:
-        """The balance covers less than a day of what runs and is stored now (the banner)."""
-        return policy.runs_short(self.balance, self.burn_rate)
+    def runway_warns(self) -> bool:
+        """The top bar's runway banner (billing/policy.py `runway_warns`): a cluster runs and
+        the balance is low. False where what runs was not read apart (`running_per_hour`)."""
+        return policy.runway_warns(
+            self.balance, self.burn_rate, running_per_hour=self.running_per_hour or Decimal(0)
+        )
 
 
 def summary(*, project_id: int) -> Summary:
@@ -206,7 +219,11 @@ def summary_for_member(*, project: Project, user: Model) -> Summary | None:
     )
     if row is None or not row[2]:
         return None
-    return Summary.of(balance=project.balance, burn_rate=burn_rate_of(row[0], row[1]))
+    return Summary.of(
+        balance=project.balance,
+        burn_rate=burn_rate_of(row[0], row[1]),
+        running_per_hour=row[0] or Decimal("0.00"),
+    )
 
 
 # ---- a cluster's cost so far and uptime (docs/billing.md "Cost so far and uptime") ------------

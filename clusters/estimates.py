@@ -35,10 +35,26 @@ def install_estimate(software: str) -> timedelta:
     return _scaled(INSTALL_ESTIMATE_SECONDS)
 
 
+def real_time_to_ready(*, boot_seconds: int, software: str) -> timedelta:
+    """`time_to_ready` at real speed, whatever RUNCRATE_SIM_SPEED says: what a track record of
+    real machines reads (and the demo's made-up history, clusters/demo_history.py, follows)."""
+    install = 0 if software == Cluster.Software.NONE else INSTALL_ESTIMATE_SECONDS
+    return timedelta(seconds=round(boot_seconds * (1 + CHECKS_SHARE_OF_BOOT) + install))
+
+
 def time_to_ready(*, boot_seconds: int, software: str) -> timedelta:
     """From creation to ready: the machines boot, the agents check in and the network is
-    tested, then the software (if any) installs."""
+    tested, then the software (if any) installs; divided by RUNCRATE_SIM_SPEED, as the
+    simulated data center is (the demo's speed-up: `sim_speed`)."""
     return _scaled(boot_seconds * (1 + CHECKS_SHARE_OF_BOOT)) + install_estimate(software)
+
+
+def sim_speed() -> float | None:
+    """How many times faster than real the simulated data center runs, where it does (the demo,
+    `make run`: 30); None at real speed. The create form says so beside its estimate, so the
+    demo's seconds never sit unexplained beside a track record's minutes."""
+    speed = float(settings.RUNCRATE_SIM_SPEED)
+    return speed if speed != 1 else None
 
 
 def ready_by(cluster: Cluster, nodes: list[Node]) -> datetime | None:

@@ -249,6 +249,16 @@ class Cluster(models.Model):
     def is_quoted(self) -> bool:
         return self.quote_id is not None
 
+    def runs_simulated(self) -> bool:
+        """Whether its machines are the simulated data center's (hosts with the `simulated`
+        driver): nothing answers on their addresses, so no one can log in (docs/clusters.md,
+        "Demo machines"). Read from the nodes' hosts when they came with the nodes (the API's
+        connect details), else in one query."""
+        nodes = list(self.nodes.all())
+        if nodes and all(Node.host.is_cached(node) for node in nodes):
+            return any(node.host is not None and node.host.driver == "simulated" for node in nodes)
+        return self.nodes.filter(host__driver="simulated").exists()
+
     @property
     def can_terminate(self) -> bool:
         return self.status in self.TERMINABLE

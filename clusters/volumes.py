@@ -27,6 +27,7 @@ from billing import ledger, meter, metering
 from clusters.errors import ClusterRefused
 from clusters.models import NAME_RE, Cluster, Volume
 from offers.models import Location, MachineType
+from offers.visibility import visible_locations
 from runcrate.money import usd
 
 CENT = Decimal("0.01")
@@ -93,14 +94,19 @@ def why_no_volumes(location: Location) -> str:
 
 def volume_locations() -> list[tuple[Location, str]]:
     """Every location with why a volume cannot be created there ("" where it can), by code, in
-    one query: the Storage page shows the ones that cannot as disabled choices."""
+    one query: the Storage page shows the ones that cannot as disabled choices. Never a
+    failure-drill location (offers/visibility.py): storage is no place for hosts that fail."""
     self_serve = MachineType.objects.filter(
         location=OuterRef("pk"), interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
     )
-    locations = Location.objects.annotate(
-        can_attach=Exists(_attaching_types().filter(location=OuterRef("pk"))),
-        sells=Exists(self_serve),
-    ).order_by("code")
+    locations = (
+        visible_locations(drills=False)
+        .annotate(
+            can_attach=Exists(_attaching_types().filter(location=OuterRef("pk"))),
+            sells=Exists(self_serve),
+        )
+        .order_by("code")
+    )
     return [(location, why_no_volumes(location)) for location in locations]
 
 
@@ -120,6 +126,14 @@ def _size(raw: object) -> int:
     return size
 
 
+def _volume_location(code: object) -> Location | None:
+    """The location a volume may be created in by its code: never a failure-drill one
+    (offers/visibility.py), which reads as unknown."""
+    if not isinstance(code, str):
+        return None
+    return visible_locations(drills=False).filter(code=code).first()
+
+
 def create_volume(
     *, project: Project, name: str, location: str, size_gb: int | str, now: datetime | None = None
 ) -> Volume:
@@ -134,7 +148,7 @@ def create_volume(
             "and ending with a letter or digit.",
             field="name",
         )
-    place = Location.objects.filter(code=location).first() if isinstance(location, str) else None
+    place = _volume_location(location)
     if place is None:
         raise VolumeRefused(
             "unknown_location",

@@ -90,6 +90,7 @@ class LocationForm(forms.ModelForm):
             "capacity_reporting",
             "ssh_gateway",
             "volume_price_per_gb_month",
+            "drill",
         ]
 
     def clean_ssh_gateway(self) -> str:
@@ -110,8 +111,9 @@ class LocationAdmin(ChangesOffers):
         "ssh_gateway",
         money_column("volume_price_per_gb_month", "per GB-month", format=usd_rate),
         "host_count",
+        "drill",
     ]
-    list_filter = ["capacity_reporting", "country"]
+    list_filter = ["capacity_reporting", "country", "drill"]
     search_fields = ["code", "name"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:

@@ -32,6 +32,7 @@ from offers.quotes import (
     quotes_for,
     request_quote,
 )
+from offers.visibility import sees_drills
 from runcrate import outages
 from runcrate.api import (
     ApiError,
@@ -81,9 +82,10 @@ class GpuList(Schema):
 def list_gpus(request: ApiRequest, include_community: bool = False) -> dict:
     """Every GPU model, with the lowest machine price and the GPU counts of its self-serve
     offers (community hosts included only when asked). The answer may be one tick old."""
+    drills = sees_drills(user=request.user, project=request.project)
     cards = cached(
-        cards_key(include_community=include_community),
-        lambda: gpu_cards(include_community=include_community),
+        cards_key(include_community=include_community, include_drills=drills),
+        lambda: gpu_cards(include_community=include_community, include_drills=drills),
     )
     data = [
         {
@@ -285,10 +287,18 @@ def _parse_gpus_per_machine(raw: str | None) -> int | None:
 
 
 def _offers_body(
-    *, gpu: str, nodes: int, include_community: bool, sort: SortBy, gpus_per_machine: int | None
+    *,
+    gpu: str,
+    nodes: int,
+    include_community: bool,
+    include_drills: bool,
+    sort: SortBy,
+    gpus_per_machine: int | None,
 ) -> bytes | None:
     """The answer's body, or None for an unknown GPU."""
-    every = list_offers(gpu=gpu, nodes=nodes, include_community=include_community)
+    every = list_offers(
+        gpu=gpu, nodes=nodes, include_community=include_community, include_drills=include_drills
+    )
     if not every and not GpuModel.objects.filter(slug=gpu).exists():
         return None
     found = narrow_offers(every, sort=sort, gpus_per_machine=gpus_per_machine)
@@ -326,12 +336,14 @@ def offers(
     size = _parse_nodes(nodes)
     order = _parse_sort(sort)
     gpus = _parse_gpus_per_machine(gpus_per_machine)
+    drills = sees_drills(user=request.user, project=request.project)
 
     def compute() -> bytes | None:
         return _offers_body(
             gpu=gpu,
             nodes=size,
             include_community=include_community,
+            include_drills=drills,
             sort=order,
             gpus_per_machine=gpus,
         )
@@ -340,7 +352,8 @@ def offers(
     # schema), kept for a tick per GPU, size, community choice, order and filter, and sent as
     # it was kept.
     if CACHEABLE_SLUG.fullmatch(gpu):
-        body = cached(f"api:{gpu}:{size}:{int(include_community)}:{order}:{gpus or 0}", compute)
+        key = f"api:{gpu}:{size}:{int(include_community)}:{int(drills)}:{order}:{gpus or 0}"
+        body = cached(key, compute)
     else:
         body = compute()
     if body is None:

@@ -6,7 +6,7 @@ from django import forms
 from django.http import QueryDict
 from django.utils import timezone
 
-from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, Location, MachineType
+from offers.models import MAX_NODES, MIN_NODES, TOO_FEW_NODES, GpuModel, MachineType
 from offers.offers import GPUS_PER_MACHINE, SortBy
 from offers.quotes import (
     NAME_MAX_LENGTH,
@@ -18,6 +18,7 @@ from offers.quotes import (
     QuoteInvalid,
     check_start_date,
 )
+from offers.visibility import visible_locations
 
 SIZE_QUICK_PICKS = (2, 4, 8, 16, 32, 64)
 DEFAULT_NODES = 2
@@ -110,9 +111,9 @@ def _gpu_choices() -> list[tuple[str, str]]:
 
 
 def _location_choices() -> list[tuple[str, str]]:
-    return [("", "Any location")] + [
-        (loc.code, f"{loc.name} ({loc.code})") for loc in Location.objects.order_by("name")
-    ]
+    # Never a failure-drill location: no one asks a quote for hosts that fail on purpose.
+    locations = visible_locations(drills=False).order_by("name")
+    return [("", "Any location")] + [(loc.code, f"{loc.name} ({loc.code})") for loc in locations]
 
 
 class QuoteForm(forms.Form):

@@ -621,6 +621,7 @@ _LOCATION_KEYS = (
     "storage_host_key",
     "storage_path",
     "reimage",
+    "drill",
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
@@ -700,6 +701,7 @@ def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
                 default=default_volume_price,
             ),
             "reimage": entry.get("reimage", _command, default=""),
+            "drill": entry.get("drill", _boolean, default=False),
         }
         if fields["storage_host"] and not fields["storage_host_key"]:
             entry.fail(

@@ -91,6 +91,12 @@ class Location(models.Model):
         "RUNCRATE_HOST_ADDRESS and RUNCRATE_HOST_PORT in its environment; exit 0 when the host "
         "is back). Empty: hosts that served a cluster go dirty until staff reimage them.",
     )
+    # A failure-drill location: its hosts fail on purpose. Offered only to staff and to projects
+    # flagged for drills (offers/visibility.py), never as a suggestion, a quote or storage.
+    drill = models.BooleanField(
+        default=False,
+        help_text="Failure drills: offered only to staff and to projects flagged for drills.",
+    )
 
     class Meta:
         ordering = ["code"]

@@ -66,6 +66,8 @@ class OfferLocation:
     name: str
     country: str
     capacity_reporting: str
+    # A failure-drill location, listed only for those `offers.visibility.sees_drills` allows.
+    drill: bool = False
 
     @property
     def short_name(self) -> str:
@@ -401,6 +403,7 @@ _ROW = (
     "location__name",
     "location__country",
     "location__capacity_reporting",
+    "location__drill",
     "gpu__slug",
     "gpu__name",
     "gpu__memory_gib",
@@ -424,6 +427,7 @@ def _listed(row: dict) -> OfferMachineType:
             name=row["location__name"],
             country=row["location__country"],
             capacity_reporting=row["location__capacity_reporting"],
+            drill=row["location__drill"],
         ),
         gpu=OfferGpu(
             slug=row["gpu__slug"], name=row["gpu__name"], memory_gib=row["gpu__memory_gib"]
@@ -432,9 +436,12 @@ def _listed(row: dict) -> OfferMachineType:
     )
 
 
-def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> list[Offer]:
+def list_offers(
+    *, gpu: GpuModel | str, nodes: int, include_community: bool, include_drills: bool = False
+) -> list[Offer]:
     """Every self-serve offer of `gpu` for `nodes` machines, in the picker's order, read fresh,
-    each with its machine type's track record (or None) from the same query.
+    each with its machine type's track record (or None) from the same query. Failure-drill
+    locations only with `include_drills` (what `offers.visibility.sees_drills` answers).
 
     `gpu` is a GPU model or its slug; with a slug nothing tells an unknown GPU from one with
     no offers (both give []), which spares the API a query on its hot path. The rows are read
@@ -446,6 +453,8 @@ def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> 
     )
     if not include_community:
         machine_types = machine_types.filter(community=False)
+    if not include_drills:
+        machine_types = machine_types.filter(location__drill=False)
     rows = machine_types.annotate(free_hosts=_free_hosts()).order_by().values(*_ROW, "free_hosts")
     offers = [
         Offer(
@@ -461,14 +470,16 @@ def list_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> 
     return sorted(offers, key=sort_key)
 
 
-def get_offer(*, slug: str, nodes: int) -> Offer | None:
-    """One offer by its id (the machine type's slug), or None for an unknown or quoted one."""
+def get_offer(*, slug: str, nodes: int, include_drills: bool = False) -> Offer | None:
+    """One offer by its id (the machine type's slug), or None for an unknown or quoted one, or
+    one in a failure-drill location without `include_drills` (as if it did not exist)."""
+    found = MachineType.objects.filter(
+        slug=slug, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
+    )
+    if not include_drills:
+        found = found.filter(location__drill=False)
     machine_type = (
-        _with_free_hosts(
-            MachineType.objects.filter(
-                slug=slug, interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS
-            )
-        )
+        _with_free_hosts(found)
         # its track record in the same query, as the picker showed it
         .annotate(**{f"record_{name}": F(f"track_record__{name}") for name in _TRACK_RECORD_FIELDS})
         .first()
@@ -511,12 +522,16 @@ class GpuCard:
         return self.has_offers or self.community_only
 
 
-def gpu_cards(*, include_community: bool) -> list[GpuCard]:
-    """Every GPU model by name, with its lowest machine price and GPU counts, in one query.
+def gpu_cards(*, include_community: bool, include_drills: bool = False) -> list[GpuCard]:
+    """Every GPU model by name, with its lowest machine price and GPU counts, in one query
+    (failure-drill locations' machine types count only with `include_drills`).
 
     The query groups the self-serve machine types by GPU, GPUs per machine and community; it
     never touches the hosts, so its cost follows the catalog, not the inventory.
     """
+    offered = Q(machine_types__interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS)
+    if not include_drills:
+        offered &= Q(machine_types__location__drill=False)
     rows = (
         GpuModel.objects.values(
             "pk",
@@ -526,12 +541,7 @@ def gpu_cards(*, include_community: bool) -> list[GpuCard]:
             "machine_types__gpus_per_machine",
             "machine_types__community",
         )
-        .annotate(
-            lowest=Min(
-                "machine_types__price_per_hour",
-                filter=Q(machine_types__interconnect__in=MachineType.SELF_SERVE_INTERCONNECTS),
-            )
-        )
+        .annotate(lowest=Min("machine_types__price_per_hour", filter=offered))
         .order_by("name", "slug", "machine_types__gpus_per_machine")
     )
     grouped: dict[int, tuple[GpuModel, list[tuple[int, bool, Decimal]]]] = {}
@@ -641,18 +651,25 @@ def inventory_changed() -> None:
     transaction.on_commit(new_version)
 
 
-def cards_key(*, include_community: bool) -> str:
+def cards_key(*, include_community: bool, include_drills: bool = False) -> str:
     """The cache key of `gpu_cards`' answer, shared by the picker and `GET /api/v1/gpus`."""
-    return f"cards:{int(include_community)}"
+    return f"cards:{int(include_community)}:{int(include_drills)}"
 
 
-def cached_offers(*, gpu: GpuModel | str, nodes: int, include_community: bool) -> list[Offer]:
+def cached_offers(
+    *, gpu: GpuModel | str, nodes: int, include_community: bool, include_drills: bool = False
+) -> list[Offer]:
     """`list_offers`, at most one tick old."""
     slug = gpu if isinstance(gpu, str) else gpu.slug
 
     def compute() -> list[Offer]:
-        return list_offers(gpu=gpu, nodes=nodes, include_community=include_community)
+        return list_offers(
+            gpu=gpu,
+            nodes=nodes,
+            include_community=include_community,
+            include_drills=include_drills,
+        )
 
     if not CACHEABLE_SLUG.fullmatch(slug):
         return compute()
-    return cached(f"list:{slug}:{nodes}:{int(include_community)}", compute)
+    return cached(f"list:{slug}:{nodes}:{int(include_community)}:{int(include_drills)}", compute)

@@ -16,7 +16,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Project, User
-from offers.models import GpuModel, Location, MachineType, QuoteRequest
+from offers.models import GpuModel, MachineType, QuoteRequest
+from offers.visibility import visible_locations
 from runcrate.emails import send_templated
 from runcrate.errors import Refused
 
@@ -123,7 +124,8 @@ def _clean(
         raise QuoteInvalid("interconnect", f"Choose one of: {choices}.")
     location_obj = None
     if location:
-        location_obj = Location.objects.filter(code=location).first()
+        # A failure-drill location is quoted to no one (offers/visibility.py): unknown here.
+        location_obj = visible_locations(drills=False).filter(code=location).first()
         if location_obj is None:
             raise QuoteInvalid(
                 "location", f"Unknown location '{location}': use a location code, or leave it out."

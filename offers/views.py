@@ -20,6 +20,7 @@ from offers.offers import (
     narrow_offers,
 )
 from offers.quotes import QuoteInvalid, QuoteRateLimited, quotes_for, request_quote
+from offers.visibility import sees_drills
 
 
 def _swaps_region(request: ProjectRequest) -> bool:
@@ -52,14 +53,18 @@ def picker(request: ProjectRequest) -> HttpResponse:
     form.is_valid()
     community = form.cleaned_data.get("community", False)
     nodes = form.cleaned_data.get("nodes")
+    drills = sees_drills(user=request.user, project=request.project)
     every_card = cached(
-        cards_key(include_community=community), lambda: gpu_cards(include_community=community)
+        cards_key(include_community=community, include_drills=drills),
+        lambda: gpu_cards(include_community=community, include_drills=drills),
     )
     cards = buyer_order([card for card in every_card if card.listed])
     card, gpu_error = _choose_card(cards, form.cleaned_data.get("gpu") or "")
     offers = every_offer = []
     if card is not None and nodes is not None:
-        every_offer = cached_offers(gpu=card.gpu, nodes=nodes, include_community=community)
+        every_offer = cached_offers(
+            gpu=card.gpu, nodes=nodes, include_community=community, include_drills=drills
+        )
         offers = narrow_offers(
             every_offer, sort=form.sort_by, gpus_per_machine=form.gpus_per_machine
         )

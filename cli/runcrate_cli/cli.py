@@ -846,6 +846,15 @@ def ssh_command(
     with client:
         cluster_id = client.resolve_cluster(cluster)
         connect = client.connect(cluster_id)
+    if connect.get("simulated"):
+        # Before any file or `ssh`: its addresses answer nowhere, and its gateway's name is a
+        # reserved one (.invalid) that no resolver should be asked about.
+        raise ApiError(
+            "simulated",
+            f"Cluster {cluster} runs on the simulated data center (the demo): its machines do "
+            "not exist, so there is nothing to log in to and no ssh was run. The cluster "
+            "page's Connect tab shows the commands as they would be on real machines.",
+        )
     target = _node_name(node)
     entries = {entry["node"]: entry for entry in connect["ssh"]}
     if target not in entries:

@@ -37,6 +37,7 @@ from offers.models import (
     QuoteRequest,
 )
 from offers.offers import Availability, Offer, get_offer, offered_hosts
+from offers.visibility import sees_drills
 from runcrate.money import usd
 
 Status = Cluster.Status
@@ -202,9 +203,10 @@ class Quoted:
     price_per_machine_hour: Decimal
 
 
-def _self_serve_offer(*, offer_slug: str, nodes: int) -> Offer:
-    """A listed offer that can start `nodes` machines now."""
-    offer = get_offer(slug=offer_slug, nodes=nodes)
+def _self_serve_offer(*, offer_slug: str, nodes: int, drills: bool) -> Offer:
+    """A listed offer that can start `nodes` machines now (a failure-drill location's only with
+    `drills`: to anyone else it does not exist)."""
+    offer = get_offer(slug=offer_slug, nodes=nodes, include_drills=drills)
     if offer is None:
         raise ClusterRefused(
             "unknown_offer", f"There is no self-serve offer {offer_slug!r}.", field="offer"
@@ -309,7 +311,8 @@ def check_create(
         raise refusal
     offer = None
     if quoted is None:
-        offer = _self_serve_offer(offer_slug=offer_slug, nodes=nodes)
+        drills = sees_drills(user=user, project=project)
+        offer = _self_serve_offer(offer_slug=offer_slug, nodes=nodes, drills=drills)
         machine_type = offer.machine_type
         assert isinstance(machine_type, MachineType)  # get_offer's offer holds the model
         price_per_machine_hour = machine_type.price_per_hour

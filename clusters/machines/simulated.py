@@ -287,36 +287,14 @@ class SimulatedDriver(Driver):
         ]
 
     def _log_text(self, node: Node, kind: LogKind, *, now: datetime, head_ip: str) -> str:
+        """The text as the host would have it: a file's lines (bootstrap, install, the agent's,
+        the system's) carry the time they were written, from the node's own steps, never the
+        time of the read; only a command's live answer (sinfo, ray status) carries `now`."""
+        if kind in (LogKind.BOOTSTRAP, LogKind.INSTALL, LogKind.AGENT, LogKind.SYSTEM):
+            return self._host_file_text(node, kind)
         cluster = node.cluster
-        software = cluster.software
         gpus = cluster.machine_type.gpus_per_machine
         nodes = [f"node-{i}" for i in range(cluster.size)]
-        stamp = now.strftime("%b %d %H:%M:%S")
-        iso = now.isoformat(timespec="seconds")
-        if kind == LogKind.BOOTSTRAP:
-            return (
-                f"==> bootstrap, {iso}\nruncrate: os=ubuntu 22.04\nruncrate: changed hostname\n"
-                "runcrate: changed hosts\nruncrate: wireguard=kernel\nruncrate: agent=systemd\n"
-                "runcrate: ok\n"
-            )
-        if kind == LogKind.INSTALL:
-            if software == "none":
-                return "No install output is kept on this host (no software was installed yet).\n"
-            ok = node.reserved_host.fault != "install"
-            return f"==> install, {iso}\n" + outputs.install_log(
-                software=software, node=node.name, ok=ok
-            )
-        if kind == LogKind.AGENT:
-            return "".join(
-                f"{stamp} runcrate-agent: heartbeat sent ({gpus} GPUs, node {node.name})\n"
-                for _ in range(3)
-            )
-        if kind == LogKind.SYSTEM:
-            return (
-                f"{stamp} {node.name} systemd[1]: Started runcrate-agent.service.\n"
-                f"{stamp} {node.name} kernel: wireguard: rc0: peers up\n"
-                f"{stamp} {node.name} sshd[812]: Accepted publickey for root\n"
-            )
         if kind == LogKind.SLURM_QUEUE:
             return "JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)\n"
         if kind == LogKind.SLURM_NODES:
@@ -336,3 +314,39 @@ class SimulatedDriver(Driver):
             f"kube-system   nvidia-device-plugin-{name}   1/1   Running   0   1h\n"
             for name in nodes
         )
+
+    def _host_file_text(self, node: Node, kind: LogKind) -> str:
+        """A host's log file as it was written: each line stamped when its step happened (the
+        machine came up, its agent checked in, its network and install finished, its last
+        heartbeat), and a step not reached yet has no line."""
+        up = node.running_at or node.reserved_at
+        if kind == LogKind.BOOTSTRAP:
+            return (
+                f"==> bootstrap, {up.isoformat(timespec='seconds')}\nruncrate: os=ubuntu 22.04\n"
+                "runcrate: changed hostname\nruncrate: changed hosts\nruncrate: wireguard=kernel\n"
+                "runcrate: agent=systemd\nruncrate: ok\n"
+            )
+        if kind == LogKind.INSTALL:
+            # the install starts once the private network is up (the step after it)
+            before = node.step in ("running", "agent", "network")
+            started = node.network_at or node.installed_at or up
+            if node.cluster.software == "none" or before:
+                return "No install output is kept on this host (no software was installed yet).\n"
+            ok = node.reserved_host.fault != "install"
+            return f"==> install, {started.isoformat(timespec='seconds')}\n" + (
+                outputs.install_log(software=node.cluster.software, node=node.name, ok=ok)
+            )
+        gpus = node.cluster.machine_type.gpus_per_machine
+        if kind == LogKind.AGENT:
+            lines = [
+                (up, f"runcrate-agent: started (node {node.name})"),
+                (node.agent_at, f"runcrate-agent: checked in ({gpus} GPUs)"),
+                (node.heartbeat_at, f"runcrate-agent: heartbeat sent ({gpus} GPUs)"),
+            ]
+        else:
+            lines = [
+                (up, f"{node.name} sshd[812]: Accepted publickey for root"),
+                (up, f"{node.name} systemd[1]: Started runcrate-agent.service."),
+                (node.network_at, f"{node.name} kernel: wireguard: rc0: peers up"),
+            ]
+        return "".join(f"{at:%b %d %H:%M:%S} {line}\n" for at, line in lines if at is not None)

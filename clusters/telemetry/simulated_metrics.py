@@ -1,15 +1,18 @@
 """The simulated data center's metrics (issue 23, docs/metrics.md): what its machines' agents
-would report, so the demo's charts move.
+would report, through the agent's own path, so the demo's Metrics tab, `runcrate clusters top`
+and the MCP server read figures as they would from real machines.
 
 A simulated machine has no agent to run nvidia-smi: every RUNCRATE_METRICS_SECONDS the beat
 (`clusters.tasks.simulate_metrics`) calls `report`, which writes for each live node of a ready
-or degraded cluster on the simulated driver the report a busy training job's machine would
-send, through the agent's own path (`metrics.clean_report`, then `metrics.store`). The figures
-are a function of the node and the clock alone, so a test that moves the clock knows them:
-each machine works in cycles of 30 minutes (26 busy, 4 quiet for an evaluation or a
-checkpoint), each node's cycle shifted by its id, utilisation wobbling while busy; memory is
-high while busy, and power, temperature and the SM clock follow utilisation. A quiet spell is
-shorter than the idle notice's 30 minutes, so the demo never reads as idle.
+or degraded cluster on the simulated driver the report its agent would send
+(`metrics.clean_report`, then `metrics.store`). The figures agree with everything else the demo
+shows (issue 37, docs/clusters.md "Demo machines"): no one can log in to a simulated machine,
+its Slurm queue, Ray jobs and pods are empty, so nothing runs on its GPUs and they read idle, as
+nvidia-smi reads an idle GPU: 0% utilisation, a few MiB of memory held by the driver, the idle
+clock, power near the board's floor and a temperature that drifts a degree or two with the
+clock. The idle notice (clusters/telemetry/idle.py) says so after its 30 minutes, as it would
+for a real idle cluster. The figures are a function of the node and the clock alone, so a test
+that moves the clock knows them.
 
 A host with the `gpu` fault (the demo's: docs/lifecycle.md, "Repair") fails as a GPU does: once
 its cluster has run GPU_FAILS_AFTER_SECONDS, GPU 0 of its machine reports uncorrectable ECC
@@ -33,10 +36,12 @@ from clusters.telemetry import metrics
 from clusters.telemetry.agent_service import ReportingNode
 from offers.models import Host
 
-CYCLE_SECONDS = 30 * 60
-BUSY_SECONDS = 26 * 60
-WOBBLE_SECONDS = 120  # the period of a busy GPU's rise and fall
-QUIET_PERCENT = 2.0
+# An idle GPU as nvidia-smi reads it: what the driver holds of its memory, and its power
+# (a share of the board's limit) and temperature at rest.
+IDLE_MEMORY_MIB = 4
+IDLE_POWER_SHARE = 0.1
+IDLE_TEMPERATURE_C = 31.0
+DRIFT_SECONDS = 600  # the period of an idle GPU's temperature drift
 # Each GPU model's board power limit (W), as nvidia-smi's power.limit reads on its usual board.
 POWER_LIMIT_W = {
     "h100-sxm": 700.0,
@@ -48,35 +53,30 @@ POWER_LIMIT_W = {
     "rtx-4090": 450.0,
 }
 DEFAULT_POWER_LIMIT_W = 400.0
-MAX_SM_CLOCK_MHZ = 1980
 IDLE_SM_CLOCK_MHZ = 345
-# The host's own figures: a training node's private network moves about this much a second.
-NETWORK_BYTES_PER_SECOND = 120_000_000
+# The host's own figures, at rest: the agent's reports and the private network's keepalives
+# move a few KB a second; /shared holds next to nothing on a fresh cluster.
+NETWORK_BYTES_PER_SECOND = 2_000
 HOST_MEMORY_MIB = 2_064_384  # 2 TiB
+HOST_MEMORY_USED_SHARE = 0.02
+IDLE_CPU_PERCENT = 1.0
 DISK_GIB = 900.0
 # A host with the `gpu` fault: its GPU 0 fails this long after its cluster joined.
 GPU_FAILS_AFTER_SECONDS = 10 * 60
 FAILED_GPU_ECC_ERRORS = 2
 
 
-def busy(node_id: int, moment: datetime) -> bool:
-    """Whether the node's job is in its busy part of the cycle at `moment`."""
-    return _in_cycle(node_id, moment) < BUSY_SECONDS
-
-
-def _in_cycle(node_id: int, moment: datetime) -> float:
-    # Each node's cycle starts at its own offset, so a cluster's machines do not move in step.
-    offset = (node_id * 7919) % CYCLE_SECONDS
-    return (moment.timestamp() + offset) % CYCLE_SECONDS
-
-
 def utilization(node_id: int, gpu_index: int, moment: datetime) -> float:
-    """A GPU's utilisation (%) at `moment`: 80 to 100 while busy, wobbling with a period of
-    two minutes (each GPU a little shifted), QUIET_PERCENT or so while quiet."""
-    if not busy(node_id, moment):
-        return QUIET_PERCENT + gpu_index % 2
-    angle = 2 * math.pi * (moment.timestamp() / WOBBLE_SECONDS + gpu_index / 8 + node_id / 3)
-    return round(90.0 + 9.5 * math.sin(angle), 1)
+    """A simulated GPU's utilisation (%) at `moment`: 0, since nothing runs on it (no one can
+    log in to a simulated machine, and its scheduler's queue is empty)."""
+    return 0.0
+
+
+def temperature(node_id: int, gpu_index: int, moment: datetime) -> float:
+    """An idle GPU's temperature (°C): IDLE_TEMPERATURE_C drifting by up to 1.5 degrees, each GPU
+    a little shifted, and a degree apart by its slot."""
+    angle = 2 * math.pi * (moment.timestamp() / DRIFT_SECONDS + gpu_index / 8 + node_id / 3)
+    return round(IDLE_TEMPERATURE_C + gpu_index % 3 + 1.5 * math.sin(angle), 1)
 
 
 def gpu_report(
@@ -88,24 +88,17 @@ def gpu_report(
     power_limit_w: float,
     ecc_uncorrected: int = 0,
 ) -> dict[str, Any]:
-    """One GPU's figures, as the agent sends them (docs/metrics.md)."""
-    load = utilization(node_id, gpu_index, moment) / 100
-    working = busy(node_id, moment)
-    power = round(power_limit_w * (0.1 + 0.85 * load), 1)
-    throttle = ["gpu_idle"] if not working else []
-    if power >= 0.92 * power_limit_w:
-        throttle.append("sw_power_cap")
+    """One GPU's figures, as the agent sends them (docs/metrics.md): an idle GPU's."""
     return {
         "index": gpu_index,
         "utilization_percent": utilization(node_id, gpu_index, moment),
-        # A loaded model and its activations while busy; the weights stay loaded when quiet.
-        "memory_used_mib": int(memory_total_mib * (0.88 + 0.06 * load if working else 0.35)),
+        "memory_used_mib": IDLE_MEMORY_MIB,
         "memory_total_mib": memory_total_mib,
-        "temperature_c": round(33.0 + 45.0 * load + gpu_index % 3, 1),
-        "power_w": power,
+        "temperature_c": temperature(node_id, gpu_index, moment),
+        "power_w": round(power_limit_w * IDLE_POWER_SHARE, 1),
         "power_limit_w": power_limit_w,
-        "sm_clock_mhz": MAX_SM_CLOCK_MHZ if working else IDLE_SM_CLOCK_MHZ,
-        "throttle": throttle,
+        "sm_clock_mhz": IDLE_SM_CLOCK_MHZ,
+        "throttle": ["gpu_idle"],
         "ecc_corrected": 0,
         "ecc_uncorrected": ecc_uncorrected,
         "retired_pages_pending": False,
@@ -133,17 +126,16 @@ def node_report(node: Node, moment: datetime) -> dict[str, Any]:
         )
         for index, gpu in enumerate(seen)
     ]
-    mean = sum(g["utilization_percent"] for g in gpus) / len(gpus) if gpus else 0.0
     moved = max(int((moment - since).total_seconds()), 0) * NETWORK_BYTES_PER_SECOND
     return {
         "gpus": gpus,
         "node": {
-            "cpu_percent": round(6.0 + 0.3 * mean, 1),
-            "memory_used_mib": int(HOST_MEMORY_MIB * (0.1 + 0.3 * mean / 100)),
+            "cpu_percent": IDLE_CPU_PERCENT,
+            "memory_used_mib": int(HOST_MEMORY_MIB * HOST_MEMORY_USED_SHARE),
             "memory_total_mib": HOST_MEMORY_MIB,
             "disk_root_used_gib": 41.5,
             "disk_root_total_gib": DISK_GIB,
-            "disk_shared_used_gib": 120.0,
+            "disk_shared_used_gib": 0.1,
             "disk_shared_total_gib": DISK_GIB,
             "network_rx_bytes": moved,
             "network_tx_bytes": moved * 9 // 10,

@@ -1235,6 +1235,10 @@ class StorageOut(Schema):
 class ConnectOut(Schema):
     cluster_id: int
     status: str
+    simulated: bool = Field(
+        description="True for the simulated data center's machines (the demo): nothing answers "
+        "on their addresses, so they cannot be logged into; the CLI's `ssh` refuses them."
+    )
     ssh_user: str
     gateway: str | None = Field(description="host:port of the location's SSH gateway, or null.")
     ssh: list[SshOut]
@@ -1267,7 +1271,8 @@ def _get_connectable(request: ApiRequest, cluster_id: int) -> Cluster:
     cluster = (
         Cluster.objects.filter(project=request.project, pk=cluster_id)
         .select_related("machine_type__location")
-        .prefetch_related("nodes", "volumes")
+        # the hosts ride on the nodes' query: whether the machines are simulated
+        .prefetch_related(Prefetch("nodes", Node.objects.select_related("host")), "volumes")
         .first()
     )
     if cluster is None:
@@ -1294,7 +1299,14 @@ def _get_connectable(request: ApiRequest, cluster_id: int) -> Cluster:
 def cluster_connect(request: ApiRequest, cluster_id: int) -> dict:
     cluster = _get_connectable(request, cluster_id)
     shape = connect.shape_for(cluster)
-    return {"data": {"cluster_id": cluster.pk, "status": cluster.status, **connect.details(shape)}}
+    return {
+        "data": {
+            "cluster_id": cluster.pk,
+            "status": cluster.status,
+            "simulated": cluster.runs_simulated(),
+            **connect.details(shape),
+        }
+    }
 
 
 # --- volumes ---------------------------------------------------------------------------------

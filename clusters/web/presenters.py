@@ -162,10 +162,14 @@ def new_cluster_context(
         "has_keys": form.has_ssh_keys,
         "summary": price_card(request, offer, nodes),
         "min_nodes": MIN_NODES,
+        # At real speed, as the track record beside it reads; the demo's speed-up said apart.
         "ready_estimate": {
-            "bare": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.NONE),
-            "software": estimates.time_to_ready(boot_seconds=boot, software=Cluster.Software.SLURM),
+            "bare": estimates.real_time_to_ready(boot_seconds=boot, software="none"),
+            "software": estimates.real_time_to_ready(boot_seconds=boot, software="slurm"),
             "give_up_after": give_up_after(machine_type.slow_boot),
+            "sim_speed": estimates.sim_speed(),
+            "sim_bare": estimates.time_to_ready(boot_seconds=boot, software="none"),
+            "sim_software": estimates.time_to_ready(boot_seconds=boot, software="slurm"),
         },
         "name_suggested": name_suggested,
         "repair_policies": repair_policy_choices(),
@@ -450,6 +454,8 @@ def _connect_panel(cluster: Cluster) -> dict:
     return {
         "connect": info,
         "connect_version": version,
+        # demo machines: the panel says plainly that they cannot be logged into
+        "simulated": cluster.runs_simulated(),
         "commands": [
             {"key": key, "label": label, "where": where, "text": info["commands"][key]}
             for key, (label, where) in COMMANDS.items()
@@ -634,10 +640,15 @@ def _reach_context(cluster: Cluster, machines: int) -> dict:
 
 def _offers_now(cluster: Cluster) -> list[dict]:
     """The offers a failed cluster could be created again on now, its own shape first, each
-    with its create link and how its machines differ."""
+    with its create link and how its machines differ. Never a failure-drill location, whoever
+    looks (docs/inventory.md, "Failure drills"): a suggestion is no place for hosts that fail
+    on purpose."""
     machine_type = cluster.machine_type
     offers = list_offers(
-        gpu=machine_type.gpu, nodes=cluster.size, include_community=machine_type.community
+        gpu=machine_type.gpu,
+        nodes=cluster.size,
+        include_community=machine_type.community,
+        include_drills=False,
     )
     return [
         {

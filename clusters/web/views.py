@@ -54,6 +54,7 @@ from clusters.web.presenters import (
 from offers.models import MIN_NODES
 from offers.offers import Offer, get_offer
 from offers.quotes import quotes_for
+from offers.visibility import sees_drills
 from runcrate import durations, outages
 from runcrate.money import usd
 
@@ -205,7 +206,8 @@ def cluster_new(request: ProjectRequest) -> HttpResponse:
     project = require_project(request)
     data = request.POST if request.method == "POST" else request.GET
     nodes = _requested_nodes(data.get("nodes"))
-    offer = get_offer(slug=data.get("offer", ""), nodes=nodes)
+    drills = sees_drills(user=request.user, project=project)
+    offer = get_offer(slug=data.get("offer", ""), nodes=nodes, include_drills=drills)
     if offer is None:
         context: dict[str, Any] = {"offer_slug": data.get("offer", "")}
         return render(request, "clusters/new.html", context, status=404)

@@ -1,5 +1,6 @@
-"""The balance in the top bar of every page, and the banner when it covers less than a day of
-what runs (docs/billing.md "The top bar"): one query more on a full page, none on a poll."""
+"""The balance in the top bar of every page, and the runway banner while a cluster runs and the
+balance covers less than the policy's one threshold, an hour (docs/billing.md "The top bar"):
+one query more on a full page, none on a poll."""
 
 import copy
 import re
@@ -80,30 +81,74 @@ def test_it_keeps_the_balance_from_developers(teammate, owner):
     assert "topbar-balance" not in html and "$1,234.50" not in html
 
 
-def test_it_warns_when_the_balance_covers_less_than_a_day(owner):
+def test_it_warns_only_while_the_balance_covers_less_than_an_hour(owner):
     # 2 machines at $10/h and 1,000 GB at $0.072 per GB-month ($0.10/h): $20.10/h.
     bill_cluster(owner.project, size=2, price="10.00", at=NOW - timedelta(minutes=5))
     volume(owner.project, size_gb=1000, price="0.0720")
     assert burn_rates({owner.project.pk})[owner.project.pk] == Decimal("20.10")
-    add_credit(owner.project, "482.39")  # 23.999… hours
+    add_credit(owner.project, "10.05")  # half an hour
     client = owner.browser_client()
 
-    short = banner(client.get("/clusters/").content.decode())
-    add_credit(owner.project, "0.01")  # $482.40: exactly 24 hours
+    low = banner(client.get("/clusters/").content.decode())
+    add_credit(owner.project, "10.04")  # $20.09: 59 min 58 s, still under the hour
+    still = banner(client.get("/clusters/").content.decode())
+    add_credit(owner.project, "0.01")  # $20.10: exactly an hour, the threshold
     enough = client.get("/clusters/").content.decode()
 
-    # The time it covers is `about` (runcrate/durations.py): to the nearest minute, the one
-    # way the product writes an estimate (issue 21: it was rounded down, then called "about").
-    assert short.startswith(
-        '<div class="balance-banner" role="status"> <p><strong>Your balance of $482.39 covers '
-        "about 24 h of what runs</strong> ($20.10/h for running clusters and stored "
-        "volumes). Clusters are stopped when it runs out.</p> "
+    # What will happen and when: the time is `about` (runcrate/durations.py), the moment the
+    # balance reaches zero is a <time> the browser shows in its own zone.
+    assert low.startswith(
+        '<div class="balance-banner" role="status"> <p><strong>Your running clusters stop in '
+        'about 30 min</strong>, at <time datetime="2026-03-20T12:30:00Z" data-when="datetime">'
+        "2026-03-20 12:30:00 UTC</time>, when your balance of $10.05 runs out ($20.10/h for "
+        "running clusters and stored volumes). A stop is like a terminate: what is on their "
+        "machines is lost (volumes are kept). Add credit before then to keep them running.</p> "
         '<a class="btn btn-small" href="/billing/#topup-title">Add credit</a> '
         '<form method="post" action="/billing/banner/dismiss/"'
     )
-    assert short.endswith(">Dismiss</button> </form> </div>")
+    assert low.endswith(">Dismiss</button> </form> </div>")
+    assert "stop in about 1 h</strong>" in still
     assert banner(enough) == ""
     assert 'class="topbar-balance"' in topbar(enough)
+
+
+def test_no_banner_right_after_a_top_up_that_lifts_the_balance_above_the_threshold(owner):
+    # The issue's case: 4 machines at $22.32/h, nearly out, then $500 (about 5 h 36 min).
+    bill_cluster(owner.project, size=4, price="22.32", at=NOW - timedelta(minutes=5))
+    add_credit(owner.project, "20.00")
+    client = owner.browser_client()
+    before = banner(client.get("/clusters/").content.decode())
+
+    add_credit(owner.project, "500.00")
+    after = client.get("/billing/").content.decode()
+
+    assert "Your running clusters stop in about 13 min" in before
+    assert banner(after) == ""
+    assert 'class="topbar-balance"' in topbar(after)  # no warning colour either
+
+
+def test_no_banner_on_an_empty_new_account(owner):
+    client = owner.browser_client()
+
+    for page in ("/clusters/", "/billing/", "/offers/"):
+        html = client.get(page).content.decode()
+        assert banner(html) == ""
+        assert "stopped" not in topbar(html)
+    billing = client.get("/billing/").content.decode()
+    assert "Running clusters are stopped" not in billing
+    assert "Add credit to start a cluster." in billing
+    # $0.00 with nothing running is no alarm: no red, no warning colour
+    assert 'class="topbar-balance"' in topbar(billing)
+    assert '<div class="value" id="balance">$0.00</div>' in billing
+
+
+def test_no_banner_while_only_volumes_are_kept(owner):
+    volume(owner.project, size_gb=1000, price="0.0720")  # $0.10/h of storage, nothing runs
+    add_credit(owner.project, "0.05")  # half an hour of it
+
+    html = owner.browser_client().get("/clusters/").content.decode()
+
+    assert banner(html) == ""
 
 
 def test_it_says_when_the_balance_ran_out(owner):
@@ -112,7 +157,10 @@ def test_it_says_when_the_balance_ran_out(owner):
 
     html = owner.browser_client().get("/clusters/").content.decode()
 
-    assert "Your balance has run out (\u2212$3.20)." in banner(html)
+    assert (
+        "Your balance has run out (\u2212$3.20).</strong> Your running clusters are stopped at "
+        "the meter's next run, within a minute" in banner(html)
+    )
     assert 'class="topbar-balance is-bad"' in topbar(html)
     assert "balance-banner is-bad" in html
 
@@ -162,26 +210,26 @@ def dismiss(client, *, htmx: bool = False, next_url: str = "/clusters/"):
     return client.post("/billing/banner/dismiss/", {"next": next_url}, headers=HTMX if htmx else {})
 
 
-def test_a_dismissed_banner_stays_away_until_the_balance_runs_shorter(owner):
+def test_a_dismissed_banner_stays_away_until_the_balance_runs_out(owner):
     bill_cluster(owner.project, size=2, price="10.00", at=NOW - timedelta(minutes=5))
-    add_credit(owner.project, "100.00")  # 5 hours: short
+    add_credit(owner.project, "15.00")  # 45 minutes: low
     client = owner.browser_client()
     assert banner(client.get("/clusters/").content.decode())
 
     dismissed = dismiss(client)
     after = client.get("/clusters/").content.decode()
-    add_credit(owner.project, "-95.00", kind="adjustment")  # $5: under an hour, low
-    low = client.get("/clusters/").content.decode()
+    add_credit(owner.project, "-16.00", kind="adjustment")  # -$1: out
+    out = client.get("/clusters/").content.decode()
 
     assert dismissed.status_code == 302 and dismissed["Location"] == "/clusters/"
     assert banner(after) == ""
     assert 'class="topbar-balance is-warn"' in topbar(after)  # the top bar still says it
-    assert "balance-banner is-bad" in banner(low)
+    assert "balance-banner is-bad" in banner(out)
 
 
 def test_a_dismissed_banner_comes_back_the_next_day(owner):
     bill_cluster(owner.project, size=2, price="10.00", at=NOW - timedelta(minutes=5))
-    add_credit(owner.project, "400.00")
+    add_credit(owner.project, "15.00")
     client = owner.browser_client()
     dismiss(client, htmx=True)
     assert banner(client.get("/clusters/").content.decode()) == ""
@@ -194,13 +242,13 @@ def test_a_dismissed_banner_comes_back_the_next_day(owner):
 
 def test_the_htmx_dismiss_answers_an_empty_banner_and_sets_the_cookie(owner):
     bill_cluster(owner.project, size=2, price="10.00", at=NOW - timedelta(minutes=5))
-    add_credit(owner.project, "100.00")
+    add_credit(owner.project, "15.00")
 
     response = dismiss(owner.browser_client(), htmx=True)
 
     assert response.status_code == 200 and response.content == b""
     cookie = response.cookies["balance_banner_dismissed"]
-    assert cookie.value == f"{owner.project.pk}.short.20260320"
+    assert cookie.value == f"{owner.project.pk}.low.20260320"
     assert cookie["httponly"] and cookie["samesite"] == "Lax"
 
 

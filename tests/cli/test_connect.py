@@ -12,6 +12,16 @@ from tests.cli.kit import assert_no_traceback, ready_cluster, run_cli
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def real_cluster(account, ticker):
+    """A ready cluster whose machines are real ones (ssh hosts) as far as the API can tell:
+    `runcrate ssh` logs in to those; a simulated one it refuses (below)."""
+    from offers.models import Host
+
+    cluster = ready_cluster(account, ticker)
+    Host.objects.filter(nodes__cluster=cluster).update(driver=Host.Driver.SSH)
+    return cluster
+
+
 @pytest.fixture
 def fake_ssh(tmp_path, env):
     """An `ssh` first on PATH that prints its arguments and the config it was given, and exits
@@ -23,6 +33,7 @@ def fake_ssh(tmp_path, env):
         textwrap.dedent(
             """\
             #!/bin/sh
+            touch "$(dirname "$0")/ran"
             echo "ARGS $*"
             cat "$2"
             exit 7
@@ -34,7 +45,7 @@ def fake_ssh(tmp_path, env):
 
 
 def test_ssh_runs_the_system_ssh_with_the_clusters_config(fake_ssh, tmp_path, account, ticker):
-    cluster = ready_cluster(account, ticker)
+    cluster = real_cluster(account, ticker)
 
     result = run_cli("ssh", "train", "1", "--", "nvidia-smi", "-L", env=fake_ssh, tmp_path=tmp_path)
 
@@ -51,7 +62,7 @@ def test_ssh_runs_the_system_ssh_with_the_clusters_config(fake_ssh, tmp_path, ac
 
 
 def test_ssh_names_the_nodes_there_are_for_one_that_is_not(fake_ssh, tmp_path, account, ticker):
-    ready_cluster(account, ticker)
+    real_cluster(account, ticker)
 
     result = run_cli("ssh", "train", "node-5", env=fake_ssh, tmp_path=tmp_path)
 
@@ -62,13 +73,35 @@ def test_ssh_names_the_nodes_there_are_for_one_that_is_not(fake_ssh, tmp_path, a
 
 
 def test_ssh_json_prints_the_command_instead_of_running_it(fake_ssh, tmp_path, account, ticker):
-    ready_cluster(account, ticker)
+    real_cluster(account, ticker)
 
     result = run_cli("ssh", "train", "--json", env=fake_ssh, tmp_path=tmp_path)
 
     assert result.code == 0, result.stderr
     printed = result.json()
     assert printed["argv"] == ["ssh", "-F", printed["config"], "train"]
+    assert not (tmp_path / "bin" / "ran").exists()
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_ssh_refuses_a_simulated_cluster_and_never_starts_ssh(
+    fake_ssh, tmp_path, account, ticker, json_flag
+):
+    # The demo's machines: the API says so (one field), and the CLI says why and runs no ssh,
+    # so the user's machine never looks the gateway's name up (issue 37).
+    cluster = ready_cluster(account, ticker)
+    assert account.api_data(f"/clusters/{cluster.pk}/connect")["simulated"] is True
+
+    args = ("ssh", "train", "1", *(["--json"] if json_flag else []), "--", "hostname")
+    result = run_cli(*args, env=fake_ssh, tmp_path=tmp_path)
+
+    assert result.code == 1
+    assert "runs on the simulated data center (the demo)" in result.stderr
+    assert "nothing to log in to and no ssh was run" in result.stderr
+    assert not (tmp_path / "bin" / "ran").exists()  # the fake ssh was never started
+    assert "ARGS" not in result.stdout
+    assert not (tmp_path / "home" / ".config" / "runcrate" / "ssh" / str(cluster.pk)).exists()
+    assert_no_traceback(result)
 
 
 def test_ssh_config_points_each_host_at_the_pinned_keys(env, tmp_path, account, ticker):

@@ -46,6 +46,7 @@ from clusters.models import Cluster, Event, Node
 from clusters.telemetry import logs, metrics
 from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
 from offers.models import MachineType, QuoteRequest
+from tests.billing.conftest import bill_cluster
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.conftest import Person
 from tests.factories import ClusterFactory, EventFactory, LocationFactory, UserFactory
@@ -405,7 +406,13 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
             {"name": "deploy", "fingerprint": "SHA256:z", "owner": ""},
         ]
     )
+    # A cluster runs and the balance covers about 24 minutes of it: the runway banner (issue 37).
+    low_user = UserFactory(email="low@example.com")
+    low = Person(user=low_user, project=create_project(owner=low_user, name="Low"), key="")
+    bill_cluster(low.project, size=2, price="10.00", at=now - timedelta(minutes=5))
+    credit(low.project, "8.00")
     people = {
+        "low": low,
         "owner": owner,
         "developer": developer,
         "newcomer": newcomer,
@@ -429,6 +436,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         Page("404, logged out", "/no-such-page/", "anonymous"),
         Page("clusters, none yet", "/clusters/", "newcomer"),
         Page("billing, nothing yet", "/billing/", "newcomer"),
+        Page("clusters, the balance running out", "/clusters/", "low"),
         Page("storage, nothing yet", "/storage/", "newcomer"),
         Page("account, no keys", "/accounts/", "newcomer"),
         Page("clusters", "/clusters/", "owner", in_view=(".cluster-table td.num",)),
