@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('offers', '0007_host_quarantine'),
+        ('offers', '0008_machine_specs'),
     ]
 
     operations = [
