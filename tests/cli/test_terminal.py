@@ -1,5 +1,7 @@
 """What a person sees at a terminal: rich tables and the live per-node display, not JSON."""
 
+import re
+
 import pytest
 from django.utils import timezone
 
@@ -89,13 +91,15 @@ def test_list_show_events_and_balance_render_for_a_person(env, tmp_path, account
         assert result.code == 0, result.stderr
         assert_no_traceback(result)
     row = next(line for line in listed.stdout.splitlines() if " seen " in line)
-    assert [cell.strip() for cell in row.strip("│").split("│")] == [
+    cells = [cell.strip() for cell in row.strip("│").split("│")]
+    assert cells[:5] == [
         str(cluster.pk),
         "seen",
         "ready",
         f"2 × 8× h100-sxm in {cluster.machine_type.location.code}",
         "$40.00/h",
     ]
+    assert re.fullmatch(r"\$\d+\.\d\d so far", cells[5]), cells  # the one cost (docs/billing.md)
     assert "seen (id" in shown.stdout and "status      ready" in shown.stdout
     assert len(machine_rows(shown.stdout)) == 2
     assert "ready" in events.stdout and "created" in events.stdout
