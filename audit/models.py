@@ -22,6 +22,11 @@ class Entry(models.Model):
         ADMIN = "admin", "Admin"
         SYSTEM = "system", "System"
 
+    class Outcome(models.TextChoices):
+        DONE = "done", "Done"  # written in the change's own transaction: it happened
+        REFUSED = "refused", "Refused"  # answered 4xx, or a failed sign-in or code
+        FAILED = "failed", "Failed"  # answered 5xx: nothing changed
+
     project = models.ForeignKey(
         "accounts.Project", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -49,6 +54,12 @@ class Entry(models.Model):
     object_id = models.CharField(max_length=200, blank=True)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     changes = models.JSONField(default=dict, blank=True)
+    # The entry in words (docs/audit.md): "created cluster `devs` (4 × H100, Slurm)". Empty on
+    # entries written before words were (0001): those read from their action.
+    summary = models.CharField(max_length=500, blank=True)
+    # The object's name when the action happened, kept: a removed key still says which.
+    object_name = models.CharField(max_length=200, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
 
     class Meta:
         ordering = ["-at", "-pk"]
@@ -68,3 +79,22 @@ class Entry(models.Model):
         if self.actor == self.Actor.STAFF:
             return f"staff {self.user_email}"
         return self.user_email
+
+    @property
+    def words(self) -> str:
+        """What happened, in words; an entry from before words (0001) falls back to its action
+        and answer."""
+        if self.summary:
+            return self.summary
+        answer = f" ({self.status_code})" if self.status_code else ""
+        return f"{self.method} {self.action}{answer}".strip()
+
+    @property
+    def outcome_words(self) -> str:
+        if self.outcome:
+            return self.get_outcome_display()
+        if self.status_code is None:
+            return ""
+        return (
+            "Done" if self.status_code < 400 else "Refused" if self.status_code < 500 else "Failed"
+        )

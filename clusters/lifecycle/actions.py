@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+import audit
 from accounts.models import ApiKey, User
 from billing import metering
 from clusters import policy
@@ -59,6 +60,7 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         metering.close_cluster(cluster_id=locked.pk, at=now)
         work = UnitOfWork.load(locked, now=now)
         nodes = work.nodes
+        before = locked.status
         work.set_status(Status.TERMINATING)
         locked.ended_at = now
         locked.stop_reason = stop_reason
@@ -74,6 +76,11 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
             reason = Reason.TERMINATE_REQUESTED
             who = f" by {user.email}" if user else ""
             message = f"Terminate requested{who}: stopping every machine; billing ended."
+            audit.note(
+                summary=f"terminated cluster `{locked.name}`",
+                obj=locked,
+                changes={"status": audit.change(before, Status.TERMINATING.value)},
+            )
         work.event(reason, message)
         work.flush()
         dispatch.current().advance(locked.pk)
@@ -175,6 +182,12 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
             version=version,
         )
         locked.save(update_fields=["version", "needs_work"])
+        audit.note(
+            summary=f"added {count} worker{'s' if count > 1 else ''} to cluster `{locked.name}` "
+            f"({', '.join(n.name for n in added)})",
+            obj=locked,
+            changes={"machines": audit.change(live, live + count)},
+        )
         dispatch.current().advance(locked.pk)
     return locked
 

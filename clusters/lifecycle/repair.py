@@ -255,6 +255,12 @@ def replace_node(
             node=new,
         )
         work.flush()
+        if not automatic:  # the auto policy's replacement is the system's (auto_repair)
+            audit.note(
+                summary=f"replaced {old.name} of cluster `{locked.name}` ({why})",
+                obj=locked,
+                changes={old.name: audit.change(old.pk, new.pk)},
+            )
         dispatch.current().advance(locked.pk)
     log.info("cluster %s: replacing %s (%s)", locked.pk, old.name, why)
     return new
@@ -315,6 +321,11 @@ def set_repair_policy(*, cluster: Cluster, policy: object, user: User | None = N
         if locked.repair_policy == policy:
             return locked
         work = UnitOfWork.load(locked, now=now)
+        audit.note(
+            summary=f"set the repair policy of cluster `{locked.name}` to {policy}",
+            obj=locked,
+            changes={"repair_policy": audit.change(locked.repair_policy, str(policy))},
+        )
         locked.repair_policy = str(policy)  # one of RepairPolicy's, checked above
         work.cluster_dirty = True
         who = f" by {user.email}" if user else ""
