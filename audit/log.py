@@ -63,6 +63,10 @@ def serving(request: HttpRequest) -> Iterator[None]:
         _serving.reset(token)
 
 
+def is_serving() -> bool:
+    return _serving.get() is not None
+
+
 def note(
     *,
     summary: str,
@@ -108,9 +112,11 @@ def _object_fields(obj: object) -> tuple[str, str, str, Project | None]:
     name = getattr(obj, "name", "") or getattr(obj, "email", "") or ""
     if isinstance(obj, Project):
         return kind, str(obj.pk), str(name), obj
+    # An environment is named by its name in its URLs (`environments/<name>/`) and entries.
+    object_id = str(name) if kind == "environment" else str(obj.pk)
     project_id = getattr(obj, "project_id", None)
     project = getattr(obj, "project", None) if project_id else None
-    return kind, str(obj.pk), str(name), project if isinstance(project, Project) else None
+    return kind, object_id, str(name), project if isinstance(project, Project) else None
 
 
 def _actor_fields(

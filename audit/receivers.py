@@ -40,12 +40,15 @@ def _projects_of(user: User) -> list[Project]:
 
 
 def _signed_in(sender: object, request: HttpRequest | None, user: User, **kwargs: Any) -> None:
+    """A sign-in the site served (the test client's force_login serves none)."""
+    if not log.is_serving():
+        return
     for project in _projects_of(user):
         log.note(summary="signed in", obj=user, project=project, user=user)
 
 
 def _signed_out(sender: object, request: HttpRequest | None, user: User | None, **kw: Any) -> None:
-    if not isinstance(user, User):
+    if not isinstance(user, User) or not log.is_serving():
         return
     for project in _projects_of(user):
         log.note(summary="signed out", obj=user, project=project, user=user)
