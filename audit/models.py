@@ -5,6 +5,8 @@ filtering and as text, so an entry of a deleted key or user still says who acted
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 
 class Entry(models.Model):
@@ -90,11 +92,25 @@ class Entry(models.Model):
         return f"{self.method} {self.action}{answer}".strip()
 
     @property
-    def outcome_words(self) -> str:
-        if self.outcome:
-            return self.get_outcome_display()
-        if self.status_code is None:
-            return ""
-        return (
-            "Done" if self.status_code < 400 else "Refused" if self.status_code < 500 else "Failed"
-        )
+    def words_html(self) -> SafeString:
+        """The words for the page: a name between backticks as code, the rest escaped."""
+        parts = self.words.split("`")
+        if len(parts) % 2 == 0:  # an odd backtick: plain text
+            return format_html("{}", self.words)
+        template = "".join("<code>{}</code>" if i % 2 else "{}" for i in range(len(parts)))
+        return format_html(template, *parts)
+
+    @property
+    def result(self) -> str:
+        """done, refused or failed; an entry from before 0002 reads it from its answer."""
+        if self.outcome or self.status_code is None:
+            return self.outcome
+        if self.status_code < 400:
+            return self.Outcome.DONE
+        return self.Outcome.REFUSED if self.status_code < 500 else self.Outcome.FAILED
+
+    @property
+    def where(self) -> str:
+        """From where: the channel and the address."""
+        channel = self.get_channel_display()
+        return f"{channel} from {self.ip}" if self.ip else channel
