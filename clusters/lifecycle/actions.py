@@ -116,6 +116,12 @@ def retry_install(*, cluster: Cluster) -> Cluster:
                 work.begin_install(node)
                 node.lease_token = ""
                 node.lease_expires_at = None
+        audit.note(
+            summary=f"retried the install of cluster `{locked.name}` (attempt "
+            f"{locked.install_attempts})",
+            obj=locked,
+            changes={"status": audit.change(Status.DEGRADED.value, Status.INSTALLING.value)},
+        )
         work.event(
             Reason.RETRY_INSTALL,
             f"Installing {locked.get_software_display()} again (attempt "
