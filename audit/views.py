@@ -50,7 +50,7 @@ def entry_list(request: ProjectRequest) -> HttpResponse:
     page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
     linked = links(project=project, entries=page.object_list)
     for entry in page.object_list:
-        entry.link = linked.get(entry.pk, "")  # type: ignore[attr-defined]
+        entry.link = linked.get(entry.pk, "")
     query = request.GET.copy()
     query.pop("page", None)
     context = {"form": form, "page": page, "query": query.urlencode()}

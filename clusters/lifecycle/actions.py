@@ -188,14 +188,20 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
             version=version,
         )
         locked.save(update_fields=["version", "needs_work"])
-        audit.note(
-            summary=f"added {count} worker{'s' if count > 1 else ''} to cluster `{locked.name}` "
-            f"({', '.join(n.name for n in added)})",
-            obj=locked,
-            changes={"machines": audit.change(live, live + count)},
-        )
+        _note_added(locked, added, live=live)
         dispatch.current().advance(locked.pk)
     return locked
+
+
+def _note_added(cluster: Cluster, added: list[Node], *, live: int) -> None:
+    """The audit log's entry of an add, in its transaction: "added 2 workers to cluster …"."""
+    count = len(added)
+    audit.note(
+        summary=f"added {count} worker{'s' if count > 1 else ''} to cluster `{cluster.name}` "
+        f"({', '.join(n.name for n in added)})",
+        obj=cluster,
+        changes={"machines": audit.change(live, live + count)},
+    )
 
 
 def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | None = None) -> bool:

@@ -259,7 +259,7 @@ def replace_node(
             audit.note(
                 summary=f"replaced {old.name} of cluster `{locked.name}` ({why})",
                 obj=locked,
-                changes={old.name: audit.change(old.pk, new.pk)},
+                changes={"replaced": audit.change(old.pk, new.pk)},
             )
         dispatch.current().advance(locked.pk)
     log.info("cluster %s: replacing %s (%s)", locked.pk, old.name, why)
