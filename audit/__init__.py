@@ -33,10 +33,12 @@ def note(
     project: "Project | None" = None,
     changes: dict[str, Any] | None = None,
     outcome: str = "done",
+    action: str = "",
 ) -> None:
     from audit import log
 
     log.note(
+        action=action,
         summary=summary,
         obj=obj,
         object_type=object_type,

@@ -77,11 +77,13 @@ def note(
     changes: dict[str, Any] | None = None,
     outcome: str = Entry.Outcome.DONE,
     user: User | None = None,
+    action: str = "",
 ) -> Entry:
     """Write the entry of what just happened, now, in the caller's transaction: `summary` in
     words ("revoked API key `ci`"), `obj` the model it happened to (its name kept), `changes`
     before → after. The actor is the request being served (its key, its user, staff in admin)
-    or `user` where the request has none yet (a sign-in); with neither, the system. Raises
+    or `user` where the request has none yet (a sign-in); with neither, the system, whose
+    `action` names what it did (`clusters:stop_balance`). Raises
     when it cannot write: the change it records must not commit without it."""
     request = _serving.get()
     kind, object_id, name, owner = _object_fields(obj)
@@ -97,6 +99,7 @@ def note(
         "outcome": outcome,
     }
     fields.update(_actor_fields(request, user=user, project=fields["project"]))
+    fields["action"] = fields["action"] or action
     entry = Entry.objects.create(**fields)
     if request is not None:
         setattr(request, NOTED_ATTRIBUTE, [*getattr(request, NOTED_ATTRIBUTE, []), entry.pk])

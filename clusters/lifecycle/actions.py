@@ -76,15 +76,26 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
             reason = Reason.TERMINATE_REQUESTED
             who = f" by {user.email}" if user else ""
             message = f"Terminate requested{who}: stopping every machine; billing ended."
-            audit.note(
-                summary=f"terminated cluster `{locked.name}`",
-                obj=locked,
-                changes={"status": audit.change(before, Status.TERMINATING.value)},
-            )
+        _note_end(locked, before=before)
         work.event(reason, message)
         work.flush()
         dispatch.current().advance(locked.pk)
     return locked
+
+
+def _note_end(cluster: Cluster, *, before: str) -> None:
+    """The audit log's entry of a terminate, or of the meter's stop (the system's), in its
+    transaction."""
+    changes = {"status": audit.change(before, Status.TERMINATING.value)}
+    if not cluster.stop_reason:
+        audit.note(summary=f"terminated cluster `{cluster.name}`", obj=cluster, changes=changes)
+        return
+    audit.note(
+        summary=f"stopped cluster `{cluster.name}`: {cluster.get_stop_reason_display()}",
+        obj=cluster,
+        changes=changes,
+        action=f"clusters:stop_{cluster.stop_reason}",
+    )
 
 
 def retry_install(*, cluster: Cluster) -> Cluster:

@@ -52,12 +52,13 @@ def test_an_owner_sees_the_projects_entries_newest_first(owner, entries, django_
     client.get("/audit/")  # warm the session
 
     # Session, user, the project with the user's role (read once for the page's check and the
-    # top bar's link), count, the page, the top bar's balance.
-    with django_assert_num_queries(6):
+    # top bar's link), count, the page, which of its clusters still exist (one query per kind
+    # of object linked), the top bar's balance.
+    with django_assert_num_queries(7):
         response = client.get("/audit/")
     for _ in range(20):
-        _entry(owner.project, at=DAY_ONE)
-    with django_assert_num_queries(6):  # not one more for more rows
+        _entry(owner.project, at=DAY_ONE, object_type="cluster", object_id="8")
+    with django_assert_num_queries(7):  # not one more for more rows
         client.get("/audit/")
 
     assert response.status_code == 200
