@@ -8,6 +8,24 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+OBJECT_KINDS = {
+    "api_key": "API key",
+    "ssh_key": "SSH key",
+    "channel": "notification channel",
+    "user": "person",
+}
+
+
+def _shown(value: object) -> str:
+    """A value of a change as the page shows it: none, yes/no, a list joined."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "none"
+    return str(value)
+
 
 class Entry(models.Model):
     class Actor(models.TextChoices):
@@ -99,6 +117,30 @@ class Entry(models.Model):
             return format_html("{}", self.words)
         template = "".join("<code>{}</code>" if i % 2 else "{}" for i in range(len(parts)))
         return format_html(template, *parts)
+
+    @property
+    def object_kind(self) -> str:
+        """The object's kind as a person reads it: "API key", "notification channel"."""
+        return OBJECT_KINDS.get(self.object_type, self.object_type.replace("_", " "))
+
+    @property
+    def object_label(self) -> str:
+        """The object's name, kept; an entry from before names were kept says its kind and id."""
+        if self.object_name:
+            return self.object_name
+        return f"{self.object_kind} {self.object_id}".strip()
+
+    @property
+    def change_lines(self) -> list[tuple[str, str]]:
+        """Each change as (what, "before → after"); a change kept in another shape, as it is."""
+        lines = []
+        for name, change in (self.changes or {}).items():
+            if isinstance(change, dict) and {"before", "after"} <= change.keys():
+                text = f"{_shown(change['before'])} → {_shown(change['after'])}"
+            else:
+                text = str(change)
+            lines.append((str(name).replace("_", " "), text))
+        return lines
 
     @property
     def result(self) -> str:

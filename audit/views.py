@@ -15,7 +15,7 @@ from accounts.requests import ProjectRequest
 from audit.access import ACTION
 from audit.filters import entries
 from audit.forms import FilterForm
-from audit.links import links
+from audit.links import LINKED, links
 from audit.models import Entry
 
 PAGE_SIZE = 50
@@ -53,7 +53,12 @@ def entry_list(request: ProjectRequest) -> HttpResponse:
         entry.link = linked.get(entry.pk, "")
     query = request.GET.copy()
     query.pop("page", None)
-    context = {"form": form, "page": page, "query": query.urlencode()}
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "linked_kinds": list(LINKED),
+    }
     return render(request, "audit/list.html", context)
 
 

@@ -160,7 +160,7 @@ def test_the_owners_log_after_a_day_has_every_action_once_in_words(
     page = browser.get("/audit/").content.decode()
     assert "revoked API key <code>ci</code>" in page
     assert f'<a href="/clusters/{cluster.pk}/">devs</a>' in page
-    assert "developer &rarr; manager" in page
+    assert "<strong>role</strong>: developer → manager" in page
 
 
 def test_a_wrong_password_and_a_sign_in_are_in_the_projects_log(owner):

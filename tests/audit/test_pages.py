@@ -65,7 +65,7 @@ def test_an_owner_sees_the_projects_entries_newest_first(owner, entries, django_
     rows = [entry.pk for entry in response.context["page"].object_list][:3]
     assert rows == [entries["key"].pk, entries["budget"].pk, entries["terminate"].pk]
     body = response.content.decode()
-    assert "500.00 &rarr; 50.00" in body
+    assert "500.00 → 50.00" in body
     assert "stranger@example.com" not in body
     assert 'href="/audit/"' in body  # the top bar links it for an owner
 
