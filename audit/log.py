@@ -36,6 +36,8 @@ CHANGES_ATTRIBUTE = "_audit_changes"
 USER_AGENT_CHANNELS = {"runcrate-cli/": Entry.Channel.CLI, "runcrate-mcp/": Entry.Channel.MCP}
 ADMIN_PREFIX = "/admin/"  # where config/urls.py mounts admin
 _PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
+# The name of the object an admin page acts on, read before the view.
+ADMIN_NAME_ATTRIBUTE = "_audit_admin_name"
 # The pks of the entries `note` wrote for the request.
 NOTED_ATTRIBUTE = "_audit_noted"
 _serving: contextvars.ContextVar[HttpRequest | None] = contextvars.ContextVar(
@@ -252,6 +254,7 @@ def write_for_request(
         action=action,
         object_type=object_type,
         object_id=object_id,
+        object_name=getattr(request, ADMIN_NAME_ATTRIBUTE, "")[:200] if is_admin else "",
         status_code=response.status_code,
         changes=getattr(request, CHANGES_ATTRIBUTE, {}),
         summary=humanized(action)[:500],
@@ -348,6 +351,8 @@ def admin_project(request: HttpRequest) -> Project | None:
                 row = model._default_manager.filter(pk=match.kwargs["object_id"]).first()
             except (ValueError, ValidationError):  # a pk admin itself will answer 404 for
                 return None
+            # Its name as it was, kept with the entry (a delete leaves none to read after).
+            setattr(request, ADMIN_NAME_ATTRIBUTE, str(_object_fields(row)[2] or row or ""))
             if isinstance(row, Project):
                 return row
             project_id = getattr(row, "project_id", None)

@@ -156,11 +156,13 @@ def test_staff_in_admin_are_recorded_on_the_project_of_what_they_changed(owner):
         staff,
         owner.project,
     )
-    assert (entry.action, entry.object_type, entry.object_id) == (
+    assert (entry.action, entry.object_type, entry.object_id, entry.object_name) == (
         "admin:clusters_cluster_change",
         "cluster",
         str(cluster.pk),
+        cluster.name,
     )
+    assert entry.summary == "changed cluster in admin"
 
 
 def test_a_budget_change_records_its_before_and_after_from_the_dashboard_and_the_api(owner):
