@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.urls import Resolver404, resolve, reverse
 
-from accounts import permissions
+from accounts import history, permissions
 from accounts.models import Invitation, Membership, Project, User
 from accounts.signup import normalize_email
 from runcrate.emails import send_templated
@@ -96,6 +96,13 @@ def invite(*, project: Project, by: User, email: str, role: str, now: datetime) 
             created_at=now,
             expires_at=now + VALID_FOR,
         )
+        history.note(
+            summary=f"invited {email} as {role}",
+            obj=invitation,
+            object_name=email,
+            project=project,
+            changes={"role": history.change(None, role)},
+        )
         transaction.on_commit(lambda: _send(invitation, token))
     return invitation
 
@@ -169,13 +176,31 @@ def accept(*, token: str, user: User, now: datetime) -> Membership:
         invitation.save(update_fields=["accepted_at", "accepted_by"])
         try:
             with transaction.atomic():
-                return Membership.objects.create(
+                membership = Membership.objects.create(
                     project=invitation.project, user=user, role=invitation.role, created_at=now
                 )
         except IntegrityError:  # already a member: the invitation is spent, the role kept
             return Membership.objects.get(project=invitation.project, user=user)
+        history.note(
+            summary=f"joined the project as {invitation.role} (invited by "
+            f"{invitation.invited_by.email if invitation.invited_by else 'a former member'})",
+            obj=membership,
+            object_name=user.email,
+            project=invitation.project,
+            changes={"role": history.change(None, invitation.role)},
+            user=user,
+        )
+        return membership
 
 
 def revoke(*, invitation: Invitation, by: User) -> None:
     permissions.require(by, invitation.project, permissions.invite_action(invitation.role))
-    invitation.delete()
+    with transaction.atomic():
+        invitation.delete()
+        history.note(
+            summary=f"withdrew the invitation of {invitation.email}",
+            obj=invitation,
+            object_name=invitation.email,
+            project=invitation.project,
+            changes={"role": history.change(invitation.role, None)},
+        )

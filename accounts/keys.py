@@ -24,7 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
-from accounts import permissions
+from accounts import history, permissions
 from accounts.models import (
     ApiKey,
     Membership,
@@ -261,13 +261,19 @@ def add_ssh_key(*, project: Project, user: User | None, name: str, public_key: s
         raise _duplicate(existing.name)
     try:
         with transaction.atomic():
-            return SshKey.objects.create(
+            key = SshKey.objects.create(
                 project=project,
                 created_by=user,
                 name=name,
                 public_key=parsed.openssh,
                 fingerprint=parsed.fingerprint,
             )
+            history.note(
+                summary=f"added SSH key `{name}`",
+                obj=key,
+                changes={"fingerprint": history.change(None, key.fingerprint)},
+            )
+            return key
     except IntegrityError:
         # Someone added the same key between the check and the insert.
         existing = SshKey.objects.filter(project=project, fingerprint=parsed.fingerprint).first()
@@ -361,7 +367,14 @@ def remove_ssh_key(*, key: SshKey, by: User) -> None:
     Clusters already running keep it in their machines until they end."""
     if (refusal := removal_refusal(user=by, key=key)) is not None:
         raise refusal
-    SshKey.objects.filter(pk=key.pk).delete()
+    with transaction.atomic():
+        SshKey.objects.filter(pk=key.pk).delete()
+        history.note(
+            summary=f"removed SSH key `{key.name}`",
+            obj=key,
+            project=key.project,
+            changes={"fingerprint": history.change(key.fingerprint, None)},
+        )
 
 
 # --- API keys ------------------------------------------------------------------------------
@@ -452,17 +465,29 @@ def issue_api_key(
     machines = clean_max_machines(max_machines_per_cluster)
     usd = clean_max_usd_per_hour(max_usd_per_hour)
     raw = ApiKey.generate()
-    key = ApiKey.objects.create(
-        user=user,
-        project=project,
-        name=name,
-        prefix=raw[:API_KEY_PREFIX_LENGTH],
-        key_hash=hash_api_key(raw),
-        scopes=granted,
-        max_machines_per_cluster=machines,
-        max_usd_per_hour=usd,
-    )
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            user=user,
+            project=project,
+            name=name,
+            prefix=raw[:API_KEY_PREFIX_LENGTH],
+            key_hash=hash_api_key(raw),
+            scopes=granted,
+            max_machines_per_cluster=machines,
+            max_usd_per_hour=usd,
+        )
+        history.note(summary=f"created API key `{name}`", obj=key, changes=_key_terms(key))
     return key, raw
+
+
+def _key_terms(key: ApiKey) -> dict[str, dict[str, object]]:
+    """A new key's terms, as the audit log's before → after."""
+    terms = {"scopes": history.change(None, sorted(key.scopes))}
+    if key.max_machines_per_cluster is not None:
+        terms["max_machines_per_cluster"] = history.change(None, key.max_machines_per_cluster)
+    if key.max_usd_per_hour is not None:
+        terms["max_usd_per_hour"] = history.change(None, key.max_usd_per_hour)
+    return terms
 
 
 def project_api_keys(project: Project) -> QuerySet[ApiKey]:
@@ -491,6 +516,12 @@ def revoke_api_key(*, key: ApiKey, by: User | None = None) -> bool:
         if changed:
             key.revoked_at = revoked_at
             forget_api_keys([key.key_hash])
+            history.note(
+                summary=f"revoked API key `{key.name}`",
+                obj=key,
+                project=key.project,
+                changes={"revoked": history.change(False, True)},
+            )
     return bool(changed)
 
 

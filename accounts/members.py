@@ -18,7 +18,7 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import Max, OuterRef, QuerySet, Subquery
 
-from accounts import permissions
+from accounts import history, permissions
 from accounts.models import ApiKey, Membership, Project, SshKey, User
 from runcrate.errors import Refused
 
@@ -166,6 +166,13 @@ def change_role(*, project: Project, by: User, membership: Membership, role: str
             check_keeps_an_owner(
                 project, owners_after=_owners_after(project, without=membership.user_id)
             )
+        history.note(
+            summary=f"changed the role of {membership.user.email} to {role}",
+            obj=membership,
+            object_name=membership.user.email,
+            project=project,
+            changes={"role": history.change(membership.role, role)},
+        )
         membership.role = role
         membership.save(update_fields=["role"])  # its post_save forgets the member's cached keys
     return membership
@@ -185,6 +192,14 @@ def remove_member(*, project: Project, by: User, membership: Membership) -> None
             check_keeps_an_owner(
                 project, owners_after=_owners_after(project, without=membership.user_id)
             )
+        left = membership.user_id == by.pk
+        history.note(
+            summary="left the project" if left else f"removed {membership.user.email}",
+            obj=membership,
+            object_name=membership.user.email,
+            project=project,
+            changes={"role": history.change(membership.role, None)},
+        )
         membership.delete()
         # Their SSH keys go too: no new cluster lets them in. Clusters already running keep
         # the keys they were created with (Cluster.key_holders says whose) until they end.

@@ -21,6 +21,7 @@ from django.http import HttpRequest
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from accounts import history
 from accounts.models import Membership, Project, User
 
 RECOVERY_CODES = 10
@@ -59,9 +60,17 @@ def required_but_missing(user: User) -> bool:
 def set_required(*, project: Project, required: bool) -> None:
     """Require (or stop requiring) two-factor sign-in of every member of `project`; the
     caller has checked the user is an owner."""
-    Project.objects.filter(pk=project.pk).update(require_two_factor=required)
-    project.require_two_factor = required
-    refresh_required(User.objects.filter(memberships__project=project))
+    with transaction.atomic():
+        before = Project.objects.filter(pk=project.pk).values_list("require_two_factor", flat=True)
+        history.note(
+            summary=f"{'required' if required else 'stopped requiring'} two-factor sign-in of "
+            "every member",
+            obj=project,
+            changes={"require_two_factor": history.change(bool(before.first()), required)},
+        )
+        Project.objects.filter(pk=project.pk).update(require_two_factor=required)
+        project.require_two_factor = required
+        refresh_required(User.objects.filter(memberships__project=project))
 
 
 def refresh_required(users: QuerySet[User]) -> None:
@@ -102,12 +111,18 @@ def confirm_setup(*, user: User, code: str) -> list[str] | None:
     TOTPDevice.objects.filter(user=user).exclude(pk=device.pk).delete()
     device.confirmed = True
     device.save(update_fields=["confirmed"])
+    history.note(
+        summary="turned on two-factor sign-in",
+        obj=user,
+        changes={"two_factor": history.change("off", "on")},
+    )
     return _new_recovery_codes(user)
 
 
 @transaction.atomic
 def renew_recovery_codes(*, user: User) -> list[str]:
     """Ten new recovery codes, the old ones void."""
+    history.note(summary="made new two-factor recovery codes", obj=user)
     return _new_recovery_codes(user)
 
 
@@ -121,6 +136,11 @@ def turn_off(*, user: User) -> None:
     checked a current code (`verify`)."""
     TOTPDevice.objects.filter(user=user).delete()
     StaticDevice.objects.filter(user=user).delete()
+    history.note(
+        summary="turned off two-factor sign-in",
+        obj=user,
+        changes={"two_factor": history.change("on", "off")},
+    )
 
 
 def _new_recovery_codes(user: User) -> list[str]:

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts import otp, permissions, throttle
+from accounts import history, otp, permissions, throttle
 from accounts.models import User
 from accounts.requests import ProjectRequest
 
@@ -49,6 +49,7 @@ def _check_code(request: HttpRequest, form: CodeForm, user: User) -> bool:
     except throttle.Throttled as refusal:
         form.add_error(None, forms.ValidationError(refusal.message, code=refusal.code))
         return False
+    history.note(summary="failed a two-factor code", obj=user, user=user, outcome="refused")
     form.add_error("code", WRONG_CODE)
     return False
 
@@ -129,6 +130,11 @@ def setup(request: ProjectRequest) -> HttpResponse:
             if codes is not None:
                 messages.success(request, "Two-factor sign-in is on.")
                 return _render_security(request, recovery_codes=codes)
+            history.note(
+                summary="failed a two-factor code (turning it on)",
+                obj=request.user,
+                outcome="refused",
+            )
             form.add_error("code", WRONG_CODE)
     context = {
         "form": form,

@@ -8,9 +8,9 @@ from audit.models import Entry
 
 @admin.register(Entry)
 class EntryAdmin(admin.ModelAdmin):
-    list_display = ["at", "project", "actor", "user_email", "api_key_name", "channel", "action"]
+    list_display = ["at", "project", "actor", "user_email", "api_key_name", "channel", "summary"]
     list_filter = ["actor", "channel"]
-    search_fields = ["user_email", "api_key_name", "action", "path"]
+    search_fields = ["user_email", "api_key_name", "action", "summary", "object_name", "path"]
     date_hierarchy = "at"
 
     def has_add_permission(self, request: HttpRequest) -> bool:

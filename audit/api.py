@@ -26,10 +26,19 @@ class EntryOut(Schema):
     ip: str | None
     method: str
     path: str
+    summary: str = Field(
+        description='What happened, in words: "created cluster `devs` (4 × 8×H100, Slurm)".'
+    )
+    outcome: str = Field(
+        description="done (written in the change's own transaction), refused or failed."
+    )
     action: str = Field(description="The URL's name or the API operation id.")
     object_type: str
     object_id: str
-    status_code: int | None
+    object_name: str = Field(description="The object's name when it happened, kept.")
+    status_code: int | None = Field(
+        description="The answer's status; none for an action's own entry, written before it."
+    )
     changes: dict = Field(description="Before and after, where the action says.")
 
 
@@ -47,7 +56,9 @@ class EntryList(Schema):
 def list_audit(
     request: ApiRequest,
     who: Annotated[str, Query(max_length=254, description="Part of an email or key name.")] = "",
-    action: Annotated[str, Query(max_length=200, description="Part of the action.")] = "",
+    action: Annotated[
+        str, Query(max_length=200, description="Part of the action or of its words.")
+    ] = "",
     cluster: Annotated[int | None, Query(ge=1, le=2**62, description="A cluster's id.")] = None,
     since: Annotated[datetime | None, Query(description="From this time on.")] = None,
     until: Annotated[datetime | None, Query(description="Before this time.")] = None,
@@ -74,9 +85,12 @@ def _out(entry: Entry) -> dict:
         "ip": entry.ip,
         "method": entry.method,
         "path": entry.path,
+        "summary": entry.words,
+        "outcome": entry.result,
         "action": entry.action,
         "object_type": entry.object_type,
         "object_id": entry.object_id,
+        "object_name": entry.object_name,
         "status_code": entry.status_code,
         "changes": entry.changes,
     }

@@ -3,3 +3,8 @@ from django.apps import AppConfig
 
 class AuditConfig(AppConfig):
     name = "audit"
+
+    def ready(self) -> None:
+        from audit import receivers
+
+        receivers.connect()

@@ -13,7 +13,7 @@ from audit.models import Entry
 @dataclass(frozen=True)
 class EntryFilter:
     who: str = ""  # part of a user's email or an API key's name
-    action: str = ""  # part of the action ("terminate", "clusters:")
+    action: str = ""  # part of the action ("clusters:") or of its words ("revoked")
     cluster: str = ""  # a cluster's id
     since: datetime | None = None
     until: datetime | None = None
@@ -27,7 +27,7 @@ def entries(*, project: Project, by: EntryFilter) -> QuerySet[Entry]:
             Q(user_email__icontains=by.who) | Q(api_key_name__icontains=by.who)
         )
     if by.action:
-        queryset = queryset.filter(action__icontains=by.action)
+        queryset = queryset.filter(Q(action__icontains=by.action) | Q(summary__icontains=by.action))
     if by.cluster:
         queryset = queryset.filter(object_type="cluster", object_id=by.cluster)
     if by.since is not None:

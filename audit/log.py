@@ -1,13 +1,19 @@
-"""Writing the audit log (docs/audit.md): who acted, through which channel, on what.
+"""Writing the audit log (docs/audit.md): who acted, through which channel, on what, in words.
 
-`entry_for_request` reads all of it from a request after its view ran; `system` writes the
-system's own actions (the balance and budget stops). A failure to write is logged and never
-fails what it records: the entry is written in the same request, but a lost entry is better
-than a refused action.
+`note` writes an action's entry at once, inside the transaction of the change it records (the
+action's own home calls it: `clusters.lifecycle`, `accounts.keys` through `accounts.history`,
+`billing.budgets`...), so a change cannot commit without its entry: a failure to write raises
+and rolls the change back. It reads who acted from the request being served (`serving`, set by
+the middleware), or is the system's when none is. `write_for_request` writes, after the view,
+the one entry of a request that noted none (a refusal, a route with no words of its own); a
+failure there is logged and never fails the answer.
 """
 
+import contextvars
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.apps import apps
@@ -30,6 +36,164 @@ CHANGES_ATTRIBUTE = "_audit_changes"
 USER_AGENT_CHANNELS = {"runcrate-cli/": Entry.Channel.CLI, "runcrate-mcp/": Entry.Channel.MCP}
 ADMIN_PREFIX = "/admin/"  # where config/urls.py mounts admin
 _PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
+# The name of the object an admin page acts on, read before the view.
+ADMIN_NAME_ATTRIBUTE = "_audit_admin_name"
+# The pks of the entries `note` wrote for the request.
+NOTED_ATTRIBUTE = "_audit_noted"
+_serving: contextvars.ContextVar[HttpRequest | None] = contextvars.ContextVar(
+    "audit_serving", default=None
+)
+# What an object is called in the log, by model (app_label.model_name); others by model name.
+OBJECT_TYPES = {
+    "accounts.apikey": "api_key",
+    "accounts.sshkey": "ssh_key",
+    "accounts.membership": "member",
+    "accounts.invitation": "invitation",
+    "accounts.environment": "environment",
+    "accounts.project": "project",
+    "notifications.endpoint": "channel",
+}
+
+
+@contextmanager
+def serving(request: HttpRequest) -> Iterator[None]:
+    """`request` is the one whose actor `note` names, for the block (the middleware's)."""
+    token = _serving.set(request)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
+
+
+def is_serving() -> bool:
+    return _serving.get() is not None
+
+
+def note(
+    *,
+    summary: str,
+    obj: object = None,
+    object_type: str = "",
+    object_name: str = "",
+    project: Project | None = None,
+    changes: dict[str, Any] | None = None,
+    outcome: str = Entry.Outcome.DONE,
+    user: User | None = None,
+    action: str = "",
+) -> Entry:
+    """Write the entry of what just happened, now, in the caller's transaction: `summary` in
+    words ("revoked API key `ci`"), `obj` the model it happened to (its name kept), `changes`
+    before → after. The actor is the request being served (its key, its user, staff in admin)
+    or `user` where the request has none yet (a sign-in); with neither, the system, whose
+    `action` names what it did (`clusters:stop_balance`). Raises
+    when it cannot write: the change it records must not commit without it."""
+    request = _serving.get()
+    kind, object_id, name, owner = _object_fields(obj)
+    if project is None and owner is None and request is not None:
+        owner = _project_of(request, key=_key_of(request))
+    fields: dict[str, Any] = {
+        "project": project or owner,
+        "summary": summary[:500],
+        "object_type": object_type or kind,
+        "object_id": object_id,
+        "object_name": (object_name or name)[:200],
+        "changes": changes or {},
+        "outcome": outcome,
+    }
+    fields.update(_actor_fields(request, user=user, project=fields["project"]))
+    fields["action"] = fields["action"] or action
+    entry = Entry.objects.create(**fields)
+    if request is not None:
+        setattr(request, NOTED_ATTRIBUTE, [*getattr(request, NOTED_ATTRIBUTE, []), entry.pk])
+    return entry
+
+
+def _object_fields(obj: object) -> tuple[str, str, str, Project | None]:
+    """The object's type, id, name and project, as the log keeps them."""
+    if not isinstance(obj, models.Model):
+        return "", "", "", None
+    meta = obj._meta
+    kind = OBJECT_TYPES.get(f"{meta.app_label}.{meta.model_name}", meta.model_name or "")
+    name = getattr(obj, "name", "") or getattr(obj, "email", "") or ""
+    if isinstance(obj, Project):
+        return kind, str(obj.pk), str(name), obj
+    # An environment is named by its name in its URLs (`environments/<name>/`) and entries.
+    object_id = str(name) if kind == "environment" else str(obj.pk)
+    project_id = getattr(obj, "project_id", None)
+    project = getattr(obj, "project", None) if project_id else None
+    return kind, object_id, str(name), project if isinstance(project, Project) else None
+
+
+def _actor_fields(
+    request: HttpRequest | None, *, user: User | None, project: Project | None
+) -> dict[str, Any]:
+    if request is None and user is None:
+        return {"actor": Entry.Actor.SYSTEM, "channel": Entry.Channel.SYSTEM, "action": ""}
+    key = _key_of(request) if request is not None else None
+    signed_in = getattr(request, "user", None)
+    if user is None:
+        user = key.user if key else signed_in if isinstance(signed_in, User) else None
+    if request is None:
+        return _who(actor=Entry.Actor.USER, channel=Entry.Channel.SYSTEM, user=user, key=None)
+    match = request.resolver_match or _resolve(request)
+    is_admin = is_admin_path(request)
+    actor = Entry.Actor.API_KEY if key else Entry.Actor.STAFF if is_admin else Entry.Actor.USER
+    return {
+        **_who(
+            actor=actor,
+            channel=channel_of(request, key=key, is_admin=is_admin),
+            user=user,
+            key=key,
+        ),
+        "ip": client_ip(request),
+        "method": request.method or "",
+        "path": redact(request.path)[:2000],
+        "action": action_of(request, match)[:200],
+    }
+
+
+def _key_of(request: HttpRequest) -> ApiKey | None:
+    key = getattr(request, "auth", None)
+    return key if isinstance(key, ApiKey) else None
+
+
+def _who(*, actor: str, channel: str, user: User | None, key: ApiKey | None) -> dict[str, Any]:
+    return {
+        "actor": actor,
+        "channel": channel,
+        "user": user,
+        "user_email": user.email if user else "",
+        "api_key": key,
+        "api_key_ref": str(key.pk) if key else "",
+        "api_key_name": key.name if key else "",
+    }
+
+
+def _resolve(request: HttpRequest) -> ResolverMatch | None:
+    try:
+        return resolve(request.path_info)
+    except Resolver404:
+        return None
+
+
+def noted(request: HttpRequest) -> list[int]:
+    """The pks of the entries `note` wrote while serving `request`."""
+    return list(getattr(request, NOTED_ATTRIBUTE, []))
+
+
+def humanized(action: str) -> str:
+    """An action with no words of its own, as words: `clusters:run_network_test` is "run
+    network test", `admin:clusters_cluster_change` "changed cluster in admin"."""
+    name = action.rsplit(":", 1)[-1]
+    if action.startswith("admin:"):
+        for suffix, verb in (("_change", "changed"), ("_add", "added"), ("_delete", "deleted")):
+            if name.endswith(suffix):
+                model = name.removesuffix(suffix).split("_", 1)[-1]
+                return f"{verb} {model.replace('_', ' ')} in admin"
+        return f"{name.replace('_', ' ')} in admin"
+    for prefix in ("clusters_api_", "accounts_api_", "billing_api_", "notifications_api_"):
+        name = name.removeprefix(prefix)
+    return name.replace("_", " ")
 
 
 def record(request: HttpRequest, *, changes: dict[str, Any]) -> None:
@@ -90,9 +254,18 @@ def write_for_request(
         action=action,
         object_type=object_type,
         object_id=object_id,
+        object_name=getattr(request, ADMIN_NAME_ATTRIBUTE, "")[:200] if is_admin else "",
         status_code=response.status_code,
         changes=getattr(request, CHANGES_ATTRIBUTE, {}),
+        summary=humanized(action)[:500],
+        outcome=_outcome(response.status_code),
     )
+
+
+def _outcome(status_code: int) -> str:
+    if status_code < 400:
+        return Entry.Outcome.DONE
+    return Entry.Outcome.REFUSED if status_code < 500 else Entry.Outcome.FAILED
 
 
 def action_of(request: HttpRequest, match: ResolverMatch | None) -> str:
@@ -178,6 +351,8 @@ def admin_project(request: HttpRequest) -> Project | None:
                 row = model._default_manager.filter(pk=match.kwargs["object_id"]).first()
             except (ValueError, ValidationError):  # a pk admin itself will answer 404 for
                 return None
+            # Its name as it was, kept with the entry (a delete leaves none to read after).
+            setattr(request, ADMIN_NAME_ATTRIBUTE, str(_object_fields(row)[2] or row or ""))
             if isinstance(row, Project):
                 return row
             project_id = getattr(row, "project_id", None)

@@ -1,5 +1,7 @@
-"""One audit entry for every state-changing request, written after its view (docs/audit.md):
-here, so no view can forget. Which requests are exempt, and why: audit/exempt.py."""
+"""One audit entry for every state-changing request (docs/audit.md): the action's own, written
+by `audit.note` in its transaction while the view ran, or else one written here after the view
+(a refusal, a route with no words of its own), so no view can forget. Which requests are
+exempt, and why: audit/exempt.py."""
 
 import logging
 from collections.abc import Callable
@@ -8,6 +10,7 @@ from django.http import HttpRequest, HttpResponse
 
 from accounts.models import User
 from audit import exempt, log
+from audit.models import Entry
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +35,11 @@ class AuditMiddleware:
                 admin_project = log.admin_project(request)
             except Exception:
                 logger.exception("could not read the project of %s", request.path)
-        response = self.get_response(request)
+        with log.serving(request):
+            response = self.get_response(request)
         try:
+            if self._noted(request, response):
+                return response
             if response.status_code != 405 and not self._exempt(request):
                 log.write_for_request(
                     request,
@@ -44,6 +50,15 @@ class AuditMiddleware:
         except Exception:  # what the log cannot write never fails what it records
             logger.exception("could not write the audit entry for %s", request.path)
         return response
+
+    @staticmethod
+    def _noted(request: HttpRequest, response: HttpResponse) -> bool:
+        """Whether the view's action wrote its own entry: a success did, in its transaction; a
+        refusal after a note may have rolled it back, so it is looked for."""
+        noted = log.noted(request)
+        if not noted or response.status_code < 400:
+            return bool(noted)
+        return Entry.objects.filter(pk__in=noted).exists()
 
     @staticmethod
     def _exempt(request: HttpRequest) -> bool:

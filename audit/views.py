@@ -15,6 +15,7 @@ from accounts.requests import ProjectRequest
 from audit.access import ACTION
 from audit.filters import entries
 from audit.forms import FilterForm
+from audit.links import LINKED, links
 from audit.models import Entry
 
 PAGE_SIZE = 50
@@ -22,15 +23,18 @@ CSV_COLUMNS = [
     "at",
     "actor",
     "who",
+    "what",
+    "object_type",
+    "object_id",
+    "object_name",
+    "changes",
+    "outcome",
     "channel",
     "ip",
     "method",
     "path",
     "action",
-    "object_type",
-    "object_id",
     "status_code",
-    "changes",
 ]
 
 
@@ -44,9 +48,17 @@ def entry_list(request: ProjectRequest) -> HttpResponse:
     form = FilterForm(request.GET or None)
     queryset = entries(project=project, by=form.entry_filter()).select_related(None)
     page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+    linked = links(project=project, entries=page.object_list)
+    for entry in page.object_list:
+        entry.link = linked.get(entry.pk, "")
     query = request.GET.copy()
     query.pop("page", None)
-    context = {"form": form, "page": page, "query": query.urlencode()}
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "linked_kinds": list(LINKED),
+    }
     return render(request, "audit/list.html", context)
 
 
@@ -69,15 +81,18 @@ def _csv_row(entry: Entry) -> list[str]:
         entry.at.isoformat(),
         entry.actor,
         entry.who,
+        entry.words,
+        entry.object_type,
+        entry.object_id,
+        entry.object_name,
+        changes,
+        entry.result,
         entry.channel,
         entry.ip or "",
         entry.method,
         entry.path,
         entry.action,
-        entry.object_type,
-        entry.object_id,
         "" if entry.status_code is None else str(entry.status_code),
-        changes,
     ]
     return [_cell(value) for value in values]
 

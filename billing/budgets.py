@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+import audit
 from accounts.models import Environment, Project
 from billing import policy
 from billing.models import UsageDay
@@ -155,14 +156,25 @@ def set_budget(
         # Creates lock the same row (clusters/lifecycle/reserve.py): this waits for those in
         # flight, so the clusters it stops include every one they commit, and a create that
         # comes after sees the new budget.
-        lock_environment(environment)
+        before = lock_environment(environment).monthly_budget
         if amount is not None:
             stops = budget_stops(environment=environment, amount=amount, now=now)
             if stops.clusters and not confirm:
                 raise BudgetBelowSpend(environment=environment, amount=amount, stops=stops)
         Environment.objects.filter(pk=environment.pk).update(monthly_budget=amount)
+        audit.note(
+            summary=f"set the monthly budget of `{environment.name}` to "
+            f"{usd(amount) if amount is not None else 'none'}",
+            obj=environment,
+            changes={"monthly_budget": audit.change(_amount(before), _amount(amount))},
+        )
     environment.monthly_budget = amount
     return stops
+
+
+def _amount(amount: Decimal | None) -> str | None:
+    """A budget as the audit log keeps it: "500.00", or None for no budget."""
+    return None if amount is None else f"{amount:.2f}"
 
 
 def lock_environment(environment: Environment) -> Environment:

@@ -3,9 +3,12 @@ list them with how they fare, remove one, send it a test. The pages, the API and
 call these; none re-implements the rules."""
 
 from datetime import datetime
+from urllib.parse import urlsplit
 
+from django.db import transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
+import audit
 from accounts import permissions
 from accounts.models import Project, User
 from notifications import addresses, bodies, delivery
@@ -65,9 +68,24 @@ def create_endpoint(
             "too_many_endpoints",
             f"A project has at most {MAX_ENDPOINTS} endpoints; remove one first.",
         )
-    return Endpoint.objects.create(
-        project=project, kind=kind, url=url, events=chosen, created_by=user
-    )
+    with transaction.atomic():
+        endpoint = Endpoint.objects.create(
+            project=project, kind=kind, url=url, events=chosen, created_by=user
+        )
+        audit.note(
+            summary=f"added a {endpoint.get_kind_display()} notification channel to "
+            f"{endpoint_host(endpoint)}",
+            obj=endpoint,
+            object_name=endpoint_host(endpoint),
+            changes={"events": audit.change(None, chosen)},
+        )
+    return endpoint
+
+
+def endpoint_host(endpoint: Endpoint) -> str:
+    """What the audit log names an endpoint by: its URL's host (a Slack URL's path is its
+    secret)."""
+    return urlsplit(endpoint.url).hostname or endpoint.get_kind_display()
 
 
 def endpoints_of(project: Project) -> QuerySet[Endpoint]:
@@ -88,7 +106,15 @@ def endpoints_of(project: Project) -> QuerySet[Endpoint]:
 
 def remove_endpoint(*, endpoint: Endpoint) -> None:
     """Gone with its log: nothing is sent to it any more."""
-    endpoint.delete()
+    with transaction.atomic():
+        audit.note(
+            summary=f"removed the {endpoint.get_kind_display()} notification channel to "
+            f"{endpoint_host(endpoint)}",
+            obj=endpoint,
+            object_name=endpoint_host(endpoint),
+            changes={"events": audit.change(list(endpoint.events), None)},
+        )
+        endpoint.delete()
 
 
 def send_test(*, endpoint: Endpoint, now: datetime) -> Delivery:

@@ -217,6 +217,9 @@ IMPORTS_IN_FUNCTIONS: dict[tuple[str, str], str] = {
     ("audit/__init__.py", "record"): "every app imports the audit log's entry points while "
     "Django's apps are loading; its models load after them",
     ("audit/__init__.py", "system"): "as record",
+    ("audit/__init__.py", "note"): "as record",
+    ("audit/apps.py", "ready"): "Django's app loading: the receivers connect once the models "
+    "are ready",
     ("cli/runcrate_cli/cli.py", "mcp"): "the MCP SDK loads only for `runcrate mcp`, not on every "
     "command",
 }

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+import audit
 from accounts.models import ApiKey, User
 from billing import metering
 from clusters import policy
@@ -54,6 +55,7 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
         metering.close_cluster(cluster_id=locked.pk, at=now)
         work = UnitOfWork.load(locked, now=now)
         nodes = work.nodes
+        before = locked.status
         work.set_status(Status.TERMINATING)
         locked.ended_at = now
         locked.stop_reason = stop_reason
@@ -69,10 +71,26 @@ def _end(*, cluster: Cluster, user: User | None, stop_reason: str) -> Cluster:
             reason = Reason.TERMINATE_REQUESTED
             who = f" by {user.email}" if user else ""
             message = f"Terminate requested{who}: stopping every machine; billing ended."
+        _note_end(locked, before=before)
         work.event(reason, message)
         work.flush()
         dispatch.current().advance(locked.pk)
     return locked
+
+
+def _note_end(cluster: Cluster, *, before: str) -> None:
+    """The audit log's entry of a terminate, or of the meter's stop (the system's), in its
+    transaction."""
+    changes = {"status": audit.change(before, Status.TERMINATING.value)}
+    if not cluster.stop_reason:
+        audit.note(summary=f"terminated cluster `{cluster.name}`", obj=cluster, changes=changes)
+        return
+    audit.note(
+        summary=f"stopped cluster `{cluster.name}`: {cluster.get_stop_reason_display()}",
+        obj=cluster,
+        changes=changes,
+        action=f"clusters:stop_{cluster.stop_reason}",
+    )
 
 
 def retry_install(*, cluster: Cluster) -> Cluster:
@@ -104,6 +122,12 @@ def retry_install(*, cluster: Cluster) -> Cluster:
                 work.begin_install(node)
                 node.lease_token = ""
                 node.lease_expires_at = None
+        audit.note(
+            summary=f"retried the install of cluster `{locked.name}` (attempt "
+            f"{locked.install_attempts})",
+            obj=locked,
+            changes={"status": audit.change(Status.DEGRADED.value, Status.INSTALLING.value)},
+        )
         work.event(
             Reason.RETRY_INSTALL,
             f"Installing {locked.get_software_display()} again (attempt "
@@ -143,8 +167,20 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
             version=version,
         )
         locked.save(update_fields=["version", "needs_work"])
+        _note_added(locked, added, live=live)
         dispatch.current().advance(locked.pk)
     return locked
+
+
+def _note_added(cluster: Cluster, added: list[Node], *, live: int) -> None:
+    """The audit log's entry of an add, in its transaction: "added 2 workers to cluster …"."""
+    count = len(added)
+    audit.note(
+        summary=f"added {count} worker{'s' if count > 1 else ''} to cluster `{cluster.name}` "
+        f"({', '.join(n.name for n in added)})",
+        obj=cluster,
+        changes={"machines": audit.change(live, live + count)},
+    )
 
 
 def mark_lost(*, node_id: int, last_heard: datetime, why: str, now: datetime | None = None) -> bool:

@@ -255,6 +255,13 @@ def replace_node(
             node=new,
         )
         work.flush()
+        audit.note(
+            summary=f"replaced {old.name} of cluster `{locked.name}`"
+            f"{' automatically (its repair policy)' if automatic else ''} ({why})",
+            obj=locked,
+            changes={"replaced": audit.change(old.pk, new.pk)},
+            action="clusters:auto_replace" if automatic else "",
+        )
         dispatch.current().advance(locked.pk)
     log.info("cluster %s: replacing %s (%s)", locked.pk, old.name, why)
     return new
@@ -315,6 +322,11 @@ def set_repair_policy(*, cluster: Cluster, policy: object, user: User | None = N
         if locked.repair_policy == policy:
             return locked
         work = UnitOfWork.load(locked, now=now)
+        audit.note(
+            summary=f"set the repair policy of cluster `{locked.name}` to {policy}",
+            obj=locked,
+            changes={"repair_policy": audit.change(locked.repair_policy, str(policy))},
+        )
         locked.repair_policy = str(policy)  # one of RepairPolicy's, checked above
         work.cluster_dirty = True
         who = f" by {user.email}" if user else ""
@@ -411,18 +423,11 @@ def repair_cluster(cluster: Cluster, *, now: datetime) -> list[str]:
             )
             break
         try:
-            new = replace_node(cluster=cluster, node_name=name, automatic=True, now=now)
+            replace_node(cluster=cluster, node_name=name, automatic=True, now=now)
         except ClusterRefused as refused:
             said = f"{name} could not be replaced automatically: {refused.message}"
             _tell_once(cluster, name, said, now=now)
             continue
-        audit.system(
-            project=cluster.project,
-            action="clusters:auto_replace",
-            object_type="node",
-            object_id=new.pk,
-            changes={"replaced": {"before": new.replaces_id, "after": new.pk}, "node": name},
-        )
         asked.append(f"{cluster.pk}/{name}")
         nodes = list(cluster.nodes.all())
     return asked

@@ -11,6 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
+import audit
 from accounts import keys
 from accounts.models import ApiKey, Environment, Membership, Project, SshKey, User
 from billing import balances, budgets, ledger
@@ -567,6 +568,7 @@ def _create_checked(create: _Create, *, now: datetime) -> Cluster:
             Event.objects.create(
                 cluster=cluster, at=now, reason=Reason.CREATED, message=_created_message(create)
             )
+            audit.note(summary=_created_words(cluster), obj=cluster)
             dispatch.current().advance(cluster.pk)
     except IntegrityError:
         # Another request took the name between the check above and this insert.
@@ -576,6 +578,16 @@ def _create_checked(create: _Create, *, now: datetime) -> Cluster:
             raise _name_taken(name, environment) from None
         raise
     return cluster
+
+
+def _created_words(cluster: Cluster) -> str:
+    """The audit log's words: created cluster `devs` (4 × 8×H100, Slurm) in Columbus, Ohio."""
+    machine_type = cluster.machine_type
+    return (
+        f"created cluster `{cluster.name}` ({cluster.size} × {machine_type.gpus_per_machine}×"
+        f"{machine_type.gpu.name}, {cluster.get_software_display()}) in "
+        f"{machine_type.location.name}"
+    )
 
 
 def _created_message(create: _Create) -> str:

@@ -22,7 +22,6 @@ from datetime import datetime
 from celery import shared_task
 from django.utils import timezone
 
-import audit
 from accounts import recipients as told
 from billing import limits, metering
 from clusters import lifecycle
@@ -47,21 +46,14 @@ class LimitsResult:
 def _stop(cluster_ids: list[int], reason: str) -> list[int]:
     stopped = []
     for cluster in Cluster.objects.filter(pk__in=cluster_ids, status__in=Cluster.TERMINABLE):
-        before = cluster.status
         try:
-            ended = lifecycle.stop(cluster=cluster, reason=reason)
+            lifecycle.stop(cluster=cluster, reason=reason)
         except Exception:
             # One cluster that cannot be stopped now must not keep the others running; the
             # next meter run tries it again.
             logger.exception("could not stop cluster %s (%s)", cluster.pk, reason)
             continue
-        audit.system(
-            project=cluster.project,
-            action=f"clusters:stop_{reason}",
-            object_type="cluster",
-            object_id=cluster.pk,
-            changes={"status": {"before": before, "after": ended.status}},
-        )
+        # Its audit entry is the stop's own, in its transaction (lifecycle.stop).
         stopped.append(cluster.pk)
     return stopped
 

@@ -128,7 +128,8 @@ def test_the_audit_records_a_revocation_and_a_refusal(owner, developer):
     by_api(owner, developer)
 
     entries = Entry.objects.filter(action__contains="revoke_api_key").order_by("pk")
-    assert [(e.user_email, e.status_code) for e in entries] == [
-        ("developer@example.com", 403),
-        ("owner@example.com", 204),
+    assert [(e.user_email, e.status_code, e.result) for e in entries] == [
+        ("developer@example.com", 403, "refused"),
+        ("owner@example.com", None, "done"),  # written in the revocation's transaction
     ]
+    assert entries[1].summary.startswith("revoked API key `")

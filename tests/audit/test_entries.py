@@ -156,11 +156,13 @@ def test_staff_in_admin_are_recorded_on_the_project_of_what_they_changed(owner):
         staff,
         owner.project,
     )
-    assert (entry.action, entry.object_type, entry.object_id) == (
+    assert (entry.action, entry.object_type, entry.object_id, entry.object_name) == (
         "admin:clusters_cluster_change",
         "cluster",
         str(cluster.pk),
+        cluster.name,
     )
+    assert entry.summary == "changed cluster in admin"
 
 
 def test_a_budget_change_records_its_before_and_after_from_the_dashboard_and_the_api(owner):
@@ -221,7 +223,8 @@ def test_reads_logged_out_calls_and_405s_write_nothing(owner, client):
     assert not Entry.objects.exists()
 
 
-def test_a_failed_write_is_logged_and_the_request_still_answers(owner, monkeypatch, caplog):
+def test_a_change_whose_entry_cannot_be_written_does_not_happen(owner, monkeypatch):
+    """The entry is written in the change's own transaction: no change without its entry."""
     cluster = ClusterFactory(project=owner.project, status=Cluster.Status.READY)
 
     def broken(**fields):
@@ -230,9 +233,26 @@ def test_a_failed_write_is_logged_and_the_request_still_answers(owner, monkeypat
     monkeypatch.setattr(Entry.objects, "create", broken)
     response = owner.api().post(f"/api/v1/clusters/{cluster.pk}/terminate")
 
-    assert response.status_code == 202
+    assert response.status_code == 500
     cluster.refresh_from_db()
-    assert cluster.status == Cluster.Status.TERMINATING
+    assert cluster.status == Cluster.Status.READY
+    assert not cluster.events.exists()
+
+
+def test_a_refusals_failed_write_is_logged_and_the_request_still_answers(
+    owner, monkeypatch, caplog
+):
+    """A refusal changed nothing: its entry is the middleware's, after the view, and one it
+    cannot write fails nothing."""
+    cluster = ClusterFactory(project=owner.project, status=Cluster.Status.TERMINATED)
+
+    def broken(**fields):
+        raise RuntimeError("the disk is full")
+
+    monkeypatch.setattr(Entry.objects, "create", broken)
+    response = owner.api().post(f"/api/v1/clusters/{cluster.pk}/terminate")
+
+    assert response.status_code == 409
     assert "could not write the audit entry for clusters_api_terminate_cluster" in caplog.text
 
 
@@ -253,7 +273,7 @@ def test_a_view_records_changes_on_the_request_it_handles():
 def test_a_failure_reading_the_request_is_logged_and_the_request_still_answers(
     owner, monkeypatch, caplog
 ):
-    cluster = ClusterFactory(project=owner.project, status=Cluster.Status.READY)
+    cluster = ClusterFactory(project=owner.project, status=Cluster.Status.TERMINATED)
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the log")
@@ -261,7 +281,7 @@ def test_a_failure_reading_the_request_is_logged_and_the_request_still_answers(
     monkeypatch.setattr(log, "object_of", broken)
     response = owner.browser_client().post(f"/clusters/{cluster.pk}/terminate/")
 
-    assert response.status_code == 302
+    assert response.status_code in (302, 409)
     assert "could not write the audit entry for /clusters/" in caplog.text
     assert not Entry.objects.exists()
 

@@ -52,19 +52,20 @@ def test_an_owner_sees_the_projects_entries_newest_first(owner, entries, django_
     client.get("/audit/")  # warm the session
 
     # Session, user, the project with the user's role (read once for the page's check and the
-    # top bar's link), count, the page, the top bar's balance.
-    with django_assert_num_queries(6):
+    # top bar's link), count, the page, which of its clusters still exist (one query per kind
+    # of object linked), the top bar's balance.
+    with django_assert_num_queries(7):
         response = client.get("/audit/")
     for _ in range(20):
-        _entry(owner.project, at=DAY_ONE)
-    with django_assert_num_queries(6):  # not one more for more rows
+        _entry(owner.project, at=DAY_ONE, object_type="cluster", object_id="8")
+    with django_assert_num_queries(7):  # not one more for more rows
         client.get("/audit/")
 
     assert response.status_code == 200
     rows = [entry.pk for entry in response.context["page"].object_list][:3]
     assert rows == [entries["key"].pk, entries["budget"].pk, entries["terminate"].pk]
     body = response.content.decode()
-    assert "500.00 &rarr; 50.00" in body
+    assert "500.00 → 50.00" in body
     assert "stranger@example.com" not in body
     assert 'href="/audit/"' in body  # the top bar links it for an owner
 
@@ -98,6 +99,52 @@ def test_the_csv_export_has_the_filtered_entries_and_no_formula(owner, entries):
     assert rows[0]["who"] == "API key '=ci-robot' (owner@example.com)"
     assert rows[0]["channel"] == "cli"
     assert rows[0]["action"] == "clusters_api_create_cluster"
+
+
+def test_the_csv_of_a_filtered_view_says_who_what_which_object_and_the_changes(owner, entries):
+    _entry(
+        owner.project,
+        actor="api_key",
+        api_key_name="ci",
+        action="accounts_api_revoke_key",
+        summary="revoked API key `ci`",
+        object_type="api_key",
+        object_id="9",
+        object_name="ci",
+        changes={"revoked": {"before": False, "after": True}},
+        outcome="done",
+        at=DAY_TWO,
+    )
+    page = owner.browser_client().get("/audit/?action=revoked").content.decode()
+    assert 'href="/audit/export.csv?action=revoked"' in page  # the page's link keeps its filter
+
+    response = owner.browser_client().get("/audit/export.csv?action=revoked")
+
+    assert response["Content-Disposition"] == 'attachment; filename="audit.csv"'
+    (row,) = csv.DictReader(io.StringIO(response.content.decode()))
+    assert (row["who"], row["what"], row["object_type"], row["object_name"]) == (
+        "API key 'ci' (owner@example.com)",
+        "revoked API key `ci`",
+        "api_key",
+        "ci",
+    )
+    assert row["changes"] == '{"revoked": {"after": true, "before": false}}'
+    assert row["outcome"] == "done"
+
+
+def test_an_entry_from_before_words_reads_from_its_action_and_answer(owner, entries):
+    """Entries written before 0002 have no words, object name or outcome: they still read."""
+    _entry(owner.project, method="POST", status_code=409, at=DAY_TWO)
+
+    listed = owner.api().get("/api/v1/audit?limit=1").json()["data"][0]
+
+    assert (listed["summary"], listed["outcome"]) == ("POST clusters:terminate (409)", "refused")
+    (row, *_) = csv.DictReader(
+        io.StringIO(owner.browser_client().get("/audit/export.csv").content.decode())
+    )
+    assert (row["what"], row["outcome"]) == ("POST clusters:terminate (409)", "refused")
+    page = owner.browser_client().get("/audit/").content.decode()
+    assert "cluster 7" in page  # the terminate's object, named by its kind and id
 
 
 def test_the_csv_keeps_a_formula_out_of_the_first_character(owner):

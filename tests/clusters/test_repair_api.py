@@ -78,7 +78,8 @@ def test_plan_then_replace_with_its_token(owner, client, clock):
     assert old["status"] == "ended" and old["replaced_by"] == new["id"]
     assert new["status"] == "starting" and new["replaces"] == old["id"] and new["joining"]
     assert old["drained"].startswith("node-1 GPU 0: 2 uncorrectable ECC errors")
-    entry = Entry.objects.filter(action__contains="replace_node", status_code=202).get()
+    entry = Entry.objects.filter(action__contains="replace_node", outcome="done").get()
+    assert entry.summary.startswith(f"replaced node-1 of cluster `{cluster.name}` (node-1 GPU 0")
     assert entry.changes == {"replaced": {"before": old["id"], "after": new["id"]}}
 
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
 from accounts.models import ApiKey, Environment, Invitation, Membership, SshKey
+from audit.models import Entry
 from clusters import lifecycle
 from clusters.models import Cluster, Event, Node
 from runcrate import outages
@@ -219,7 +220,18 @@ def test_a_create_whose_connection_drops_after_its_commit_answers_201(owner, off
     assert response.status_code == 201, response.content
     assert kills and kills[0] >= 1
     assert response.json()["data"]["name"] == "after-commit"
-    assert Cluster.objects.filter(name="after-commit").count() == 1
+    cluster = Cluster.objects.get(name="after-commit")
+    assert recorded(cluster, "created cluster `after-commit`") == 1
+
+
+def recorded(cluster: Cluster, words: str) -> int:
+    """How many entries say the action happened to `cluster` (written in its transaction)."""
+    return Entry.objects.filter(
+        object_type="cluster",
+        object_id=str(cluster.pk),
+        summary__startswith=words,
+        outcome=Entry.Outcome.DONE,
+    ).count()
 
 
 # --- an action whose commit succeeded (terminate, add workers, retry install) ----------------
@@ -261,6 +273,12 @@ def degraded_cluster(owner) -> Cluster:
     )
 
 
+# The words of each action's audit entry.
+WORDS = {
+    "terminate": "terminated cluster",
+    "workers": "added 1 worker to cluster",
+    "retry-install": "retried the install of cluster",
+}
 # (what to do, the lifecycle function it calls, the cluster it needs, the body, the status after)
 ACTIONS = {
     "terminate": ("terminate", ready_cluster, None, Cluster.Status.TERMINATING),
@@ -285,6 +303,7 @@ def assert_done(cluster: Cluster, action: str, response) -> None:
     if action == "workers":
         assert cluster.nodes.count() == 3
         assert len(response.json()["data"]["machines"]) == 3
+    assert recorded(cluster, WORDS[action]) == 1  # in the action's transaction: committed too
 
 
 @pytest.fixture
@@ -352,6 +371,7 @@ def test_an_action_whose_commit_did_not_happen_answers_503_and_changed_nothing(
     cluster.refresh_from_db()
     assert cluster.status == Cluster.Status.READY
     assert not cluster.events.filter(reason=Event.Reason.TERMINATE_REQUESTED).exists()
+    assert recorded(cluster, "terminated cluster") == 0
 
 
 @postgres_only
@@ -408,6 +428,7 @@ class Change:
     body: dict | None
     success: int
     done: Callable[[Person], bool]
+    words: str = ""  # the start of its audit entry's words
 
 
 def _teammate(owner: Person) -> Membership:
@@ -425,6 +446,7 @@ CHANGES = {
         {"name": "desk", "public_key": ed25519_line()},
         201,
         lambda owner: SshKey.objects.filter(project=owner.project, name="desk").exists(),
+        words="added SSH key `desk`",
     ),
     "remove ssh key": Change(
         "delete",
@@ -432,6 +454,7 @@ CHANGES = {
         None,
         204,
         lambda owner: not SshKey.objects.filter(name="laptop").exists(),
+        words="removed SSH key `laptop`",
     ),
     "issue api key": Change(
         "post",
@@ -439,6 +462,7 @@ CHANGES = {
         {"name": "agent"},
         201,
         lambda owner: ApiKey.objects.filter(project=owner.project, name="agent").exists(),
+        words="created API key `agent`",
     ),
     "revoke api key": Change(
         "delete",
@@ -446,6 +470,7 @@ CHANGES = {
         None,
         204,
         lambda owner: _spare_key(owner).revoked_at is not None,
+        words="revoked API key `spare`",
     ),
     "set budget": Change(
         "put",
@@ -455,6 +480,7 @@ CHANGES = {
         lambda owner: (
             owner.project.environments.get(name="default").monthly_budget == Decimal("750.00")
         ),
+        words="set the monthly budget of `default`",
     ),
     "invite member": Change(
         "post",
@@ -462,6 +488,7 @@ CHANGES = {
         {"email": "new@example.com", "role": "developer"},
         201,
         lambda owner: Invitation.objects.filter(email="new@example.com").exists(),
+        words="invited new@example.com",
     ),
     "change role": Change(
         "patch",
@@ -469,6 +496,7 @@ CHANGES = {
         {"role": "manager"},
         200,
         lambda owner: _teammate(owner).role == Membership.Role.MANAGER,
+        words="changed the role of teammate@example.com",
     ),
     "remove member": Change(
         "delete",
@@ -476,6 +504,7 @@ CHANGES = {
         None,
         204,
         lambda owner: not Membership.objects.filter(user__email="teammate@example.com").exists(),
+        words="removed teammate@example.com",
     ),
 }
 
@@ -512,6 +541,8 @@ def test_a_change_whose_commit_went_through_answers_its_success(
     assert dropped and dropped[0] >= 1
     assert change.done(owner)
     assert response.status_code == change.success, response.content
+    done = Entry.objects.filter(summary__startswith=change.words, outcome=Entry.Outcome.DONE)
+    assert done.count() == 1
 
 
 # --- a load of real requests while the database's backends are killed ------------------------
@@ -698,6 +729,24 @@ def test_every_action_that_committed_under_the_killer_answered_its_success(owner
     added = growing.nodes.count() - growing.size
     assert added == [status for _, status in answers["workers"]].count(202), answers["workers"]
     assert {status for _, status in answers["workers"]} <= {202, 503}
+    assert_every_committed_action_recorded_once(committed, growing, added)
+
+
+def assert_every_committed_action_recorded_once(
+    committed: dict[str, set], growing: Cluster, added: int
+) -> None:
+    """Each action that committed has its one entry, written in its transaction; one that did
+    not has none saying it was done."""
+    done = Entry.objects.filter(outcome=Entry.Outcome.DONE)
+    terminated = done.filter(summary__startswith="terminated cluster")
+    assert sorted(int(e.object_id) for e in terminated) == sorted(committed["terminate"])
+    created = done.filter(summary__startswith="created API key `agent-")
+    assert sorted(e.object_name for e in created) == sorted(committed["issue"])
+    revoked = done.filter(summary__startswith="revoked API key `spare-")
+    assert sorted(int(e.object_id) for e in revoked) == sorted(committed["revoke"])
+    budgets = done.filter(summary__startswith="set the monthly budget of `env-")
+    assert sorted(e.object_name for e in budgets) == sorted(committed["budget"])
+    assert recorded(growing, "added 1 worker") == added
 
 
 @dataclass

@@ -46,6 +46,7 @@ from clusters.models import Cluster, Event, Node
 from clusters.telemetry import logs, metrics
 from notifications.models import EVENT_TYPES, Attempt, Delivery, Endpoint
 from offers.models import MachineType, QuoteRequest
+from tests.audit.world import audit_day
 from tests.billing.conftest import bill_cluster
 from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
 from tests.conftest import Person
@@ -251,6 +252,7 @@ def world(owner: Person, newcomer: Person) -> tuple[dict[str, Person], list[Page
         object_id=terminated.pk,
         changes={"status": ["ready", "stopped"]},
     )
+    audit_day(project, owner.user, terminated.pk)  # entries in words, a link, a refusal
     # Notification channels: a webhook with a delivered, a retrying and a failed delivery, one
     # failing for a day, a Slack channel switched off (its long URL shortened), one never sent.
     hook = Endpoint.objects.create(
