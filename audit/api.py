@@ -9,9 +9,9 @@ from ninja import Field, Query, Router, Schema
 from accounts.api_auth import Scope, needs
 from accounts.requests import ApiRequest
 from audit.access import require_audit
-from audit.filters import EntryFilter, entries
+from audit.filters import EntryFilter, entries, in_utc
 from audit.models import Entry
-from runcrate.api import ErrorOut, ListMeta, Offset, paginated, utc_str
+from runcrate.api import ApiError, ErrorOut, ListMeta, Offset, paginated, utc_str
 
 router = Router(tags=["audit"])
 
@@ -67,11 +67,24 @@ def list_audit(
 ) -> dict:
     require_audit(user=request.user, project=request.project)
     by = EntryFilter(
-        who=who, action=action, cluster=str(cluster) if cluster else "", since=since, until=until
+        who=who,
+        action=action,
+        cluster=str(cluster) if cluster else "",
+        since=_moment("since", since),
+        until=_moment("until", until),
     )
     return paginated(
         entries(project=request.project, by=by), limit=limit, offset=offset, render=_out
     )
+
+
+def _moment(name: str, moment: datetime | None) -> datetime | None:
+    if moment is None:
+        return None
+    try:
+        return in_utc(moment)
+    except ValueError as error:
+        raise ApiError(422, "invalid_request", f"{name}: {error}") from None
 
 
 def _out(entry: Entry) -> dict:

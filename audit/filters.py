@@ -2,7 +2,7 @@
 from the page's form and the API's query parameters alike (docs/audit.md)."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import Q, QuerySet
 
@@ -17,6 +17,17 @@ class EntryFilter:
     cluster: str = ""  # a cluster's id
     since: datetime | None = None
     until: datetime | None = None
+
+
+def in_utc(moment: datetime) -> datetime:
+    """A filter's time as the database compares it: in UTC (a naive one read as UTC). Raises
+    ValueError with words for a time UTC cannot hold (year 1 at +05:00), and the database never
+    sees an offset it refuses (PostgreSQL holds at most ±15:59; Python allows ±23:59)."""
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    try:
+        return aware.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{moment.isoformat()} is out of range once in UTC.") from None
 
 
 def entries(*, project: Project, by: EntryFilter) -> QuerySet[Entry]:

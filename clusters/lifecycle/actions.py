@@ -148,7 +148,7 @@ def add_workers(*, cluster: Cluster, count: int, api_key: ApiKey | None = None) 
     now = timezone.now()
     with transaction.atomic():
         locked = lock_cluster(cluster.pk)
-        require_workers(locked, count=count, api_key=api_key, now=now)
+        live = require_workers(locked, count=count, api_key=api_key, now=now)
         assert locked is not None  # require_workers refuses a cluster that is gone
         nodes = locked.nodes.all()
         hosts = reserve_hosts(machine_type=locked.machine_type, count=count, now=now)

@@ -178,6 +178,32 @@ def test_a_bad_api_filter_is_a_422(owner, entries):
     assert not Entry.objects.filter(action="audit").exists()
 
 
+def test_a_time_with_an_offset_the_database_cannot_hold_is_read_in_utc(owner, entries):
+    """Python allows offsets up to ±23:59, PostgreSQL ±15:59: the filter compares in UTC."""
+    api = owner.api().get("/api/v1/audit?since=2026-03-02T19:28:00%2B19:28")
+    page = owner.browser_client().get("/audit/?since=2026-03-02T19:28:00%2B19:28")
+
+    assert api.status_code == 200
+    assert {entry["id"] for entry in api.json()["data"]} == {
+        entries["key"].pk,
+        entries["budget"].pk,
+    }
+    assert {entry.pk for entry in page.context["page"].object_list} == {
+        entries["key"].pk,
+        entries["budget"].pk,
+    }
+
+
+def test_a_time_utc_cannot_hold_is_refused_with_words(owner, entries):
+    api = owner.api().get("/api/v1/audit?until=0001-01-01T00:00:00%2B05:00")
+    page = owner.browser_client().get("/audit/?until=0001-01-01T00:00:00%2B05:00")
+
+    assert api.status_code == 422
+    assert "until: 0001-01-01T00:00:00+05:00 is out of range" in api.json()["error"]["message"]
+    assert page.status_code == 200
+    assert page.context["form"].errors.keys() == {"until"}
+
+
 def test_a_developer_gets_no_page_no_link_and_a_403(teammate, entries):
     client = teammate.browser_client()
 
