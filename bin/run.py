@@ -263,6 +263,17 @@ def main() -> int:
             "--queues=machines",
             "--hostname=machines@%h",
         ],
+        # Hosts released after their clusters (wipe, reimage, verify: minutes each), side by
+        # side on RUNCRATE_RELEASE_CONCURRENCY threads (config/celery.py), never on the threads
+        # live clusters' steps run on.
+        "releases": [
+            *celery,
+            "worker",
+            f"--loglevel={log_level}",
+            "--pool=threads",
+            "--queues=releases",
+            "--hostname=releases@%h",
+        ],
         # A tenant's host (log fetches) and a customer's receiver (webhooks, Slack): each on a
         # worker of its own, so neither can hold the machines' or the default queue.
         "logs": [

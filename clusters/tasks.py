@@ -82,6 +82,18 @@ def node_work(node_id: int, action: str, token: str, also: list | None = None) -
 lifecycle.register_task("node_work", node_work)
 
 
+@shared_task(name="clusters.tasks.release_work", ignore_result=True)
+def release_work(node_id: int, action: str, token: str, also: list | None = None) -> int:
+    """`node_work` for a host's release (the stop: wipe, reimage, verify), on the `releases`
+    queue: its own worker's RUNCRATE_RELEASE_CONCURRENCY threads release the hosts of ended
+    clusters side by side, and never hold the `machines` threads live clusters' steps run on."""
+    leases = [(node_id, token), *((n, t) for n, t in also or [])]
+    return lifecycle.do_work(action=action, leases=leases)
+
+
+lifecycle.register_task("release", release_work)
+
+
 @shared_task(name="clusters.tasks.network_test", ignore_result=True)
 def network_test(cluster_id: int, token: str) -> bool:
     """Measure a cluster's private network; does nothing unless `token` is still its running

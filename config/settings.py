@@ -299,12 +299,16 @@ CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = (
     Queue("celery", routing_key="celery"),
     Queue("machines", routing_key="machines"),
+    Queue("releases", routing_key="releases"),
     Queue("logs", routing_key="logs"),
     Queue("notifications", routing_key="notifications"),
 )
 CELERY_TASK_ROUTES = {
     "clusters.tasks.node_work": {"queue": "machines"},
     "clusters.tasks.network_test": {"queue": "machines"},
+    # A host's release after its cluster (stop, wipe, reimage, verify: minutes) on a queue and
+    # worker of its own, so a big cluster's release never holds another cluster's steps.
+    "clusters.tasks.release_work": {"queue": "releases"},
     # A node's logs or the head's jobs, read over SSH (clusters/telemetry/logs.py): a tenant's host.
     "clusters.tasks.fetch_logs": {"queue": "logs"},
     # Webhook and Slack deliveries (notifications/delivery.py): a customer's receiver.
@@ -318,6 +322,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("RUNCRATE_TASKS_EAGER", False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# How many hosts the `releases` worker releases at once (its threads, when started without
+# --concurrency: config/celery.py); the hosts of a big cluster go back side by side up to this.
+RUNCRATE_RELEASE_CONCURRENCY = env_int("RUNCRATE_RELEASE_CONCURRENCY", 8, minimum=1)
 # The one beat scheduler's periodic tasks; each app adds its own entries here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 # Modules with tasks that autodiscovery (each app's tasks.py) does not find.

@@ -19,15 +19,17 @@ from django.core.cache import cache
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
+from clusters.lifecycle.records import Action, ActionKind
 from clusters.lifecycle.rules import ADVANCE_PENDING_SECONDS
 
 log = logging.getLogger(__name__)
 
 # --- what each kind of work is: registered by the modules that do and carry it ---------------
 
-# The kinds handed on: a cluster's advance, work on its nodes under a lease, its network test, and
-# a read of a node's logs.
-KINDS = ("advance", "node_work", "network_test", "fetch_logs")
+# The kinds handed on: a cluster's advance, work on its nodes under a lease, the release of hosts
+# after their nodes (the same work, a stop, on a queue of its own), its network test, and a read of
+# a node's logs.
+KINDS = ("advance", "node_work", "release", "network_test", "fetch_logs")
 _tasks: dict[str, Any] = {}  # kind -> the Celery task that carries it
 _runs: dict[str, Callable[..., object]] = {}  # kind -> the function that does it, in process
 
@@ -91,6 +93,12 @@ def publish(what: str, send: Callable[[], object]) -> bool:
     return True
 
 
+def is_release(action: str) -> bool:
+    """Whether node work (`Action.to_task`) is a host's release, which the `releases` queue
+    carries so that it never waits in front of, or behind, live clusters' steps."""
+    return Action.from_task(action).kind is ActionKind.STOP
+
+
 def advance_pending_key(cluster_id: int) -> str:
     return f"clusters:advance-pending:{cluster_id}"
 
@@ -117,13 +125,15 @@ class Dispatcher:
 
     def node_work(self, action: str, leases: list[tuple[int, str]]) -> None:
         """Hand `action` to the nodes of one cluster, each under its lease (node, token): one
-        task for all of them."""
+        task for all of them. A stop (a host's release: wipe, reimage, verify) goes as a
+        `release` task (`clusters.tasks.release_work`), on a queue and worker of its own."""
         (node_id, token), *also = leases
         what = f"{action} of node {node_id}" + (f" and {len(also)} more" if also else "")
+        kind = "release" if is_release(action) else "node_work"
         transaction.on_commit(
             lambda: publish(
                 what,
-                lambda: task("node_work").delay(node_id, action, token, *([also] if also else [])),
+                lambda: task(kind).delay(node_id, action, token, *([also] if also else [])),
             )
         )
 

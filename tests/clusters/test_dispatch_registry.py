@@ -13,6 +13,7 @@ def test_every_kind_handed_on_has_the_task_that_carries_it():
     assert {kind: dispatch.task(kind) for kind in dispatch.KINDS} == {
         "advance": tasks.advance,
         "node_work": tasks.node_work,
+        "release": tasks.release_work,
         "network_test": tasks.network_test,
         "fetch_logs": tasks.fetch_logs,
     }

@@ -12,9 +12,9 @@ and the head's jobs over its pinned SSH session (`SshDriver.read_logs`, the comm
   every 20 s: with *Fetch logs* pressed for each of their machines, the fetches run on the `logs`
   queue's own worker, as production runs it (a process of its own, Procfile's `logs` line),
   while another customer's cluster is created, ready before either fetch ends, and terminated by
-  the worker of the default and `machines` queues (were the fetches on that queue, as before
-  issue 33, they would hold its threads and the cluster would wait); the fetches end at the
-  dashboard's deadline saying so, and a `tail` that prints 400 MB leaves the `logs` worker's
+  the worker of the default, `machines` and `releases` queues (were the fetches on that queue,
+  as before issue 33, they would hold its threads and the cluster would wait); the fetches end at
+  the dashboard's deadline saying so, and a `tail` that prints 400 MB leaves the `logs` worker's
   peak memory within its bound.
 
 Skipped, with the reason, where the lab cannot start (tests/clusters/lab_kit.py).
@@ -290,7 +290,8 @@ def test_a_tenants_trickling_hosts_hold_no_other_customers_machines(fleet, user_
                 app,
                 pool="threads",
                 concurrency=MACHINES_THREADS,
-                queues=["celery", "machines"],
+                # The other cluster's hosts are released on the `releases` queue's threads.
+                queues=["celery", "machines", "releases"],
                 perform_ping_check=False,
                 shutdown_timeout=60,
             ),

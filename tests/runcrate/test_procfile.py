@@ -32,7 +32,7 @@ def _workers(processes: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def test_it_names_web_then_the_workers_and_beat(processes):
     # Web first: honcho gives the first process $PORT, the others $PORT + 100, + 200, …
-    assert list(processes) == ["web", "worker", "machines", "logs", "notify", "beat"]
+    assert list(processes) == ["web", "worker", "machines", "releases", "logs", "notify", "beat"]
     assert processes["web"][:2] == ["gunicorn", "config.wsgi"]
 
 
@@ -47,6 +47,7 @@ def test_its_workers_consume_every_queue_the_settings_route_to(processes):
     assert workers == {
         "worker": {"celery"},
         "machines": {"machines"},
+        "releases": {"releases"},
         "logs": {"logs"},
         "notify": {"notifications"},
     }
@@ -69,3 +70,12 @@ def test_its_machines_worker_runs_threads(processes):
     argv = processes["machines"]
 
     assert "--pool=threads" in argv
+
+
+def test_its_releases_worker_runs_threads_as_many_as_the_setting(processes):
+    # No --concurrency of its own: config/celery.py gives the worker of the `releases` queue
+    # RUNCRATE_RELEASE_CONCURRENCY threads (tests/clusters/test_releases.py starts it).
+    argv = processes["releases"]
+
+    assert "--pool=threads" in argv
+    assert not [arg for arg in argv if arg.startswith(("--concurrency", "-c"))]

@@ -162,12 +162,13 @@ def served(tmp_path_factory) -> Iterator[Served]:
 def test_it_says_it_restarts_a_process_that_dies(served):
     output = served.output()
 
-    assert "make serve: supervising web, worker, machines, logs, notify, beat." in output
+    assert "make serve: supervising web, worker, machines, releases, logs, notify, beat." in output
     assert "A process that dies is restarted" in output
     assert {name for name, _ in STARTED.findall(output)} == {
         "web",
         "worker",
         "machines",
+        "releases",
         "logs",
         "notify",
         "beat",
