@@ -673,7 +673,9 @@ def _tab_context(
     if tab.slug == "billing":
         context["billed_machines"] = list(cost.rows)
     if tab.slug == "logs":
-        context.update(logs.tab_context(cluster))
+        # The machine the picker shows (the poll sends it): a redraw keeps it, not the head.
+        picked = shown_window.node if shown_window else None
+        context.update(logs.tab_context(cluster, node_name=picked or None))
     if tab.slug in METRICS_TABS:
         # Read before the figures: a report that lands meanwhile moves it past the version the
         # page says it shows, so the next poll draws that report too.

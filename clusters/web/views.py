@@ -314,9 +314,11 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
     if shown_tab is None:
         raise Http404("No such tab.")
     shown = _count(request.GET.get("version")) if request.htmx else None
+    # The Metrics tab's window and node; the Logs tab's picked node (its poll sends the
+    # picker's choice, so a redraw keeps it).
     shown_window = (
         MetricsWindow.of(request.GET.get("window"), request.GET.get("node"))
-        if tab == "metrics"
+        if tab in ("metrics", "logs")
         else None
     )
     if shown is not None:
