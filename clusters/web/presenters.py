@@ -17,6 +17,8 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
@@ -219,6 +221,39 @@ class NodeRow:
     head_sick: bool = False  # node-0, lost or unhealthy: it cannot be replaced in place
     replaced_at: datetime | None = None  # when a machine that left was replaced (asked for)
     replaces: Node | None = None  # the machine this replacement took the name of
+
+    @property
+    def gpus_cell(self) -> SafeString:
+        """The row's GPUs cell (`#<row id>-gpus`): its latest report's utilisation, and since
+        when it is silent. Joined here, not by a template: a poll after a report sends this
+        cell of every live row, alone (clusters/parts/gpu_cells.html)."""
+        return self._gpus_cell(oob=False)
+
+    @property
+    def gpus_cell_oob(self) -> SafeString:
+        """The same cell, swapped out of band by its id."""
+        return self._gpus_cell(oob=True)
+
+    def _gpus_cell(self, *, oob: bool) -> SafeString:
+        at = self.reported_at
+        if not self.utilization:
+            inner = mark_safe('<span class="muted">—</span>')  # noqa: S308 - constant
+        else:
+            title = (
+                format_html(' title="Its latest report: {} UTC"', f"{at:%H:%M:%S}") if at else ""
+            )
+            inner = format_html("<span{}>{}</span>", title, self.utilization)
+            if not self.reporting:
+                since = f"{at:%H:%M}" if at else ""
+                inner = format_html(
+                    '{} <span class="muted small">silent since {} UTC</span>', inner, since
+                )
+        return format_html(
+            '<td id="{}-gpus" class="node-gpus"{}>{}</td>',
+            self.row_id,
+            mark_safe(' hx-swap-oob="true"') if oob else "",  # noqa: S308 - constant
+            inner,
+        )
 
     @property
     def row_id(self) -> str:

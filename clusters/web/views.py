@@ -503,13 +503,11 @@ def _machines_changes(
     context["changed_rows"] = rows[: len(changed)]
     context["gpu_cells"] = rows[len(changed) : len(changed) + len(cells)]
     context["added_rows"] = rows[len(changed) + len(cells) :]
-    parts = [render_to_string("clusters/parts/changes.html", context, request)]
+    parts: list[str] = [render_to_string("clusters/parts/changes.html", context, request)]
     if cells:
         parts.append(render_to_string("clusters/parts/gpu_cells.html", context, request))
     figures_only = (
-        shown == cluster.version
-        and not context.get("balance_moved")
-        and _still_holds(request)
+        shown == cluster.version and not context.get("balance_moved") and _still_holds(request)
     )
     if not figures_only:
         context["oob"] = context["reports_oob"] = True
