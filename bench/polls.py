@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 # A moved poll's goal, × the bare logged-in view; the largest page's, × the smallest's.
 MOVED_RATIO = 4.0
 SIZE_RATIO = 2.0
+PAGE_BASE_NODES = 8
 # Reports of every simulated machine, this far apart, before the figures are timed.
 REPORTS = 8
 REPORT_SECONDS = 15
@@ -146,13 +147,15 @@ def polls_section(ctx: Context) -> None:
                 "queries",
             )
         )
+    # The issue sizes the pages against an 8-node cluster's, where the run has one.
+    base = PAGE_BASE_NODES if PAGE_BASE_NODES in sizes else small
     for kind, what in (("page", "the cluster page"), ("api", "the API detail")):
-        ratio = timings[f"{kind} {large}"].median_ms / timings[f"{kind} {small}"].median_ms
+        ratio = timings[f"{kind} {large}"].median_ms / timings[f"{kind} {base}"].median_ms
         ctx.goals.append(
             Goal(
-                f"{what} at {large} nodes ≤ {SIZE_RATIO:g}× at {small}",
+                f"{what} at {large} nodes ≤ {SIZE_RATIO:g}× at {base}",
                 ratio <= SIZE_RATIO,
                 f"{ratio:.2f}× ({timings[f'{kind} {large}'].median_ms:.1f} ms and "
-                f"{timings[f'{kind} {small}'].median_ms:.1f} ms)",
+                f"{timings[f'{kind} {base}'].median_ms:.1f} ms)",
             )
         )
