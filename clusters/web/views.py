@@ -44,6 +44,7 @@ from clusters.web.presenters import (
     MetricsWindow,
     Tab,
     detail_context,
+    figures_cells,
     new_cluster_context,
     node_rows,
     page_events,
@@ -389,6 +390,14 @@ def _poll(
             response["HX-Reswap"] = "none"
             return response
         return HttpResponse(status=204)
+    if (
+        tab.slug == "machines"
+        and metrics_moved
+        and version == shown
+        and not moved
+        and _still_holds(request)
+    ):
+        return _figures_answer(request, pk, status)
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
     context = detail_context(cluster, tab, shown_window)
@@ -401,6 +410,28 @@ def _poll(
         context["node_rows"] = node_rows(cluster, context["nodes"], context["now"])
         return _whole_answer(request, cluster, context)
     return _changes_answer(request, cluster, context, shown)
+
+
+def _figures_answer(request: ProjectRequest, pk: int, status: str) -> HttpResponse:
+    """The Machines tab's answer when only the figures moved (a report came; the cluster, the
+    meter and the clock did not): each live row's GPUs cell and the metrics version the page
+    now shows (`#metrics-shown`, which its poll includes), out of band, and nothing swapped in
+    place of the header (`HX-Reswap: none`), which holds what it held. Two queries past the
+    poll's three, whatever the node count: the nodes, their figures."""
+    # Read before the figures: a report landing meanwhile is drawn by the next poll.
+    version = metrics.metrics_version(pk)
+    nodes = list(
+        Node.objects.filter(cluster_id=pk)
+        .only("pk", "index", "status", "replaces_id", "cluster_id")
+        .order_by("index", "pk")
+    )
+    cells = figures_cells(status, nodes, timezone.now())
+    context = {"metrics_version": version, "metrics_oob": True}
+    parts = [f"<template>{''.join(cells)}</template>" if cells else ""]
+    parts.append(render_to_string("clusters/parts/metrics_shown.html", context, request))
+    response = HttpResponse("".join(parts))
+    response["HX-Reswap"] = "none"
+    return response
 
 
 def _still_holds(request: ProjectRequest) -> bool:
@@ -506,6 +537,10 @@ def _machines_changes(
     parts: list[str] = [render_to_string("clusters/parts/changes.html", context, request)]
     if cells:
         parts.append(render_to_string("clusters/parts/gpu_cells.html", context, request))
+    # The metrics version the page shows, which its poll includes (the header's carries the
+    # same, but the page keeps this one when only the figures move: `_figures_answer`).
+    context["metrics_oob"] = True
+    parts.append(render_to_string("clusters/parts/metrics_shown.html", context, request))
     figures_only = (
         shown == cluster.version and not context.get("balance_moved") and _still_holds(request)
     )

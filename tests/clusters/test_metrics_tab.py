@@ -479,7 +479,8 @@ def test_a_report_sends_each_machine_s_gpus_cell_alone_on_the_machines_tab(owner
     for node in cluster.nodes.all():
         report(node, [30, 50], at=timezone.now())
     with CaptureQueriesContext(connection) as queries:
-        body = client.get(url, headers=HTMX).content.decode()
+        response = client.get(url, headers=HTMX)
+    body = response.content.decode()
 
     cells = re.findall(r'<td id="(node-\d+)-gpus" class="node-gpus" hx-swap-oob="true">', body)
     assert cells == ["node-0", "node-1", "node-2"]
@@ -487,6 +488,14 @@ def test_a_report_sends_each_machine_s_gpus_cell_alone_on_the_machines_tab(owner
     assert set(node_cells(body).values()) == {"2 GPUs · 40%"}
     reads = [q["sql"] for q in queries.captured_queries if "clusters_gpusample" in q["sql"]]
     assert len(reads) == 1
+    # The header stays (nothing swapped in its place) and so does its poll; the page keeps the
+    # new metrics version in #metrics-shown, which that poll includes (its last value wins).
+    assert 'id="cluster-status"' not in body and response["HX-Reswap"] == "none"
+    assert len(queries) == 5  # the session, the user, the version; the nodes, their figures
+    version = str(metrics.metrics_version(cluster.pk))
+    shown = f'<input type="hidden" id="metrics-shown" name="metrics" value="{version}" '
+    assert shown + 'hx-swap-oob="true">' in body
+    assert client.get(f"{url}&metrics={version}", headers=HTMX).status_code == 204
 
 
 def test_a_report_and_a_changed_row_send_that_row_and_the_others_cells(owner, clock):
