@@ -1194,6 +1194,12 @@ def ledger_section(ctx: Context) -> None:
     )
 
 
+def polls_section(ctx: Context) -> None:
+    from bench.polls import polls_section as section
+
+    section(ctx)
+
+
 def metrics_section(ctx: Context) -> None:
     """Issue 23: agent metrics reports a web process takes, and their bytes (bench/metrics.py)."""
     from bench.metrics import metrics_section as measure
@@ -1295,6 +1301,7 @@ def run(
             settle()
             if "pages" in wanted:
                 pages_section(ctx)
+                polls_section(ctx)
             types = catalog_types()
             built = sizes.offers_hosts[0]
             ratios = []

@@ -193,13 +193,17 @@ def reporting_nodes() -> list[Node]:
 
 def report(*, now: datetime | None = None) -> int:
     """Write the report of every simulated machine that would report now (`reporting_nodes`),
-    checked as the agent's is and stored through `metrics.store`; returns the nodes reported.
-    One query to find them, then `metrics.store`'s two a node."""
+    checked as the agent's is and stored all together through `metrics.store_many`; returns the
+    nodes reported. One query to find them and `store_many`'s two, whatever their number (the
+    health judgement adds queries only for a node with something to say)."""
     now = now or timezone.now()
     nodes = reporting_nodes()
-    for node in nodes:
-        gpus, host = metrics.clean_report(node_report(node, now))
-        metrics.store(node.pk, node.cluster_id, gpus=gpus, host=host, at=now)
+    cleaned = [(node, *metrics.clean_report(node_report(node, now))) for node in nodes]
+    metrics.store_many(
+        [metrics.Report(node.pk, node.cluster_id, gpus, host) for node, gpus, host in cleaned],
+        at=now,
+    )
+    for node, gpus, _ in cleaned:
         # Judged as an agent's report is: a healthy report of a healthy node costs nothing.
         metrics.judge_gpu_health(_sender(node), gpus, at=now)
     return len(nodes)

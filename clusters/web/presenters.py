@@ -17,6 +17,8 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from accounts.requests import ProjectRequest
 from billing import balances, ledger, meter
@@ -221,12 +223,74 @@ class NodeRow:
     replaces: Node | None = None  # the machine this replacement took the name of
 
     @property
+    def gpus_cell(self) -> SafeString:
+        """The row's GPUs cell (`#<row id>-gpus`): its latest report's utilisation, and since
+        when it is silent. Joined here, not by a template: a poll after a report sends this
+        cell of every live row, alone (clusters/parts/gpu_cells.html)."""
+        return self._gpus_cell(oob=False)
+
+    @property
+    def gpus_cell_oob(self) -> SafeString:
+        """The same cell, swapped out of band by its id."""
+        return self._gpus_cell(oob=True)
+
+    def _gpus_cell(self, *, oob: bool) -> SafeString:
+        return gpus_cell(self.row_id, self.utilization, self.reported_at, self.reporting, oob=oob)
+
+    @property
     def row_id(self) -> str:
         """The row's id, which a poll's changed row is swapped by: the node's name, or, for a
         machine replaced under its name, one of its own."""
         if self.replaced_at is not None:
             return f"{self.node.name}-replaced-{self.node.pk}"
         return self.node.name
+
+
+def gpus_cell(
+    row_id: str, utilization: str, at: datetime | None, reporting: bool, *, oob: bool
+) -> SafeString:
+    """A machine row's GPUs cell (`#<row id>-gpus`): its latest report's utilisation, and since
+    when it is silent; swapped out of band by its id when `oob`."""
+    if not utilization:
+        inner = mark_safe('<span class="muted">—</span>')  # noqa: S308 - constant
+    else:
+        title = format_html(' title="Its latest report: {} UTC"', f"{at:%H:%M:%S}") if at else ""
+        inner = format_html("<span{}>{}</span>", title, utilization)
+        if not reporting:
+            since = f"{at:%H:%M}" if at else ""
+            inner = format_html(
+                '{} <span class="muted small">silent since {} UTC</span>', inner, since
+            )
+    return format_html(
+        '<td id="{}-gpus" class="node-gpus"{}>{}</td>',
+        row_id,
+        mark_safe(' hx-swap-oob="true"') if oob else "",  # noqa: S308 - constant
+        inner,
+    )
+
+
+def figures_cells(cluster_status: str, nodes: list[Node], now: datetime) -> list[SafeString]:
+    """Each live row's GPUs cell, out of band, from the nodes alone (no cluster, no header):
+    what the Machines tab's poll sends when only the figures moved. One query (the figures)."""
+    replaced = {n.replaces_id for n in nodes if n.replaces_id is not None}
+    kept = [
+        n for n in nodes if metrics.recording(cluster_status=cluster_status, node_status=n.status)
+    ]
+    figures = metrics.utilization_now([n.pk for n in kept])
+    cells = []
+    for node in kept:
+        found = figures.get(node.pk)
+        reported = found.reported_at if found else None
+        cells.append(
+            gpus_cell(
+                f"{node.name}-replaced-{node.pk}" if node.pk in replaced else node.name,
+                charts.utilization_text(found.gpus, found.mean_percent) if found else "",
+                reported,
+                metrics.reporting(reported, now=now),
+                oob=True,
+            )
+        )
+    return cells
 
 
 def _stepper(cluster: Cluster, nodes: list[Node]) -> list[Step]:
@@ -673,7 +737,9 @@ def _tab_context(
     if tab.slug == "billing":
         context["billed_machines"] = list(cost.rows)
     if tab.slug == "logs":
-        context.update(logs.tab_context(cluster))
+        # The machine the picker shows (the poll sends it): a redraw keeps it, not the head.
+        picked = shown_window.node if shown_window else None
+        context.update(logs.tab_context(cluster, node_name=picked or None))
     if tab.slug in METRICS_TABS:
         # Read before the figures: a report that lands meanwhile moves it past the version the
         # page says it shows, so the next poll draws that report too.

@@ -44,6 +44,7 @@ from clusters.web.presenters import (
     MetricsWindow,
     Tab,
     detail_context,
+    figures_cells,
     new_cluster_context,
     node_rows,
     page_events,
@@ -314,9 +315,11 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
     if shown_tab is None:
         raise Http404("No such tab.")
     shown = _count(request.GET.get("version")) if request.htmx else None
+    # The Metrics tab's window and node; the Logs tab's picked node (its poll sends the
+    # picker's choice, so a redraw keeps it).
     shown_window = (
         MetricsWindow.of(request.GET.get("window"), request.GET.get("node"))
-        if tab == "metrics"
+        if tab in ("metrics", "logs")
         else None
     )
     if shown is not None:
@@ -387,6 +390,14 @@ def _poll(
             response["HX-Reswap"] = "none"
             return response
         return HttpResponse(status=204)
+    if (
+        tab.slug == "machines"
+        and metrics_moved
+        and version == shown
+        and not moved
+        and _still_holds(request)
+    ):
+        return _figures_answer(request, pk, status)
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
     context = detail_context(cluster, tab, shown_window)
@@ -399,6 +410,28 @@ def _poll(
         context["node_rows"] = node_rows(cluster, context["nodes"], context["now"])
         return _whole_answer(request, cluster, context)
     return _changes_answer(request, cluster, context, shown)
+
+
+def _figures_answer(request: ProjectRequest, pk: int, status: str) -> HttpResponse:
+    """The Machines tab's answer when only the figures moved (a report came; the cluster, the
+    meter and the clock did not): each live row's GPUs cell and the metrics version the page
+    now shows (`#metrics-shown`, which its poll includes), out of band, and nothing swapped in
+    place of the header (`HX-Reswap: none`), which holds what it held. Two queries past the
+    poll's three, whatever the node count: the nodes, their figures."""
+    # Read before the figures: a report landing meanwhile is drawn by the next poll.
+    version = metrics.metrics_version(pk)
+    nodes = list(
+        Node.objects.filter(cluster_id=pk)
+        .only("pk", "index", "status", "replaces_id", "cluster_id")
+        .order_by("index", "pk")
+    )
+    cells = figures_cells(status, nodes, timezone.now())
+    context = {"metrics_version": version, "metrics_oob": True}
+    parts = [f"<template>{''.join(cells)}</template>" if cells else ""]
+    parts.append(render_to_string("clusters/parts/metrics_shown.html", context, request))
+    response = HttpResponse("".join(parts))
+    response["HX-Reswap"] = "none"
+    return response
 
 
 def _still_holds(request: ProjectRequest) -> bool:
@@ -453,26 +486,7 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
     parts: list[str] = [render_to_string("clusters/parts/header.html", context, request)]
     tab = context["tab"].slug
     if tab == "machines":
-        nodes, now = context["nodes"], context["now"]
-        on_page = _count(request.GET.get("nodes"))
-        # The page shows the first `on_page` machines the cluster had (none is ever deleted).
-        shown_pks = {n.pk for n in sorted(nodes, key=lambda n: n.pk)[:on_page]}
-        added = [n for n in nodes if n.pk not in shown_pks]
-        # A report moves every row's utilisation: all of them, then.
-        redraw = context.get("metrics_moved", False)
-        changed = [n for n in nodes if n.pk in shown_pks and (redraw or n.version > shown)]
-        if any(n.replaces_id is not None for n in added):
-            # A replacement's row goes beside the one it replaces, whose row changes its id:
-            # the tab whole, once.
-            context["node_rows"] = node_rows(cluster, nodes, now)
-            parts += _tab_parts(request, context)
-        else:
-            context["changed_rows"] = node_rows(cluster, changed, now, every=nodes)
-            context["added_rows"] = node_rows(cluster, added, now, every=nodes)
-            context["oob"] = context["reports_oob"] = True
-            parts.append(render_to_string("clusters/parts/changes.html", context, request))
-            parts.append(render_to_string("clusters/parts/machines_actions.html", context, request))
-            parts.append(render_to_string("clusters/parts/reports.html", context, request))
+        parts += _machines_changes(request, cluster, context, shown)
     elif tab == "events":
         # Up to the version read: an event written since comes with the next poll, and only then.
         context["new_events"] = list(
@@ -484,6 +498,57 @@ def _changes_answer(request: ProjectRequest, cluster: Cluster, context: dict, sh
         parts += _tab_parts(request, context)
     parts += _balance_part(request, context)
     return HttpResponse("".join(parts))
+
+
+def _machines_changes(
+    request: ProjectRequest, cluster: Cluster, context: dict, shown: int
+) -> list[str]:
+    """The Machines tab's part of a changed poll: the node rows stamped after `shown` (in place,
+    by id) and the rows the page lacks (appended), the reports and the machines' actions; and
+    when a report came (the metrics version moved), each other live row's GPUs cell alone
+    (`#<node>-gpus`), never its whole row. When only the figures moved, only those cells: the
+    rows, reports and actions hold what they held."""
+    nodes, now = context["nodes"], context["now"]
+    on_page = _count(request.GET.get("nodes"))
+    # The page shows the first `on_page` machines the cluster had (none is ever deleted).
+    shown_pks = {n.pk for n in sorted(nodes, key=lambda n: n.pk)[:on_page]}
+    added = [n for n in nodes if n.pk not in shown_pks]
+    if any(n.replaces_id is not None for n in added):
+        # A replacement's row goes beside the one it replaces, whose row changes its id:
+        # the tab whole, once.
+        context["node_rows"] = node_rows(cluster, nodes, now)
+        return _tab_parts(request, context)
+    changed = [n for n in nodes if n.pk in shown_pks and n.version > shown]
+    cells: list = []
+    if context.get("metrics_moved"):
+        changed_pks = {n.pk for n in changed}
+        cells = [
+            n
+            for n in nodes
+            if n.pk in shown_pks
+            and n.pk not in changed_pks
+            and metrics.recording(cluster_status=cluster.status, node_status=n.status)
+        ]
+    # One read of the figures for the rows and the cells together (node_rows reads them).
+    rows = node_rows(cluster, [*changed, *cells, *added], now, every=nodes)
+    context["changed_rows"] = rows[: len(changed)]
+    context["gpu_cells"] = rows[len(changed) : len(changed) + len(cells)]
+    context["added_rows"] = rows[len(changed) + len(cells) :]
+    parts: list[str] = [render_to_string("clusters/parts/changes.html", context, request)]
+    if cells:
+        parts.append(render_to_string("clusters/parts/gpu_cells.html", context, request))
+    # The metrics version the page shows, which its poll includes (the header's carries the
+    # same, but the page keeps this one when only the figures move: `_figures_answer`).
+    context["metrics_oob"] = True
+    parts.append(render_to_string("clusters/parts/metrics_shown.html", context, request))
+    figures_only = (
+        shown == cluster.version and not context.get("balance_moved") and _still_holds(request)
+    )
+    if not figures_only:
+        context["oob"] = context["reports_oob"] = True
+        parts.append(render_to_string("clusters/parts/machines_actions.html", context, request))
+        parts.append(render_to_string("clusters/parts/reports.html", context, request))
+    return parts
 
 
 # --- actions --------------------------------------------------------------------------------

@@ -293,6 +293,11 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
     goals = re.findall(r"^  (met    |NOT met|n/a    )  (.+)$", report, re.MULTILINE)
     assert [text.split(":")[0].split(" at ")[0].split(" the same")[0] for _, text in goals] == [
         "unchanged poll ≤ 2× the bare logged-in view",
+        # Issue 38: the live pages by size (bench/polls.py).
+        "the Machines tab's moved poll",
+        "the Metrics tab's moved poll",
+        "the cluster page",
+        "the API detail",
         "offers API ≤ 2× the bare bearer-key view",
         "tick query time",
         "meter ≤ 2× its set-based baseline",
@@ -300,6 +305,7 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
     ]
     assert "1,000 and 3,000 ledger lines" in report
     assert "Billing page, 10 clusters" in report
+    assert "moved-metrics poll, Machines tab, 4 nodes" in report
     assert "the benchmark database is gone" in report
     assert not (tmp_path / "bench" / "bench.sqlite3").exists()
 

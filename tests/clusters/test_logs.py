@@ -550,3 +550,24 @@ def test_an_ended_clusters_texts_are_not_downloadable(owner):
     assert client.get(f"/clusters/{cluster.pk}/logs/node-0/agent.txt").status_code == 200
     Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.TERMINATED)
     assert client.get(f"/clusters/{cluster.pk}/logs/node-0/agent.txt").status_code == 404
+
+
+def test_a_redraw_keeps_the_machine_the_picker_shows(owner, queued):
+    """Issue 38: the tab's poll sends the picker's machine (`hx-include`), so a redraw of the
+    panel (the cluster changed) shows that machine's logs, not node-0's again."""
+    cluster = cluster_of(owner, size=3)
+    client = owner.browser_client()
+    page = client.get(f"/clusters/{cluster.pk}/logs/").content.decode()
+    header = re.search(r'<section id="cluster-status"[^>]*>', page).group(0)
+    assert 'hx-include="#logs-node-pick"' in header
+    poll = unescape(re.search(r'hx-get="([^"]+)"', header).group(1))
+    Cluster.objects.filter(pk=cluster.pk).update(version=cluster.version + 1)
+
+    body = client.get(f"{poll}&node=node-2", headers=HTMX).content.decode()
+
+    assert '<section id="cluster-tab"' in body
+    assert re.findall(r'<option value="(node-\d)" selected', body) == ["node-2"]
+    assert "Logs of node-2" in body
+    # A machine the cluster does not have: the head, as the tab shows by default.
+    body = client.get(f"{poll}&node=node-9", headers=HTMX).content.decode()
+    assert re.findall(r'<option value="(node-\d)" selected', body) == ["node-0"]

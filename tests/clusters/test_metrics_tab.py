@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import time_machine
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -417,7 +418,7 @@ def test_other_tabs_polls_ignore_the_metrics_version(owner, clock):
 
 def node_cells(body: str) -> dict[str, str]:
     """Each node row's "GPUs now" cell, by node name."""
-    rows = re.findall(r'<tr id="(node-\d+)".*?<td class="node-gpus">(.*?)</td>', body, re.S)
+    rows = re.findall(r'<td id="(node-\d+)-gpus" class="node-gpus"[^>]*>(.*?)</td>', body, re.S)
     return {name: re.sub(r"<[^>]+>", "", cell).strip() for name, cell in rows}
 
 
@@ -467,7 +468,9 @@ def test_an_unhealthy_node_shows_its_badge_and_problems(owner, clock):
     assert "<li>GPU 3: 2 uncorrectable ECC errors</li>" in row_1
 
 
-def test_a_report_sends_every_machine_row_again_on_the_machines_tab(owner, clock):
+def test_a_report_sends_each_machine_s_gpus_cell_alone_on_the_machines_tab(owner, clock):
+    """Issue 38: a report moves the GPUs cell of each row, so the poll sends those cells out of
+    band (by id), never the rows, the reports or the actions, which did not move."""
     cluster = ready_cluster(owner.project, size=3)
     client = owner.browser_client()
     url = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
@@ -476,10 +479,60 @@ def test_a_report_sends_every_machine_row_again_on_the_machines_tab(owner, clock
     for node in cluster.nodes.all():
         report(node, [30, 50], at=timezone.now())
     with CaptureQueriesContext(connection) as queries:
-        body = client.get(url, headers=HTMX).content.decode()
+        response = client.get(url, headers=HTMX)
+    body = response.content.decode()
 
-    rows = re.findall(r'<tr id="(node-\d+)" hx-swap-oob="true">', body)
-    assert rows == ["node-0", "node-1", "node-2"]
+    cells = re.findall(r'<td id="(node-\d+)-gpus" class="node-gpus" hx-swap-oob="true">', body)
+    assert cells == ["node-0", "node-1", "node-2"]
+    assert "<tr" not in body and 'id="cluster-reports"' not in body
     assert set(node_cells(body).values()) == {"2 GPUs · 40%"}
     reads = [q["sql"] for q in queries.captured_queries if "clusters_gpusample" in q["sql"]]
     assert len(reads) == 1
+    # The header stays (nothing swapped in its place) and so does its poll; the page keeps the
+    # new metrics version in #metrics-shown, which that poll includes (its last value wins).
+    assert 'id="cluster-status"' not in body and response["HX-Reswap"] == "none"
+    assert len(queries) == 5  # the session, the user, the version; the nodes, their figures
+    version = str(metrics.metrics_version(cluster.pk))
+    shown = f'<input type="hidden" id="metrics-shown" name="metrics" value="{version}" '
+    assert shown + 'hx-swap-oob="true">' in body
+    assert client.get(f"{url}&metrics={version}", headers=HTMX).status_code == 204
+
+
+def test_a_report_and_a_changed_row_send_that_row_and_the_others_cells(owner, clock):
+    """A row stamped after the page's version comes whole (its cell with it), the other live
+    rows' cells alone, and the reports and actions with them (the cluster changed)."""
+    cluster = ready_cluster(owner.project, size=3)
+    client = owner.browser_client()
+    url = poll_url(client.get(f"/clusters/{cluster.pk}/machines/").content.decode())
+    for node in cluster.nodes.all():
+        report(node, [30, 50], at=timezone.now())
+    Cluster.objects.filter(pk=cluster.pk).update(version=F("version") + 1)
+    cluster.refresh_from_db()
+    Node.objects.filter(cluster=cluster, index=1).update(version=cluster.version)
+
+    body = client.get(url, headers=HTMX).content.decode()
+
+    assert re.findall(r'<tr id="(node-\d+)" hx-swap-oob="true">', body) == ["node-1"]
+    cells = re.findall(r'<td id="(node-\d+)-gpus" class="node-gpus" hx-swap-oob="true">', body)
+    assert cells == ["node-0", "node-2"]
+    assert set(node_cells(body)) == {"node-0", "node-1", "node-2"}  # node-1's in its row
+    assert 'id="cluster-reports" hx-swap-oob="true"' in body
+
+
+@pytest.mark.parametrize("tab", ["machines", "metrics"])
+def test_a_moved_poll_costs_the_same_queries_at_2_and_64_nodes(owner, clock, tab):
+    """Issue 38: the answer to a report (the metrics version moved) reads the same queries
+    whatever the node count, on both tabs that show figures."""
+    client = owner.browser_client()
+    counts = []
+    for size in (2, 64):
+        cluster = ready_cluster(owner.project, size=size)
+        url = poll_url(client.get(f"/clusters/{cluster.pk}/{tab}/").content.decode())
+        for node in cluster.nodes.all():
+            report(node, [30] * 8, at=timezone.now())
+        client.get(url, headers=HTMX)  # warm what a first request reads once
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(url, headers=HTMX)
+        assert response.status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1]

@@ -150,17 +150,6 @@ def test_the_simulated_queue_and_the_figures_agree(owner, clock):
     assert set(GpuSample.objects.values_list("utilization_percent", flat=True)) == {0.0}
 
 
-@pytest.mark.parametrize("size", [1, 4])
-def test_it_finds_the_nodes_in_one_query_and_stores_each_through_metrics_store(owner, clock, size):
-    cluster_of(owner.project, size=size)
-
-    with CaptureQueriesContext(connection) as queries:
-        assert simulated_metrics.report() == size
-
-    # One read of the nodes, then metrics.store's two (its GPU rows, its node's row) a node.
-    assert len(queries) == 1 + 2 * size
-
-
 def test_the_beat_task_reports_as_often_as_an_agent(owner, clock, settings):
     cluster_of(owner.project, size=2)
 
@@ -169,3 +158,56 @@ def test_the_beat_task_reports_as_often_as_an_agent(owner, clock, settings):
     assert entry["schedule"] == settings.RUNCRATE_METRICS_SECONDS
     assert tasks.simulate_metrics() == 2
     assert NodeSample.objects.count() == 2
+
+
+# --- one batch for every node (issue 38, item 4) -------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [2, 64])
+def test_it_stores_every_node_s_report_in_the_same_queries_at_2_and_64_nodes(owner, clock, size):
+    """Issue 38: the run costs the nodes' query and `metrics.store_many`'s two inserts, not
+    1 + 2 queries a node; each cluster's metrics version moves (the pages' poll redraws)."""
+    cluster = cluster_of(owner.project, size=size)
+    before = metrics.metrics_version(cluster.pk)
+
+    with CaptureQueriesContext(connection) as queries:
+        assert simulated_metrics.report() == size
+
+    assert len(queries) == 3, [q["sql"][:80] for q in queries.captured_queries]
+    assert GpuSample.objects.count() == size * 8 and NodeSample.objects.count() == size
+    assert set(NodeSample.objects.values_list("node_id", flat=True)) == set(
+        cluster.nodes.values_list("pk", flat=True)
+    )
+    assert metrics.metrics_version(cluster.pk) != before
+
+
+def test_the_batch_writes_what_one_report_at_a_time_writes(owner, clock, monkeypatch):
+    """`store_many` and `store` keep the same rows; a batch past STORE_PARAMETERS is cut into
+    several statements, none of its rows lost."""
+    first, second = cluster_of(owner.project, size=2), cluster_of(owner.project, size=3)
+    nodes = [*first.nodes.order_by("index"), *second.nodes.order_by("index")]
+    gpus = [{"index": i, "utilization_percent": 10.0 * i} for i in range(8)]
+    host = {"cpu_percent": 12.5, "memory_used_mib": 2048}
+    cleaned = [metrics.clean_report({"gpus": gpus, "node": host}) for _ in nodes]
+    versions = {c.pk: metrics.metrics_version(c.pk) for c in (first, second)}
+
+    monkeypatch.setattr(metrics, "STORE_PARAMETERS", 100)  # a few GPU rows a statement
+    with CaptureQueriesContext(connection) as queries:
+        metrics.store_many(
+            [metrics.Report(n.pk, n.cluster_id, g, h) for n, (g, h) in zip(nodes, cleaned)],
+            at=NOW,
+        )
+    assert len(queries) > 2  # cut: 40 GPU rows of ~15 columns are more than 100 parameters
+
+    kept = sorted(GpuSample.objects.values_list("node_id", "index", "utilization_percent"))
+    assert kept == sorted((n.pk, i, 10.0 * i) for n in nodes for i in range(8))
+    assert sorted(NodeSample.objects.values_list("node_id", "cpu_percent")) == sorted(
+        (n.pk, 12.5) for n in nodes
+    )
+    assert all(metrics.metrics_version(pk) != v for pk, v in versions.items())
+
+    GpuSample.objects.all().delete()
+    NodeSample.objects.all().delete()
+    for node, (g, h) in zip(nodes, cleaned):
+        metrics.store(node.pk, node.cluster_id, gpus=g, host=h, at=NOW)
+    assert sorted(GpuSample.objects.values_list("node_id", "index", "utilization_percent")) == kept
