@@ -16,7 +16,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from clusters.lifecycle import rounds
 from clusters.lifecycle.rules import token_hash
 from clusters.machines.base import AgentCheckIn, AgentReport
 from clusters.models import Node
@@ -231,19 +230,6 @@ def network_report(found: Node, *, reachability: dict, measured: dict) -> list[s
     if found.status != Node.Status.STARTING:
         return []
     found.reachability = reachability
-    found.acceptance = measured | measured_against(found)
+    found.acceptance = measured
     found.network_reported_at = timezone.now()
     return ["reachability", "acceptance", "network_reported_at"]
-
-
-def measured_against(found: Node) -> dict[str, Any]:
-    """Where `found`'s figure was measured: its round and its peer in the batch's schedule
-    (`clusters.lifecycle.rounds`), kept with the figure for the acceptance report; nothing for
-    node-0 alone, which measures nothing."""
-    indices = Node.objects.filter(
-        cluster_id=found.cluster_id, status=Node.Status.STARTING
-    ).values_list("index", flat=True)
-    placed = rounds.placements(list(indices)).get(found.index)
-    if placed is None:
-        return {}
-    return {"round": placed.round, "peer": f"node-{placed.peer}"}

@@ -169,9 +169,6 @@ def test_it_keeps_the_wireguard_key_and_the_measurement_an_agent_reports(cluster
         "bandwidth_mbit": 940.25,
         "method": "iperf3",
         "error": None,
-        # Where the dashboard's schedule had it measure (clusters/lifecycle/rounds.py).
-        "round": 2,
-        "peer": "node-2",
     }
 
 

@@ -35,8 +35,10 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
     # The batch measures in rounds of pairs that never share a link (at most three, whatever
     # its size): each round gets its time.
     turns = MEASURE_TURN_SECONDS * rounds.rounds_needed([n.index for n in batch])
+    placed = rounds.placements([n.index for n in batch])
     failures = []
     for node in batch:
+        _keep_placement(work, node, placed.get(node.index))
         if node.step_deadline is None:
             node.step_started_at = last
             node.step_deadline = step_deadline(
@@ -51,6 +53,16 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
         if failure is not None:
             failures.append(failure)
     return failures
+
+
+def _keep_placement(work: UnitOfWork, node: Node, placement: rounds.Placement | None) -> None:
+    """Keep with a reported figure the round it was measured in and its peer (the report's
+    `round` and `peer`), from the batch's schedule in memory: no query per report."""
+    measured = node.acceptance or {}
+    if node.network_reported_at is None or placement is None or "round" in measured:
+        return
+    node.acceptance = measured | {"round": placement.round, "peer": f"node-{placement.peer}"}
+    work.touch(node, "acceptance")
 
 
 def _judge_node(
