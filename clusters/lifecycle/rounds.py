@@ -14,7 +14,7 @@ and receives exactly once, from a different peer when the batch has three nodes 
 A batch of one (a worker added alone) measures to node-0, which has joined and serves its sink.
 
 Pure functions of the batch's node indices and figures: the agent service answers each agent
-its round and peer (`measure_turn`, `measure_peer`), the network step judges with `slow_nodes`,
+its round and peer (`measure_turn`, `measure_peer`), the network step judges with `slow_verdict`,
 and the report keeps each node's round and peer.
 """
 

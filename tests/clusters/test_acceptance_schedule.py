@@ -228,3 +228,29 @@ def test_the_same_figure_passes_on_the_link_class_it_is_healthy_for(project, clo
     expected = cluster.acceptance["expected"]
     assert (expected["link_mbit"], expected["min_bandwidth_mbit"]) == (1000, 250)
     assert node(cluster, 2).acceptance["bandwidth_mbit"] == 1200.0
+
+
+def test_a_slow_figure_whose_peer_never_reports_stands_at_the_deadline(project, clock, monkeypatch):
+    # node-2's figure (to node-3, round 1) is slow; node-3 never reports, so the figure it is
+    # compared with never comes: node-2 waits, and at the deadline its own figure stands.
+    monkeypatch.setattr(SimulatedDriver, "acceptance", slow_node(2, 1200.0))
+    monkeypatch.setattr(
+        SimulatedDriver, "network_due", lambda self, n, *, now, last_agent_at: n.index != 3
+    )
+    machine_type = inventory(hosts=4, boot_seconds=BOOT)
+    MachineType.objects.filter(pk=machine_type.pk).update(link_mbit=10_000)
+    with Sim() as sim:
+        cluster = create(project, machine_type, nodes=4)
+        last_agent = at(BOOT * 1.25)
+        allowed = BOOT + 2 * MEASURE_TURN_SECONDS  # four nodes: two rounds
+        sim.run_until(clock, last_agent + (allowed - 1) * (at(1) - at(0)))
+        cluster.refresh_from_db()
+        assert cluster.status == Cluster.Status.PROVISIONING  # node-2 waits, named by nobody
+        assert node(cluster, 2).network_at is None
+        sim.run_until(clock, last_agent + allowed * (at(1) - at(0)))
+
+    assert_failed_cleanly(cluster, machine_type)
+    assert (cluster.failure_reason, cluster.failure_node) == ("acceptance_failed", "node-2")
+    message = cluster.failure_message
+    assert message.startswith("node-2 moves 1,200 Mbit/s to node-3 over the private network")
+    assert "own figure" not in message  # node-3 reported none
