@@ -218,6 +218,7 @@ IMPORTS_IN_FUNCTIONS: dict[tuple[str, str], str] = {
     "Django's apps are loading; its models load after them",
     ("audit/__init__.py", "system"): "as record",
     ("audit/__init__.py", "note"): "as record",
+    ("audit/__init__.py", "change"): "as record: accounts.history.change is the one home",
     ("audit/apps.py", "ready"): "Django's app loading: the receivers connect once the models "
     "are ready",
     ("cli/runcrate_cli/cli.py", "mcp"): "the MCP SDK loads only for `runcrate mcp`, not on every "
