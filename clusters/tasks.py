@@ -35,6 +35,15 @@ def machines_heartbeat() -> None:
     Beat.record("machines", every=beat_period("machines"))
 
 
+@shared_task(name="clusters.tasks.releases_heartbeat", ignore_result=True)
+def releases_heartbeat() -> None:
+    """The `releases` queue's heartbeat, sent like the `machines` one: `/readyz` fails naming
+    the releases worker while it is overdue, for with none the hosts of ended clusters are never
+    wiped and never rentable again. No outage is recorded: a release has no step deadline to
+    spare (a dead worker's leases are handed out again by the tick)."""
+    Beat.record("releases")
+
+
 @shared_task(name="clusters.tasks.sweep_hosts", ignore_result=True)
 def sweep_hosts() -> int:
     """Report hosts marked taken that no node holds. A scan of the whole inventory: it runs

@@ -361,6 +361,13 @@ CELERY_BEAT_SCHEDULE["machines-heartbeat"] = {
     "schedule": RUNCRATE_TICK_SECONDS,
     "options": {"queue": "machines", "expires": 10 * RUNCRATE_TICK_SECONDS},
 }
+# The `releases` queue's heartbeat, the same way: /readyz names the releases worker when it is
+# missing (hosts of ended clusters would never come back).
+CELERY_BEAT_SCHEDULE["releases-heartbeat"] = {
+    "task": "clusters.tasks.releases_heartbeat",
+    "schedule": RUNCRATE_TICK_SECONDS,
+    "options": {"queue": "releases", "expires": 10 * RUNCRATE_TICK_SECONDS},
+}
 # A beat is overdue on /readyz after several of its periods, and never sooner than this.
 RUNCRATE_BEAT_OVERDUE_MIN_SECONDS = env_float("RUNCRATE_BEAT_OVERDUE_MIN_SECONDS", 60.0)
 CELERY_BEAT_SCHEDULE["hosts-sweep"] = {"task": "clusters.tasks.sweep_hosts", "schedule": 300.0}

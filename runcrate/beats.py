@@ -22,15 +22,16 @@ from django.conf import settings
 MISSED_PERIODS = 3
 MISSED_FLOOR_SECONDS = 5.0
 # A task this many of its periods without a run is overdue: the deployment is not ready.
-OVERDUE_PERIODS = {"tick": 10, "machines": 10, "meter": 3}
+OVERDUE_PERIODS = {"tick": 10, "machines": 10, "releases": 10, "meter": 3}
 
 
 def period(name: str) -> float:
-    """How often each periodic task runs, in seconds: the `machines` heartbeat is sent as often
-    as the tick (CELERY_BEAT_SCHEDULE, config/settings.py)."""
+    """How often each periodic task runs, in seconds: the `machines` and `releases` heartbeats
+    are sent as often as the tick (CELERY_BEAT_SCHEDULE, config/settings.py)."""
     return {
         "tick": settings.RUNCRATE_TICK_SECONDS,
         "machines": settings.RUNCRATE_TICK_SECONDS,
+        "releases": settings.RUNCRATE_TICK_SECONDS,
         "meter": settings.RUNCRATE_METER_SECONDS,
     }[name]
 

@@ -1,5 +1,6 @@
-"""What `/readyz` checks: the database, the broker, that the beat's periodic work runs, and that a
-worker takes the `machines` queue (its heartbeat, `clusters.tasks.machines_heartbeat`)."""
+"""What `/readyz` checks: the database, the broker, that the beat's periodic work runs, and that
+workers take the `machines` and the `releases` queues (their heartbeats,
+`clusters.tasks.machines_heartbeat` and `clusters.tasks.releases_heartbeat`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ MISSING = {
     "tick": "is the beat scheduler (celery beat) running?",
     "meter": "is the beat scheduler (celery beat) running?",
     "machines": "is a worker for the machines queue (celery worker -Q machines) running?",
+    "releases": "is a worker for the releases queue (celery worker -Q releases) running?",
 }
 
 
@@ -59,7 +61,7 @@ def check_beats(database: str) -> dict[str, str]:
             found[name] = f"never ran: {MISSING[name]}"
         elif now - at > limit:
             found[name] = f"overdue: last ran {int((now - at).total_seconds())} s ago"
-            if name == "machines":  # the tick says when the beat itself is down
+            if name in ("machines", "releases"):  # the tick says when the beat itself is down
                 found[name] += f": {MISSING[name]}"
         else:
             found[name] = "ok"

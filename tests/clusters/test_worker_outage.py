@@ -46,8 +46,8 @@ pytestmark = [
 
 
 class Deployment:
-    """The production set minus web: one beat, a default worker, a `machines` worker, each a
-    process of its own on this test's databases."""
+    """The production set minus web: one beat, a default worker, a `machines` and a `releases`
+    worker, each a process of its own on this test's databases."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
@@ -73,6 +73,8 @@ class Deployment:
             "beat": [*celery, "beat", *quiet, f"--schedule={self.tmp_path / 'schedule'}"],
             "default": [*celery, *worker, "-Q", "celery", "--concurrency=4", "-n", "d@%h", *quiet],
             "machines": [*celery, *worker, "-Q", "machines", "--concurrency=4", "-n", "m@%h"]
+            + quiet,
+            "releases": [*celery, *worker, "-Q", "releases", "--concurrency=2", "-n", "r@%h"]
             + quiet,
         }[name]
         log = open(self.tmp_path / f"{name}.log", "ab")  # noqa: SIM115 (kept open for it)
@@ -109,7 +111,7 @@ def deployment(tmp_path, settings):
     settings.RUNCRATE_BEAT_OVERDUE_MIN_SECONDS = 3  # overdue after 10 ticks: 5 s
     app.control.purge()
     running = Deployment(tmp_path)
-    for name in ("default", "machines", "beat"):
+    for name in ("default", "machines", "releases", "beat"):
         running.start(name)
     try:
         yield running

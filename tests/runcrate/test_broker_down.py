@@ -119,6 +119,7 @@ def test_readyz_is_ready_with_the_broker_and_fresh_beats_and_not_when_a_beat_is_
     Beat.record("tick", at=now)
     Beat.record("meter", at=now)
     Beat.record("machines", at=now)
+    Beat.record("releases", at=now)
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.json()
     assert ready.json() == {
@@ -128,12 +129,14 @@ def test_readyz_is_ready_with_the_broker_and_fresh_beats_and_not_when_a_beat_is_
             "broker": "ok",
             "tick": "ok",
             "machines": "ok",
+            "releases": "ok",
             "meter": "ok",
         },
     }
     with time_machine.travel(now + timedelta(seconds=61), tick=False):
         Beat.record("meter")  # the meter and the machines queue run; the tick has not for 61 s
         Beat.record("machines")
+        Beat.record("releases")
         late = client.get("/readyz")
     assert late.status_code == 503
     assert late.json()["checks"]["tick"] == "overdue: last ran 61 s ago"

@@ -50,7 +50,7 @@ def test_readyz_is_503_while_the_machines_heartbeat_is_overdue_and_200_once_it_r
     now = timezone.now()
     Beat.record("machines", at=now)
     with time_machine.travel(now + timedelta(seconds=61), tick=False):
-        fresh("tick", "meter")  # the beat runs; the machines queue has not for 61 s
+        fresh("tick", "meter", "releases")  # the beat runs; the machines queue has not for 61 s
         late = client.get("/readyz")
         assert late.status_code == 503
         assert late.json()["checks"]["machines"] == (
@@ -74,3 +74,36 @@ def test_the_overdue_limit_has_a_floor_a_setting_can_lower(client, settings):
     settings.RUNCRATE_BEAT_OVERDUE_MIN_SECONDS = 60
     with time_machine.travel(now + timedelta(seconds=6), tick=False):
         assert client.get("/readyz").json()["checks"]["machines"] == "ok"
+
+
+def test_the_beat_sends_the_releases_heartbeat_to_the_releases_queue(settings):
+    entry = app.conf.beat_schedule["releases-heartbeat"]
+    assert entry["task"] == "clusters.tasks.releases_heartbeat"
+    assert entry["options"]["queue"] == "releases"
+    assert entry["schedule"] == settings.RUNCRATE_TICK_SECONDS
+    tasks.releases_heartbeat()
+    assert (timezone.now() - Beat.objects.get(name="releases").last_ran_at) < timedelta(seconds=5)
+
+
+def test_readyz_names_the_releases_worker_when_it_never_ran_or_is_overdue(client, settings):
+    settings.RUNCRATE_TICK_SECONDS = 2
+    fresh("tick", "meter", "machines")
+    never = client.get("/readyz")
+    assert never.status_code == 503
+    assert never.json()["checks"]["releases"] == (
+        "never ran: is a worker for the releases queue (celery worker -Q releases) running?"
+    )
+    now = timezone.now()
+    Beat.record("releases", at=now)
+    with time_machine.travel(now + timedelta(seconds=61), tick=False):
+        fresh("tick", "meter", "machines")
+        late = client.get("/readyz")
+        assert late.status_code == 503
+        assert late.json()["checks"]["releases"] == (
+            "overdue: last ran 61 s ago: is a worker for the releases queue "
+            "(celery worker -Q releases) running?"
+        )
+        tasks.releases_heartbeat()
+        back = client.get("/readyz")
+    assert back.status_code == 200, back.json()
+    assert back.json()["checks"]["releases"] == "ok"
