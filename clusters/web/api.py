@@ -25,7 +25,7 @@ from accounts.projects import DEFAULT_ENVIRONMENT
 from accounts.requests import ApiRequest
 from billing.usage import ZERO, ClusterCost, cluster_costs
 from clusters import connect, idempotency, lifecycle, volumes
-from clusters.models import NAME_RE, Cluster, Event, Node, Volume
+from clusters.models import NAME_RE, Cluster, Node, Volume
 from clusters.telemetry import idle, metrics
 from clusters.web import plans
 from offers.api import MachineSpecsOut, track_record_json
@@ -36,6 +36,7 @@ from runcrate.api import (
     ErrorOut,
     ListMeta,
     Offset,
+    RowOut,
     exact_money_str,
     money_str,
     paginated,
@@ -54,7 +55,7 @@ class FailureOut(Schema):
     message: str
 
 
-class HealthOut(Schema):
+class HealthOut(RowOut):
     status: str = Field(description="healthy, or unhealthy while `problems` lists any.")
     problems: list[str] = Field(
         description="What its open health problems say (a GPU's uncorrectable ECC errors, a "
@@ -62,7 +63,7 @@ class HealthOut(Schema):
     )
 
 
-class MachineOut(Schema):
+class MachineOut(RowOut):
     id: int = Field(
         description="The machine's own id: a replacement has the name of the one it "
         "replaces, never its id."
@@ -89,7 +90,7 @@ class MachineOut(Schema):
     )
 
 
-class EventOut(Schema):
+class EventOut(RowOut):
     at: datetime
     node: str | None
     step: str | None
@@ -166,13 +167,13 @@ class ClusterSummaryOut(Schema):
     )
 
 
-class AcceptanceGpuOut(Schema):
+class AcceptanceGpuOut(RowOut):
     name: str
     memory_total_mib: int | None
     driver_version: str | None = Field(None, description="The NVIDIA driver nvidia-smi reported.")
 
 
-class AcceptanceNodeOut(Schema):
+class AcceptanceNodeOut(RowOut):
     name: str
     gpus: list[AcceptanceGpuOut] = Field(description="The GPUs its agent saw (nvidia-smi).")
     reachability: dict[str, bool] = Field(description="Peer name -> reached over 10.77.0.0/24.")
@@ -480,24 +481,24 @@ class WorkersPlanEnvelope(Schema):
 # --- reading ----------------------------------------------------------------------------------
 
 
+# What a cluster's `machines` read of its nodes: a node's row also holds what its agent
+# reported (its GPUs, its reachability of every peer, its health), several kilobytes that grow
+# with the cluster, which an answer neither shows nor should pay to decode for every node.
+MACHINE_COLUMNS = ("cluster_id", "index", "status", "step", "drained", "replaces_id", "ended_at")
+
+
 def _clusters(request: ApiRequest) -> QuerySet[Cluster]:
     """The project's clusters with what their objects show, in a fixed number of queries."""
+    nodes = Node.objects.only(*MACHINE_COLUMNS).order_by("index", "pk")
     return (
         Cluster.objects.filter(project=request.project)
         .select_related("environment", "machine_type__location", "machine_type__gpu")
-        .prefetch_related(
-            Prefetch("nodes", queryset=Node.objects.order_by("index", "pk")), "volumes"
-        )
+        .prefetch_related(Prefetch("nodes", queryset=nodes), "volumes")
     )
 
 
-def _with_events(queryset: QuerySet[Cluster]) -> QuerySet[Cluster]:
-    events = Event.objects.select_related("node").order_by("at", "pk")
-    return queryset.prefetch_related(Prefetch("events", queryset=events))
-
-
 def _get_cluster(request: ApiRequest, cluster_id: int) -> Cluster:
-    cluster = _with_events(_clusters(request)).filter(pk=cluster_id).first()
+    cluster = _clusters(request).filter(pk=cluster_id).first()
     if cluster is None:
         raise ApiError(404, "not_found", f"There is no cluster {cluster_id} in your project.")
     return cluster
@@ -601,19 +602,29 @@ def _detail(cluster: Cluster) -> dict:
     return {
         **_summary(cluster),
         "ssh_keys": cluster.key_holders,
-        "events": [
-            {
-                "at": event.at,
-                "node": event.node.name if event.node else None,
-                "step": event.step or None,
-                "reason": event.reason,
-                "message": event.message,
-            }
-            for event in cluster.events.all()
-        ],
+        "events": _events(cluster),
         "acceptance": cluster.acceptance or None,
         "network_test": lifecycle.network_test_report(cluster),
     }
+
+
+def _events(cluster: Cluster) -> list[dict]:
+    """Its events, oldest first, in one query: read as values, not as model instances (a
+    64-machine cluster has some 200), each named by its node among the cluster's nodes read."""
+    names = {node.pk: node.name for node in cluster.nodes.all()}
+    rows = cluster.events.order_by("at", "pk").values_list(
+        "at", "node_id", "step", "reason", "message"
+    )
+    return [
+        {
+            "at": at,
+            "node": names.get(node_id) if node_id else None,
+            "step": step or None,
+            "reason": reason,
+            "message": message,
+        }
+        for at, node_id, step, reason, message in rows
+    ]
 
 
 REFUSAL_CODES = (

@@ -182,8 +182,11 @@ def new_cluster_context(
 
 
 # What the agent and the drivers write on a node row and the page never shows: its GPUs, its
-# reachability row (one entry per peer, so 64 × 64 at 64 nodes) and the drivers' records.
-NODE_COLUMNS_UNSHOWN = ("gpus", "reachability", "driver_state")
+# reachability row and its last health report (one entry per peer each, so 64 × 64 at 64
+# nodes), its GPUs' conditions (the cluster's health problems say them) and the drivers' records.
+NODE_COLUMNS_UNSHOWN = ("gpus", "reachability", "health", "gpu_health", "driver_state")
+# An event's own columns: it shows its node by name alone (the node's index).
+EVENT_COLUMNS = tuple(field.name for field in Event._meta.concrete_fields)
 
 
 def page_nodes() -> QuerySet[Node]:
@@ -192,8 +195,8 @@ def page_nodes() -> QuerySet[Node]:
 
 
 def page_events() -> QuerySet[Event]:
-    unshown = [f"node__{column}" for column in NODE_COLUMNS_UNSHOWN]
-    return Event.objects.select_related("node").defer(*unshown).order_by("-at", "-pk")
+    events = Event.objects.select_related("node").only(*EVENT_COLUMNS, "node__index")
+    return events.order_by("-at", "-pk")
 
 
 @dataclass(frozen=True)
@@ -356,10 +359,15 @@ def replaceable_now(cluster: Cluster, nodes: list[Node]) -> dict[str, Node]:
     worker, none starting under its name), asked of the nodes read, with no query."""
     if not cluster.is_running:
         return {}
+    # Each name asked of its own nodes (the check looks at no other): once over the nodes.
+    named: dict[str, list[Node]] = {}
+    for node in nodes:
+        if node.index != 0:
+            named.setdefault(node.name, []).append(node)
     found = {}
-    for name in dict.fromkeys(n.name for n in nodes if n.index != 0):
+    for name, its_nodes in named.items():
         try:
-            node, _ = replaceable(cluster, nodes, name)
+            node, _ = replaceable(cluster, its_nodes, name)
         except ClusterRefused:
             continue
         found[name] = node
@@ -841,10 +849,13 @@ def _ready_by(cluster: Cluster, nodes: list[Node], now: datetime) -> dict | None
 
 
 def with_every_row(context: dict) -> dict:
-    """The context of a page that shows every node row and every event (read prefetched)."""
-    cluster = context["cluster"]
-    context["node_rows"] = node_rows(cluster, context["nodes"], context["now"])
-    context["events"] = list(cluster.events.all())
+    """The context of a page whose tab shows every node row (Machines) or every event (Events,
+    read prefetched); the other tabs show neither, and read neither."""
+    cluster, tab = context["cluster"], context["tab"]
+    if tab.slug == "machines":
+        context["node_rows"] = node_rows(cluster, context["nodes"], context["now"])
+    if tab.slug == "events":
+        context["events"] = list(cluster.events.all())
     return context
 
 

@@ -288,9 +288,11 @@ def _clusters_with_details(*, events: bool = True) -> QuerySet[Cluster]:
     ).prefetch_related(*prefetch)
 
 
-def _get_cluster_for_user(request: ProjectRequest, pk: int, *, details: bool = False) -> Cluster:
+def _get_cluster_for_user(
+    request: ProjectRequest, pk: int, *, details: bool = False, events: bool = True
+) -> Cluster:
     if details:
-        return get_for_project(request, _clusters_with_details(), pk=pk)
+        return get_for_project(request, _clusters_with_details(events=events), pk=pk)
     queryset = Cluster.objects.select_related("environment")
     return get_for_project(request, queryset, pk=pk)
 
@@ -325,7 +327,10 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
     if shown is not None:
         response = _poll(request, pk, shown, shown_tab, shown_window)
     else:
-        cluster = _get_cluster_for_user(request, pk, details=True)
+        # Only the Events tab shows every event (`with_every_row`).
+        cluster = _get_cluster_for_user(
+            request, pk, details=True, events=shown_tab.slug == "events"
+        )
         context = with_every_row(detail_context(cluster, shown_tab, shown_window))
         if request.htmx and request.headers.get("HX-Target") == TAB_PANEL:
             response = _tab_answer(request, context)

@@ -11,8 +11,8 @@ from accounts.models import Environment
 from clusters import lifecycle
 from clusters.models import Cluster, Event, Node
 from offers.models import Host, MachineType
-from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
-from tests.factories import ClusterFactory, EventFactory, LocationFactory
+from tests.clusters.front import credit, machine_type_with_hosts, reported_cluster, ssh_key
+from tests.factories import ClusterFactory, EventFactory, LocationFactory, NodeFactory
 
 URL = "/api/v1/clusters"
 
@@ -279,6 +279,45 @@ def test_it_reads_a_cluster_in_the_same_number_of_queries_for_2_and_64_nodes(
         data = client.get(f"{URL}/{large.pk}").json()["data"]
 
     assert len(data["machines"]) == 64 and len(data["events"]) == 64
+
+
+def test_a_reported_cluster_reads_in_the_same_queries_for_8_and_64_nodes_and_whole(
+    owner, django_assert_num_queries
+):
+    small = reported_cluster(owner.project, size=8)
+    large = reported_cluster(owner.project, size=64)
+    client = owner.api()
+    client.get(f"{URL}/{small.pk}")  # the key's last use is written once a minute
+
+    with CaptureQueriesContext(connection) as queries:
+        client.get(f"{URL}/{small.pk}")
+    with django_assert_num_queries(len(queries)):
+        data = client.get(f"{URL}/{large.pk}").json()["data"]
+
+    assert len(data["machines"]) == 64 and len(data["events"]) == 3 * 64
+    assert data["events"][-1]["node"] == "node-63"
+    rows = data["acceptance"]["nodes"]
+    assert [len(row["gpus"]) for row in rows] == [8] * 64
+    assert rows[5]["reachability"] == {f"node-{i}": True for i in range(64) if i != 5}
+
+
+def test_each_event_names_its_machine_a_replaced_one_included(owner):
+    cluster = ClusterFactory(project=owner.project, size=2, machines=True)
+    lost = cluster.nodes.get(index=1)
+    lost.status = Node.Status.LOST
+    lost.save()
+    replacement = NodeFactory(cluster=cluster, index=1, replaces=lost)
+    EventFactory(cluster=cluster, node=lost, reason=Event.Reason.MACHINE_LOST, message="Lost.")
+    EventFactory(cluster=cluster, node=replacement, reason=Event.Reason.MACHINE_RUNNING)
+    EventFactory(cluster=cluster, reason=Event.Reason.CREATED)
+
+    events = owner.api().get(f"{URL}/{cluster.pk}").json()["data"]["events"]
+
+    assert [(e["node"], e["reason"]) for e in events] == [
+        ("node-1", "machine_lost"),
+        ("node-1", "machine_running"),
+        (None, "created"),
+    ]
 
 
 def test_it_answers_404_for_a_strangers_cluster_everywhere(owner, stranger):

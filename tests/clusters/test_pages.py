@@ -13,7 +13,7 @@ from django.utils import timezone
 from clusters.models import Cluster, Event, Node
 from offers.models import Host, Location, MachineType, QuoteRequest
 from runcrate.models import Outage
-from tests.clusters.front import credit, machine_type_with_hosts, ssh_key
+from tests.clusters.front import credit, machine_type_with_hosts, reported_cluster, ssh_key
 from tests.factories import (
     ClusterFactory,
     EventFactory,
@@ -341,6 +341,25 @@ def test_it_runs_the_status_fragment_in_the_same_queries_for_2_and_64_nodes(
         response = client.get(f"/clusters/{clusters[64].pk}/machines/", headers=HTMX)
 
     assert response.content.decode().count('<tr id="node-') == 64
+
+
+@pytest.mark.parametrize("tab", ["", "machines/", "events/"])
+def test_the_page_of_a_reported_cluster_runs_the_same_queries_for_8_and_64_nodes(
+    owner, django_assert_num_queries, tab
+):
+    small = reported_cluster(owner.project, size=8)
+    large = reported_cluster(owner.project, size=64)
+    client = owner.browser_client()
+    client.get(f"/clusters/{small.pk}/{tab}")  # warm the session
+
+    with CaptureQueriesContext(connection) as queries:
+        client.get(f"/clusters/{small.pk}/{tab}")
+    with django_assert_num_queries(len(queries)):
+        page = client.get(f"/clusters/{large.pk}/{tab}").content.decode()
+
+    rows = {"": 0, "machines/": 64, "events/": 0}[tab]
+    assert page.count('<tr id="node-') == rows
+    assert page.count("node-63: ok.") == (3 if tab == "events/" else 0)
 
 
 # --- the create form ---------------------------------------------------------------------------
