@@ -229,15 +229,16 @@ def cluster_view(window: Window, *, cells: bool = True) -> ClusterView:
         idle_percent=_percent(settings.RUNCRATE_IDLE_GPU_PERCENT),
         gpu_columns=list(range(gpu_count)),
         rows=[_row(node, gpu_count) for node in nodes] if cells else [],
-        grid=grid_key(nodes, gpu_count, silent),
+        grid=grid_key(nodes, gpu_count),
     )
 
 
-def grid_key(nodes: Sequence[NodeMetrics], gpu_count: int, silent: Collection[str]) -> str:
-    """What the heatmaps and the table are drawn of, short: the nodes, the GPUs each reported,
-    the rows, and which nodes are silent (outlined, said in the legend). While it holds, a poll
-    can send the figures alone (`figures_now`), each in the place the page already has."""
-    shape = [(n.node.name, [g.index for g in n.gpus], n.node.name in silent) for n in nodes]
+def grid_key(nodes: Sequence[NodeMetrics], gpu_count: int) -> str:
+    """What the heatmaps and the table are drawn of, short: the nodes, the GPUs each reported
+    and the rows. While it holds, a poll can send the figures alone (`figures_now`), each in
+    the place the page already has; a node falling silent only changes figures (its cells'
+    outline and words, the legend's silent entry, which the page holds hidden until then)."""
+    shape = [(n.node.name, [g.index for g in n.gpus]) for n in nodes]
     return f"{zlib.crc32(repr((gpu_count, shape)).encode()):08x}"
 
 
@@ -268,6 +269,7 @@ def figures_now(window: Window, view: ClusterView) -> dict:
         "grid": view.grid,
         "title": CELL_TITLE,
         "rows": len(view.gpu_columns),  # the cells of a node with no report: one a row
+        "silent": bool(silent),  # the legends' silent entry shows
         "labels": [
             _words(figure, counted[:LEVELS], counted[LEVELS])
             for figure, counted in zip(HEAT_FIGURES, counts, strict=True)

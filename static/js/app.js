@@ -178,6 +178,9 @@ document.addEventListener("click", (event) => {
     const cells = maps.map((map) => map.querySelectorAll("rect"));
     const rows = document.querySelectorAll("#metrics-every-gpu tbody tr");
     maps.forEach((map, i) => map.setAttribute("aria-label", figures.labels[i]));
+    for (const entry of document.querySelectorAll(".heat-legend .legend-silent")) {
+      entry.hidden = !figures.silent;
+    }
     let at = 0; // the cell of each heatmap the next GPU's is
     figures.nodes.forEach(([name, since, gpus], n) => {
       if (!gpus) {
