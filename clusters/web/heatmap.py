@@ -250,19 +250,26 @@ def figures_now(window: Window, view: ClusterView) -> dict:
     with no report is null: its outlines stand. The classes and words are this module's."""
     silent = set(view.silent)
     counts = [[0] * (LEVELS + 1) for _ in HEAT_FIGURES]  # per level, then not reported
+    # Each level's class, by level (None last) and by silence: 512 GPUs × 3 figures at 64.
+    classes = {
+        quiet: {found: css_class(found, silent=quiet) for found in (*range(LEVELS), None)}
+        for quiet in (False, True)
+    }
+    figures = [(f.value, f.bounds, f.text, c) for f, c in zip(HEAT_FIGURES, counts, strict=True)]
     nodes: list[list] = []
     for node in window.nodes:
         if not node.gpus:
             nodes.append([node.node.name, "", None])
             continue
         quiet = node.node.name in silent
+        shades = classes[quiet]
         gpus = []
         for gpu in node.gpus:
             entry: list = [gpu.index]
-            for figure, counted in zip(HEAT_FIGURES, counts, strict=True):
-                found = level(figure.value(gpu), figure.bounds)
+            for value, bounds, text, counted in figures:
+                found = level(value(gpu), bounds)
                 counted[LEVELS if found is None else found] += 1
-                entry += [css_class(found, silent=quiet), figure.text(gpu)]
+                entry += (shades[found], text(gpu))
             gpus.append(entry)
         nodes.append([node.node.name, _since(node) if quiet else "", gpus])
     return {
