@@ -913,6 +913,15 @@ def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
     node, its latest row's time and that report's rows, each read through (node, at)."""
     if not node_ids:
         return {}
+    annotated: Any = with_utilization(Node.objects.filter(pk__in=node_ids))  # its annotations
+    rows = annotated.values_list("pk", "last_at", "reported_gpus", "mean")
+    return {pk: found for pk, *figures in rows if (found := utilization_of(*figures))}
+
+
+def with_utilization(nodes: models.QuerySet[Node]) -> models.QuerySet[Node]:
+    """`nodes` with their latest report's time (`last_at`), GPU count (`reported_gpus`) and
+    mean utilisation (`mean`), which `utilization_of` reads: one query with the nodes' own
+    columns (the Machines tab's poll reads both at once)."""
     latest = GpuSample.objects.filter(node=models.OuterRef("pk")).order_by("-at").values("at")[:1]
     # The latest report's rows: the node's rows at or after its latest time (none is later).
     # A range, not an equality, so the planner reads them through (node, at): every node of a
@@ -928,17 +937,19 @@ def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
             output_field=models.FloatField(),
         )
 
-    rows = (
-        Node.objects.filter(pk__in=node_ids)
-        .annotate(last_at=models.Subquery(latest))
-        .filter(last_at__gte=timezone.now() - RAW_KEEP)
-        .annotate(reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent")))
-        .values_list("pk", "last_at", "reported_gpus", "mean")
+    return nodes.annotate(last_at=models.Subquery(latest)).annotate(
+        reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent"))
     )
-    return {
-        pk: NodeUtilization(gpus=int(gpus or 0), mean_percent=mean, reported_at=at)
-        for pk, at, gpus, mean in rows
-    }
+
+
+def utilization_of(
+    last_at: datetime | None, gpus: float | None, mean: float | None
+) -> NodeUtilization | None:
+    """A node's utilisation from `with_utilization`'s figures; None without a raw row in the
+    last hour (the raw rows are kept that long)."""
+    if last_at is None or last_at < timezone.now() - RAW_KEEP:
+        return None
+    return NodeUtilization(gpus=int(gpus or 0), mean_percent=mean, reported_at=last_at)
 
 
 @dataclass(frozen=True)

@@ -271,15 +271,15 @@ def gpus_cell(
 
 def figures_cells(cluster_status: str, nodes: list[Node], now: datetime) -> list[SafeString]:
     """Each live row's GPUs cell, out of band, from the nodes alone (no cluster, no header):
-    what the Machines tab's poll sends when only the figures moved. One query (the figures)."""
+    what the Machines tab's poll sends when only the figures moved. The nodes come read with
+    their figures (`metrics.with_utilization`): no query here."""
     replaced = {n.replaces_id for n in nodes if n.replaces_id is not None}
-    kept = [
-        n for n in nodes if metrics.recording(cluster_status=cluster_status, node_status=n.status)
-    ]
-    figures = metrics.utilization_now([n.pk for n in kept])
     cells = []
-    for node in kept:
-        found = figures.get(node.pk)
+    for node in nodes:
+        if not metrics.recording(cluster_status=cluster_status, node_status=node.status):
+            continue
+        figures = (getattr(node, name) for name in ("last_at", "reported_gpus", "mean"))
+        found = metrics.utilization_of(*figures)
         reported = found.reported_at if found else None
         cells.append(
             gpus_cell(
@@ -774,10 +774,13 @@ class MetricsWindow:
         return cls("", node, unknown=raw[:20])
 
 
-def metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> dict:
+def metrics_context(
+    cluster: Cluster, shown: MetricsWindow, now: datetime, *, cells: bool = True
+) -> dict:
     """The Metrics tab: the cluster view (clusters.web.heatmap) and the cluster's charts
     (clusters.web.charts) of the window, the asked node's detail, and the links that keep the
-    window and the node, all from metrics.window's five queries whatever the node count."""
+    window and the node, all from metrics.window's five queries whatever the node count;
+    without `cells`, the heatmaps' cells are not drawn (the charts' own poll)."""
     url = TABS_BY_SLUG["metrics"].url(cluster)
     name = shown.name or metrics.fitting_window(cluster, now=now)
     read = metrics.window(cluster, name, now=now)
@@ -801,7 +804,7 @@ def metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> di
         "metrics_charts": charts.window_charts(
             charts.drawn_from(read, cluster.ready_at), detail={node} if node else ()
         ),
-        "metrics_view": heatmap.cluster_view(read),
+        "metrics_view": heatmap.cluster_view(read, cells=cells),
         "metrics_windows": [
             {"name": choice, "url": link(choice, node), "current": choice == name}
             for choice in metrics.WINDOWS

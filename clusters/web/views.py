@@ -431,14 +431,16 @@ def _figures_answer(request: ProjectRequest, pk: int, status: str) -> HttpRespon
     """The Machines tab's answer when only the figures moved (a report came; the cluster, the
     meter and the clock did not): each live row's GPUs cell and the metrics version the page
     now shows (`#metrics-shown`, which its poll includes), out of band, and nothing swapped in
-    place of the header (`HX-Reswap: none`), which holds what it held. Two queries past the
-    poll's three, whatever the node count: the nodes, their figures."""
+    place of the header (`HX-Reswap: none`), which holds what it held. One query past the
+    poll's three, whatever the node count: the nodes with their figures."""
     # Read before the figures: a report landing meanwhile is drawn by the next poll.
     version = metrics.metrics_version(pk)
     nodes = list(
-        Node.objects.filter(cluster_id=pk)
-        .only("pk", "index", "status", "replaces_id", "cluster_id")
-        .order_by("index", "pk")
+        metrics.with_utilization(
+            Node.objects.filter(cluster_id=pk)
+            .only("pk", "index", "status", "replaces_id", "cluster_id")
+            .order_by("index", "pk")
+        )
     )
     cells = figures_cells(status, nodes, timezone.now())
     context = {"metrics_version": version, "metrics_oob": True}
@@ -483,9 +485,9 @@ def _charts_answer(request: ProjectRequest, pk: int, shown_window: MetricsWindow
     cluster = _get_cluster_for_user(request, pk)
     if not cluster.is_running:
         return HttpResponse(status=STOP_POLLING)
-    context = metrics_context(cluster, shown_window, timezone.now())
-    context.update(cluster=cluster, polling=True)
+    context = metrics_context(cluster, shown_window, timezone.now(), cells=False)
     shown = context["metrics_charts"]
+    context.update(cluster=cluster, polling=True, shown=shown)
     parts = [render_to_string("clusters/tabs/metrics.html#cluster_charts", context, request)]
     for node in shown.nodes:
         node_context = {**context, "node": node, "node_oob": True}

@@ -456,6 +456,8 @@ def test_the_charts_redraw_on_their_own_poll(owner, clock):
     assert body.lstrip().startswith('<section class="metrics-section" id="metrics-cluster-charts"')
     assert re.search(r'<div class="metric-grid" id="metrics-node-charts" hx-swap-oob="true">', body)
     assert "now 90%" in body
+    assert body.count('<svg class="metric-chart"') == 8  # the cluster's four, node-0's four
+    assert "Whole cluster over the last hour" in body
     Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.TERMINATED)
     assert client.get(charts_url, headers=HTMX).status_code == 286  # the page's poll says the rest
 
@@ -563,7 +565,7 @@ def test_a_report_sends_each_machine_s_gpus_cell_alone_on_the_machines_tab(owner
     # The header stays (nothing swapped in its place) and so does its poll; the page keeps the
     # new metrics version in #metrics-shown, which that poll includes (its last value wins).
     assert 'id="cluster-status"' not in body and response["HX-Reswap"] == "none"
-    assert len(queries) == 5  # the session, the user, the version; the nodes, their figures
+    assert len(queries) == 4  # the session, the user, the version; the nodes with their figures
     version = str(metrics.metrics_version(cluster.pk))
     shown = f'<input type="hidden" id="metrics-shown" name="metrics" value="{version}" '
     assert shown + 'hx-swap-oob="true">' in body
