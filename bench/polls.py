@@ -3,7 +3,8 @@ polled clusters the pages section built (8 and 64 nodes of 8 GPUs by default), a
 minutes of the simulated data center's reports (`simulated_metrics.report`, one batch a run):
 
 - the Machines and the Metrics tab's poll after a moved metrics version (a report came: the
-  page's `metrics` one behind), beside the bare logged-in view, with their queries at each size;
+  page's `metrics` one behind), beside the bare logged-in view, with their queries at each size,
+  and the Metrics tab's charts on their own poll (`part=charts`; printed, no goal);
 - the cluster page (its first tab, whole) and the API's detail (GET /api/v1/clusters/<id>) at
   the largest size beside the smallest.
 
@@ -85,6 +86,9 @@ def polls_section(ctx: Context) -> None:
         for tab in ("machines", "metrics"):
             path = moved_poll(ctx.browser, f"/clusters/{cluster_id}/{tab}/")
             targets[f"{tab} {nodes}"] = (path, htmx)
+        # The Metrics tab's charts, on their own poll (every window's resolution, up to a
+        # minute): printed beside the moved polls, no goal of the issue's.
+        targets[f"charts {nodes}"] = (f"/clusters/{cluster_id}/metrics/?part=charts", htmx)
         targets[f"page {nodes}"] = (f"/clusters/{cluster_id}/", ctx.session_headers)
         targets[f"api {nodes}"] = (f"/api/v1/clusters/{cluster_id}", ctx.api)
     ctx.note(f"Timing {ctx.sizes.requests} rounds of the moved polls and the pages…")
@@ -105,6 +109,7 @@ def polls_section(ctx: Context) -> None:
     words = {
         "machines": "moved-metrics poll, Machines tab",
         "metrics": "moved-metrics poll, Metrics tab",
+        "charts": "Metrics tab's charts, their own poll",
         "page": "cluster page, whole",
         "api": "API detail, GET /api/v1/clusters/<id>",
     }
@@ -112,7 +117,7 @@ def polls_section(ctx: Context) -> None:
         if name == "logged-in":
             continue
         kind, nodes = name.split()
-        hx = {"HX-Request": "true"} if kind in ("machines", "metrics") else {}
+        hx = {"HX-Request": "true"} if kind in ("machines", "metrics", "charts") else {}
         client_headers = hx if kind != "api" else ctx.api
         client = Client() if kind == "api" else ctx.browser
         queries[name] = count_queries(path, client_headers, client)

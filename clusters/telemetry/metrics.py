@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, models
 from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, Value, When
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce, Greatest, Trunc
 from django.utils import timezone
 
@@ -721,16 +722,7 @@ def window(cluster: Cluster, window: str = "15m", *, now: datetime | None = None
     now = now or timezone.now()
     span, resolution = WINDOWS[window]
     start = now - span
-    latest = GpuSample.objects.filter(node=models.OuterRef("pk")).order_by("-at").values("at")
-    latest_host = NodeSample.objects.filter(node=models.OuterRef("pk")).order_by("-at")
-    nodes = list(
-        cluster.nodes.filter(status__in=Node.LIVE)
-        .annotate(
-            last_gpus=models.Subquery(latest[:1]),
-            last_host=models.Subquery(latest_host.values("at")[:1]),
-        )
-        .order_by("index")
-    )
+    nodes = list(_live_nodes(cluster.pk))
     found = {node.pk: NodeMetrics(node=node) for node in nodes}
     if not nodes:
         return Window(window, start, now, _seconds(resolution), [])
@@ -743,51 +735,86 @@ def window(cluster: Cluster, window: str = "15m", *, now: datetime | None = None
     return Window(window, start, now, _seconds(resolution), list(found.values()))
 
 
+def latest(cluster_id: int, *, now: datetime | None = None) -> Window:
+    """The cluster's live nodes with their latest GPU figures alone, no series and no host
+    figures (a window of no length, ending `now`; each node's `reported_at` as in `window`):
+    what changes with each report, for the Metrics tab's poll (issue 38). Two queries
+    whatever the node count: the nodes with the times of their latest rows, their GPU rows."""
+    now = now or timezone.now()
+    # Of each node what the figures are said with: its name (its index) and its status.
+    nodes = list(_live_nodes(cluster_id).only("pk", "cluster_id", "index", "status"))
+    found = {node.pk: NodeMetrics(node=node) for node in nodes}
+    if nodes:
+        _latest_figures(nodes, found, hosts=False)
+    return Window("", now, now, _seconds(None), list(found.values()))
+
+
+def _live_nodes(cluster_id: int) -> models.QuerySet[Node]:
+    """The cluster's live nodes by index, each with the time of its latest GPU and node rows."""
+    latest = GpuSample.objects.filter(node=models.OuterRef("pk")).order_by("-at").values("at")
+    latest_host = NodeSample.objects.filter(node=models.OuterRef("pk")).order_by("-at")
+    return (
+        Node.objects.filter(cluster_id=cluster_id, status__in=Node.LIVE)
+        .annotate(
+            last_gpus=models.Subquery(latest[:1]),
+            last_host=models.Subquery(latest_host.values("at")[:1]),
+        )
+        .order_by("index")
+    )
+
+
 def _seconds(resolution: int | None) -> int:
     return settings.RUNCRATE_METRICS_SECONDS if resolution is None else int(resolution)
 
 
-def _pairs(nodes: Sequence[Node], attribute: str) -> Q | None:
-    """(node, at) of each node's latest row: an OR of pairs, each read through (node, at)."""
-    pairs = [Q(node_id=n.pk, at=getattr(n, attribute)) for n in nodes if getattr(n, attribute)]
+def _pairs(model: type[models.Model], nodes: Sequence[Node], attribute: str) -> RawSQL | None:
+    """(node, at) of each node's latest row: `(node_id, at) IN ((…), …)`, each pair read
+    through the (node, at) index. Written as SQL: Django builds an OR of 64 Q pairs in several
+    milliseconds, the Metrics tab's poll's largest cost at 64 nodes (issue 38)."""
+    pairs = [(n.pk, getattr(n, attribute)) for n in nodes if getattr(n, attribute)]
     if not pairs:
         return None
-    condition = pairs[0]
-    for pair in pairs[1:]:
-        condition |= pair
-    return condition
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    values = ", ".join(["(%s, %s)"] * len(pairs))
+    sql = f"({table}.{quote('node_id')}, {table}.{quote('at')}) IN ({values})"
+    params = [value for pair in pairs for value in pair]
+    return RawSQL(sql, params, output_field=models.BooleanField())  # noqa: S611 - our own SQL
 
 
-def _latest_figures(nodes: Sequence[Node], found: dict[int, NodeMetrics]) -> None:
-    gpus = _pairs(nodes, "last_gpus")
-    for row in GpuSample.objects.filter(gpus).order_by("index") if gpus else ():
-        metrics = found[row.node_id]
-        metrics.reported_at = row.at
-        metrics.gpus.append(
-            GpuNow(
-                index=row.index,
-                utilization_percent=row.utilization_percent,
-                memory_used_mib=row.memory_used_mib,
-                memory_total_mib=row.memory_total_mib,
-                temperature_c=row.temperature_c,
-                power_w=row.power_w,
-                power_limit_w=row.power_limit_w,
-                sm_clock_mhz=row.sm_clock_mhz,
-                throttle=throttle_names(row.throttle),
-                ecc_corrected=row.ecc_corrected,
-                ecc_uncorrected=row.ecc_uncorrected,
-                retired_pages_pending=row.retired_pages_pending,
-                remapped_rows_pending=row.remapped_rows_pending,
-            )
-        )
-    hosts = _pairs(nodes, "last_host")
-    for sample in NodeSample.objects.filter(hosts) if hosts else ():
-        metrics = found[sample.node_id]
-        if metrics.reported_at is None or sample.at > metrics.reported_at:
-            metrics.reported_at = sample.at
-        metrics.host = HostNow(
-            **{name: getattr(sample, name) for name in HostNow.__dataclass_fields__}
-        )
+# The GPU rows' columns a GpuNow holds, in its order.
+_GPU_NOW = tuple(GpuNow.__dataclass_fields__)
+
+
+def _latest_figures(
+    nodes: Sequence[Node], found: dict[int, NodeMetrics], *, hosts: bool = True
+) -> None:
+    """Each node's latest GPU rows and, with `hosts`, its latest node row (else its time
+    alone: when it last reported)."""
+    gpus = _pairs(GpuSample, nodes, "last_gpus")
+    rows = GpuSample.objects.filter(gpus).order_by("index") if gpus else GpuSample.objects.none()
+    throttle = _GPU_NOW.index("throttle")
+    last_gpus = {node.pk: getattr(node, "last_gpus", None) for node in nodes}
+    # Their time is the node's latest (`last_gpus`): not read again, 512 times at 64 nodes.
+    for node_id, *figures in rows.values_list("node_id", *_GPU_NOW):
+        metrics = found[node_id]
+        metrics.reported_at = last_gpus[node_id]
+        figures[throttle] = throttle_names(figures[throttle])
+        metrics.gpus.append(GpuNow(*figures))
+    if not hosts:
+        for node in nodes:
+            metrics = found[node.pk]
+            times = (getattr(node, "last_gpus", None), getattr(node, "last_host", None))
+            metrics.reported_at = max((at for at in times if at is not None), default=None)
+        return
+    pairs = _pairs(NodeSample, nodes, "last_host")
+    fields = tuple(HostNow.__dataclass_fields__)
+    samples = NodeSample.objects.filter(pairs) if pairs else NodeSample.objects.none()
+    for node_id, at, *figures in samples.values_list("node_id", "at", *fields):
+        metrics = found[node_id]
+        if metrics.reported_at is None or at > metrics.reported_at:
+            metrics.reported_at = at
+        metrics.host = HostNow(*figures)
 
 
 def _raw_series(ids: list[int], start: datetime, found: dict[int, NodeMetrics]) -> None:
@@ -886,8 +913,23 @@ def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
     node, its latest row's time and that report's rows, each read through (node, at)."""
     if not node_ids:
         return {}
+    annotated: Any = with_utilization(Node.objects.filter(pk__in=node_ids))  # its annotations
+    rows = annotated.values_list("pk", "last_at", "reported_gpus", "mean")
+    return {pk: found for pk, *figures in rows if (found := utilization_of(*figures))}
+
+
+def with_utilization(nodes: models.QuerySet[Node]) -> models.QuerySet[Node]:
+    """`nodes` with their latest report's time (`last_at`), GPU count (`reported_gpus`) and
+    mean utilisation (`mean`), which `utilization_of` reads: one query with the nodes' own
+    columns (the Machines tab's poll reads both at once)."""
     latest = GpuSample.objects.filter(node=models.OuterRef("pk")).order_by("-at").values("at")[:1]
-    report = GpuSample.objects.filter(node=models.OuterRef("pk"), at=models.OuterRef("last_at"))
+    # The latest report's rows: the node's rows at or after its latest time (none is later).
+    # A range, not an equality, so the planner reads them through (node, at): every node of a
+    # simulated run reports at one instant, and an equality led it to the (at) index, which
+    # holds every node's rows of that instant (issue 38: 18 ms at 64 nodes, not 1).
+    report = GpuSample.objects.filter(
+        node=models.OuterRef("pk"), at__gte=models.OuterRef("last_at")
+    )
 
     def of_report(figure: Any) -> models.Subquery:
         return models.Subquery(
@@ -895,17 +937,19 @@ def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
             output_field=models.FloatField(),
         )
 
-    rows = (
-        Node.objects.filter(pk__in=node_ids)
-        .annotate(last_at=models.Subquery(latest))
-        .filter(last_at__gte=timezone.now() - RAW_KEEP)
-        .annotate(reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent")))
-        .values_list("pk", "last_at", "reported_gpus", "mean")
+    return nodes.annotate(last_at=models.Subquery(latest)).annotate(
+        reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent"))
     )
-    return {
-        pk: NodeUtilization(gpus=int(gpus or 0), mean_percent=mean, reported_at=at)
-        for pk, at, gpus, mean in rows
-    }
+
+
+def utilization_of(
+    last_at: datetime | None, gpus: float | None, mean: float | None
+) -> NodeUtilization | None:
+    """A node's utilisation from `with_utilization`'s figures; None without a raw row in the
+    last hour (the raw rows are kept that long)."""
+    if last_at is None or last_at < timezone.now() - RAW_KEEP:
+        return None
+    return NodeUtilization(gpus=int(gpus or 0), mean_percent=mean, reported_at=last_at)
 
 
 @dataclass(frozen=True)

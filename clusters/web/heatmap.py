@@ -11,6 +11,8 @@ level of five, and one for a figure the GPU did not report), and each cell's val
 
 from __future__ import annotations
 
+import bisect
+import zlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,9 @@ MAX_COLUMN_PITCH = 48
 NAMED = 3
 NAMED_IDLE = 8
 LEVELS = 5
+# A cell's title (its figure in words). The page's script fills the same words when a poll
+# sends only the figures (`figures_now`; static/js/app.js), so they have this one home.
+CELL_TITLE = "{node} GPU {gpu}: {figure}{since}"
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def level(value: float | None, bounds: Sequence[float]) -> int | None:
     """A figure's level, 0 to 4 (None: not reported)."""
     if value is None:
         return None
-    return sum(1 for bound in bounds if value >= bound)
+    return bisect.bisect_right(bounds, value)  # the bounds it reaches (they ascend)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,17 @@ class Cell:
     level: int | None  # 0 to 4, None where the GPU did not report the figure
     title: str  # "node-3 GPU 5: 97%"
     silent: bool  # its node stopped reporting: these are its last figures, outlined
+
+    @property
+    def css_class(self) -> str:
+        return css_class(self.level, silent=self.silent)
+
+
+def css_class(level: int | None, *, silent: bool) -> str:
+    """A cell's stylesheet class: its shade (one of five levels, or none reported), outlined
+    when its node is silent."""
+    shade = "heat-none" if level is None else f"heat-l{level}"
+    return f"{shade} heat-silent" if silent else shade
 
 
 @dataclass(frozen=True)
@@ -148,8 +164,7 @@ class Heatmap:
             '<rect class="{}" x="{}" y="{}" width="{}" height="{}"><title>{}</title></rect>',
             (
                 (
-                    ("heat-none" if c.level is None else f"heat-l{c.level}")
-                    + (" heat-silent" if c.silent else ""),
+                    c.css_class,
                     c.x,
                     c.y,
                     width,
@@ -189,18 +204,23 @@ class ClusterView:
     idle_percent: str  # the idle rule's threshold, "5%"
     gpu_columns: list[int]  # the table's GPU columns
     rows: list[NodeFigures]
+    grid: str  # what the cells are drawn of (`grid_key`): a poll sends figures alone while it holds
 
 
-def cluster_view(window: Window) -> ClusterView:
+def cluster_view(window: Window, *, cells: bool = True) -> ClusterView:
     """The cluster view of `window`'s latest figures: three heatmaps, the named nodes and the
-    table of every GPU's figures."""
+    table of every GPU's figures; without `cells`, the named nodes alone (a poll that sends
+    the figures as `figures_now`)."""
     nodes = window.nodes
     gpu_count = max((gpu.index + 1 for node in nodes for gpu in node.gpus), default=0)
     reporting = [n for n in nodes if metrics.reporting(n.reported_at, now=window.end) and n.gpus]
     busiest, hottest, idle = _named(reporting)
-    silent = {n.node.name for n in nodes if n not in reporting}
+    heard = {id(n) for n in reporting}
+    silent = {n.node.name for n in nodes if id(n) not in heard}
     return ClusterView(
-        heatmaps=[heatmap(figure, nodes, gpu_count, silent=silent) for figure in HEAT_FIGURES],
+        heatmaps=[heatmap(figure, nodes, gpu_count, silent=silent) for figure in HEAT_FIGURES]
+        if cells
+        else [],
         busiest=busiest,
         hottest=hottest,
         idle=idle[:NAMED_IDLE],
@@ -208,8 +228,61 @@ def cluster_view(window: Window) -> ClusterView:
         silent=[n.node.name for n in nodes if n.node.name in silent],
         idle_percent=_percent(settings.RUNCRATE_IDLE_GPU_PERCENT),
         gpu_columns=list(range(gpu_count)),
-        rows=[_row(node, gpu_count) for node in nodes],
+        rows=[_row(node, gpu_count) for node in nodes] if cells else [],
+        grid=grid_key(nodes, gpu_count),
     )
+
+
+def grid_key(nodes: Sequence[NodeMetrics], gpu_count: int) -> str:
+    """What the heatmaps and the table are drawn of, short: the nodes, the GPUs each reported
+    and the rows. While it holds, a poll can send the figures alone (`figures_now`), each in
+    the place the page already has; a node falling silent only changes figures (its cells'
+    outline and words, the legend's silent entry, which the page holds hidden until then)."""
+    shape = [(n.node.name, [g.index for g in n.gpus]) for n in nodes]
+    return f"{zlib.crc32(repr((gpu_count, shape)).encode()):08x}"
+
+
+def figures_now(window: Window, view: ClusterView) -> dict:
+    """The latest figures as the page's script draws them into the cells it has (issue 38: a
+    moved poll at 64 × 8 GPUs sends these, not the panel): the heatmaps' words, and per node
+    in the page's order its name, its "silent since", and per GPU its index and each figure's
+    class and text (the cell's title is CELL_TITLE of them; the table says the texts). A node
+    with no report is null: its outlines stand. The classes and words are this module's."""
+    silent = set(view.silent)
+    counts = [[0] * (LEVELS + 1) for _ in HEAT_FIGURES]  # per level, then not reported
+    # Each level's class, by level (None last) and by silence: 512 GPUs × 3 figures at 64.
+    classes = {
+        quiet: {found: css_class(found, silent=quiet) for found in (*range(LEVELS), None)}
+        for quiet in (False, True)
+    }
+    figures = [(f.value, f.bounds, f.text, c) for f, c in zip(HEAT_FIGURES, counts, strict=True)]
+    nodes: list[list] = []
+    for node in window.nodes:
+        if not node.gpus:
+            nodes.append([node.node.name, "", None])
+            continue
+        quiet = node.node.name in silent
+        shades = classes[quiet]
+        gpus = []
+        for gpu in node.gpus:
+            entry: list = [gpu.index]
+            for value, bounds, text, counted in figures:
+                found = level(value(gpu), bounds)
+                counted[LEVELS if found is None else found] += 1
+                entry += (shades[found], text(gpu))
+            gpus.append(entry)
+        nodes.append([node.node.name, _since(node) if quiet else "", gpus])
+    return {
+        "grid": view.grid,
+        "title": CELL_TITLE,
+        "rows": len(view.gpu_columns),  # the cells of a node with no report: one a row
+        "silent": bool(silent),  # the legends' silent entry shows
+        "labels": [
+            _words(figure, counted[:LEVELS], counted[LEVELS])
+            for figure, counted in zip(HEAT_FIGURES, counts, strict=True)
+        ],
+        "nodes": nodes,
+    }
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -306,17 +379,22 @@ def _column(
             for i in range(rows)
         ]
     quiet = name in silent
-    since = f" (silent since {node.reported_at:%H:%M} UTC)" if quiet and node.reported_at else ""
+    since = _since(node) if quiet else ""
     return [
         Cell(
             x=x,
             y=gpu.index * ROW_PITCH,
             level=level(figure.value(gpu), figure.bounds),
-            title=f"{name} GPU {gpu.index}: {figure.text(gpu)}{since}",
+            title=CELL_TITLE.format(node=name, gpu=gpu.index, figure=figure.text(gpu), since=since),
             silent=quiet,
         )
         for gpu in node.gpus
     ]
+
+
+def _since(node: NodeMetrics) -> str:
+    """What a silent node's cells add to their title: since when it is silent."""
+    return f" (silent since {node.reported_at:%H:%M} UTC)" if node.reported_at else ""
 
 
 def _label(figure: HeatFigure, nodes: Sequence[NodeMetrics]) -> str:
@@ -330,6 +408,11 @@ def _label(figure: HeatFigure, nodes: Sequence[NodeMetrics]) -> str:
                 missing += 1
             else:
                 counts[found] += 1
+    return _words(figure, counts, missing)
+
+
+def _words(figure: HeatFigure, counts: Sequence[int], missing: int) -> str:
+    """The picture's words, of the GPUs at each level and those that did not report it."""
     levels = zip(counts, figure.legend, strict=True)
     parts = [f"{words}: {count} GPU{'' if count == 1 else 's'}" for count, words in levels if count]
     if missing:

@@ -274,15 +274,15 @@ def gpus_cell(
 
 def figures_cells(cluster_status: str, nodes: list[Node], now: datetime) -> list[SafeString]:
     """Each live row's GPUs cell, out of band, from the nodes alone (no cluster, no header):
-    what the Machines tab's poll sends when only the figures moved. One query (the figures)."""
+    what the Machines tab's poll sends when only the figures moved. The nodes come read with
+    their figures (`metrics.with_utilization`): no query here."""
     replaced = {n.replaces_id for n in nodes if n.replaces_id is not None}
-    kept = [
-        n for n in nodes if metrics.recording(cluster_status=cluster_status, node_status=n.status)
-    ]
-    figures = metrics.utilization_now([n.pk for n in kept])
     cells = []
-    for node in kept:
-        found = figures.get(node.pk)
+    for node in nodes:
+        if not metrics.recording(cluster_status=cluster_status, node_status=node.status):
+            continue
+        figures = (getattr(node, name) for name in ("last_at", "reported_gpus", "mean"))
+        found = metrics.utilization_of(*figures)
         reported = found.reported_at if found else None
         cells.append(
             gpus_cell(
@@ -753,10 +753,12 @@ def _tab_context(
         # page says it shows, so the next poll draws that report too.
         context["metrics_version"] = metrics.metrics_version(cluster.pk)
     if tab.slug == "metrics":
-        context.update(_metrics_context(cluster, shown_window or MetricsWindow(), now))
+        context.update(metrics_context(cluster, shown_window or MetricsWindow(), now))
     return context
 
 
+# The longest the Metrics tab's charts wait before they are drawn anew (their own poll).
+CHARTS_SECONDS = 60
 # The tabs whose poll says which metrics version the page shows (`metrics=`): the Metrics tab
 # redraws its charts when it moved, the Machines tab its rows' utilisation.
 METRICS_TABS = ("metrics", "machines")
@@ -780,10 +782,13 @@ class MetricsWindow:
         return cls("", node, unknown=raw[:20])
 
 
-def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> dict:
+def metrics_context(
+    cluster: Cluster, shown: MetricsWindow, now: datetime, *, cells: bool = True
+) -> dict:
     """The Metrics tab: the cluster view (clusters.web.heatmap) and the cluster's charts
     (clusters.web.charts) of the window, the asked node's detail, and the links that keep the
-    window and the node, all from metrics.window's five queries whatever the node count."""
+    window and the node, all from metrics.window's five queries whatever the node count;
+    without `cells`, the heatmaps' cells are not drawn (the charts' own poll)."""
     url = TABS_BY_SLUG["metrics"].url(cluster)
     name = shown.name or metrics.fitting_window(cluster, now=now)
     read = metrics.window(cluster, name, now=now)
@@ -796,9 +801,8 @@ def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> d
     if shown.node and not node:
         refusals.append(f"There is no live machine “{shown.node}”: showing the whole cluster.")
 
-    def link(window: str, picked: str) -> str:
-        query = {"window": window, "node": picked}
-        return f"{url}?{urlencode({k: v for k, v in query.items() if v})}".rstrip("?")
+    def link(window: str, picked: str, **more: str) -> str:
+        return _metrics_link(url, window, picked, **more)
 
     return {
         "metrics_window": shown,
@@ -808,7 +812,7 @@ def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> d
         "metrics_charts": charts.window_charts(
             charts.drawn_from(read, cluster.ready_at), detail={node} if node else ()
         ),
-        "metrics_view": heatmap.cluster_view(read),
+        "metrics_view": heatmap.cluster_view(read, cells=cells),
         "metrics_windows": [
             {"name": choice, "url": link(choice, node), "current": choice == name}
             for choice in metrics.WINDOWS
@@ -818,7 +822,47 @@ def _metrics_context(cluster: Cluster, shown: MetricsWindow, now: datetime) -> d
         "metrics_node_base": link(shown.name, "") + ("&" if shown.name else "?") + "node=",
         "metrics_node_names": names,
         "metrics_close_url": link(shown.name, ""),
+        # The charts redraw on their own poll, at the window's resolution (a minute at most,
+        # so the times under them move): a moved poll sends the figures alone (issue 38).
+        "metrics_charts_url": link(shown.name, node, part="charts"),
+        "metrics_charts_seconds": min(read.resolution_seconds, CHARTS_SECONDS),
+        "metrics_now": None,  # the page's cells are drawn; a moved poll sends `figures_now`
     }
+
+
+def _metrics_link(url: str, window: str, picked: str, **more: str) -> str:
+    """The Metrics tab's `url` asking for `window` and `picked`'s detail (each when given)."""
+    query = {"window": window, "node": picked, **more}
+    return f"{url}?{urlencode({k: v for k, v in query.items() if v})}".rstrip("?")
+
+
+def metrics_figures(
+    cluster_id: int, shown: MetricsWindow, grid: str | None, now: datetime
+) -> dict | None:
+    """What a Metrics tab poll sends when only the figures moved (issue 38): the latest
+    figures for the page's script (`heatmap.figures_now`), the named nodes and the picked
+    node's GPUs, from `metrics.latest`'s three queries whatever the node count. None when the
+    page's cells are not drawn of what the cluster has now (its `grid`): the panel is drawn
+    whole then."""
+    read = metrics.latest(cluster_id, now=now)
+    view = heatmap.cluster_view(read, cells=False)
+    if grid != view.grid:
+        return None
+    url = reverse("clusters:tab", args=[cluster_id, "metrics"])
+    node = shown.node if shown.node in {n.node.name for n in read.nodes} else ""
+    context: dict[str, Any] = {
+        "view": view,
+        "metrics_now": heatmap.figures_now(read, view),
+        "metrics_node_base": _metrics_link(url, shown.name, "")
+        + ("&" if shown.name else "?")
+        + "node=",
+        "named_oob": True,
+    }
+    if node:
+        context["node"] = charts.window_charts(read, detail={node}).nodes[0]
+        context["metrics_close_url"] = _metrics_link(url, shown.name, "")
+        context["node_oob"] = True
+    return context
 
 
 def _other_shape(offer: Offer, machine_type: MachineType) -> str:
@@ -879,6 +923,8 @@ def _poll_url(cluster: Cluster, context: dict, now: datetime) -> str:
             query["window"] = context["metrics_window"].name
         if context["metrics_node"]:
             query["node"] = context["metrics_node"]
+        # What its cells are drawn of: while the same, a moved poll sends the figures alone.
+        query["grid"] = context["metrics_view"].grid
     holds: list[int] = []
     if cluster.network_test_running(now):
         expires = datetime.fromisoformat(cluster.network_test["expires_at"])

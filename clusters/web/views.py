@@ -21,6 +21,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
+from django.utils.html import json_script
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import permissions
@@ -45,6 +46,8 @@ from clusters.web.presenters import (
     Tab,
     detail_context,
     figures_cells,
+    metrics_context,
+    metrics_figures,
     new_cluster_context,
     node_rows,
     page_events,
@@ -326,6 +329,8 @@ def cluster_detail(request: ProjectRequest, pk: int, tab: str = TABS[0].slug) ->
     )
     if shown is not None:
         response = _poll(request, pk, shown, shown_tab, shown_window)
+    elif request.htmx and tab == "metrics" and request.GET.get("part") == "charts":
+        response = _charts_answer(request, pk, shown_window or MetricsWindow())
     else:
         # Only the Events tab shows every event (`with_every_row`).
         cluster = _get_cluster_for_user(
@@ -403,6 +408,16 @@ def _poll(
         and _still_holds(request)
     ):
         return _figures_answer(request, pk, status)
+    if (
+        tab.slug == "metrics"
+        and metrics_moved
+        and version == shown
+        and not moved
+        and _still_holds(request)
+    ):
+        answer = _metrics_figures_answer(request, pk, shown_window or MetricsWindow())
+        if answer is not None:
+            return answer
     queryset = in_project(request, _clusters_with_details(events=False))
     cluster = get_object_or_404(queryset, pk=pk)
     context = detail_context(cluster, tab, shown_window)
@@ -421,14 +436,16 @@ def _figures_answer(request: ProjectRequest, pk: int, status: str) -> HttpRespon
     """The Machines tab's answer when only the figures moved (a report came; the cluster, the
     meter and the clock did not): each live row's GPUs cell and the metrics version the page
     now shows (`#metrics-shown`, which its poll includes), out of band, and nothing swapped in
-    place of the header (`HX-Reswap: none`), which holds what it held. Two queries past the
-    poll's three, whatever the node count: the nodes, their figures."""
+    place of the header (`HX-Reswap: none`), which holds what it held. One query past the
+    poll's three, whatever the node count: the nodes with their figures."""
     # Read before the figures: a report landing meanwhile is drawn by the next poll.
     version = metrics.metrics_version(pk)
     nodes = list(
-        Node.objects.filter(cluster_id=pk)
-        .only("pk", "index", "status", "replaces_id", "cluster_id")
-        .order_by("index", "pk")
+        metrics.with_utilization(
+            Node.objects.filter(cluster_id=pk)
+            .only("pk", "index", "status", "replaces_id", "cluster_id")
+            .order_by("index", "pk")
+        )
     )
     cells = figures_cells(status, nodes, timezone.now())
     context = {"metrics_version": version, "metrics_oob": True}
@@ -437,6 +454,52 @@ def _figures_answer(request: ProjectRequest, pk: int, status: str) -> HttpRespon
     response = HttpResponse("".join(parts))
     response["HX-Reswap"] = "none"
     return response
+
+
+def _metrics_figures_answer(
+    request: ProjectRequest, pk: int, shown_window: MetricsWindow
+) -> HttpResponse | None:
+    """The Metrics tab's answer when only the figures moved and the page's cells are drawn of
+    what the cluster has (its `grid`): the latest figures as JSON (`#metrics-now`), which the
+    page's script draws into the cells and the table it has (static/js/app.js), the named
+    nodes and the picked node's GPUs, and the metrics version the page now shows
+    (`#metrics-shown`), all out of band, with `HX-Reswap: none`; the charts redraw on their
+    own poll (`_charts_answer`). Three queries past the poll's three, whatever the node
+    count. None when the grid moved: the panel is drawn whole."""
+    # Read before the figures: a report landing meanwhile is drawn by the next poll.
+    version = metrics.metrics_version(pk)
+    context = metrics_figures(pk, shown_window, request.GET.get("grid"), timezone.now())
+    if context is None:
+        return None
+    figures = json_script(context.pop("metrics_now"), "metrics-now")
+    parts = [figures.replace("<script ", '<script hx-swap-oob="true" ', 1)]
+    parts.append(render_to_string("clusters/tabs/metrics_named.html", context, request))
+    if "node" in context:
+        parts.append(render_to_string("clusters/tabs/metrics.html#node_now", context, request))
+    shown = {"metrics_version": version, "metrics_oob": True}
+    parts.append(render_to_string("clusters/parts/metrics_shown.html", shown, request))
+    response = HttpResponse("".join(parts))
+    response["HX-Reswap"] = "none"
+    return response
+
+
+def _charts_answer(request: ProjectRequest, pk: int, shown_window: MetricsWindow) -> HttpResponse:
+    """The Metrics tab's charts, on their own poll (`part=charts`, every window's resolution
+    up to a minute): the whole cluster's, and the picked node's out of band. An ended
+    cluster's page is drawn whole by the page's poll: this one stops (286)."""
+    cluster = _get_cluster_for_user(request, pk)
+    if not cluster.is_running:
+        return HttpResponse(status=STOP_POLLING)
+    context = metrics_context(cluster, shown_window, timezone.now(), cells=False)
+    shown = context["metrics_charts"]
+    context.update(cluster=cluster, polling=True, shown=shown)
+    parts = [render_to_string("clusters/tabs/metrics.html#cluster_charts", context, request)]
+    for node in shown.nodes:
+        node_context = {**context, "node": node, "node_oob": True}
+        parts.append(
+            render_to_string("clusters/tabs/metrics.html#node_charts", node_context, request)
+        )
+    return HttpResponse("".join(parts))
 
 
 def _still_holds(request: ProjectRequest) -> bool:

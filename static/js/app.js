@@ -158,3 +158,61 @@ document.addEventListener("click", (event) => {
     }
   });
 })();
+
+// The Metrics tab's figures (issue 38): when only the figures moved, the poll sends them as
+// JSON (#metrics-now, clusters/web/heatmap.py `figures_now`) and nothing else of the panel;
+// this draws them into the cells and the table the page has, in their order (a column of
+// cells per node, a cell per GPU it reported; a row per node, a cell per GPU). Every class
+// and word is the server's: the cell's class, its figure's text, the title's wording
+// (`title`), the heatmaps' spoken words. A node sent as null keeps its outlines.
+(() => {
+  let drawn = null; // the #metrics-now element last drawn
+
+  function draw() {
+    const source = document.getElementById("metrics-now");
+    if (!source || source === drawn) return;
+    drawn = source;
+    const figures = JSON.parse(source.textContent);
+    if (!figures) return;
+    const maps = [...document.querySelectorAll(".heatmap-grid")];
+    const cells = maps.map((map) => map.querySelectorAll("rect"));
+    const rows = document.querySelectorAll("#metrics-every-gpu tbody tr");
+    maps.forEach((map, i) => map.setAttribute("aria-label", figures.labels[i]));
+    for (const entry of document.querySelectorAll(".heat-legend .legend-silent")) {
+      entry.hidden = !figures.silent;
+    }
+    let at = 0; // the cell of each heatmap the next GPU's is
+    figures.nodes.forEach(([name, since, gpus], n) => {
+      if (!gpus) {
+        at += figures.rows; // its outlines, one a row
+        return;
+      }
+      const row = rows[n] ? rows[n].querySelectorAll("td") : [];
+      for (const gpu of gpus) {
+        const index = gpu[0];
+        cells.forEach((mapCells, i) => {
+          const cell = mapCells[at];
+          if (!cell) return;
+          const [css, text] = [gpu[1 + 2 * i], gpu[2 + 2 * i]];
+          if (cell.getAttribute("class") !== css) cell.setAttribute("class", css);
+          const title = figures.title.replace("{node}", name).replace("{gpu}", index)
+            .replace("{figure}", text).replace("{since}", since);
+          const words = cell.querySelector("title");
+          if (words && words.textContent !== title) words.textContent = title;
+        });
+        at += 1;
+        const td = row[index];
+        if (td) {
+          const parts = [td.firstChild, ...td.querySelectorAll("span")];
+          const texts = [gpu[2], gpu[4], gpu[6]];
+          parts.forEach((part, i) => {
+            if (part && part.textContent !== texts[i]) part.textContent = texts[i];
+          });
+        }
+      }
+    });
+  }
+
+  document.body.addEventListener("htmx:afterRequest", draw);
+  document.body.addEventListener("htmx:afterSettle", draw);
+})();

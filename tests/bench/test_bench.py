@@ -306,6 +306,7 @@ def test_a_quick_run_prints_every_figure_beside_its_baseline_and_the_goals(tmp_p
     assert "1,000 and 3,000 ledger lines" in report
     assert "Billing page, 10 clusters" in report
     assert "moved-metrics poll, Machines tab, 4 nodes" in report
+    assert "Metrics tab's charts, their own poll, 4 nodes" in report
     assert "the benchmark database is gone" in report
     assert not (tmp_path / "bench" / "bench.sqlite3").exists()
 

@@ -170,3 +170,50 @@ def test_a_node_picked_stays_with_the_open_table_across_the_poll(
     assert shown.inner_text().count("1 GPU · 12%") == 1
     assert page.evaluate("document.getElementById('metrics-every-gpu').open")
     context.close()
+
+
+CELL = """([figure, n]) => {
+    const cell = document.querySelectorAll(`.heatmap-${figure} rect`)[n];
+    return [cell.getAttribute("class"), cell.querySelector("title").textContent];
+}"""
+
+
+def test_a_report_redraws_the_cells_in_place_keeping_the_node_and_the_open_table(
+    browser,
+    live_server,
+    axe_source,  # noqa: F811
+    owner,
+    big,
+):
+    """A report that moves only the figures (issue 38): the poll sends them (#metrics-now) and
+    the page's script draws them into the cells and the table it has; the panel, the picked
+    node and the open table stay the same elements."""
+    context, page = opened(browser, live_server, axe_source, owner, 1280)
+    page.goto(f"/clusters/{big.pk}/metrics/?node=node-13", wait_until="load")
+    page.locator("#metrics-every-gpu > summary").click()
+    page.evaluate("document.getElementById('cluster-tab').dataset.drawn = 'before'")
+    cell = 13 * GPUS + 3  # node-13's GPU 3: a column of 8 per node
+    assert page.evaluate(CELL, ["utilization", cell])[1] != "node-13 GPU 3: 99%"
+
+    node = big.nodes.get(index=13)
+    hot = [gpu(i, 99.0, temperature_c=95.0) if i == 3 else figures(13, i) for i in range(GPUS)]
+    metrics.store(node.pk, big.pk, gpus=hot, host=None, at=timezone.now())
+    # The page's poll (every 10 s) brings the figures: asked in turn (the page's CSP refuses
+    # wait_for_function's eval), at most 25 s.
+    for _ in range(100):
+        if page.evaluate(CELL, ["utilization", cell])[1] == "node-13 GPU 3: 99%":
+            break
+        page.wait_for_timeout(250)
+    assert page.evaluate(CELL, ["utilization", cell]) == ["heat-l4", "node-13 GPU 3: 99%"]
+    assert page.evaluate(CELL, ["temperature", cell]) == ["heat-l4", "node-13 GPU 3: 95°C"]
+    row = page.locator("#metrics-every-gpu tbody tr").nth(13).locator("td").nth(3)
+    assert row.inner_text().split("\n")[0] == "99%"
+    # Nothing of the panel was redrawn: the same element, the same picked node, open table.
+    assert page.evaluate("document.getElementById('cluster-tab').dataset.drawn") == "before"
+    assert page.evaluate("document.getElementById('metrics-every-gpu').open")
+    # The picked node's GPUs now, out of band: GPU 3's row says the report.
+    picked = page.locator("#metrics-node-now .gpu-table tbody tr").nth(3).inner_text()
+    assert picked.split("\t")[:2] == ["3", "99%"] and "95°C" in picked
+    assert "node-13 95°C on GPU 3" in page.locator(".metrics-named").inner_text()
+    assert page.evaluate(AXE_RUN, [list(FAILING_IMPACTS), FAILING_RULES]) == []
+    context.close()

@@ -6,6 +6,7 @@ stranger's 404, colours by class only, and the poll's answers and query counts."
 from __future__ import annotations
 
 import html
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
@@ -362,7 +363,14 @@ def test_an_unchanged_metrics_poll_is_three_queries_and_204(
     assert response.status_code == 204
 
 
-def test_a_report_redraws_the_metrics_panel_without_moving_the_cluster_s_version(owner, clock):
+def figures_sent(body: str) -> dict:
+    """The figures a Metrics tab poll sends for the page's script (#metrics-now)."""
+    found = re.search(r'<script[^>]* id="metrics-now" type="application/json">(.*?)</script>', body)
+    assert found, "no figures in the answer"
+    return json.loads(found.group(1))
+
+
+def test_a_report_sends_the_figures_alone_without_moving_the_cluster_s_version(owner, clock):
     cluster = ready_cluster(owner.project)
     node = cluster.nodes.get(index=0)
     report(node, [50], at=timezone.now() - timedelta(seconds=15))
@@ -378,14 +386,80 @@ def test_a_report_redraws_the_metrics_panel_without_moving_the_cluster_s_version
     cluster.refresh_from_db()
     assert cluster.version == version
     assert response.status_code == 200
+    assert response["HX-Reswap"] == "none"  # the header stays; nothing of the panel redrawn
+    assert 'id="cluster-status"' not in body and 'id="cluster-tab"' not in body
+    sent = figures_sent(body)
+    assert sent["grid"] == query_of(url)["grid"]
+    assert sent["nodes"][0] == [
+        "node-0",
+        "",
+        [[0, "heat-l3", "70%", "heat-l2", "40 of 80 GiB", "heat-l2", "60°C"]],
+    ]
+    assert sent["nodes"][1] == ["node-1", "", None]  # no report: its outlines stand
+    assert sent["title"].format(node="node-0", gpu=0, figure="70%", since="") == "node-0 GPU 0: 70%"
+    # The named nodes and the open node's GPUs, out of band; the new metrics version too.
+    assert re.search(r'<div id="metrics-named" hx-swap-oob="true">', body)
+    assert re.search(r'<div id="metrics-node-now" hx-swap-oob="true">', body)
+    assert "1 GPU · 70%" in body.split('id="metrics-node-now"')[1]
+    shown = metrics.metrics_version(cluster.pk)
+    assert (
+        f'<input type="hidden" id="metrics-shown" name="metrics" value="{shown}" '
+        'hx-swap-oob="true">' in body
+    )
+    # The page's poll includes that input: with it, nothing moved.
+    assert client.get(url + f"&metrics={shown}", headers=HTMX).status_code == 204
+
+
+def test_a_report_that_changes_the_cells_redraws_the_metrics_panel(owner, clock):
+    cluster = ready_cluster(owner.project)
+    node = cluster.nodes.get(index=0)
+    report(node, [50], at=timezone.now() - timedelta(seconds=15))
+    client = owner.browser_client()
+    page = client.get(f"/clusters/{cluster.pk}/metrics/?window=1h&node=node-0").content.decode()
+    url = poll_url(page)
+    version = cluster.version
+
+    report(node, [70, 20], at=timezone.now())  # a second GPU: a row of cells more
+    response = client.get(url, headers=HTMX)
+
+    body = response.content.decode()
+    assert response.status_code == 200
     assert body.lstrip().startswith('<section id="cluster-status"')
     assert re.search(r'<section id="cluster-tab"[^>]* hx-swap-oob="true">', body)
-    assert "1 GPU · 70%" in body
+    assert "2 GPUs · 45%" in body
     moved = query_of(poll_url(body))
     assert moved["metrics"] == str(metrics.metrics_version(cluster.pk))
     assert moved["window"] == "1h" and moved["version"] == str(version)
     assert moved["node"] == "node-0"  # the detail asked for stays open
+    assert moved["grid"] != query_of(url)["grid"]
     assert client.get(poll_url(body), headers=HTMX).status_code == 204
+
+
+def test_the_charts_redraw_on_their_own_poll(owner, clock):
+    cluster = ready_cluster(owner.project)
+    report(cluster.nodes.get(index=0), [50], at=timezone.now() - timedelta(seconds=15))
+    client = owner.browser_client()
+    page = client.get(f"/clusters/{cluster.pk}/metrics/?node=node-0").content.decode()
+    found = re.search(
+        r'<section class="metrics-section" id="metrics-cluster-charts"[^>]*'
+        r' hx-get="([^"]*)" hx-trigger="every (\d+)s"',
+        page,
+    )
+    assert found
+    charts_url, seconds = html.unescape(found.group(1)), int(found.group(2))
+    assert seconds == 60  # the hour's minutes (the cluster is an hour old): a minute
+    assert query_of(charts_url) == {"node": "node-0", "part": "charts"}
+
+    report(cluster.nodes.get(index=0), [90], at=timezone.now())
+    body = client.get(charts_url, headers=HTMX).content.decode()
+
+    assert body.lstrip().startswith('<section class="metrics-section" id="metrics-cluster-charts"')
+    assert re.search(r'<div class="metric-grid" id="metrics-node-charts" hx-swap-oob="true">', body)
+    assert "now 90%" in body
+    assert body.count('<svg class="metric-chart"') == 8  # the cluster's four, node-0's four
+    assert "Whole cluster over the last hour" in body
+    Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.TERMINATED)
+    assert client.get(charts_url, headers=HTMX).status_code == 286  # the page's poll says the rest
 
 
 def test_a_moved_metrics_poll_costs_the_same_queries_for_1_and_8_nodes(owner, clock):
@@ -491,7 +565,7 @@ def test_a_report_sends_each_machine_s_gpus_cell_alone_on_the_machines_tab(owner
     # The header stays (nothing swapped in its place) and so does its poll; the page keeps the
     # new metrics version in #metrics-shown, which that poll includes (its last value wins).
     assert 'id="cluster-status"' not in body and response["HX-Reswap"] == "none"
-    assert len(queries) == 5  # the session, the user, the version; the nodes, their figures
+    assert len(queries) == 4  # the session, the user, the version; the nodes with their figures
     version = str(metrics.metrics_version(cluster.pk))
     shown = f'<input type="hidden" id="metrics-shown" name="metrics" value="{version}" '
     assert shown + 'hx-swap-oob="true">' in body

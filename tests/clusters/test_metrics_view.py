@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node
 from clusters.telemetry import metrics
-from tests.clusters.test_metrics_tab import HTMX, gpu, poll_url, query_of
+from tests.clusters.test_metrics_tab import HTMX, figures_sent, gpu, poll_url, query_of
 from tests.factories import ClusterFactory
 
 READY = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
@@ -260,6 +260,49 @@ def test_the_tab_reads_the_same_queries_at_2_and_64_nodes(owner, asked):
             poll = poll_url(body)
             metrics.bump_metrics_version(cluster.pk)
             with CaptureQueriesContext(connection) as queries:
-                assert client.get(poll, headers=HTMX).status_code == 200
+                response = client.get(poll, headers=HTMX)
+            assert response.status_code == 200
+            assert response["HX-Reswap"] == "none"  # the figures alone (#metrics-now)
             counts.append(len(queries))
     assert counts[0] == counts[2] and counts[1] == counts[3]
+    # The poll's three, the nodes, their GPU rows.
+    assert counts[1] == 5
+
+
+@pytest.mark.parametrize("later", [timedelta(seconds=5), timedelta(minutes=2)])
+def test_the_figures_a_poll_sends_draw_the_page_s_own_cells(owner, four_nodes, later):
+    """What the page's script does with them (static/js/app.js): each cell, in order, takes
+    its node's GPU's class, and the title CELL_TITLE words; the table its texts. Two minutes
+    on, every node is silent: its cells are outlined and say since when."""
+    client = owner.browser_client()
+    with time_machine.travel(READY + later, tick=False):
+        body = client.get(f"/clusters/{four_nodes.pk}/metrics/").content.decode()
+        metrics.bump_metrics_version(four_nodes.pk)
+        sent = figures_sent(client.get(poll_url(body), headers=HTMX).content.decode())
+
+    maps = re.findall(r'<svg class="heatmap-grid".*?</svg>', body, re.S)
+    for figure, svg in enumerate(maps):
+        drawn = re.findall(r'<rect class="([^"]+)"[^>]*><title>([^<]*)</title>', svg)
+        cells = [
+            (
+                gpu[1 + 2 * figure],
+                sent["title"].format(
+                    node=name, gpu=gpu[0], figure=gpu[2 + 2 * figure], since=since
+                ),
+            )
+            for name, since, gpus in sent["nodes"]
+            for gpu in gpus
+        ]
+        assert [(css, html.unescape(title)) for css, title in drawn] == cells
+        label = re.search(r'aria-label="([^"]*)" data-figure', svg)
+        assert label and html.unescape(label.group(1)) == sent["labels"][figure]
+    table = body.split('id="metrics-every-gpu"')[1]
+    first = re.search(
+        r'<td class="num">([^<]*)<br><span class="muted">([^<]*)</span>'
+        r'<br><span class="muted">([^<]*)</span></td>',
+        table,
+    )
+    assert first and list(first.groups()) == [sent["nodes"][0][2][0][i] for i in (2, 4, 6)]
+    if later > timedelta(seconds=45):
+        assert all("heat-silent" in gpu[1] for _, _, gpus in sent["nodes"] for gpu in gpus)
+        assert sent["nodes"][0][1] == f" (silent since {READY:%H:%M} UTC)"
