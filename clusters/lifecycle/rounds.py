@@ -13,6 +13,13 @@ and receives exactly once, from a different peer when the batch has three nodes 
 
 A batch of one (a worker added alone) measures to node-0, which has joined and serves its sink.
 
+A round's measurements run side by side where the location's fabric carries them all at once
+(each machine its own link to a non-blocking switch). Where it does not (an oversubscribed
+fabric, or the host lab, whose every link is the same two CPUs), the location says how many
+measurements it carries at once (`Location.measurements_at_once`), and each round runs in
+**waves** of at most that many pairs, one wave after another: rounds decide who measures
+against whom, waves only when.
+
 Pure functions of the batch's node indices and figures: the agent service answers each agent
 its round and peer (`measure_turn`, `measure_peer`), the network step judges with `slow_verdict`,
 and the report keeps each node's round and peer.
@@ -65,6 +72,37 @@ def placements(indices: list[int]) -> dict[int, Placement]:
 def rounds_needed(indices: list[int]) -> int:
     """How many rounds the batch's measurements take (what the network step's deadline allows)."""
     return max((p.round for p in placements(indices).values()), default=0)
+
+
+def waves(count: int, at_once: int | None) -> list[list[tuple[int, int]]]:
+    """The measurements for `count` nodes by position, in the order they run: each round of
+    `schedule` split into waves of at most `at_once` pairs (None: each round one wave). A wave
+    is part of one round, so no machine is in two measurements of a wave."""
+    return [
+        pairs[start : start + (at_once or len(pairs))]
+        for pairs in schedule(count)
+        for start in range(0, len(pairs), at_once or len(pairs))
+    ]
+
+
+def wave_of(indices: list[int], at_once: int | None) -> dict[int, int]:
+    """Each sending node of the batch (its node indices) by the wave it measures in (1, 2,
+    ...), waves of at most `at_once` measurements (None: a round's all at once). A batch of one
+    worker measures in wave 1; node-0 alone measures nothing."""
+    ordered = sorted(indices)
+    if len(ordered) == 1:
+        return {} if ordered[0] == 0 else {ordered[0]: 1}
+    return {
+        ordered[sender]: number
+        for number, pairs in enumerate(waves(len(ordered), at_once), start=1)
+        for sender, _ in pairs
+    }
+
+
+def waves_needed(indices: list[int], at_once: int | None) -> int:
+    """How many waves the batch's measurements take, one after another (what the network
+    step's deadline allows): its rounds, where the fabric carries each round at once."""
+    return max(wave_of(indices, at_once).values(), default=0)
 
 
 def senders(placed: dict[int, Placement]) -> dict[int, int]:

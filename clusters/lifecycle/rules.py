@@ -17,9 +17,11 @@ from offers.models import MachineType, driver_at_least, size_words
 Status = Cluster.Status
 NodeStatus = Node.Status
 
-# What the network step adds to its deadline for each round of the batch's measurements: the
+# What the network step adds to its deadline for each wave of the batch's measurements: the
 # nodes measure in rounds of pairs that never share a link (`clusters.lifecycle.rounds`, at most
-# three rounds whatever the size), and a round is a node's next check-in (the agent's
+# three rounds whatever the size), each round in waves of as many pairs as the location's fabric
+# carries at once (`Location.measurements_at_once`; the whole round where it gives none), and a
+# wave is a node's next check-in (the agent's
 # RETRY_SECONDS, 5 s, while starting), its latency (5 TCP connects) and bandwidth (iperf3's
 # 2-second run, or the 1-second stream), its /shared mount and its report: about 10 s on a
 # healthy host. Every step stays capped at the node's give-up time.

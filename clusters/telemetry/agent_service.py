@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from clusters import lifecycle
@@ -189,23 +190,29 @@ def _measuring(node: Node) -> bool:
 def measure_turn(node: Node) -> bool:
     """Whether `node`'s agent may test the network now (its check-in's answer, `measure_turn`).
     The batch measures in rounds (`clusters.lifecycle.rounds`): pairs that never share a
-    machine's link. A node's round is open once every node that sends in an earlier round has
-    reported (or left step `network`). A node that has reported does not measure again."""
+    machine's link, each round in waves of at most the location's `measurements_at_once`
+    (all of it where the location gives none). A node's wave is open once every node that sends
+    in an earlier wave has reported (or left step `network`). A node that has reported does
+    not measure again."""
     if not _measuring(node):
         return False
     batch = list(
-        Node.objects.filter(cluster_id=node.cluster_id, status=Node.Status.STARTING).only(
-            "pk", "index", "status", "step", "network_reported_at"
-        )
+        Node.objects.filter(cluster_id=node.cluster_id, status=Node.Status.STARTING)
+        .annotate(at_once=F(_AT_ONCE))
+        .only("pk", "index", "status", "step", "network_reported_at")
     )
-    placed = rounds.placements([n.index for n in batch])
-    mine = placed.get(node.index)
+    at_once = batch[0].at_once if batch else None
+    waves = rounds.wave_of([n.index for n in batch], at_once)
+    mine = waves.get(node.index)
     if mine is None:
         return node.index == 0  # node-0 alone measures nothing, and never waits
     return not any(
-        _measuring(other) and other.index in placed and placed[other.index].round < mine.round
-        for other in batch
+        _measuring(other) and other.index in waves and waves[other.index] < mine for other in batch
     )
+
+
+# How many measurements the cluster's location carries at once (rounds.wave_of).
+_AT_ONCE = "cluster__machine_type__location__measurements_at_once"
 
 
 def measure_peer(node: Node) -> dict[str, str] | None:

@@ -8,7 +8,15 @@ from __future__ import annotations
 import pytest
 
 from clusters.lifecycle import rounds
-from clusters.lifecycle.rounds import MOST_ROUNDS, Placement, placements, schedule, slow_verdict
+from clusters.lifecycle.rounds import (
+    MOST_ROUNDS,
+    Placement,
+    placements,
+    schedule,
+    slow_verdict,
+    wave_of,
+    waves,
+)
 
 MINIMUM = 50.0
 
@@ -55,6 +63,49 @@ def test_placements_are_by_node_index_and_a_lone_worker_measures_to_node_0():
     assert rounds.rounds_needed(list(range(64))) == 2
     assert rounds.rounds_needed(list(range(63))) == 3
     assert rounds.rounds_needed([0]) == 0
+
+
+# --- waves: a round in parts where the location's fabric carries fewer measurements at once -----
+
+
+@pytest.mark.parametrize("at_once", [1, 2, 3, 5, None])
+@pytest.mark.parametrize("count", range(2, 65))
+def test_waves_split_the_rounds_never_above_the_locations_figure_nor_a_machine_twice(
+    count, at_once
+):
+    parts = waves(count, at_once)
+    for pairs in parts:
+        assert 1 <= len(pairs) <= (at_once or count), pairs  # the fabric's figure at most
+        machines = [m for pair in pairs for m in pair]
+        assert len(machines) == len(set(machines)), pairs  # no machine in two at once
+    # The same measurements as the rounds, in the rounds' order, each wave inside one round.
+    assert [pair for pairs in parts for pair in pairs] == [
+        pair for pairs in schedule(count) for pair in pairs
+    ]
+    round_of = {pair: number for number, pairs in enumerate(schedule(count)) for pair in pairs}
+    for pairs in parts:
+        assert len({round_of[pair] for pair in pairs}) == 1, pairs
+    # Each round in as few waves as the figure allows.
+    expected = sum(-(-len(pairs) // (at_once or count)) for pairs in schedule(count))
+    assert len(parts) == expected
+    if at_once is None:
+        assert parts == schedule(count)  # a non-blocking fabric: a round is one wave
+
+
+def test_a_wave_of_each_sender_by_node_index_and_the_waves_needed():
+    # Eight nodes, two at once (the lab): round 1 in waves 1 and 2, round 2 in waves 3 and 4.
+    assert waves(8, 2) == [[(0, 1), (2, 3)], [(4, 5), (6, 7)], [(1, 2), (3, 4)], [(5, 6), (7, 0)]]
+    assert wave_of(list(range(8)), 2) == {0: 1, 2: 1, 4: 2, 6: 2, 1: 3, 3: 3, 5: 4, 7: 4}
+    assert wave_of(list(range(8)), None) == {i: 1 + i % 2 for i in range(8)}
+    # Added workers by their indices; a lone one, and node-0 alone.
+    assert wave_of([7, 5, 6], 1) == {5: 1, 6: 2, 7: 3}
+    assert wave_of([4], 1) == {4: 1}
+    assert wave_of([0], 2) == {}
+    assert rounds.waves_needed(list(range(64)), None) == 2
+    assert rounds.waves_needed(list(range(64)), 8) == 8  # 32 pairs a round, 8 at a time
+    assert rounds.waves_needed(list(range(10)), 2) == 6  # 5 pairs a round: 3 waves each
+    assert rounds.waves_needed(list(range(2)), 2) == 2
+    assert rounds.waves_needed([0], 2) == 0
 
 
 def figures_with(slow: dict[int, float], count: int = 8) -> dict[int, float | None]:

@@ -12,7 +12,7 @@ from clusters.lifecycle.rules import MEASURE_TURN_SECONDS, acceptance_minimum_mb
 from clusters.machines import runcrate_agent
 from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Node
-from offers.models import MachineType
+from offers.models import Location, MachineType
 from tests.clusters.lifecycle_kit import Sim, assert_failed_cleanly, at, create, inventory, node
 from tests.factories import MachineTypeFactory
 
@@ -54,16 +54,28 @@ def report(client, cluster: Cluster, name: str) -> dict:
     )
 
 
-@pytest.fixture
-def in_network(project, clock, monkeypatch):
+def network_of(project, clock, monkeypatch, *, at_once: int | None):
     """A 5-node cluster whose agents all checked in: every node in step `network`, none has
-    reported (the simulated agents' reports are held back; the test's requests are the agents)."""
+    reported (the simulated agents' reports are held back; the test's requests are the agents),
+    in a location whose fabric carries `at_once` measurements at once (None: a round's all)."""
     monkeypatch.setattr(SimulatedDriver, "network_due", lambda self, n, **kw: False)
+    machine_type = inventory(hosts=5, boot_seconds=BOOT)
+    Location.objects.filter(pk=machine_type.location_id).update(measurements_at_once=at_once)
     with Sim() as sim:
-        cluster = create(project, inventory(hosts=5, boot_seconds=BOOT), nodes=5)
+        cluster = create(project, machine_type, nodes=5)
         sim.run_until(clock, at(BOOT * 1.25))
         assert set(cluster.nodes.values_list("step", flat=True)) == {Node.Step.NETWORK}
         yield cluster, sim
+
+
+@pytest.fixture
+def in_network(project, clock, monkeypatch):
+    yield from network_of(project, clock, monkeypatch, at_once=None)
+
+
+@pytest.fixture
+def one_at_a_time(project, clock, monkeypatch):
+    yield from network_of(project, clock, monkeypatch, at_once=1)
 
 
 def test_the_nodes_measure_in_rounds_each_told_its_peer(in_network, client):
@@ -143,6 +155,40 @@ def test_the_network_step_allows_a_turn_for_each_round_not_each_worker(in_networ
     deadlines = set(cluster.nodes.values_list("step_deadline", flat=True))
     # Five nodes: three rounds (an odd batch), where turns for four workers took four.
     assert deadlines == {last + (BOOT + 3 * MEASURE_TURN_SECONDS) * (at(1) - at(0))}
+
+
+def test_a_location_that_carries_one_measurement_at_once_gets_them_one_by_one(
+    one_at_a_time, client
+):
+    cluster, sim = one_at_a_time
+    # Five nodes, one at once: each round's pairs in waves of one, in the rounds' order; the
+    # rounds and peers as ever (round 1: 0 -> 1, 2 -> 3; round 2: 1 -> 2, 3 -> 4; 3: 4 -> 0).
+    for measuring in ("node-0", "node-2", "node-1", "node-3", "node-4"):
+        for _ in range(2):  # however often they ask
+            seen = turns(client, cluster)
+            assert [name for name, turn in seen.items() if turn] == [measuring], seen
+        report(client, cluster, measuring)
+        sim.tick()
+
+    sim.tick()
+    cluster.refresh_from_db()
+    assert cluster.status == Cluster.Status.READY
+    rows = cluster.acceptance["nodes"]
+    assert [(row["name"], row["round"], row["peer"]) for row in rows] == [
+        ("node-0", 1, "node-1"),
+        ("node-1", 2, "node-2"),
+        ("node-2", 1, "node-3"),
+        ("node-3", 2, "node-4"),
+        ("node-4", 3, "node-0"),
+    ]
+
+
+def test_the_network_step_allows_a_turn_for_each_wave(one_at_a_time):
+    cluster, _ = one_at_a_time
+    last = max(cluster.nodes.values_list("agent_at", flat=True))
+    deadlines = set(cluster.nodes.values_list("step_deadline", flat=True))
+    # Five measurements one at a time: five waves.
+    assert deadlines == {last + (BOOT + 5 * MEASURE_TURN_SECONDS) * (at(1) - at(0))}
 
 
 def test_the_agent_tests_the_network_only_on_its_turn():

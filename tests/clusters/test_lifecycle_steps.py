@@ -57,8 +57,9 @@ def test_it_joins_every_node_and_starts_billing_for_all_at_one_instant(project, 
         assert node0.step == Node.Step.NETWORK
         assert node0.agent_at == at(BOOT * 1.25)
         assert len(node0.gpus) == 8
-        # 1 × boot from the moment the last agent checked in, and a turn for each round of
-        # measurements (three nodes: an odd batch, three rounds; clusters/lifecycle/rounds.py)
+        # 1 × boot from the moment the last agent checked in, and a turn for each wave of
+        # measurements (three nodes: an odd batch, three rounds, each one wave where the
+        # location gives no measurements_at_once; clusters/lifecycle/rounds.py)
         assert node0.step_deadline == at(BOOT * 2.25 + 3 * MEASURE_TURN_SECONDS)
 
         sim.run_until(clock, at(BOOT * 1.5))

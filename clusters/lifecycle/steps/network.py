@@ -33,8 +33,10 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
     assert len(checked_in) == len(batch)  # a node reaches this step once its agent checked in
     last = max(checked_in)
     # The batch measures in rounds of pairs that never share a link (at most three, whatever
-    # its size): each round gets its time.
-    turns = MEASURE_TURN_SECONDS * rounds.rounds_needed([n.index for n in batch])
+    # its size), each round in waves of as many as the location's fabric carries at once: each
+    # wave gets its time.
+    at_once = work.machine_type.location.measurements_at_once
+    turns = MEASURE_TURN_SECONDS * rounds.waves_needed([n.index for n in batch], at_once)
     placed = rounds.placements([n.index for n in batch])
     failures = []
     for node in batch:
@@ -133,7 +135,7 @@ def _timed_out(
             return Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem)
     allowed = (node.step_deadline - last).total_seconds()
     missing = [p for p in peers if p not in reached]
-    turn_note = f", and {MEASURE_TURN_SECONDS} s for each round of measurements"
+    turn_note = f", and {MEASURE_TURN_SECONDS} s for each wave of measurements"
     turn_note = turn_note if turns else ""
     return Failure(
         Reason.NETWORK_TIMEOUT,
