@@ -12,8 +12,9 @@ For as long as it runs, it:
    `inet runcrate` the bootstrap made) their endpoints. Where `wg`, `nft`, the interface or the
    table is missing (tests, simulations) it says so once and goes on.
 3. While the node is `starting` in step `network`, every peer knows it (`peers_ready`)
-   and it is this node's round (`measure_turn`: the dashboard's schedule pairs the nodes so
-   that no two measurements share a link, `measure_peer` naming this node's peer), tests the
+   and it is this node's turn (`measure_turn`: the dashboard's schedule pairs the nodes so
+   that no two measurements share a link, in waves as many at once as the location's fabric
+   carries, `measure_peer` naming this node's peer), tests the
    private network: it TCP-connects to each peer's probe port, retrying unreachable peers for
    ~20 s; measures latency and bandwidth to its peer (the head where the dashboard names none;
    iperf3 where the peer runs it, else its own timed TCP stream to the peer's sink); and
