@@ -187,6 +187,10 @@ def _measuring(node: Node) -> bool:
     )
 
 
+# How many measurements the cluster's location carries at once (rounds.wave_of).
+_AT_ONCE = "cluster__machine_type__location__measurements_at_once"
+
+
 def measure_turn(node: Node) -> bool:
     """Whether `node`'s agent may test the network now (its check-in's answer, `measure_turn`).
     The batch measures in rounds (`clusters.lifecycle.rounds`): pairs that never share a
@@ -209,10 +213,6 @@ def measure_turn(node: Node) -> bool:
     return not any(
         _measuring(other) and other.index in waves and waves[other.index] < mine for other in batch
     )
-
-
-# How many measurements the cluster's location carries at once (rounds.wave_of).
-_AT_ONCE = "cluster__machine_type__location__measurements_at_once"
 
 
 def measure_peer(node: Node) -> dict[str, str] | None:
