@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -227,7 +228,7 @@ def product(var: Path) -> Iterator[None]:
         start_new_session=True,
     )
     try:
-        _wait_for(lambda: "is running:" in (var / "run.log").read_text(), 90, "the web server")
+        _wait_for(lambda: _started(var / "run.log"), 120, "the web server and the workers")
         print(f"labtime: the product runs (bin/run.py, port {env['PORT']})", flush=True)
         yield
     finally:
@@ -238,6 +239,17 @@ def product(var: Path) -> Iterator[None]:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+
+
+WORKERS = ("default", "machines", "releases", "logs", "notify")
+
+
+def _started(log: Path) -> bool:
+    """The web server answers and every worker said it is ready (Celery's INFO line)."""
+    text = log.read_text()
+    return "is running:" in text and all(
+        re.search(rf"{name}@\S+ ready\.", text) for name in WORKERS
+    )
 
 
 def _wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
@@ -405,3 +417,7 @@ def time_run(run: Run, project, user, timeout: float, *, during: int) -> bool:
         print(f"  the cluster created during the release: {took:.2f}× its quiet time")
     print_release("its release", wait_released(*end(beside), timeout))
     return ready and ok and usual
+
+
+if __name__ == "__main__":
+    sys.exit(main())
