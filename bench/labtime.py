@@ -340,12 +340,16 @@ def time_create(project, user, run: Run, name: str, timeout: float):
 
 
 def end(cluster) -> tuple[list[int], datetime]:
-    """Terminate the cluster (as its owner's Terminate does); its hosts and the instant."""
+    """Terminate the cluster (as its owner's Terminate does; a failed one is released by
+    itself, from its end); its hosts and the instant."""
     from django.utils import timezone
 
     from clusters import lifecycle
 
     hosts = list(cluster.nodes.values_list("host_id", flat=True))
+    cluster.refresh_from_db()
+    if cluster.is_final:
+        return hosts, cluster.ended_at
     ended = timezone.now()
     lifecycle.terminate(cluster=cluster)
     return hosts, ended

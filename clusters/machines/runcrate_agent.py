@@ -103,6 +103,7 @@ HEARTBEAT_SECONDS = 30.0
 HEALTH_SECONDS = 120.0  # between health reports on a ready cluster (RUNCRATE_HEALTH_SECONDS)
 SHARED_SECONDS = 5.0  # how long /shared may take to list before it counts as hung
 RETRY_SECONDS = 5.0
+MIN_CHECK_IN_SECONDS = 0.5  # however soon the dashboard asks (its answer's check_in_seconds)
 STOP_CODES = (403, 404, 410)  # a wrong token, an unknown node, a released node
 LATENCY_SAMPLES = 5
 STREAM_CHUNK = bytes(64 * 1024)
@@ -1131,6 +1132,7 @@ class Agent:
         self.sink: Sink | None = None
         self._status = "starting"
         self._peer_starting = False
+        self._soon: float | None = None  # the last answer's check_in_seconds
         self._said: dict[str, str] = {}
         self._health: dict[str, Any] | None = None  # what the last answer asked to check
         self._health_at: float | None = None  # when the last health report went (monotonic)
@@ -1177,6 +1179,9 @@ class Agent:
         self._status = state["status"]
         # A peer joining (a worker being added) needs this node's WireGuard peer soon.
         self._peer_starting = bool(state.get("peer_starting"))
+        # Sooner while this node waits to measure in step `network` (null or absent: as usual).
+        soon = state.get("check_in_seconds")
+        self._soon = float(soon) if isinstance(soon, (int, float)) and soon > 0 else None
         health = state.get("health")
         self._health = health if isinstance(health, dict) else None
         self._set_metrics_seconds(state.get("metrics_seconds"))
@@ -1290,6 +1295,8 @@ class Agent:
     def next_check_in_seconds(self) -> float:
         soon = self._status == "starting" or self._peer_starting
         wait = self.settings.retry_seconds if soon else self.settings.heartbeat_seconds
+        if self._soon is not None:
+            wait = min(wait, max(self._soon, MIN_CHECK_IN_SECONDS))
         if self._health is not None:
             # A health report due before the next heartbeat goes with its own check-in (the
             # first one at once: the cluster just became ready).

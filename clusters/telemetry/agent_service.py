@@ -208,6 +208,23 @@ def measure_turn(node: Node) -> bool:
     )
 
 
+# While a node waits in step `network` (for its peers to know it, for its round), its agent
+# checks in this often instead of every 5 s, so it starts measuring within a second of being let:
+# one check-in per node per second, as slow as one every 5 s at 80 nodes and more
+# (`WAITING_CHECK_INS_PER_SECOND` at most of a cluster's nodes).
+WAITING_CHECK_IN_SECONDS = 1.0
+WAITING_CHECK_INS_PER_SECOND = 16.0
+
+
+def check_in_seconds(node: Node, nodes: int) -> float | None:
+    """How soon `node`'s agent checks in again (the answer's `check_in_seconds`): soon while it
+    waits to measure in step `network` (`nodes`: the cluster's live nodes), else None (the
+    agent's own interval: 5 s while starting, its heartbeat once joined)."""
+    if not _measuring(node):
+        return None
+    return min(5.0, max(WAITING_CHECK_IN_SECONDS, nodes / WAITING_CHECK_INS_PER_SECOND))
+
+
 def measure_peer(node: Node) -> dict[str, str] | None:
     """The peer `node`'s agent measures to in its round (`measure_peer`: name and private
     address), or None where it measures nothing now."""

@@ -323,6 +323,27 @@ def test_it_heartbeats_every_heartbeat_seconds_once_joined(dashboard):
     assert agent.next_check_in_seconds() == 5
 
 
+def test_it_checks_in_as_soon_as_the_dashboard_asks_while_it_waits_to_measure(dashboard):
+    agent = new_agent(dashboard, heartbeat_seconds=30, retry_seconds=5)
+    # Waiting in step network for its peers or its round: the answer's check_in_seconds.
+    dashboard.answers = [answer(step="network", check_in_seconds=1.0)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 1.0
+
+    # Never sooner than half a second, whatever it is asked; null is the usual interval.
+    dashboard.answers = [answer(step="network", check_in_seconds=0.01)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 0.5
+    dashboard.answers = [answer(step="network", check_in_seconds=None)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 5
+
+    # Once joined: the heartbeat's interval.
+    dashboard.answers = [answer(status="joined", step="done", check_in_seconds=None)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 30
+
+
 # --- testing the network -----------------------------------------------------------------------
 
 
