@@ -157,8 +157,10 @@ def agent_check_in(
         fields = check_in(found, gpus=cleaned, wireguard_key=key)
         found.save(update_fields=fields + _record_health(found, report))
         _judge_health(found, report)
-        if found.status == Node.Status.STARTING or len(fields) > 1:
-            # A heartbeat of a node that has joined moves nothing: no advance for it.
+        if len(fields) > 1:
+            # A bare heartbeat moves nothing (the reconciler never reads a starting node's
+            # heartbeat; its deadlines are the tick's): no advance for it, so the check-ins of
+            # agents waiting to measure (every second) cost no pass over the cluster each.
             lifecycle.enqueue_advance(found.cluster_id)
     return found
 
