@@ -210,8 +210,9 @@ def measure_turn(node: Node) -> bool:
     )
 
 
-# While a node waits in step `network` (for its peers to know it, for its round), its agent
-# checks in this often instead of every 5 s, so it starts measuring within a second of being let:
+# From its first check-in until it has reported its network (its step moving on to `network`,
+# its peers knowing it, its round), a node's agent checks in this often instead of every 5 s,
+# so it starts measuring within a second of being let:
 # one check-in per node per second, as slow as one every 5 s at 80 nodes and more
 # (`WAITING_CHECK_INS_PER_SECOND` at most of a cluster's nodes).
 WAITING_CHECK_IN_SECONDS = 1.0
@@ -220,9 +221,9 @@ WAITING_CHECK_INS_PER_SECOND = 16.0
 
 def check_in_seconds(node: Node, nodes: int) -> float | None:
     """How soon `node`'s agent checks in again (the answer's `check_in_seconds`): soon while it
-    waits to measure in step `network` (`nodes`: the cluster's live nodes), else None (the
-    agent's own interval: 5 s while starting, its heartbeat once joined)."""
-    if not _measuring(node):
+    is starting and has not reported its network (`nodes`: the cluster's live nodes), else None
+    (the agent's own interval: 5 s while starting, its heartbeat once joined)."""
+    if node.status != Node.Status.STARTING or node.network_reported_at is not None:
         return None
     return min(5.0, max(WAITING_CHECK_IN_SECONDS, nodes / WAITING_CHECK_INS_PER_SECOND))
 
