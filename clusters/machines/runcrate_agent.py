@@ -1133,6 +1133,7 @@ class Agent:
         self._status = "starting"
         self._peer_starting = False
         self._soon: float | None = None  # the last answer's check_in_seconds
+        self._gpus_sent = False  # a check-in with nvidia-smi's GPUs was answered
         self._said: dict[str, str] = {}
         self._health: dict[str, Any] | None = None  # what the last answer asked to check
         self._health_at: float | None = None  # when the last health report went (monotonic)
@@ -1213,24 +1214,33 @@ class Agent:
         self._note("wireguard", message)
 
     def check_in(self) -> dict[str, Any]:
-        body = {
-            "nvidia_smi": read_gpus(),
+        # The dashboard records the GPUs of a node's first check-in only (step `agent`): once
+        # one was answered, the others say none, and nvidia-smi (a second on some machines)
+        # is not run for every heartbeat, nor every second while waiting to measure.
+        gpus: dict[str, Any] = {"gpus": []} if self._gpus_sent else {"nvidia_smi": read_gpus()}
+        body = gpus | {
             "wireguard_public_key": wireguard_public_key(self.settings.interface),
             "hostname": socket.gethostname(),
         }
         if not self.health_due():
-            return self._post("check-in", body)
+            state = self._post("check-in", body)
+            self._gpus_sent = True
+            return state
         self._health_at = self._clock()
         report = check_health(self._health or {}, self.settings)
         self._note("health", _describe_health(report))
         try:
-            return self._post("check-in", body | {"health": report})
+            state = self._post("check-in", body | {"health": report})
+            self._gpus_sent = True
+            return state
         except urllib.error.HTTPError as error:
             if error.code != 422:
                 raise
             # A report it cannot take never costs the heartbeat: sent again without it.
             self._note("dashboard", f"the dashboard refused a health report: {_why(error)}")
-            return self._post("check-in", body)
+            state = self._post("check-in", body)
+            self._gpus_sent = True
+            return state
 
     def health_due(self) -> bool:
         """The last answer asks for health reports (a ready cluster) and one is due."""

@@ -195,7 +195,10 @@ def test_it_reports_no_gpus_and_no_key_without_nvidia_smi_or_wg(dashboard, bin_d
     agent.run_once()
     agent.run_once()
 
-    assert [s.body["nvidia_smi"] for s in dashboard.sent] == ["", ""]
+    # Its GPUs (none) go with the first check-in, which the dashboard records them from; later
+    # check-ins say none, without running nvidia-smi again.
+    assert [s.body.get("nvidia_smi") for s in dashboard.sent] == ["", None]
+    assert [s.body.get("gpus") for s in dashboard.sent] == [None, []]
     assert [s.body["wireguard_public_key"] for s in dashboard.sent] == [None, None]
     assert len([r for r in caplog.records if "WireGuard" in r.getMessage()]) == 1
 
