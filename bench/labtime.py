@@ -370,7 +370,30 @@ def wait_released(hosts: list[int], ended: datetime, timeout: float) -> list[flo
     return sorted((host.state_changed_at - ended).total_seconds() for host in rows)
 
 
-def print_release(label: str, seconds: list[float] | None, alone: float | None = None) -> None:
+TASK_DONE = re.compile(
+    r"^releases +\| \[(?P<at>[\d-]+ [\d:]+),(?P<ms>\d+): INFO/MainProcess\] Task "
+    r"clusters\.tasks\.release_work\[[^]]+\] succeeded in (?P<seconds>[\d.]+)s"
+)
+
+
+def release_tasks(since: datetime) -> list[float]:
+    """The releases worker's own time for each host's release (`release_work`) that ended after
+    `since`, from its log (LOG_LEVEL=INFO: Celery's "succeeded in" line; the log's clock is this
+    machine's, in its local time zone)."""
+    from django.conf import settings
+
+    local = since.astimezone().replace(tzinfo=None)
+    found = []
+    for line in (settings.VAR_DIR / "labtime" / "run.log").read_text().splitlines():
+        match = TASK_DONE.match(line)
+        if match and datetime.fromisoformat(f"{match['at']}.{match['ms']}") >= local:
+            found.append(float(match["seconds"]))
+    return sorted(found)
+
+
+def print_release(
+    label: str, ended: datetime, seconds: list[float] | None, alone: float | None = None
+) -> None:
     if seconds is None:
         return
     line = (
@@ -379,6 +402,9 @@ def print_release(label: str, seconds: list[float] | None, alone: float | None =
     )
     if alone:
         line += f"; the last {seconds[-1] / alone:.2f}× one host's release alone ({alone:.1f} s)"
+    tasks = release_tasks(ended)
+    if tasks:
+        line += f"; each host's release task ran {tasks[0]:.1f} … {tasks[-1]:.1f} s"
     print(line, flush=True)
 
 
@@ -409,20 +435,24 @@ def time_run(run: Run, project, user, timeout: float, *, during: int) -> bool:
     that size quietly and again created while this run's hosts are released."""
     if not during:
         cluster, ready = time_create(project, user, run, f"{run.software}-{run.nodes}", timeout)
-        print_release("its release", wait_released(*end(cluster), timeout))
+        hosts, ended = end(cluster)
+        print_release("its release", ended, wait_released(hosts, ended, timeout))
         return ready
     small = Run("none", during)
     alone = release_alone()
     quiet, usual = time_create(project, user, small, f"quiet-{during}", timeout)
-    print_release("its release", wait_released(*end(quiet), timeout), alone)
+    hosts, ended = end(quiet)
+    print_release("its release", ended, wait_released(hosts, ended, timeout), alone)
     cluster, ready = time_create(project, user, run, f"{run.software}-{run.nodes}", timeout)
     hosts, ended = end(cluster)
     beside, ok = time_create(project, user, small, f"during-{during}", timeout)
-    print_release("the big cluster's release", wait_released(hosts, ended, timeout), alone)
+    released = wait_released(hosts, ended, timeout)
+    print_release("the big cluster's release", ended, released, alone)
     if ok and usual:
         took = (beside.ready_at - beside.created_at) / (quiet.ready_at - quiet.created_at)
         print(f"  the cluster created during the release: {took:.2f}× its quiet time")
-    print_release("its release", wait_released(*end(beside), timeout))
+    hosts, ended = end(beside)
+    print_release("its release", ended, wait_released(hosts, ended, timeout))
     return ready and ok and usual
 
 
