@@ -104,6 +104,7 @@ HEALTH_SECONDS = 120.0  # between health reports on a ready cluster (RUNCRATE_HE
 SHARED_SECONDS = 5.0  # how long /shared may take to list before it counts as hung
 RETRY_SECONDS = 5.0
 MIN_CHECK_IN_SECONDS = 0.5  # however soon the dashboard asks (its answer's check_in_seconds)
+REAPPLY_SECONDS = 30.0  # an unchanged list of WireGuard peers is applied whole again this often
 STOP_CODES = (403, 404, 410)  # a wrong token, an unknown node, a released node
 LATENCY_SAMPLES = 5
 STREAM_CHUNK = bytes(64 * 1024)
@@ -1134,6 +1135,7 @@ class Agent:
         self._peer_starting = False
         self._soon: float | None = None  # the last answer's check_in_seconds
         self._gpus_sent = False  # a check-in with nvidia-smi's GPUs was answered
+        self._applied: tuple[str, float] | None = None  # the WireGuard peers last applied, when
         self._said: dict[str, str] = {}
         self._health: dict[str, Any] | None = None  # what the last answer asked to check
         self._health_at: float | None = None  # when the last health report went (monotonic)
@@ -1196,10 +1198,15 @@ class Agent:
         if interface is None or present is None:
             self._note("wireguard", f"no wg or no WireGuard interface {interface}; no peers set")
             return
+        if self._still_applied(peers, present):
+            return
         removed, failed = set_wireguard_peers(interface, peers, present)
         # WireGuard's port accepts exactly these peers' addresses, kept with the peers.
         endpoints = sorted({str(p["endpoint"]) for p in peers if p.get("endpoint")})
         why_not = set_firewall_peers(peers)
+        # Applied (or no firewall to apply to): the same answer runs nothing for a while.
+        done = not failed and (why_not is None or why_not.startswith("no "))
+        self._applied = (json.dumps(peers, sort_keys=True), self._clock()) if done else None
         if why_not is None:
             self._note("firewall", f"firewall: WireGuard accepts {', '.join(endpoints) or 'none'}")
         else:
@@ -1212,6 +1219,21 @@ class Agent:
         if failed:
             message += f"; wg set failed for {', '.join(failed)}"
         self._note("wireguard", message)
+
+    def _still_applied(self, peers: list[dict[str, Any]], present: set[str]) -> bool:
+        """Whether the answer lists the peers applied last, less than REAPPLY_SECONDS ago, and
+        the interface has exactly their keys: then nothing is run (`wg set` a peer and `nft` twice
+        an answer, every second while waiting to measure, took the CPU the measurement of
+        another pair needed). Every REAPPLY_SECONDS the answer is applied whole again."""
+        if self._applied is None:
+            return False
+        listed, applied_at = self._applied
+        keys = {p["public_key"] for p in peers if p.get("public_key") and p.get("allowed_ip")}
+        return (
+            listed == json.dumps(peers, sort_keys=True)
+            and present == keys
+            and self._clock() - applied_at < REAPPLY_SECONDS
+        )
 
     def check_in(self) -> dict[str, Any]:
         # The dashboard records the GPUs of a node's first check-in only (step `agent`): once

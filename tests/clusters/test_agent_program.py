@@ -210,6 +210,37 @@ def test_it_sends_no_key_when_the_interface_does_not_exist(dashboard, wg_calls):
     assert "set" not in wg_calls.read_text()
 
 
+def test_an_answer_with_the_peers_it_has_runs_nothing_until_it_applies_them_again(
+    dashboard, bin_dir, tmp_path
+):
+    calls = tmp_path / "wg-calls"
+    stand_in(bin_dir, "wg", f"""printf '%s\\n' "$*" >> {calls}
+case "$1 $3" in "show peers") printf 'keep-key\\n' ;; esac
+""")  # fmt: skip
+    listed = [{"name": "node-0", "public_key": "keep-key", "endpoint": "172.30.77.11:51820",
+               "allowed_ip": "10.77.0.1/32"}]  # fmt: skip
+    now = [100.0]
+    agent = Agent(dashboard.url, "7", TOKEN, settings=Settings(**FAST), clock=lambda: now[0])
+
+    def sets() -> int:
+        return sum(line.startswith("set") for line in calls.read_text().splitlines())
+
+    for seconds in (0, 1, 2, runcrate_agent.REAPPLY_SECONDS + 1):
+        dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": listed})]
+        now[0] = 100.0 + seconds
+        agent.run_once()
+    # Applied at the first answer and again once REAPPLY_SECONDS had passed; the answers in
+    # between (every second while waiting to measure) found the interface as listed.
+    assert sets() == 2
+
+    # A peer the interface lost, or another list, is applied at once.
+    listed.append({"name": "node-2", "public_key": "new-key", "endpoint": "172.30.77.13:51820",
+                   "allowed_ip": "10.77.0.3/32"})  # fmt: skip
+    dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": listed})]
+    agent.run_once()
+    assert sets() == 4
+
+
 def test_it_sets_the_listed_wireguard_peers_and_removes_the_others(dashboard, wg_calls):
     listed = [
         {
