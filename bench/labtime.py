@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also time a `none` cluster of NODES on spare hosts quietly, then again created "
         "while the last run's hosts are released (and one host's release alone)",
     )
+    parser.add_argument(
+        "--acceptance-floor",
+        type=int,
+        metavar="MBIT",
+        help="the product's acceptance minimum for this run (RUNCRATE_ACCEPTANCE_MIN_MBIT, with "
+        "RUNCRATE_ACCEPTANCE_LINK_FRACTION 0): on a loaded lab, times rather than a verdict",
+    )
     parser.add_argument("--boot-seconds", type=int, default=300, help="the inventory's (300)")
     parser.add_argument(
         "--timeout", type=float, default=420, help="the most a cluster or a release may take"
@@ -123,7 +130,7 @@ def measure(options: argparse.Namespace) -> int:
         print(f"labtime: database {described}", flush=True)
         register(lab, options.boot_seconds)
         project, user = person()
-        with product(settings.VAR_DIR / "labtime"):
+        with product(settings.VAR_DIR / "labtime", floor=options.acceptance_floor):
             results = [
                 time_run(run, project, user, options.timeout, during=spare if last else 0)
                 for last, run in _with_last(options.runs)
@@ -213,11 +220,17 @@ def _free_lab_port() -> int:
 
 
 @contextlib.contextmanager
-def product(var: Path) -> Iterator[None]:
+def product(var: Path, *, floor: int | None = None) -> Iterator[None]:
     """bin/run.py, as `make run` starts it (after its migrate: the database is migrated), its
     output in `var/run.log`; stopped at the end (SIGTERM, then SIGKILL to its group)."""
     var.mkdir(parents=True, exist_ok=True)
     env = product_env(var)
+    if floor is not None:
+        env |= {
+            "RUNCRATE_ACCEPTANCE_MIN_MBIT": str(floor),
+            "RUNCRATE_ACCEPTANCE_LINK_FRACTION": "0",
+        }
+        print(f"labtime: acceptance floor {floor} Mbit/s for this run (not the product's)")
     log = (var / "run.log").open("w")
     process = subprocess.Popen(  # noqa: S603 - our own bin/run.py
         [sys.executable, str(ROOT / "bin" / "run.py")],
