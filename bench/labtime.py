@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="MBIT",
         help="the product's acceptance minimum for this run (RUNCRATE_ACCEPTANCE_MIN_MBIT, with "
-        "RUNCRATE_ACCEPTANCE_LINK_FRACTION 0): on a loaded lab, times rather than a verdict",
+        "RUNCRATE_ACCEPTANCE_LINK_FRACTION 0.01): on a loaded lab, times rather than a verdict",
     )
     parser.add_argument("--boot-seconds", type=int, default=300, help="the inventory's (300)")
     parser.add_argument(
