@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import bisect
 import zlib
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from django.conf import settings
 from django.utils.html import format_html_join
@@ -51,6 +53,7 @@ class HeatFigure:
     text: Callable[[GpuNow], str]  # the figure as a cell's title and table say it
     bounds: tuple[float, ...]  # the lower bounds of levels 1 to 4
     legend: tuple[str, ...]  # what each level means, in words
+    reads: tuple[str, ...]  # the GpuNow fields `value` and `text` are made of, and only these
 
 
 def _percent(value: float | None) -> str:
@@ -84,6 +87,7 @@ HEAT_FIGURES: tuple[HeatFigure, ...] = (
         lambda gpu: _percent(gpu.utilization_percent),
         (20, 40, 60, 80),
         ("under 20%", "20–39%", "40–59%", "60–79%", "80% or more"),
+        ("utilization_percent",),
     ),
     HeatFigure(
         "memory",
@@ -92,6 +96,7 @@ HEAT_FIGURES: tuple[HeatFigure, ...] = (
         _memory_text,
         (20, 40, 60, 80),
         ("under 20%", "20–39%", "40–59%", "60–79%", "80% or more"),
+        ("memory_used_mib", "memory_total_mib"),
     ),
     HeatFigure(
         "temperature",
@@ -100,6 +105,7 @@ HEAT_FIGURES: tuple[HeatFigure, ...] = (
         _temperature_text,
         (45, 60, 70, 80),
         ("under 45°C", "45–59°C", "60–69°C", "70–79°C", "80°C or more"),
+        ("temperature_c",),
     ),
 )
 
@@ -244,45 +250,71 @@ def grid_key(nodes: Sequence[NodeMetrics], gpu_count: int) -> str:
 
 def figures_now(window: Window, view: ClusterView) -> dict:
     """The latest figures as the page's script draws them into the cells it has (issue 38: a
-    moved poll at 64 × 8 GPUs sends these, not the panel): the heatmaps' words, and per node
-    in the page's order its name, its "silent since", and per GPU its index and each figure's
-    class and text (the cell's title is CELL_TITLE of them; the table says the texts). A node
-    with no report is null: its outlines stand. The classes and words are this module's."""
+    moved poll at 64 × 8 GPUs sends these, not the panel), compact: each figure's words once
+    (`words`: per figure, each distinct (level, text) it has now), and per node in the page's
+    order its name, its "silent since", whether it is silent (which row of `classes` its
+    cells take) and per GPU its index and, per figure, the key of its words. The cell's class
+    is `classes[silent][level]` (level 5: not reported), its title CELL_TITLE of the text;
+    the table says the texts. A node with no report is null: its outlines stand. Every class
+    and word is this module's; the script looks them up."""
     silent = set(view.silent)
-    counts = [[0] * (LEVELS + 1) for _ in HEAT_FIGURES]  # per level, then not reported
-    # Each level's class, by level (None last) and by silence: 512 GPUs × 3 figures at 64.
-    classes = {
-        quiet: {found: css_class(found, silent=quiet) for found in (*range(LEVELS), None)}
-        for quiet in (False, True)
-    }
-    figures = [(f.value, f.bounds, f.text, c) for f, c in zip(HEAT_FIGURES, counts, strict=True)]
+    reported = [node for node in window.nodes if node.gpus]
+    every = [gpu for node in reported for gpu in node.gpus]
+    said = [_said(figure, every) for figure in HEAT_FIGURES]  # (words, a key per GPU)
+    keys = zip(*(found for _, found in said), strict=True)  # per GPU, its figures' keys
+    since_of: dict = {}  # a silent node's words, once per time: they report together
     nodes: list[list] = []
     for node in window.nodes:
+        name = node.node.name
         if not node.gpus:
-            nodes.append([node.node.name, "", None])
+            nodes.append([name, "", 0, None])
             continue
-        quiet = node.node.name in silent
-        shades = classes[quiet]
-        gpus = []
-        for gpu in node.gpus:
-            entry: list = [gpu.index]
-            for value, bounds, text, counted in figures:
-                found = level(value(gpu), bounds)
-                counted[LEVELS if found is None else found] += 1
-                entry += (shades[found], text(gpu))
-            gpus.append(entry)
-        nodes.append([node.node.name, _since(node) if quiet else "", gpus])
+        quiet = name in silent
+        if quiet and node.reported_at not in since_of:
+            since_of[node.reported_at] = _since(node)
+        gpus = [[gpu.index, *next(keys)] for gpu in node.gpus]
+        nodes.append([name, since_of[node.reported_at] if quiet else "", int(quiet), gpus])
     return {
         "grid": view.grid,
         "title": CELL_TITLE,
         "rows": len(view.gpu_columns),  # the cells of a node with no report: one a row
         "silent": bool(silent),  # the legends' silent entry shows
         "labels": [
-            _words(figure, counted[:LEVELS], counted[LEVELS])
-            for figure, counted in zip(HEAT_FIGURES, counts, strict=True)
+            _counted_words(figure, words, found)
+            for figure, (words, found) in zip(HEAT_FIGURES, said, strict=True)
         ],
+        # A cell's class by its node's silence, then its level (LEVELS: not reported).
+        "classes": [
+            [css_class(found, silent=quiet) for found in (*range(LEVELS), None)]
+            for quiet in (False, True)
+        ],
+        "words": [words for words, _ in said],
         "nodes": nodes,
     }
+
+
+def _said(figure: HeatFigure, gpus: Sequence[GpuNow]) -> tuple[list[tuple[int, str]], list[int]]:
+    """`figure`'s distinct (level, text) pairs among `gpus`, in the order first met (LEVELS:
+    not reported), and each GPU's key into them: a GPU's figure is looked up by the columns
+    it is made of (`reads`), not worked out again for each GPU that has the same."""
+    read = attrgetter(*figure.reads)
+    known: dict = {}
+    words: list[tuple[int, str]] = []
+    for gpu in gpus:
+        raw = read(gpu)
+        if raw not in known:
+            known[raw] = len(words)
+            found = level(figure.value(gpu), figure.bounds)
+            words.append((LEVELS if found is None else found, figure.text(gpu)))
+    return words, [known[read(gpu)] for gpu in gpus]
+
+
+def _counted_words(figure: HeatFigure, words: Sequence[tuple[int, str]], keys: list[int]) -> str:
+    """A heatmap's spoken words, of the GPUs (their `keys` into `words`) at each level."""
+    at = [0] * (LEVELS + 1)
+    for key, count in Counter(keys).items():
+        at[words[key][0]] += count
+    return _words(figure, at[:LEVELS], at[LEVELS])
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

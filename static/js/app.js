@@ -163,8 +163,10 @@ document.addEventListener("click", (event) => {
 // JSON (#metrics-now, clusters/web/heatmap.py `figures_now`) and nothing else of the panel;
 // this draws them into the cells and the table the page has, in their order (a column of
 // cells per node, a cell per GPU it reported; a row per node, a cell per GPU). Every class
-// and word is the server's: the cell's class, its figure's text, the title's wording
-// (`title`), the heatmaps' spoken words. A node sent as null keeps its outlines.
+// and word is the server's, looked up here: a GPU sends, per figure, the key of its words
+// (`words`: its level and text), the cell's class is `classes[silent][level]`, its title
+// the title's wording (`title`) of the text; the heatmaps' spoken words. A node sent as null
+// keeps its outlines.
 (() => {
   let drawn = null; // the #metrics-now element last drawn
 
@@ -182,18 +184,21 @@ document.addEventListener("click", (event) => {
       entry.hidden = !figures.silent;
     }
     let at = 0; // the cell of each heatmap the next GPU's is
-    figures.nodes.forEach(([name, since, gpus], n) => {
+    figures.nodes.forEach(([name, since, quiet, gpus], n) => {
       if (!gpus) {
         at += figures.rows; // its outlines, one a row
         return;
       }
+      const classes = figures.classes[quiet];
       const row = rows[n] ? rows[n].querySelectorAll("td") : [];
       for (const gpu of gpus) {
         const index = gpu[0];
+        const said = figures.words.map((words, i) => words[gpu[1 + i]]); // [level, text]
         cells.forEach((mapCells, i) => {
           const cell = mapCells[at];
           if (!cell) return;
-          const [css, text] = [gpu[1 + 2 * i], gpu[2 + 2 * i]];
+          const [level, text] = said[i];
+          const css = classes[level];
           if (cell.getAttribute("class") !== css) cell.setAttribute("class", css);
           const title = figures.title.replace("{node}", name).replace("{gpu}", index)
             .replace("{figure}", text).replace("{since}", since);
@@ -204,9 +209,9 @@ document.addEventListener("click", (event) => {
         const td = row[index];
         if (td) {
           const parts = [td.firstChild, ...td.querySelectorAll("span")];
-          const texts = [gpu[2], gpu[4], gpu[6]];
           parts.forEach((part, i) => {
-            if (part && part.textContent !== texts[i]) part.textContent = texts[i];
+            const text = said[i][1];
+            if (part && part.textContent !== text) part.textContent = text;
           });
         }
       }

@@ -367,7 +367,27 @@ def figures_sent(body: str) -> dict:
     """The figures a Metrics tab poll sends for the page's script (#metrics-now)."""
     found = re.search(r'<script[^>]* id="metrics-now" type="application/json">(.*?)</script>', body)
     assert found, "no figures in the answer"
-    return json.loads(found.group(1))
+    return looked_up(json.loads(found.group(1)))
+
+
+def looked_up(sent: dict) -> dict:
+    """The figures with each GPU's words and classes looked up as the page's script does
+    (static/js/app.js): per node its name, "silent since" and per GPU its index and each
+    figure's class and text (None for a node with no report)."""
+    nodes = []
+    for name, since, quiet, gpus in sent["nodes"]:
+        assert quiet in (0, 1)
+        drawn = None
+        if gpus is not None:
+            drawn = []
+            for index, *keys in gpus:
+                entry = [index]
+                for words, key in zip(sent["words"], keys, strict=True):
+                    level, text = words[key]
+                    entry += (sent["classes"][quiet][level], text)
+                drawn.append(entry)
+        nodes.append([name, since, drawn])
+    return {**sent, "nodes": nodes}
 
 
 def test_a_report_sends_the_figures_alone_without_moving_the_cluster_s_version(owner, clock):
