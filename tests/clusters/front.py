@@ -38,13 +38,10 @@ def machine_type_with_hosts(free: int = 4, **fields) -> MachineType:
     return machine_type
 
 
-def reported_cluster(project: Project, *, size: int) -> Cluster:
-    """A ready cluster of `size` machines as its agents leave it: each node's row with its 8
-    GPUs, its reachability of every peer and its last health report (one entry per peer each),
-    the acceptance report kept at join (`acceptance_report`, the lifecycle's own), and three
-    events a machine."""
+def ready_cluster(project: Project, *, size: int = 2, **fields) -> Cluster:
+    """A ready cluster of `size` machines, every one joined and done."""
     now = timezone.now()
-    cluster = ClusterFactory(
+    return ClusterFactory(
         project=project,
         size=size,
         status=Cluster.Status.READY,
@@ -53,7 +50,16 @@ def reported_cluster(project: Project, *, size: int) -> Cluster:
         machines=True,
         machines__status=Node.Status.JOINED,
         machines__step=Node.Step.DONE,
+        **fields,
     )
+
+
+def reported_cluster(project: Project, *, size: int) -> Cluster:
+    """A ready cluster of `size` machines as its agents leave it: each node's row with its 8
+    GPUs, its reachability of every peer and its last health report (one entry per peer each),
+    the acceptance report kept at join (`acceptance_report`, the lifecycle's own), and three
+    events a machine."""
+    cluster = ready_cluster(project, size=size)
     nodes = list(cluster.nodes.order_by("index"))
     names = [node.name for node in nodes]
     for node in nodes:
@@ -67,6 +73,6 @@ def reported_cluster(project: Project, *, size: int) -> Cluster:
         node.save()
         for reason in (Reason.MACHINE_RUNNING, Reason.AGENT_CHECKED_IN, Reason.NETWORK_OK):
             EventFactory(cluster=cluster, node=node, reason=reason, message=f"{node.name}: ok.")
-    cluster.acceptance = acceptance_report(nodes, cluster.machine_type, at=now)
+    cluster.acceptance = acceptance_report(nodes, cluster.machine_type, at=cluster.ready_at)
     cluster.save()
     return cluster

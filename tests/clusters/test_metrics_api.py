@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from clusters import tasks
-from clusters.models import Cluster, Node
+from clusters.models import Cluster
 from clusters.telemetry import idle, metrics
-from tests.factories import ClusterFactory
+from tests.clusters.front import ready_cluster
 
 NOW = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
 
@@ -24,21 +24,6 @@ NOW = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
 def clock():
     with time_machine.travel(NOW, tick=False) as traveller:
         yield traveller
-
-
-def ready_cluster(project, *, size: int = 2, **fields) -> Cluster:
-    now = timezone.now()
-    return ClusterFactory(
-        project=project,
-        size=size,
-        status=Cluster.Status.READY,
-        joined_at=now,
-        ready_at=now,
-        machines=True,
-        machines__status=Node.Status.JOINED,
-        machines__step=Node.Step.DONE,
-        **fields,
-    )
 
 
 def utilization(node: int, gpu: int, minute: int) -> float:
