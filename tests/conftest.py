@@ -153,6 +153,17 @@ def _no_outside_names(monkeypatch):
     monkeypatch.setattr(addresses, "resolve", resolve)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _celery_leaves_the_root_logger():
+    """An in-process worker (celery.contrib.testing's `start_worker`) sets up Celery's logging,
+    which by default (`worker_hijack_root_logger`) takes the root logger's handlers away: every
+    later test of that process would log without the console handler of config/settings.py
+    LOGGING. The product's workers run under `celery worker`, and are not concerned."""
+    from config.celery import app
+
+    app.conf.worker_hijack_root_logger = False
+
+
 @pytest.fixture(autouse=True)
 def _clear_cache():
     from django.core.cache import cache

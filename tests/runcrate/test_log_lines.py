@@ -3,8 +3,10 @@ an unexpected error keeps its traceback (config/settings.py LOGGING, runcrate/lo
 
 import io
 import logging
+import logging.config
 
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from runcrate.logs import UTCFormatter
@@ -12,7 +14,11 @@ from runcrate.logs import UTCFormatter
 
 @pytest.fixture
 def console():
-    """What the console handler (the one `make run` prints) writes while the test runs."""
+    """What the console handler (the one `make run` prints) writes while the test runs: the
+    product's logging set up again first, as Django sets it up at start (config/settings.py
+    LOGGING), so that no earlier test of the process that set up logging its own way (an
+    in-process Celery worker sets up Celery's) decides what this one finds."""
+    logging.config.dictConfig(settings.LOGGING)
     [handler] = [h for h in logging.getLogger().handlers if isinstance(h.formatter, UTCFormatter)]
     assert isinstance(handler, logging.StreamHandler)
     stream = io.StringIO()
