@@ -12,12 +12,16 @@ For as long as it runs, it:
    `inet runcrate` the bootstrap made) their endpoints. Where `wg`, `nft`, the interface or the
    table is missing (tests, simulations) it says so once and goes on.
 3. While the node is `starting` in step `network`, every peer knows it (`peers_ready`)
-   and it is this node's turn (`measure_turn`: workers measure one at a time, the head at once),
-   tests the private network: it TCP-connects to each peer's probe port, retrying unreachable
-   peers for ~20 s; measures latency and bandwidth to the head (iperf3 where the head runs it,
-   else its own timed TCP stream to the head's sink); and reports it all (`POST .../network`).
+   and it is this node's turn (`measure_turn`: the dashboard's schedule pairs the nodes so
+   that no two measurements share a link, in waves as many at once as the location's fabric
+   carries, `measure_peer` naming this node's peer), tests the
+   private network: it TCP-connects to each peer's probe port, retrying unreachable peers for
+   ~20 s; measures latency and bandwidth to its peer (the head where the dashboard names none;
+   iperf3 where the peer runs it, else its own timed TCP stream to the peer's sink); and
+   reports it all (`POST .../network`).
    A measurement that fails is reported as nulls with the reason; it never holds the report up.
-4. On the head, serves a bandwidth sink on private_ip:bandwidth_port for its whole life (and
+4. On every node (the head only, for a dashboard that names no `measure_peer`), serves a
+   bandwidth sink on private_ip:bandwidth_port for its whole life (and
    `iperf3 -s` on port 7078 where iperf3 is installed), binding again until the address exists.
 5. While the dashboard's answers carry `metrics_seconds` (a ready or degraded cluster), sends
    a metrics report that often (`POST .../metrics`): each GPU's figures from nvidia-smi's
@@ -1100,8 +1104,8 @@ def node_metrics(
 
 def network_test_due(state: dict[str, Any]) -> bool:
     # A dashboard that does not say whether the peers are ready is taken to mean they are; one
-    # that does not say whose turn it is to measure (`measure_turn`: the workers measure to the
-    # head one at a time, so they never share its link), that it is ours.
+    # that does not say whose turn it is to measure (`measure_turn`: the nodes measure in
+    # rounds, in pairs that never share a link), that it is ours.
     ready = state.get("peers_ready", True) is True
     turn = state.get("measure_turn", True) is True
     return state["status"] == "starting" and state["step"] == "network" and ready and turn
@@ -1245,14 +1249,17 @@ class Agent:
         reachability = reach_peers(
             state["peers"], settings.probe_port, within=settings.reach_seconds
         )
-        if self.is_head(state):
+        head = (state.get("head") or {}).get("private_ip")
+        # The peer the dashboard's schedule names for this node's round (`measure_peer`);
+        # a dashboard from before the rounds names none: a worker measures to the head.
+        peer = (state.get("measure_peer") or {}).get("private_ip")
+        if peer is None and self.is_head(state):
             acceptance = unmeasured()  # nothing to measure the way to
         else:
-            head = (state.get("head") or {}).get("private_ip")
-            acceptance = measure_acceptance(head, settings)
-            if settings.shared_mount and head:
-                how, why = mount_shared(settings.shared_mount, head, settings.shared_identity)
-                acceptance |= {"shared": how, "shared_error": why}
+            acceptance = measure_acceptance(peer or head, settings)
+        if settings.shared_mount and head and not self.is_head(state):
+            how, why = mount_shared(settings.shared_mount, head, settings.shared_identity)
+            acceptance |= {"shared": how, "shared_error": why}
         acceptance |= machine_facts()
         self._note("network", _describe(reachability, acceptance))
         return self._post("network", {"reachability": reachability, "acceptance": acceptance})
@@ -1265,9 +1272,12 @@ class Agent:
         return state
 
     def serve_if_head(self, state: dict[str, Any]) -> None:
-        """On the head, start the sink (once; it lives as long as the agent)."""
+        """Start the sink (once; it lives as long as the agent): on the head, and on every node
+        of a dashboard that measures in rounds (`measure_peer` in its answers), where any node
+        may be the peer another measures to."""
         address = self.own_address(state)
-        if self.sink is not None or address is None or not self.is_head(state):
+        rounds = "measure_peer" in state
+        if self.sink is not None or address is None or not (rounds or self.is_head(state)):
             return
         port = self.settings.iperf3_port
         self.sink = Sink(

@@ -423,6 +423,49 @@ def test_it_measures_nothing_when_it_is_the_head_and_serves_the_sink(dashboard, 
         agent.sink.stop()
 
 
+def test_in_rounds_every_node_serves_the_sink_and_the_head_measures_to_the_peer_it_is_told(
+    dashboard, bin_dir
+):
+    # A worker (node-2, not the head) of a dashboard that measures in rounds serves the sink:
+    # any node may be the peer another measures to.
+    bandwidth_port = free_port()
+    worker = Agent(
+        dashboard.url,
+        "9",
+        TOKEN,
+        settings=Settings(private_ip="127.0.0.3", bandwidth_port=bandwidth_port, **FAST),
+    )
+    worker.serve_if_head(
+        answer(node="node-2", private_ip="127.0.0.3", measure_peer=None)[1]["data"]
+    )
+    assert worker.sink is not None and worker.sink.bound.wait(5)
+    # Without `measure_peer` (a dashboard from before the rounds), a worker serves nothing.
+    old = new_agent(dashboard, private_ip="127.0.0.4", bandwidth_port=free_port())
+    old.serve_if_head(answer(node="node-3", private_ip="127.0.0.4")[1]["data"])
+    assert old.sink is None
+
+    dashboard.answers = [
+        answer(
+            node="node-0",
+            private_ip="127.0.0.1",
+            step="network",
+            peers_ready=True,
+            peers={"node-2": "127.0.0.3"},
+            measure_turn=True,
+            measure_peer={"name": "node-2", "private_ip": "127.0.0.3"},
+        )
+    ]
+    head = new_agent(dashboard, bandwidth_port=bandwidth_port, probe_port=bandwidth_port)
+    try:
+        head.run_once()
+    finally:
+        worker.sink.stop()
+
+    acceptance = dashboard.sent[1].body["acceptance"]
+    assert acceptance["method"] == "tcp-stream" and acceptance["bandwidth_mbit"] > 0
+    assert acceptance["error"] is None and "shared" not in acceptance  # the head mounts nothing
+
+
 def test_it_does_not_test_the_network_before_every_peer_has_checked_in(dashboard):
     dashboard.answers = [answer(step="network", peers_ready=False)]
 
