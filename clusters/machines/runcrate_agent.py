@@ -104,6 +104,8 @@ HEARTBEAT_SECONDS = 30.0
 HEALTH_SECONDS = 120.0  # between health reports on a ready cluster (RUNCRATE_HEALTH_SECONDS)
 SHARED_SECONDS = 5.0  # how long /shared may take to list before it counts as hung
 RETRY_SECONDS = 5.0
+MIN_CHECK_IN_SECONDS = 0.5  # however soon the dashboard asks (its answer's check_in_seconds)
+REAPPLY_SECONDS = 30.0  # an unchanged list of WireGuard peers is applied whole again this often
 STOP_CODES = (403, 404, 410)  # a wrong token, an unknown node, a released node
 LATENCY_SAMPLES = 5
 STREAM_CHUNK = bytes(64 * 1024)
@@ -1132,6 +1134,9 @@ class Agent:
         self.sink: Sink | None = None
         self._status = "starting"
         self._peer_starting = False
+        self._soon: float | None = None  # the last answer's check_in_seconds
+        self._gpus_sent = False  # a check-in with nvidia-smi's GPUs was answered
+        self._applied: tuple[str, float] | None = None  # the WireGuard peers last applied, when
         self._said: dict[str, str] = {}
         self._health: dict[str, Any] | None = None  # what the last answer asked to check
         self._health_at: float | None = None  # when the last health report went (monotonic)
@@ -1178,6 +1183,9 @@ class Agent:
         self._status = state["status"]
         # A peer joining (a worker being added) needs this node's WireGuard peer soon.
         self._peer_starting = bool(state.get("peer_starting"))
+        # Sooner while this node waits to measure in step `network` (null or absent: as usual).
+        soon = state.get("check_in_seconds")
+        self._soon = float(soon) if isinstance(soon, (int, float)) and soon > 0 else None
         health = state.get("health")
         self._health = health if isinstance(health, dict) else None
         self._set_metrics_seconds(state.get("metrics_seconds"))
@@ -1191,10 +1199,15 @@ class Agent:
         if interface is None or present is None:
             self._note("wireguard", f"no wg or no WireGuard interface {interface}; no peers set")
             return
+        if self._still_applied(peers, present):
+            return
         removed, failed = set_wireguard_peers(interface, peers, present)
         # WireGuard's port accepts exactly these peers' addresses, kept with the peers.
         endpoints = sorted({str(p["endpoint"]) for p in peers if p.get("endpoint")})
         why_not = set_firewall_peers(peers)
+        # Applied (or no firewall to apply to): the same answer runs nothing for a while.
+        done = not failed and (why_not is None or why_not.startswith("no "))
+        self._applied = (json.dumps(peers, sort_keys=True), self._clock()) if done else None
         if why_not is None:
             self._note("firewall", f"firewall: WireGuard accepts {', '.join(endpoints) or 'none'}")
         else:
@@ -1208,25 +1221,49 @@ class Agent:
             message += f"; wg set failed for {', '.join(failed)}"
         self._note("wireguard", message)
 
+    def _still_applied(self, peers: list[dict[str, Any]], present: set[str]) -> bool:
+        """Whether the answer lists the peers applied last, less than REAPPLY_SECONDS ago, and
+        the interface has exactly their keys: then nothing is run (`wg set` a peer and `nft` twice
+        an answer, every second while waiting to measure, took the CPU the measurement of
+        another pair needed). Every REAPPLY_SECONDS the answer is applied whole again."""
+        if self._applied is None:
+            return False
+        listed, applied_at = self._applied
+        keys = {p["public_key"] for p in peers if p.get("public_key") and p.get("allowed_ip")}
+        return (
+            listed == json.dumps(peers, sort_keys=True)
+            and present == keys
+            and self._clock() - applied_at < REAPPLY_SECONDS
+        )
+
     def check_in(self) -> dict[str, Any]:
-        body = {
-            "nvidia_smi": read_gpus(),
+        # The dashboard records the GPUs of a node's first check-in only (step `agent`): once
+        # one was answered, the others say none, and nvidia-smi (a second on some machines)
+        # is not run for every heartbeat, nor every second while waiting to measure.
+        gpus: dict[str, Any] = {"gpus": []} if self._gpus_sent else {"nvidia_smi": read_gpus()}
+        body = gpus | {
             "wireguard_public_key": wireguard_public_key(self.settings.interface),
             "hostname": socket.gethostname(),
         }
         if not self.health_due():
-            return self._post("check-in", body)
+            state = self._post("check-in", body)
+            self._gpus_sent = True
+            return state
         self._health_at = self._clock()
         report = check_health(self._health or {}, self.settings)
         self._note("health", _describe_health(report))
         try:
-            return self._post("check-in", body | {"health": report})
+            state = self._post("check-in", body | {"health": report})
+            self._gpus_sent = True
+            return state
         except urllib.error.HTTPError as error:
             if error.code != 422:
                 raise
             # A report it cannot take never costs the heartbeat: sent again without it.
             self._note("dashboard", f"the dashboard refused a health report: {_why(error)}")
-            return self._post("check-in", body)
+            state = self._post("check-in", body)
+            self._gpus_sent = True
+            return state
 
     def health_due(self) -> bool:
         """The last answer asks for health reports (a ready cluster) and one is due."""
@@ -1291,6 +1328,8 @@ class Agent:
     def next_check_in_seconds(self) -> float:
         soon = self._status == "starting" or self._peer_starting
         wait = self.settings.retry_seconds if soon else self.settings.heartbeat_seconds
+        if self._soon is not None:
+            wait = min(wait, max(self._soon, MIN_CHECK_IN_SECONDS))
         if self._health is not None:
             # A health report due before the next heartbeat goes with its own check-in (the
             # first one at once: the cluster just became ready).

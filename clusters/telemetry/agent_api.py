@@ -17,6 +17,7 @@ from clusters.telemetry.agent_service import (
     AgentRefused,
     agent_check_in,
     agent_report_network,
+    check_in_seconds,
     measure_peer,
     measure_turn,
 )
@@ -98,6 +99,8 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
             # in rounds of pairs that never share a link (clusters/lifecycle/rounds.py).
             "measure_turn": measure_turn(node),
             "measure_peer": measure_peer(node),
+            # How soon to check in again until it measured (seconds; null: as usual).
+            "check_in_seconds": check_in_seconds(node, len(peers) + 1),
             # A peer is joining (a worker being added): check in every 5 s, not every 30 s, so
             # it finds this node's WireGuard peer for it in time.
             "peer_starting": any(p.status == Node.Status.STARTING for p in peers),

@@ -12,6 +12,7 @@ from clusters.lifecycle.rules import MEASURE_TURN_SECONDS, acceptance_minimum_mb
 from clusters.machines import runcrate_agent
 from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Node
+from clusters.telemetry.agent_service import check_in_seconds
 from offers.models import Location, MachineType
 from tests.clusters.lifecycle_kit import Sim, assert_failed_cleanly, at, create, inventory, node
 from tests.factories import MachineTypeFactory
@@ -300,3 +301,25 @@ def test_a_slow_figure_whose_peer_never_reports_stands_at_the_deadline(project, 
     message = cluster.failure_message
     assert message.startswith("node-2 moves 1,200 Mbit/s to node-3 over the private network")
     assert "own figure" not in message  # node-3 reported none
+
+
+def test_a_node_waiting_to_measure_checks_in_every_second_until_it_reported(in_network, client):
+    cluster, sim = in_network
+    seconds = {
+        n.name: post(client, n, "check-in", {"gpus": []})["check_in_seconds"]
+        for n in cluster.nodes.order_by("index")
+    }
+    # Waiting for its peers or its round, each is asked to check in every second, not every 5 s.
+    assert seconds == dict.fromkeys(seconds, 1.0)
+    answer = report(client, cluster, "node-0")
+    assert answer["check_in_seconds"] is None  # it reported: the agent's own interval again
+    assert post(client, node(cluster, 0), "check-in", {"gpus": []})["check_in_seconds"] is None
+
+
+def test_the_waiting_check_ins_of_a_big_cluster_are_bounded_per_second():
+    waiting = Node(status=Node.Status.STARTING, step=Node.Step.AGENT)
+    # Just checked in (its step moves on to network at the next pass) or waiting to measure:
+    # at most 16 check-ins a second from one cluster's waiting nodes, never slower than 5 s.
+    assert [check_in_seconds(waiting, n) for n in (2, 16, 32, 64, 254)] == [1, 1, 2, 4, 5]
+    done = Node(status=Node.Status.JOINED, step=Node.Step.DONE)
+    assert check_in_seconds(done, 8) is None
