@@ -93,7 +93,7 @@ def test_waves_split_the_rounds_never_above_the_locations_figure_nor_a_machine_t
 
 
 def test_a_wave_of_each_sender_by_node_index_and_the_waves_needed():
-    # Eight nodes, two at once (the lab): round 1 in waves 1 and 2, round 2 in waves 3 and 4.
+    # Eight nodes, two at once: round 1 in waves 1 and 2, round 2 in waves 3 and 4.
     assert waves(8, 2) == [[(0, 1), (2, 3)], [(4, 5), (6, 7)], [(1, 2), (3, 4)], [(5, 6), (7, 0)]]
     assert wave_of(list(range(8)), 2) == {0: 1, 2: 1, 4: 2, 6: 2, 1: 3, 3: 3, 5: 4, 7: 4}
     assert wave_of(list(range(8)), None) == {i: 1 + i % 2 for i in range(8)}

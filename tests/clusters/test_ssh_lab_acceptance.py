@@ -1,6 +1,6 @@
 """Acceptance on real hosts (issue 18, D3; in rounds since issue 38): an 8-node cluster measures
-in two rounds of pairs that never share a link, each in waves of two (the lab's fabric is its
-two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`), so healthy hosts pass, and a host whose own link
+in two rounds of pairs that never share a link, each in waves of what the lab's fabric carries
+at once (its two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`, one), so healthy hosts pass, and a host whose own link
 is shaped to 8 Mbit/s fails the cluster naming exactly its node, with its peer and the peer's
 own figure (docs/lifecycle.md, "Acceptance before billing").
 
@@ -85,15 +85,16 @@ def test_eight_healthy_nodes_pass_acceptance_each_measured_alone(pool, user_key)
     first = [reported[name] for name, (number, _) in placed.items() if number == 1]
     second = [reported[name] for name, (number, _) in placed.items() if number == 2]
     assert max(first) <= min(second)
-    # In waves of two (the lab's fabric, its CPUs, carries two measurements at once: hostlab):
-    # every report of a wave came after every report of the wave before it.
+    # In waves of the lab's figure (its fabric, its CPUs, carries that many measurements at once:
+    # hostlab): every report of a wave came after every report of the wave before it.
     at_once = cluster.machine_type.location.measurements_at_once
     assert at_once == hostlab.LAB_MEASUREMENTS_AT_ONCE
     waves: dict[int, list] = {}
     for index, number in rounds.wave_of(list(range(NODES)), at_once).items():
         waves.setdefault(number, []).append(reported[f"node-{index}"])
-    assert len(waves) == 4
-    assert all(max(waves[number]) <= min(waves[number + 1]) for number in (1, 2, 3)), waves
+    # Two rounds of NODES / 2 pairs, each in waves of at most `at_once` pairs.
+    assert len(waves) == 2 * -(-(NODES // 2) // at_once)
+    assert all(max(waves[n]) <= min(waves[n + 1]) for n in range(1, len(waves))), waves
 
     terminate_and_check(pool, cluster)
 
