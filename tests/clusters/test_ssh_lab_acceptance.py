@@ -1,8 +1,8 @@
 """Acceptance on real hosts (issue 18, D3; in rounds since issue 38): an 8-node cluster measures
-in two rounds of pairs that never share a link, each in waves of what the lab's fabric carries
-at once (its two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`, one), so healthy hosts pass, and a host whose own link
-is shaped to 8 Mbit/s fails the cluster naming exactly its node, with its peer and the peer's
-own figure (docs/lifecycle.md, "Acceptance before billing").
+in two rounds of pairs that never share a link, each in waves of what the lab's fabric
+carries at once (its two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`, one), so healthy hosts
+pass, and a host whose own link is shaped to 8 Mbit/s fails the cluster naming exactly its
+node, with its peer and the peer's own figure (docs/lifecycle.md, "Acceptance before billing").
 
 Its own lab fixture: 9 of the run's hosts in location `lab` (the shared `fleet` has 5), each
 reimaged and its baseline recorded as `fleet` does.
