@@ -248,8 +248,9 @@ urlpatterns = [path(BARE_LOGGED_IN.lstrip("/"), bare_logged_in), *product_urls.u
 
 
 @contextlib.contextmanager
-def throwaway_database(var_dir: Path) -> Iterator[str]:
-    """A fresh, migrated database beside the operator's, dropped at the end whatever happens.
+def throwaway_database(var_dir: Path, *, suffix: str = "bench") -> Iterator[str]:
+    """A fresh, migrated database beside the operator's (`<name>_<suffix>`, or a SQLite file
+    of that name under `var_dir/bench/`), dropped at the end whatever happens.
 
     Yields a description of it. Database connections are kept between requests, as the
     PostgreSQL settings do (CONN_MAX_AGE), so a request pays for its queries, not for a
@@ -261,9 +262,9 @@ def throwaway_database(var_dir: Path) -> Iterator[str]:
     saved_max_age = database.get("CONN_MAX_AGE", 0)
     if connection.vendor == "sqlite":
         (var_dir / "bench").mkdir(parents=True, exist_ok=True)
-        test["NAME"] = str(var_dir / "bench" / "bench.sqlite3")
+        test["NAME"] = str(var_dir / "bench" / f"{suffix}.sqlite3")
     else:
-        test["NAME"] = f"{database['NAME']}_bench"
+        test["NAME"] = f"{database['NAME']}_{suffix}"
     database["CONN_MAX_AGE"] = 60
     old_name = database["NAME"]
     connection.close()

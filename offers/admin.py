@@ -91,6 +91,7 @@ class LocationForm(forms.ModelForm):
             "ssh_gateway",
             "volume_price_per_gb_month",
             "drill",
+            "measurements_at_once",
         ]
 
     def clean_ssh_gateway(self) -> str:

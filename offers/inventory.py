@@ -22,7 +22,14 @@ from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from offers.models import SPEC_FIELDS, GpuModel, Host, Location, MachineType
+from offers.models import (
+    MOST_MEASUREMENTS_AT_ONCE,
+    SPEC_FIELDS,
+    GpuModel,
+    Host,
+    Location,
+    MachineType,
+)
 from offers.offers import inventory_changed
 from runcrate.errors import Refused
 from runcrate.money import TOO_LARGE, NotAnAmount, read_amount
@@ -622,6 +629,7 @@ _LOCATION_KEYS = (
     "storage_path",
     "reimage",
     "drill",
+    "measurements_at_once",
 )
 _MACHINE_TYPE_KEYS = (
     "slug", "location", "gpu", "gpus_per_machine", "machine_kind", "interconnect", "community",
@@ -702,6 +710,11 @@ def _check_locations(data: dict, doc: _Document, errors: list[str]) -> None:
             ),
             "reimage": entry.get("reimage", _command, default=""),
             "drill": entry.get("drill", _boolean, default=False),
+            "measurements_at_once": entry.get(
+                "measurements_at_once",
+                _optional(_integer(1, MOST_MEASUREMENTS_AT_ONCE), None),
+                default=None,
+            ),
         }
         if fields["storage_host"] and not fields["storage_host_key"]:
             entry.fail(

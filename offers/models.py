@@ -32,6 +32,10 @@ class GpuModel(models.Model):
         return self.name
 
 
+# The most a location may say its fabric carries at once (Location.measurements_at_once).
+MOST_MEASUREMENTS_AT_ONCE = 1_000
+
+
 class Location(models.Model):
     class CapacityReporting(models.TextChoices):
         COUNT = "count", "Counts free machines"
@@ -96,6 +100,19 @@ class Location(models.Model):
     drill = models.BooleanField(
         default=False,
         help_text="Failure drills: offered only to staff and to projects flagged for drills.",
+    )
+
+    # How many acceptance measurements (one machine's stream to another over the private
+    # network) its fabric carries at once without their slowing each other (docs/lifecycle.md,
+    # "Acceptance before billing"): null, every pair of a round at once (each machine its own
+    # link to a non-blocking switch); a number, each round in waves of at most that many.
+    measurements_at_once = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MOST_MEASUREMENTS_AT_ONCE)],
+        help_text="How many acceptance measurements (one machine's stream to another) its "
+        "private network carries at once without slowing each other. Empty: every pair of a "
+        "round at once (each machine its own link to a non-blocking switch).",
     )
 
     class Meta:

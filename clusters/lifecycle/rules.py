@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from clusters import secrets
+from clusters.lifecycle import rounds
 from clusters.machines.base import INSTALL_SECONDS as INSTALL_SECONDS
 from clusters.models import Cluster, DueCluster, Node, give_up_after
 from offers.models import MachineType, driver_at_least, size_words
@@ -16,12 +17,14 @@ from offers.models import MachineType, driver_at_least, size_words
 Status = Cluster.Status
 NodeStatus = Node.Status
 
-# What the network step adds to its deadline for each worker of the batch: workers measure
-# their way to node-0 one at a time (`clusters.telemetry.agent_service.measure_turn`), and a turn
-# is a
-# worker's next check-in (the agent's RETRY_SECONDS, 5 s, while starting), its latency (5 TCP
-# connects) and bandwidth (iperf3's 2-second run, or the 1-second stream), its /shared mount and
-# its report: about 10 s on a healthy host. Every step stays capped at the node's give-up time.
+# What the network step adds to its deadline for each wave of the batch's measurements: the
+# nodes measure in rounds of pairs that never share a link (`clusters.lifecycle.rounds`, at most
+# three rounds whatever the size), each round in waves of as many pairs as the location's fabric
+# carries at once (`Location.measurements_at_once`; the whole round where it gives none), and a
+# wave is a node's next check-in (the agent's
+# RETRY_SECONDS, 5 s, while starting), its latency (5 TCP connects) and bandwidth (iperf3's
+# 2-second run, or the 1-second stream), its /shared mount and its report: about 10 s on a
+# healthy host. Every step stays capped at the node's give-up time.
 MEASURE_TURN_SECONDS = 30
 # How often a pending readiness check runs again.
 CHECK_EVERY = timedelta(seconds=5)
@@ -299,42 +302,89 @@ def acceptance_minimum_mbit(machine_type: MachineType) -> float:
     return max(share, settings.RUNCRATE_ACCEPTANCE_MIN_MBIT)
 
 
-def acceptance_problem(node: Node, machine_type: MachineType) -> str | None:
-    """Why what the node's agent measured to node-0 fails acceptance, or None. node-0 measures
-    nothing to itself. Where the cluster has a shared folder (virtual machines and bare metal),
-    every other node must have mounted node-0's /shared. Workers measure one at a time
-    (`clusters.telemetry.agent_service.measure_turn`), so a figure is that node's own link.
-    Every node, node-0 included, must first have the vCPUs and memory sold (`machine_problem`)."""
+def acceptance_problem(
+    node: Node, machine_type: MachineType, batch: list[Node] | None = None
+) -> str | None:
+    """Why what the node's agent measured fails acceptance, or None. The batch measures in
+    rounds (`clusters.lifecycle.rounds`): each node's own figure is its stream to one peer, no
+    other measurement sharing either link. A slow figure names the node alone, with its peer
+    and the peer's own figure, unless `rounds.slow_verdict` finds the peer the slow one (judged
+    against the `batch` where given; without it the node's own figure stands). node-0 alone
+    measures nothing. Where the cluster has a shared folder (virtual machines and bare metal),
+    every other node must have mounted node-0's /shared. Every node, node-0 included, must
+    first have the vCPUs and memory sold (`machine_problem`)."""
     problem = machine_problem(node, machine_type)
-    if problem or node.index == 0:
+    if problem:
         return problem
     measured = node.acceptance or {}
     needs_shared = machine_type.machine_kind != MachineType.Kind.CONTAINER
-    if needs_shared and not measured.get("shared"):
+    if node.index and needs_shared and not measured.get("shared"):
         why = measured.get("shared_error") or "its agent reported no mount"
         return f"{node.name} could not mount /shared from node-0 ({why})."
+    if node.index == 0 and not measured.get("peer"):
+        return None  # node-0 alone, or an agent from before the rounds: nothing measured
+    peer = measured.get("peer") or "node-0"
     bandwidth = measured.get("bandwidth_mbit")
     if bandwidth is None:
         why = measured.get("error") or "its agent reported no measurement"
-        return f"{node.name} could not measure its bandwidth to node-0 ({why})."
+        return f"{node.name} could not measure its bandwidth to {peer} ({why})."
     minimum = acceptance_minimum_mbit(machine_type)
-    if bandwidth < minimum:
-        return (
-            f"{node.name} moves {bandwidth:,.0f} Mbit/s to node-0 over the private network, "
-            f"measured alone; acceptance needs at least {minimum:,.0f} Mbit/s "
-            f"({machine_type.slug} machines have a {machine_type.expected_link_mbit:,} Mbit/s "
-            "link)."
-        )
-    return None
+    if bandwidth >= minimum or _slow_verdict(node, batch, minimum) is False:
+        return None
+    return (
+        f"{node.name} moves {bandwidth:,.0f} Mbit/s to {peer} over the private network, "
+        f"measured alone{_peer_note(measured, batch)}; acceptance needs at least "
+        f"{minimum:,.0f} Mbit/s ({machine_type.slug} machines have a "
+        f"{machine_type.expected_link_mbit:,} Mbit/s link)."
+    )
+
+
+def acceptance_pending(node: Node, machine_type: MachineType, batch: list[Node]) -> bool:
+    """Whether the node's slow figure waits for a figure of another round before anyone is
+    named (`rounds.slow_verdict` answers None)."""
+    bandwidth = (node.acceptance or {}).get("bandwidth_mbit")
+    minimum = acceptance_minimum_mbit(machine_type)
+    if bandwidth is None or bandwidth >= minimum:
+        return False
+    return _slow_verdict(node, batch, minimum) is None
+
+
+def _slow_verdict(node: Node, batch: list[Node] | None, minimum: float) -> bool | None:
+    if batch is None:
+        return True
+    figures = {
+        n.index: (n.acceptance or {}).get("bandwidth_mbit")
+        for n in batch
+        if n.network_reported_at is not None
+    }
+    placed = rounds.placements([n.index for n in batch])
+    return rounds.slow_verdict(node.index, figures, placed, minimum)
+
+
+def _peer_note(measured: dict, batch: list[Node] | None) -> str:
+    """In which round, and the peer's own figure: what tells the node's link from its peer's."""
+    peer_name, number = measured.get("peer"), measured.get("round")
+    if not peer_name or number is None:
+        return ""
+    note = f" in round {number}"
+    peer = next((n for n in batch or [] if n.name == peer_name), None)
+    if peer is None or peer.network_reported_at is None:
+        return note
+    figure = (peer.acceptance or {}).get("bandwidth_mbit")
+    if figure is None:
+        return f"{note}; {peer_name} measured no figure of its own"
+    return f"{note}; {peer_name}'s own figure is {figure:,.0f} Mbit/s"
 
 
 def measured_note(node: Node) -> str:
     measured = node.acceptance or {}
-    if node.index == 0 or measured.get("bandwidth_mbit") is None:
+    if measured.get("bandwidth_mbit") is None:
         return ""
+    peer = measured.get("peer") or "node-0"
     latency = measured.get("latency_ms")
+    where = f" to {peer}" + (f" in round {measured['round']}" if measured.get("round") else "")
     return f"; {measured['bandwidth_mbit']:,.0f} Mbit/s" + (
-        f" and {latency:.2f} ms to node-0" if latency is not None else " to node-0"
+        f" and {latency:.2f} ms{where}" if latency is not None else where
     )
 
 
@@ -370,6 +420,9 @@ def acceptance_report(nodes: list[Node], machine_type: MachineType, *, at: datet
                 "latency_ms": (n.acceptance or {}).get("latency_ms"),
                 "bandwidth_mbit": (n.acceptance or {}).get("bandwidth_mbit"),
                 "method": (n.acceptance or {}).get("method"),
+                # Which round measured it, against which peer (`clusters.lifecycle.rounds`).
+                "round": (n.acceptance or {}).get("round"),
+                "peer": (n.acceptance or {}).get("peer"),
                 "shared": (n.acceptance or {}).get("shared"),
             }
             for n in sorted(nodes, key=lambda n: n.index)

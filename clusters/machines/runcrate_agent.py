@@ -12,12 +12,16 @@ For as long as it runs, it:
    `inet runcrate` the bootstrap made) their endpoints. Where `wg`, `nft`, the interface or the
    table is missing (tests, simulations) it says so once and goes on.
 3. While the node is `starting` in step `network`, every peer knows it (`peers_ready`)
-   and it is this node's turn (`measure_turn`: workers measure one at a time, the head at once),
-   tests the private network: it TCP-connects to each peer's probe port, retrying unreachable
-   peers for ~20 s; measures latency and bandwidth to the head (iperf3 where the head runs it,
-   else its own timed TCP stream to the head's sink); and reports it all (`POST .../network`).
+   and it is this node's turn (`measure_turn`: the dashboard's schedule pairs the nodes so
+   that no two measurements share a link, in waves as many at once as the location's fabric
+   carries, `measure_peer` naming this node's peer), tests the
+   private network: it TCP-connects to each peer's probe port, retrying unreachable peers for
+   ~20 s; measures latency and bandwidth to its peer (the head where the dashboard names none;
+   iperf3 where the peer runs it, else its own timed TCP stream to the peer's sink); and
+   reports it all (`POST .../network`).
    A measurement that fails is reported as nulls with the reason; it never holds the report up.
-4. On the head, serves a bandwidth sink on private_ip:bandwidth_port for its whole life (and
+4. On every node (the head only, for a dashboard that names no `measure_peer`), serves a
+   bandwidth sink on private_ip:bandwidth_port for its whole life (and
    `iperf3 -s` on port 7078 where iperf3 is installed), binding again until the address exists.
 5. While the dashboard's answers carry `metrics_seconds` (a ready or degraded cluster), sends
    a metrics report that often (`POST .../metrics`): each GPU's figures from nvidia-smi's
@@ -100,6 +104,8 @@ HEARTBEAT_SECONDS = 30.0
 HEALTH_SECONDS = 120.0  # between health reports on a ready cluster (RUNCRATE_HEALTH_SECONDS)
 SHARED_SECONDS = 5.0  # how long /shared may take to list before it counts as hung
 RETRY_SECONDS = 5.0
+MIN_CHECK_IN_SECONDS = 0.5  # however soon the dashboard asks (its answer's check_in_seconds)
+REAPPLY_SECONDS = 30.0  # an unchanged list of WireGuard peers is applied whole again this often
 STOP_CODES = (403, 404, 410)  # a wrong token, an unknown node, a released node
 LATENCY_SAMPLES = 5
 STREAM_CHUNK = bytes(64 * 1024)
@@ -1100,8 +1106,8 @@ def node_metrics(
 
 def network_test_due(state: dict[str, Any]) -> bool:
     # A dashboard that does not say whether the peers are ready is taken to mean they are; one
-    # that does not say whose turn it is to measure (`measure_turn`: the workers measure to the
-    # head one at a time, so they never share its link), that it is ours.
+    # that does not say whose turn it is to measure (`measure_turn`: the nodes measure in
+    # rounds, in pairs that never share a link), that it is ours.
     ready = state.get("peers_ready", True) is True
     turn = state.get("measure_turn", True) is True
     return state["status"] == "starting" and state["step"] == "network" and ready and turn
@@ -1128,6 +1134,9 @@ class Agent:
         self.sink: Sink | None = None
         self._status = "starting"
         self._peer_starting = False
+        self._soon: float | None = None  # the last answer's check_in_seconds
+        self._gpus_sent = False  # a check-in with nvidia-smi's GPUs was answered
+        self._applied: tuple[str, float] | None = None  # the WireGuard peers last applied, when
         self._said: dict[str, str] = {}
         self._health: dict[str, Any] | None = None  # what the last answer asked to check
         self._health_at: float | None = None  # when the last health report went (monotonic)
@@ -1174,6 +1183,9 @@ class Agent:
         self._status = state["status"]
         # A peer joining (a worker being added) needs this node's WireGuard peer soon.
         self._peer_starting = bool(state.get("peer_starting"))
+        # Sooner while this node waits to measure in step `network` (null or absent: as usual).
+        soon = state.get("check_in_seconds")
+        self._soon = float(soon) if isinstance(soon, (int, float)) and soon > 0 else None
         health = state.get("health")
         self._health = health if isinstance(health, dict) else None
         self._set_metrics_seconds(state.get("metrics_seconds"))
@@ -1187,10 +1199,15 @@ class Agent:
         if interface is None or present is None:
             self._note("wireguard", f"no wg or no WireGuard interface {interface}; no peers set")
             return
+        if self._still_applied(peers, present):
+            return
         removed, failed = set_wireguard_peers(interface, peers, present)
         # WireGuard's port accepts exactly these peers' addresses, kept with the peers.
         endpoints = sorted({str(p["endpoint"]) for p in peers if p.get("endpoint")})
         why_not = set_firewall_peers(peers)
+        # Applied (or no firewall to apply to): the same answer runs nothing for a while.
+        done = not failed and (why_not is None or why_not.startswith("no "))
+        self._applied = (json.dumps(peers, sort_keys=True), self._clock()) if done else None
         if why_not is None:
             self._note("firewall", f"firewall: WireGuard accepts {', '.join(endpoints) or 'none'}")
         else:
@@ -1204,25 +1221,49 @@ class Agent:
             message += f"; wg set failed for {', '.join(failed)}"
         self._note("wireguard", message)
 
+    def _still_applied(self, peers: list[dict[str, Any]], present: set[str]) -> bool:
+        """Whether the answer lists the peers applied last, less than REAPPLY_SECONDS ago, and
+        the interface has exactly their keys: then nothing is run (`wg set` a peer and `nft` twice
+        an answer, every second while waiting to measure, took the CPU the measurement of
+        another pair needed). Every REAPPLY_SECONDS the answer is applied whole again."""
+        if self._applied is None:
+            return False
+        listed, applied_at = self._applied
+        keys = {p["public_key"] for p in peers if p.get("public_key") and p.get("allowed_ip")}
+        return (
+            listed == json.dumps(peers, sort_keys=True)
+            and present == keys
+            and self._clock() - applied_at < REAPPLY_SECONDS
+        )
+
     def check_in(self) -> dict[str, Any]:
-        body = {
-            "nvidia_smi": read_gpus(),
+        # The dashboard records the GPUs of a node's first check-in only (step `agent`): once
+        # one was answered, the others say none, and nvidia-smi (a second on some machines)
+        # is not run for every heartbeat, nor every second while waiting to measure.
+        gpus: dict[str, Any] = {"gpus": []} if self._gpus_sent else {"nvidia_smi": read_gpus()}
+        body = gpus | {
             "wireguard_public_key": wireguard_public_key(self.settings.interface),
             "hostname": socket.gethostname(),
         }
         if not self.health_due():
-            return self._post("check-in", body)
+            state = self._post("check-in", body)
+            self._gpus_sent = True
+            return state
         self._health_at = self._clock()
         report = check_health(self._health or {}, self.settings)
         self._note("health", _describe_health(report))
         try:
-            return self._post("check-in", body | {"health": report})
+            state = self._post("check-in", body | {"health": report})
+            self._gpus_sent = True
+            return state
         except urllib.error.HTTPError as error:
             if error.code != 422:
                 raise
             # A report it cannot take never costs the heartbeat: sent again without it.
             self._note("dashboard", f"the dashboard refused a health report: {_why(error)}")
-            return self._post("check-in", body)
+            state = self._post("check-in", body)
+            self._gpus_sent = True
+            return state
 
     def health_due(self) -> bool:
         """The last answer asks for health reports (a ready cluster) and one is due."""
@@ -1245,14 +1286,17 @@ class Agent:
         reachability = reach_peers(
             state["peers"], settings.probe_port, within=settings.reach_seconds
         )
-        if self.is_head(state):
+        head = (state.get("head") or {}).get("private_ip")
+        # The peer the dashboard's schedule names for this node's round (`measure_peer`);
+        # a dashboard from before the rounds names none: a worker measures to the head.
+        peer = (state.get("measure_peer") or {}).get("private_ip")
+        if peer is None and self.is_head(state):
             acceptance = unmeasured()  # nothing to measure the way to
         else:
-            head = (state.get("head") or {}).get("private_ip")
-            acceptance = measure_acceptance(head, settings)
-            if settings.shared_mount and head:
-                how, why = mount_shared(settings.shared_mount, head, settings.shared_identity)
-                acceptance |= {"shared": how, "shared_error": why}
+            acceptance = measure_acceptance(peer or head, settings)
+        if settings.shared_mount and head and not self.is_head(state):
+            how, why = mount_shared(settings.shared_mount, head, settings.shared_identity)
+            acceptance |= {"shared": how, "shared_error": why}
         acceptance |= machine_facts()
         self._note("network", _describe(reachability, acceptance))
         return self._post("network", {"reachability": reachability, "acceptance": acceptance})
@@ -1265,9 +1309,12 @@ class Agent:
         return state
 
     def serve_if_head(self, state: dict[str, Any]) -> None:
-        """On the head, start the sink (once; it lives as long as the agent)."""
+        """Start the sink (once; it lives as long as the agent): on the head, and on every node
+        of a dashboard that measures in rounds (`measure_peer` in its answers), where any node
+        may be the peer another measures to."""
         address = self.own_address(state)
-        if self.sink is not None or address is None or not self.is_head(state):
+        rounds = "measure_peer" in state
+        if self.sink is not None or address is None or not (rounds or self.is_head(state)):
             return
         port = self.settings.iperf3_port
         self.sink = Sink(
@@ -1281,6 +1328,8 @@ class Agent:
     def next_check_in_seconds(self) -> float:
         soon = self._status == "starting" or self._peer_starting
         wait = self.settings.retry_seconds if soon else self.settings.heartbeat_seconds
+        if self._soon is not None:
+            wait = min(wait, max(self._soon, MIN_CHECK_IN_SECONDS))
         if self._health is not None:
             # A health report due before the next heartbeat goes with its own check-in (the
             # first one at once: the cluster just became ready).

@@ -141,8 +141,9 @@ class SimulatedDriver(Driver):
         )
 
     def acceptance(self, node: Node) -> dict:
-        """What a simulated agent measures to node-0: the Ethernet network's typical figures,
-        1.6 Gbit/s, or 80% of the machine type's link where that is faster."""
+        """What a simulated agent measures to its peer in its round (node-0 too, where it has a
+        peer): the Ethernet network's typical figures, 1.6 Gbit/s, or 80% of the machine type's
+        link where that is faster."""
         machine_type = node.cluster.machine_type
         # Its vCPUs and memory, as sold (MemTotal a little under: the kernel keeps some).
         facts = {
@@ -151,7 +152,7 @@ class SimulatedDriver(Driver):
             if machine_type.memory_gib is None
             else int(machine_type.memory_gib * 1024 * MEMORY_SHOWN),
         }
-        if node.index == 0:
+        if node.index == 0 and not node.cluster.nodes.exclude(pk=node.pk).exists():
             return {
                 "latency_ms": None,
                 "bandwidth_mbit": None,
@@ -167,7 +168,7 @@ class SimulatedDriver(Driver):
             "error": None,
             **facts,
         }
-        if node.cluster.machine_type.machine_kind != "container":
+        if node.index and node.cluster.machine_type.machine_kind != "container":
             # The simulated data center's /shared: mounted as its NFS would be.
             measured |= {"shared": "simulated", "shared_error": None}
         return measured

@@ -17,6 +17,8 @@ from clusters.telemetry.agent_service import (
     AgentRefused,
     agent_check_in,
     agent_report_network,
+    check_in_seconds,
+    measure_peer,
     measure_turn,
 )
 from clusters.telemetry.health import health_request
@@ -93,8 +95,12 @@ def _answer(request: HttpRequest, call) -> HttpResponse | dict:
                 ],
             },
             "head": {"name": "node-0", "private_ip": private_ip(0)},
-            # Whether this node tests the network now: workers measure to node-0 one at a time.
+            # Whether this node tests the network now, and to which peer: the batch measures
+            # in rounds of pairs that never share a link (clusters/lifecycle/rounds.py).
             "measure_turn": measure_turn(node),
+            "measure_peer": measure_peer(node),
+            # How soon to check in again until it measured (seconds; null: as usual).
+            "check_in_seconds": check_in_seconds(node, len(peers) + 1),
             # A peer is joining (a worker being added): check in every 5 s, not every 30 s, so
             # it finds this node's WireGuard peer for it in time.
             "peer_starting": any(p.status == Node.Status.STARTING for p in peers),

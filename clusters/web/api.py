@@ -177,8 +177,23 @@ class AcceptanceNodeOut(RowOut):
     name: str
     gpus: list[AcceptanceGpuOut] = Field(description="The GPUs its agent saw (nvidia-smi).")
     reachability: dict[str, bool] = Field(description="Peer name -> reached over 10.77.0.0/24.")
-    latency_ms: float | None = Field(description="Median TCP round trip to node-0; null on it.")
-    bandwidth_mbit: float | None = Field(description="Measured to node-0; null on node-0.")
+    latency_ms: float | None = Field(
+        description="Median TCP round trip to its peer (`peer`); null where it measured nothing."
+    )
+    bandwidth_mbit: float | None = Field(
+        description="Mbit/s it moved to its peer (`peer`), no other measurement sharing either "
+        "link; null where it measured nothing (node-0 alone)."
+    )
+    round: int | None = Field(
+        None,
+        description="The round of acceptance it was measured in (1-3: the nodes measure in "
+        "rounds of pairs that never share a link); null on reports from before the rounds.",
+    )
+    peer: str | None = Field(
+        None,
+        description="The node it measured to in its round (node-0 on reports from before the "
+        "rounds, null where it measured nothing).",
+    )
     method: str | None = Field(description="iperf3, tcp-stream (the agent's own) or simulated.")
     vcpus: int | None = Field(None, description="The vCPUs its agent counted.")
     memory_mib: int | None = Field(
@@ -192,7 +207,7 @@ class AcceptanceExpectedOut(Schema):
     memory_gib: int
     link_mbit: int | None = Field(None, description="Each machine's expected link, Mbit/s.")
     min_bandwidth_mbit: float | None = Field(
-        None, description="The least a worker had to move to node-0, measured alone."
+        None, description="The least a node had to move to its peer, measured alone."
     )
     specs: MachineSpecsOut | None = Field(
         None, description="Each machine's specs as sold: what every node was held to."

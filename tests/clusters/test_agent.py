@@ -44,9 +44,28 @@ def test_it_takes_an_agents_check_in_and_names_its_peers(cluster, client):
     assert data["peers_ready"] is False and data["peer_starting"] is True
     assert data["wireguard"] == {"listen_port": 51820, "peers": []}
     assert data["head"] == {"name": "node-0", "private_ip": "10.77.0.1"}
+    # Until it has measured, it checks in again within a second (not 5 s): its step moves on
+    # at the next pass, then its peers and its round come (docs/lifecycle.md, "The agent").
+    assert data["check_in_seconds"] == 1.0
     n.refresh_from_db()
     assert n.agent_at is not None and len(n.gpus) == 8
     assert sim.dispatcher.advances == [cluster.pk]  # the reconciler is asked at once
+
+
+def test_a_starting_nodes_bare_heartbeat_asks_the_reconciler_nothing(cluster, client):
+    n = node(cluster, 1)
+    with Sim():
+        post(client, f"/api/v1/agent/nodes/{n.pk}/check-in", {"nvidia_smi": NVIDIA_SMI},
+             agent_token(n))  # fmt: skip
+    with Sim() as sim:
+        response = post(
+            client, f"/api/v1/agent/nodes/{n.pk}/check-in", {"nvidia_smi": NVIDIA_SMI},
+            agent_token(n),
+        )  # fmt: skip
+    assert response.status_code == 200
+    # Nothing but its heartbeat moved (the reconciler reads none of a starting node's): no
+    # pass over the cluster for each of the check-ins agents make every second while waiting.
+    assert sim.dispatcher.advances == []
 
 
 def test_it_takes_a_network_report(cluster, client):

@@ -195,7 +195,10 @@ def test_it_reports_no_gpus_and_no_key_without_nvidia_smi_or_wg(dashboard, bin_d
     agent.run_once()
     agent.run_once()
 
-    assert [s.body["nvidia_smi"] for s in dashboard.sent] == ["", ""]
+    # Its GPUs (none) go with the first check-in, which the dashboard records them from; later
+    # check-ins say none, without running nvidia-smi again.
+    assert [s.body.get("nvidia_smi") for s in dashboard.sent] == ["", None]
+    assert [s.body.get("gpus") for s in dashboard.sent] == [None, []]
     assert [s.body["wireguard_public_key"] for s in dashboard.sent] == [None, None]
     assert len([r for r in caplog.records if "WireGuard" in r.getMessage()]) == 1
 
@@ -205,6 +208,37 @@ def test_it_sends_no_key_when_the_interface_does_not_exist(dashboard, wg_calls):
 
     assert dashboard.sent[0].body["wireguard_public_key"] is None
     assert "set" not in wg_calls.read_text()
+
+
+def test_an_answer_with_the_peers_it_has_runs_nothing_until_it_applies_them_again(
+    dashboard, bin_dir, tmp_path
+):
+    calls = tmp_path / "wg-calls"
+    stand_in(bin_dir, "wg", f"""printf '%s\\n' "$*" >> {calls}
+case "$1 $3" in "show peers") printf 'keep-key\\n' ;; esac
+""")  # fmt: skip
+    listed = [{"name": "node-0", "public_key": "keep-key", "endpoint": "172.30.77.11:51820",
+               "allowed_ip": "10.77.0.1/32"}]  # fmt: skip
+    now = [100.0]
+    agent = Agent(dashboard.url, "7", TOKEN, settings=Settings(**FAST), clock=lambda: now[0])
+
+    def sets() -> int:
+        return sum(line.startswith("set") for line in calls.read_text().splitlines())
+
+    for seconds in (0, 1, 2, runcrate_agent.REAPPLY_SECONDS + 1):
+        dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": listed})]
+        now[0] = 100.0 + seconds
+        agent.run_once()
+    # Applied at the first answer and again once REAPPLY_SECONDS had passed; the answers in
+    # between (every second while waiting to measure) found the interface as listed.
+    assert sets() == 2
+
+    # A peer the interface lost, or another list, is applied at once.
+    listed.append({"name": "node-2", "public_key": "new-key", "endpoint": "172.30.77.13:51820",
+                   "allowed_ip": "10.77.0.3/32"})  # fmt: skip
+    dashboard.answers = [answer(wireguard={"listen_port": 51820, "peers": listed})]
+    agent.run_once()
+    assert sets() == 4
 
 
 def test_it_sets_the_listed_wireguard_peers_and_removes_the_others(dashboard, wg_calls):
@@ -323,6 +357,27 @@ def test_it_heartbeats_every_heartbeat_seconds_once_joined(dashboard):
     assert agent.next_check_in_seconds() == 5
 
 
+def test_it_checks_in_as_soon_as_the_dashboard_asks_while_it_waits_to_measure(dashboard):
+    agent = new_agent(dashboard, heartbeat_seconds=30, retry_seconds=5)
+    # Waiting in step network for its peers or its round: the answer's check_in_seconds.
+    dashboard.answers = [answer(step="network", check_in_seconds=1.0)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 1.0
+
+    # Never sooner than half a second, whatever it is asked; null is the usual interval.
+    dashboard.answers = [answer(step="network", check_in_seconds=0.01)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 0.5
+    dashboard.answers = [answer(step="network", check_in_seconds=None)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 5
+
+    # Once joined: the heartbeat's interval.
+    dashboard.answers = [answer(status="joined", step="done", check_in_seconds=None)]
+    agent.run_once()
+    assert agent.next_check_in_seconds() == 30
+
+
 # --- testing the network -----------------------------------------------------------------------
 
 
@@ -421,6 +476,49 @@ def test_it_measures_nothing_when_it_is_the_head_and_serves_the_sink(dashboard, 
         assert runcrate_agent.stream_bandwidth("127.0.0.1", bandwidth_port, seconds=0.05) > 0
     finally:
         agent.sink.stop()
+
+
+def test_in_rounds_every_node_serves_the_sink_and_the_head_measures_to_the_peer_it_is_told(
+    dashboard, bin_dir
+):
+    # A worker (node-2, not the head) of a dashboard that measures in rounds serves the sink:
+    # any node may be the peer another measures to.
+    bandwidth_port = free_port()
+    worker = Agent(
+        dashboard.url,
+        "9",
+        TOKEN,
+        settings=Settings(private_ip="127.0.0.3", bandwidth_port=bandwidth_port, **FAST),
+    )
+    worker.serve_if_head(
+        answer(node="node-2", private_ip="127.0.0.3", measure_peer=None)[1]["data"]
+    )
+    assert worker.sink is not None and worker.sink.bound.wait(5)
+    # Without `measure_peer` (a dashboard from before the rounds), a worker serves nothing.
+    old = new_agent(dashboard, private_ip="127.0.0.4", bandwidth_port=free_port())
+    old.serve_if_head(answer(node="node-3", private_ip="127.0.0.4")[1]["data"])
+    assert old.sink is None
+
+    dashboard.answers = [
+        answer(
+            node="node-0",
+            private_ip="127.0.0.1",
+            step="network",
+            peers_ready=True,
+            peers={"node-2": "127.0.0.3"},
+            measure_turn=True,
+            measure_peer={"name": "node-2", "private_ip": "127.0.0.3"},
+        )
+    ]
+    head = new_agent(dashboard, bandwidth_port=bandwidth_port, probe_port=bandwidth_port)
+    try:
+        head.run_once()
+    finally:
+        worker.sink.stop()
+
+    acceptance = dashboard.sent[1].body["acceptance"]
+    assert acceptance["method"] == "tcp-stream" and acceptance["bandwidth_mbit"] > 0
+    assert acceptance["error"] is None and "shared" not in acceptance  # the head mounts nothing
 
 
 def test_it_does_not_test_the_network_before_every_peer_has_checked_in(dashboard):

@@ -68,15 +68,18 @@ def test_it_keeps_the_acceptance_report_before_billing_starts(project, clock):
     assert report["measured_at"] == cluster.joined_at.isoformat()
     assert report["expected"]["gpus_per_machine"] == machine_type.gpus_per_machine
     rows = {row["name"]: row for row in report["nodes"]}
-    assert rows["node-0"]["bandwidth_mbit"] is None  # node-0 measures nothing to itself
+    # Two nodes measure each other in two rounds: node-0 -> node-1, then node-1 -> node-0.
+    assert (rows["node-0"]["round"], rows["node-0"]["peer"]) == (1, "node-1")
+    assert (rows["node-1"]["round"], rows["node-1"]["peer"]) == (2, "node-0")
+    assert rows["node-0"]["bandwidth_mbit"] == 1600.0
     assert rows["node-1"]["bandwidth_mbit"] == 1600.0 and rows["node-1"]["latency_ms"] == 0.25
     assert rows["node-1"]["reachability"] == {"node-0": True}
     assert len(rows["node-1"]["gpus"]) == machine_type.gpus_per_machine
     ok = Event.objects.get(cluster=cluster, node__index=1, reason="network_ok")
-    assert "1,600 Mbit/s and 0.25 ms to node-0" in ok.message
+    assert "1,600 Mbit/s and 0.25 ms to node-0 in round 2" in ok.message
 
 
-def test_it_fails_a_node_that_moves_too_little_to_the_head(project, clock, monkeypatch, settings):
+def test_it_fails_a_node_that_moves_too_little_to_its_peer(project, clock, monkeypatch, settings):
     settings.RUNCRATE_ACCEPTANCE_MIN_MBIT = 2000
     machine_type = inventory(hosts=2, boot_seconds=BOOT)
     with Sim() as sim:
@@ -84,12 +87,16 @@ def test_it_fails_a_node_that_moves_too_little_to_the_head(project, clock, monke
         sim.run_until(clock, at(BOOT * 2))
 
     assert_failed_cleanly(cluster, machine_type)
+    # Both links are under the floor: each node is slow on its own figure, node-0 (round 1)
+    # is named first, with its peer's own figure.
     assert (cluster.failure_reason, cluster.failure_node, cluster.failure_step) == (
         "acceptance_failed",
-        "node-1",
+        "node-0",
         "network",
     )
-    assert "1,600 Mbit/s" in cluster.failure_message and "2,000" in cluster.failure_message
+    message = cluster.failure_message
+    assert message.startswith("node-0 moves 1,600 Mbit/s to node-1")
+    assert "node-1's own figure is 1,600 Mbit/s" in message and "2,000" in message
     assert not UsageRecord.objects.filter(cluster=cluster).exists()
 
 

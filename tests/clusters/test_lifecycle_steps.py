@@ -57,9 +57,10 @@ def test_it_joins_every_node_and_starts_billing_for_all_at_one_instant(project, 
         assert node0.step == Node.Step.NETWORK
         assert node0.agent_at == at(BOOT * 1.25)
         assert len(node0.gpus) == 8
-        # 1 × boot from the moment the last agent checked in, and a turn for each worker to
-        # measure its way to node-0 (they measure one at a time)
-        assert node0.step_deadline == at(BOOT * 2.25 + 2 * MEASURE_TURN_SECONDS)
+        # 1 × boot from the moment the last agent checked in, and a turn for each wave of
+        # measurements (three nodes: an odd batch, three rounds, each one wave where the
+        # location gives no measurements_at_once; clusters/lifecycle/rounds.py)
+        assert node0.step_deadline == at(BOOT * 2.25 + 3 * MEASURE_TURN_SECONDS)
 
         sim.run_until(clock, at(BOOT * 1.5))
 
@@ -209,7 +210,7 @@ def test_it_fails_a_node_whose_network_report_never_comes(project, clock, monkey
     with Sim() as sim:
         cluster = create(project, machine_type)
         last_agent = at(BOOT * 1.25)
-        allowed = BOOT + MEASURE_TURN_SECONDS  # the boot time, and node-1's turn to measure
+        allowed = BOOT + 2 * MEASURE_TURN_SECONDS  # the boot time, and the two rounds
         sim.run_until(clock, last_agent + timedelta(seconds=allowed - 1))
         cluster.refresh_from_db()
         assert cluster.status == Cluster.Status.PROVISIONING

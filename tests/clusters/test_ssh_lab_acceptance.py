@@ -1,6 +1,8 @@
-"""Acceptance on real hosts (issue 18, D3): an 8-node cluster's workers measure their way to
-node-0 one at a time, so healthy hosts pass, and a host whose own link is shaped to 8 Mbit/s
-fails the cluster naming exactly its node (docs/lifecycle.md, "Acceptance before billing").
+"""Acceptance on real hosts (issue 18, D3; in rounds since issue 38): an 8-node cluster measures
+in two rounds of pairs that never share a link, each in waves of what the lab's fabric
+carries at once (its two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`, one), so healthy hosts
+pass, and a host whose own link is shaped to 8 Mbit/s fails the cluster naming exactly its
+node, with its peer and the peer's own figure (docs/lifecycle.md, "Acceptance before billing").
 
 Its own lab fixture: 9 of the run's hosts in location `lab` (the shared `fleet` has 5), each
 reimaged and its baseline recorded as `fleet` does.
@@ -13,6 +15,7 @@ import re
 
 import pytest
 
+from clusters.lifecycle import rounds
 from clusters.models import Cluster
 from lab import hostlab
 from tests.clusters.lab_kit import BOOT, register
@@ -30,7 +33,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 NODES = 8
 HOSTS = NODES + 1  # a spare, as an operator's pool has
-WAIT = 420  # seconds: 8 bootstraps, then 7 turns to measure
+WAIT = 420  # seconds: 8 bootstraps, then 2 rounds to measure in 4 waves
 SLOW = 5  # the node whose host's link is shaped
 SHAPE = "tc qdisc add dev eth0 root tbf rate 8mbit burst 32kbit latency 400ms"
 # The lab's links are veths through userspace WireGuard (wireguard-go): the inventory's expected
@@ -70,11 +73,28 @@ def test_eight_healthy_nodes_pass_acceptance_each_measured_alone(pool, user_key)
     expected = cluster.acceptance["expected"]
     assert (expected["link_mbit"], expected["min_bandwidth_mbit"]) == (LAB_LINK_MBIT, 50)
     rows = {row["name"]: row for row in cluster.acceptance["nodes"]}
-    figures = {f"node-{i}": rows[f"node-{i}"]["bandwidth_mbit"] for i in range(1, NODES)}
+    figures = {f"node-{i}": rows[f"node-{i}"]["bandwidth_mbit"] for i in range(NODES)}
     assert all(mbit >= 2 * expected["min_bandwidth_mbit"] for mbit in figures.values()), figures
-    # One after another, lowest index first: each worker reported after the one before it.
-    reported = [n.network_reported_at for n in cluster.nodes.filter(index__gt=0).order_by("index")]
-    assert reported == sorted(reported) and len(set(reported)) == NODES - 1
+    # In rounds: round 1 the even nodes to the next, round 2 the odd ones (node-7 to node-0),
+    # and every report of round 2 came after every report of round 1.
+    placed = {name: (row["round"], row["peer"]) for name, row in rows.items()}
+    assert placed == {f"node-{i}": (1 + i % 2, f"node-{(i + 1) % NODES}") for i in range(NODES)}, (
+        placed
+    )
+    reported = {n.name: n.network_reported_at for n in cluster.nodes.all()}
+    first = [reported[name] for name, (number, _) in placed.items() if number == 1]
+    second = [reported[name] for name, (number, _) in placed.items() if number == 2]
+    assert max(first) <= min(second)
+    # In waves of the lab's figure (its fabric, its CPUs, carries that many measurements at once:
+    # hostlab): every report of a wave came after every report of the wave before it.
+    at_once = cluster.machine_type.location.measurements_at_once
+    assert at_once == hostlab.LAB_MEASUREMENTS_AT_ONCE
+    waves: dict[int, list] = {}
+    for index, number in rounds.wave_of(list(range(NODES)), at_once).items():
+        waves.setdefault(number, []).append(reported[f"node-{index}"])
+    # Two rounds of NODES / 2 pairs, each in waves of at most `at_once` pairs.
+    assert len(waves) == 2 * -(-(NODES // 2) // at_once)
+    assert all(max(waves[n]) <= min(waves[n + 1]) for n in range(1, len(waves))), waves
 
     terminate_and_check(pool, cluster)
 
@@ -83,17 +103,21 @@ def test_a_host_whose_own_link_is_slow_fails_acceptance_naming_its_node(pool, us
     project = project_with(user_key)
     cluster = create(project, machine_type("lab-h100x2-vm"), nodes=NODES, name="slow")
     slow = cluster.nodes.select_related("host").get(index=SLOW)
-    pool.exec(slow.host.name, SHAPE)  # its egress: what it sends node-0 when it measures
+    pool.exec(slow.host.name, SHAPE)  # its egress: what it sends its peer when it measures
     drive(cluster, Cluster.Status.READY, Cluster.Status.FAILED, timeout=WAIT)
 
     event = assert_failed_at(cluster, "acceptance_failed", f"node-{SLOW}", "network")
     message = cluster.failure_message
-    figure = re.match(rf"node-{SLOW} moves ([\d,.]+) Mbit/s to node-0", message)
+    # node-5 sends to node-6 in round 2; node-6's own figure (to node-7, round 1) is healthy.
+    peer = f"node-{SLOW + 1}"
+    figure = re.match(rf"node-{SLOW} moves ([\d,.]+) Mbit/s to {peer} ", message)
     assert figure, message
     assert float(figure.group(1).replace(",", "")) <= 10  # its own 8 Mbit/s, measured alone
+    own = re.search(rf"in round 2; {peer}'s own figure is ([\d,.]+) Mbit/s", message)
+    assert own and float(own.group(1).replace(",", "")) >= 50, message  # the peer not blamed
     assert "at least 50 Mbit/s" in message and f"{LAB_LINK_MBIT} Mbit/s link" in message
-    # It names node-0 only as where it measured to, and no other worker.
-    others = {f"node-{i}" for i in range(1, NODES)} - {f"node-{SLOW}"}
+    # It names its peer only as where it measured to, and no other node.
+    others = {f"node-{i}" for i in range(NODES)} - {f"node-{SLOW}", peer}
     assert not any(re.search(rf"\b{name}\b", message) for name in others), message
     assert event.node.index == SLOW and slow.host.name not in message
 

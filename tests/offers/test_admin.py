@@ -238,6 +238,38 @@ def test_the_location_form_checks_the_gateway_like_the_file(staff_client):
     assert not Location.objects.filter(code="us-east-9").exists()
 
 
+def test_the_location_form_takes_measurements_at_once_from_one_up_or_none(staff_client):
+    fields = {
+        "code": "us-east-9",
+        "name": "Somewhere",
+        "country": "US",
+        "capacity_reporting": "count",
+        "ssh_gateway": "",
+        "volume_price_per_gb_month": "0.10",
+    }
+    response = staff_client.post(
+        reverse("admin:offers_location_add"), fields | {"measurements_at_once": "0"}
+    )
+    errors = response.context["adminform"].form.errors
+    assert errors["measurements_at_once"] == ["Ensure this value is greater than or equal to 1."]
+    assert not Location.objects.filter(code="us-east-9").exists()
+
+    response = staff_client.post(
+        reverse("admin:offers_location_add"), fields | {"measurements_at_once": "2"}
+    )
+    assert response.status_code == 302
+    assert Location.objects.get(code="us-east-9").measurements_at_once == 2
+    # Left empty: every pair of a round at once.
+    location = Location.objects.get(code="us-east-9")
+    fields |= {"code": "us-east-9", "measurements_at_once": ""}
+    response = staff_client.post(
+        reverse("admin:offers_location_change", args=[location.pk]), fields
+    )
+    assert response.status_code == 302
+    location.refresh_from_db()
+    assert location.measurements_at_once is None
+
+
 def test_staff_see_the_key_a_host_offered_instead_of_its_pinned_one(staff_client):
     host = HostFactory(driver="ssh", address="203.0.113.7", host_key="ssh-ed25519 AAAA")
     cluster = ClusterFactory(machines=True)

@@ -185,6 +185,19 @@ def test_it_takes_a_machine_types_link_speed_or_its_interconnects_default(db):
     assert (h100.link_mbit, h100.expected_link_mbit) == (None, 10_000)
 
 
+def test_it_takes_how_many_measurements_a_locations_fabric_carries_at_once(db):
+    data = inventory()
+    data["locations"][0]["measurements_at_once"] = 2
+    load_inventory(data)
+    assert Location.objects.get(code="us-east-2").measurements_at_once == 2
+    # Left out (or null): every pair of a round at once.
+    assert Location.objects.get(code="eu-north-1").measurements_at_once is None
+
+    data["locations"][0]["measurements_at_once"] = None
+    load_inventory(data)
+    assert Location.objects.get(code="us-east-2").measurements_at_once is None
+
+
 def test_it_keeps_a_hosts_state_across_a_reload(db):
     load_inventory(inventory())
     Host.objects.filter(name="gpu-ssh-1").update(state=Host.State.IN_USE)
@@ -479,6 +492,16 @@ BAD_FILES = {
     "bad host key": (
         _set("hosts", 0, "host_key", "not a key"),
         'hosts[0] (gpu-ssh-1).host_key: must be "<key type> <base64 key>"',
+    ),
+    "no measurements at once": (
+        _set("locations", 0, "measurements_at_once", 0),
+        "locations[0] (us-east-2).measurements_at_once: must be a whole number from 1 to 1000, "
+        "not 0",
+    ),
+    "measurements at once not a number": (
+        _set("locations", 1, "measurements_at_once", "2"),
+        "locations[1] (eu-north-1).measurements_at_once: must be a whole number from 1 to 1000, "
+        'not "2"',
     ),
     "entry that is not an object": (
         _append("hosts", "use2-bm-004"),

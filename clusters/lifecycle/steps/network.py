@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from clusters.lifecycle import rounds
 from clusters.lifecycle.records import Action, ActionKind, Failure
 from clusters.lifecycle.rules import (
     MEASURE_TURN_SECONDS,
+    acceptance_pending,
     acceptance_problem,
     measured_note,
     node_give_up_at,
@@ -30,10 +32,15 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
     checked_in = [n.agent_at for n in batch if n.agent_at is not None]
     assert len(checked_in) == len(batch)  # a node reaches this step once its agent checked in
     last = max(checked_in)
-    # The workers measure to node-0 one after another: each gets its turn's time.
-    turns = MEASURE_TURN_SECONDS * sum(1 for n in batch if n.index > 0)
+    # The batch measures in rounds of pairs that never share a link (at most three, whatever
+    # its size), each round in waves of as many as the location's fabric carries at once: each
+    # wave gets its time.
+    at_once = work.machine_type.location.measurements_at_once
+    turns = MEASURE_TURN_SECONDS * rounds.waves_needed([n.index for n in batch], at_once)
+    placed = rounds.placements([n.index for n in batch])
     failures = []
     for node in batch:
+        _keep_placement(work, node, placed.get(node.index))
         if node.step_deadline is None:
             node.step_started_at = last
             node.step_deadline = step_deadline(
@@ -44,18 +51,35 @@ def step(work: UnitOfWork, batch: list[Node], peers_of: dict[int, list[str]]) ->
             work.touch(node)
         if node.network_at is not None:
             continue
-        failure = _judge_node(work, node, peers_of[node.pk], last=last, turns=turns)
+        failure = _judge_node(work, node, peers_of[node.pk], batch, last=last, turns=turns)
         if failure is not None:
             failures.append(failure)
     return failures
 
 
+def _keep_placement(work: UnitOfWork, node: Node, placement: rounds.Placement | None) -> None:
+    """Keep with a reported figure the round it was measured in and its peer (the report's
+    `round` and `peer`), from the batch's schedule in memory: no query per report."""
+    measured = node.acceptance or {}
+    if node.network_reported_at is None or placement is None or "round" in measured:
+        return
+    node.acceptance = measured | {"round": placement.round, "peer": f"node-{placement.peer}"}
+    work.touch(node, "acceptance")
+
+
 def _judge_node(
-    work: UnitOfWork, node: Node, peers: list[str], *, last: datetime, turns: int
+    work: UnitOfWork,
+    node: Node,
+    peers: list[str],
+    batch: list[Node],
+    *,
+    last: datetime,
+    turns: int,
 ) -> Failure | None:
     """A node on its network step: failed when a peer is unreachable, the acceptance fails or
-    its time ran out; passed once it reported reaching every peer in time; else its
-    measurement handed off again when due."""
+    its time ran out; passed once it reported reaching every peer in time (a slow figure waits
+    for its peer's round before anyone is named); else its measurement handed off again when
+    due."""
     reached = node.reachability or {}
     unreachable = [p for p in peers if reached.get(p) is False]
     if unreachable:
@@ -70,8 +94,9 @@ def _judge_node(
         all(reached.get(p) is True for p in peers)
         and node.network_reported_at is not None
         and node.network_reported_at <= work.deadline(node, node.network_reported_at)
+        and not acceptance_pending(node, work.machine_type, batch)
     ):
-        problem = acceptance_problem(node, work.machine_type)
+        problem = acceptance_problem(node, work.machine_type, batch)
         if problem:
             return Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem)
         node.network_at = node.network_reported_at
@@ -103,9 +128,14 @@ def _timed_out(
     the time it had."""
     assert node.step_deadline is not None  # set by `step`
     reached = node.reachability or {}
+    if node.network_reported_at is not None and all(reached.get(p) is True for p in peers):
+        # It reported, slow, and its peer's round never came: its own figure stands.
+        problem = acceptance_problem(node, work.machine_type)
+        if problem:
+            return Failure(Reason.ACCEPTANCE_FAILED, node, Step.NETWORK, problem)
     allowed = (node.step_deadline - last).total_seconds()
     missing = [p for p in peers if p not in reached]
-    turn_note = f", and {MEASURE_TURN_SECONDS} s for each worker to measure"
+    turn_note = f", and {MEASURE_TURN_SECONDS} s for each wave of measurements"
     turn_note = turn_note if turns else ""
     return Failure(
         Reason.NETWORK_TIMEOUT,

@@ -36,7 +36,9 @@ installed=$("$VENV/bin/python" -c 'import ray; print(ray.__version__)' 2>/dev/nu
 if [ "$installed" != "$VERSION" ]; then
   rm -rf "$VENV"
   python3 -m venv "$VENV" >"$LOG" 2>&1 || { tail -n 20 "$LOG"; fail "python3 -m venv $VENV failed"; }
-  set -- --disable-pip-version-check --no-input --no-cache-dir --quiet
+  # --no-compile: no .pyc for Ray's thousands of modules at install (CPU every node spends at
+  # once); Python compiles what `ray start` imports when it first imports it.
+  set -- --disable-pip-version-check --no-input --no-cache-dir --no-compile --quiet
   if [ -n "${PIP_INDEX_URL:-}" ]; then
     set -- "$@" --index-url "$PIP_INDEX_URL"
     case "$PIP_INDEX_URL" in

@@ -125,9 +125,16 @@ gres=""
 facts_file="$SOFTWARE_DIR/node-facts"
 : > "$facts_file"
 count=0
-# A new worker's slurm.conf (RUNCRATE_SLURM_CONF) is installed as it is: nothing to read.
+# A new worker's slurm.conf (RUNCRATE_SLURM_CONF) is installed as it is: nothing to read. The
+# nodes are read side by side (one SSH connection each, all at once: an 8-node cluster's node
+# waited for seven in turn), then taken in NODES' order.
 [ -n "$PEER_CONF" ] || for node in $NODES; do
-  facts=$(node_facts "$node") || fail "could not read the CPUs and memory of $node over SSH"
+  { node_facts "$node" > "$facts_file.$node" 2>&1 || echo "runcrate-unread" >> "$facts_file.$node"; } &
+done
+wait
+[ -n "$PEER_CONF" ] || for node in $NODES; do
+  facts=$(cat "$facts_file.$node"); rm -f "$facts_file.$node"
+  case "$facts" in *runcrate-unread*) fail "could not read the CPUs and memory of $node over SSH" ;; esac
   # shellcheck disable=SC2086 # split on purpose: "CPUS MEMORY ADDRESS" into $1 $2 $3
   set -- $facts
   case "${1:-}${2:-}" in ''|*[!0-9]*) fail "unreadable CPUs and memory from $node: $facts" ;; esac
