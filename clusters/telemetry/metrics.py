@@ -636,9 +636,11 @@ class HostPoint:
     network_tx_bytes: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GpuNow:
-    """A GPU's figures in its node's latest report."""
+    """A GPU's figures in its node's latest report (None: not reported, or not read: see
+    `latest`'s `columns`). Not frozen: a frozen dataclass sets each field through
+    object.__setattr__, six times as long, and a Metrics tab poll makes 512 at 64 × 8 GPUs."""
 
     index: int
     utilization_percent: float | None
@@ -735,17 +737,21 @@ def window(cluster: Cluster, window: str = "15m", *, now: datetime | None = None
     return Window(window, start, now, _seconds(resolution), list(found.values()))
 
 
-def latest(cluster_id: int, *, now: datetime | None = None) -> Window:
+def latest(
+    cluster_id: int, *, now: datetime | None = None, columns: Sequence[str] | None = None
+) -> Window:
     """The cluster's live nodes with their latest GPU figures alone, no series and no host
     figures (a window of no length, ending `now`; each node's `reported_at` as in `window`):
-    what changes with each report, for the Metrics tab's poll (issue 38). Two queries
-    whatever the node count: the nodes with the times of their latest rows, their GPU rows."""
+    what changes with each report, for the Metrics tab's poll (issue 38). Of each GPU only
+    `columns` (GpuNow's fields; its index always) where given, the others None: the heatmaps
+    read five of thirteen. Two queries whatever the node count: the nodes with the times of
+    their latest rows, their GPU rows."""
     now = now or timezone.now()
     # Of each node what the figures are said with: its name (its index) and its status.
     nodes = list(_live_nodes(cluster_id).only("pk", "cluster_id", "index", "status"))
     found = {node.pk: NodeMetrics(node=node) for node in nodes}
     if nodes:
-        _latest_figures(nodes, found, hosts=False)
+        _latest_figures(nodes, found, hosts=False, columns=columns)
     return Window("", now, now, _seconds(None), list(found.values()))
 
 
@@ -787,19 +793,33 @@ _GPU_NOW = tuple(GpuNow.__dataclass_fields__)
 
 
 def _latest_figures(
-    nodes: Sequence[Node], found: dict[int, NodeMetrics], *, hosts: bool = True
+    nodes: Sequence[Node],
+    found: dict[int, NodeMetrics],
+    *,
+    hosts: bool = True,
+    columns: Sequence[str] | None = None,
 ) -> None:
-    """Each node's latest GPU rows and, with `hosts`, its latest node row (else its time
-    alone: when it last reported)."""
+    """Each node's latest GPU rows (of each only `columns` and its index, where given) and,
+    with `hosts`, its latest node row (else its time alone: when it last reported)."""
     gpus = _pairs(GpuSample, nodes, "last_gpus")
     rows = GpuSample.objects.filter(gpus).order_by("index") if gpus else GpuSample.objects.none()
-    throttle = _GPU_NOW.index("throttle")
+    read = _GPU_NOW if columns is None else ("index", *(c for c in _GPU_NOW[1:] if c in columns))
+    # Where each column read goes among GpuNow's fields (those not read stay None).
+    places = [_GPU_NOW.index(column) for column in read]
+    throttle = read.index("throttle") if "throttle" in read else None
+    whole = len(read) == len(_GPU_NOW)
     last_gpus = {node.pk: getattr(node, "last_gpus", None) for node in nodes}
     # Their time is the node's latest (`last_gpus`): not read again, 512 times at 64 nodes.
-    for node_id, *figures in rows.values_list("node_id", *_GPU_NOW):
+    for node_id, *figures in rows.values_list("node_id", *read):
         metrics = found[node_id]
         metrics.reported_at = last_gpus[node_id]
-        figures[throttle] = throttle_names(figures[throttle])
+        if throttle is not None:
+            figures[throttle] = throttle_names(figures[throttle])
+        if not whole:
+            fields: list[Any] = [None] * len(_GPU_NOW)
+            for place, figure in zip(places, figures, strict=True):
+                fields[place] = figure
+            figures = fields
         metrics.gpus.append(GpuNow(*figures))
     if not hosts:
         for node in nodes:

@@ -110,6 +110,12 @@ HEAT_FIGURES: tuple[HeatFigure, ...] = (
 )
 
 
+# The GPU figures the heatmaps are made of, which the named nodes' (utilisation and
+# temperature) are among: all a poll reads of each GPU where no node is picked
+# (`metrics.latest`'s columns).
+HEAT_READS = tuple(dict.fromkeys(read for figure in HEAT_FIGURES for read in figure.reads))
+
+
 def level(value: float | None, bounds: Sequence[float]) -> int | None:
     """A figure's level, 0 to 4 (None: not reported)."""
     if value is None:

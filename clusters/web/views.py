@@ -364,11 +364,12 @@ def _meter_moved(request: ProjectRequest) -> bool:
     return request.GET.get("meter", "") != meter.last_run_stamp()
 
 
-def _metrics_moved(request: ProjectRequest, pk: int) -> bool:
-    """Whether a report came since the page's figures were drawn (the poll's `metrics`): a
-    cache read, no query. A page that does not say (another tab) has none to redraw."""
+def _metrics_moved(request: ProjectRequest, version: int) -> bool:
+    """Whether a report came since the page's figures were drawn (the poll's `metrics`), the
+    cluster's metrics version being `version`. A page that does not say (another tab) has none
+    to redraw."""
     shown = request.GET.get("metrics")
-    return shown is not None and shown != str(metrics.metrics_version(pk))
+    return shown is not None and shown != str(version)
 
 
 def _poll(
@@ -390,8 +391,10 @@ def _poll(
     except Cluster.DoesNotExist:
         raise Http404("No such cluster in your project.") from None
     moved = _meter_moved(request)
-    # Asked after the cluster was found in the user's project: a stranger learns nothing.
-    metrics_moved = tab.slug in METRICS_TABS and _metrics_moved(request, pk)
+    # Asked after the cluster was found in the user's project: a stranger learns nothing. Read
+    # once, before any figures: a report landing meanwhile is drawn by the next poll.
+    now_version = metrics.metrics_version(pk) if tab.slug in METRICS_TABS else 0
+    metrics_moved = tab.slug in METRICS_TABS and _metrics_moved(request, now_version)
     if status in Cluster.TERMINAL:
         # An ended cluster's page stops polling; its last answer said it all.
         moved = metrics_moved = False
@@ -408,7 +411,7 @@ def _poll(
         and not moved
         and _still_holds(request)
     ):
-        return _figures_answer(request, pk, status)
+        return _figures_answer(request, pk, status, now_version)
     if (
         tab.slug == "metrics"
         and metrics_moved
@@ -416,7 +419,8 @@ def _poll(
         and not moved
         and _still_holds(request)
     ):
-        answer = _metrics_figures_answer(request, pk, shown_window or MetricsWindow())
+        window = shown_window or MetricsWindow()
+        answer = _metrics_figures_answer(request, pk, window, now_version)
         if answer is not None:
             return answer
     queryset = in_project(request, _clusters_with_details(events=False))
@@ -433,14 +437,13 @@ def _poll(
     return _changes_answer(request, cluster, context, shown)
 
 
-def _figures_answer(request: ProjectRequest, pk: int, status: str) -> HttpResponse:
+def _figures_answer(request: ProjectRequest, pk: int, status: str, version: int) -> HttpResponse:
     """The Machines tab's answer when only the figures moved (a report came; the cluster, the
     meter and the clock did not): each live row's GPUs cell and the metrics version the page
     now shows (`#metrics-shown`, which its poll includes), out of band, and nothing swapped in
     place of the header (`HX-Reswap: none`), which holds what it held. One query past the
-    poll's three, whatever the node count: the nodes with their figures."""
-    # Read before the figures: a report landing meanwhile is drawn by the next poll.
-    version = metrics.metrics_version(pk)
+    poll's three, whatever the node count: the nodes with their figures. `version`: the
+    metrics version, read before them."""
     nodes = list(
         metrics.with_utilization(
             Node.objects.filter(cluster_id=pk)
@@ -467,7 +470,7 @@ class CompactJSON(DjangoJSONEncoder):
 
 
 def _metrics_figures_answer(
-    request: ProjectRequest, pk: int, shown_window: MetricsWindow
+    request: ProjectRequest, pk: int, shown_window: MetricsWindow, version: int
 ) -> HttpResponse | None:
     """The Metrics tab's answer when only the figures moved and the page's cells are drawn of
     what the cluster has (its `grid`): the latest figures as JSON (`#metrics-now`), which the
@@ -475,9 +478,8 @@ def _metrics_figures_answer(
     nodes and the picked node's GPUs, and the metrics version the page now shows
     (`#metrics-shown`), all out of band, with `HX-Reswap: none`; the charts redraw on their
     own poll (`_charts_answer`). Three queries past the poll's three, whatever the node
-    count. None when the grid moved: the panel is drawn whole."""
-    # Read before the figures: a report landing meanwhile is drawn by the next poll.
-    version = metrics.metrics_version(pk)
+    count. None when the grid moved: the panel is drawn whole. `version`: the metrics version,
+    read before the figures."""
     context = metrics_figures(pk, shown_window, request.GET.get("grid"), timezone.now())
     if context is None:
         return None
