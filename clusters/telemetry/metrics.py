@@ -744,15 +744,62 @@ def latest(
     figures (a window of no length, ending `now`; each node's `reported_at` as in `window`):
     what changes with each report, for the Metrics tab's poll (issue 38). Of each GPU only
     `columns` (GpuNow's fields; its index always) where given, the others None: the heatmaps
-    read five of thirteen. Two queries whatever the node count: the nodes with the times of
-    their latest rows, their GPU rows."""
+    read five of thirteen. One query whatever the node count (`_latest_sql`)."""
     now = now or timezone.now()
-    # Of each node what the figures are said with: its name (its index) and its status.
-    nodes = list(_live_nodes(cluster_id).only("pk", "cluster_id", "index", "status"))
-    found = {node.pk: NodeMetrics(node=node) for node in nodes}
-    if nodes:
-        _latest_figures(nodes, found, hosts=False, columns=columns)
+    read = [c for c in _GPU_NOW[1:] if columns is None or c in columns]
+    places = [_GPU_NOW.index(column) for column in read]
+    # SQLite answers a boolean column with 0 or 1 to a raw query.
+    flags = [isinstance(GpuSample._meta.get_field(c), models.BooleanField) for c in read]
+    throttle = _GPU_NOW.index("throttle")
+    found: dict[int, NodeMetrics] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_latest_sql(read), [cluster_id, *sorted(Node.LIVE)])
+        rows = cursor.fetchall()
+    for node_id, index, status, last_gpus, last_host, gpu, *figures in rows:
+        metrics = found.get(node_id)
+        if metrics is None:
+            node = Node(id=node_id, cluster_id=cluster_id, index=index, status=status)
+            times = [_moment(at) for at in (last_gpus, last_host) if at is not None]
+            metrics = found[node_id] = NodeMetrics(node=node, reported_at=max(times, default=None))
+        if gpu is None:
+            continue  # a node with no GPU rows: one row of its own, nothing joined
+        fields: list[Any] = [gpu, *[None] * (len(_GPU_NOW) - 1)]
+        for place, figure, flag in zip(places, figures, flags, strict=True):
+            fields[place] = bool(figure) if flag and figure is not None else figure
+        fields[throttle] = throttle_names(fields[throttle])  # None where not read
+        metrics.gpus.append(GpuNow(*fields))
     return Window("", now, now, _seconds(None), list(found.values()))
+
+
+def _latest_sql(read: Sequence[str]) -> str:
+    """The live nodes of a cluster (its id, then the live statuses, as parameters) by index,
+    each with the times of its latest GPU and node rows and its latest GPU rows' `read` columns
+    (a node with none: one row, with nulls). One statement, where the ORM took two and a list
+    of (node, time) pairs between them, at 64 nodes most of a Metrics tab poll (issue 38): the
+    latest GPU rows are joined through the (node, at) index on each node's latest time, found
+    by a MAX over the same index (PostgreSQL and SQLite alike)."""
+    q = connection.ops.quote_name
+    node, gpu, host = (q(m._meta.db_table) for m in (Node, GpuSample, NodeSample))
+    figures = "".join(f", g.{q(_column(GpuSample, c))}" for c in read)
+    live = ", ".join(["%s"] * len(Node.LIVE))
+    node_id, at = q("node_id"), q("at")
+    # The table and column names are the models', quoted; every value is a parameter.
+    return (
+        f"SELECT n.{q('id')}, n.{q('index')}, n.{q('status')}, "  # noqa: S608
+        f"(SELECT MAX(l.{at}) FROM {gpu} l WHERE l.{node_id} = n.{q('id')}), "
+        f"(SELECT MAX(h.{at}) FROM {host} h WHERE h.{node_id} = n.{q('id')}), "
+        f"g.{q('index')}{figures} "
+        f"FROM {node} n LEFT JOIN {gpu} g ON g.{node_id} = n.{q('id')} "
+        f"AND g.{at} = (SELECT MAX(l.{at}) FROM {gpu} l WHERE l.{node_id} = n.{q('id')}) "
+        f"WHERE n.{q('cluster_id')} = %s AND n.{q('status')} IN ({live}) "
+        f"ORDER BY n.{q('index')}, g.{q('index')}"
+    )
+
+
+def _moment(value: datetime | str) -> datetime:
+    """A time a raw query read: PostgreSQL's, aware; SQLite's MAX, the text it stores (UTC)."""
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _live_nodes(cluster_id: int) -> models.QuerySet[Node]:
@@ -792,41 +839,18 @@ def _pairs(model: type[models.Model], nodes: Sequence[Node], attribute: str) -> 
 _GPU_NOW = tuple(GpuNow.__dataclass_fields__)
 
 
-def _latest_figures(
-    nodes: Sequence[Node],
-    found: dict[int, NodeMetrics],
-    *,
-    hosts: bool = True,
-    columns: Sequence[str] | None = None,
-) -> None:
-    """Each node's latest GPU rows (of each only `columns` and its index, where given) and,
-    with `hosts`, its latest node row (else its time alone: when it last reported)."""
+def _latest_figures(nodes: Sequence[Node], found: dict[int, NodeMetrics]) -> None:
+    """Each node's latest GPU rows and its latest node row."""
     gpus = _pairs(GpuSample, nodes, "last_gpus")
     rows = GpuSample.objects.filter(gpus).order_by("index") if gpus else GpuSample.objects.none()
-    read = _GPU_NOW if columns is None else ("index", *(c for c in _GPU_NOW[1:] if c in columns))
-    # Where each column read goes among GpuNow's fields (those not read stay None).
-    places = [_GPU_NOW.index(column) for column in read]
-    throttle = read.index("throttle") if "throttle" in read else None
-    whole = len(read) == len(_GPU_NOW)
+    throttle = _GPU_NOW.index("throttle")
     last_gpus = {node.pk: getattr(node, "last_gpus", None) for node in nodes}
     # Their time is the node's latest (`last_gpus`): not read again, 512 times at 64 nodes.
-    for node_id, *figures in rows.values_list("node_id", *read):
+    for node_id, *figures in rows.values_list("node_id", *_GPU_NOW):
         metrics = found[node_id]
         metrics.reported_at = last_gpus[node_id]
-        if throttle is not None:
-            figures[throttle] = throttle_names(figures[throttle])
-        if not whole:
-            fields: list[Any] = [None] * len(_GPU_NOW)
-            for place, figure in zip(places, figures, strict=True):
-                fields[place] = figure
-            figures = fields
+        figures[throttle] = throttle_names(figures[throttle])
         metrics.gpus.append(GpuNow(*figures))
-    if not hosts:
-        for node in nodes:
-            metrics = found[node.pk]
-            times = (getattr(node, "last_gpus", None), getattr(node, "last_host", None))
-            metrics.reported_at = max((at for at in times if at is not None), default=None)
-        return
     pairs = _pairs(NodeSample, nodes, "last_host")
     fields = tuple(HostNow.__dataclass_fields__)
     samples = NodeSample.objects.filter(pairs) if pairs else NodeSample.objects.none()
