@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -657,6 +657,10 @@ class GpuNow:
     remapped_rows_pending: bool | None
 
 
+# The GPU rows' columns a GpuNow holds, in its order.
+_GPU_NOW = tuple(GpuNow.__dataclass_fields__)
+
+
 @dataclass(frozen=True)
 class HostNow:
     """A node's own figures in its latest report."""
@@ -746,40 +750,41 @@ def latest(
     `columns` (GpuNow's fields; its index always) where given, the others None: the heatmaps
     read five of thirteen. One query whatever the node count (`_latest_sql`)."""
     now = now or timezone.now()
-    read = [c for c in _GPU_NOW[1:] if columns is None or c in columns]
-    places = [_GPU_NOW.index(column) for column in read]
-    # SQLite answers a boolean column with 0 or 1 to a raw query.
-    flags = [isinstance(GpuSample._meta.get_field(c), models.BooleanField) for c in read]
-    throttle = _GPU_NOW.index("throttle")
+    read = set(_GPU_NOW[1:] if columns is None else columns)
     found: dict[int, NodeMetrics] = {}
     with connection.cursor() as cursor:
         cursor.execute(_latest_sql(read), [cluster_id, *sorted(Node.LIVE)])
         rows = cursor.fetchall()
-    for node_id, index, status, last_gpus, last_host, gpu, *figures in rows:
+    for node_id, index, status, last_gpus, last_host, *gpu in rows:
         metrics = found.get(node_id)
         if metrics is None:
             # As the ORM makes a node read with `only()`: nothing else set (nor defaulted).
             node = Node.from_db(connection.alias, _NODE_READ, (node_id, cluster_id, index, status))
             times = [_moment(at) for at in (last_gpus, last_host) if at is not None]
             metrics = found[node_id] = NodeMetrics(node=node, reported_at=max(times, default=None))
-        if gpu is None:
+        if gpu[0] is None:
             continue  # a node with no GPU rows: one row of its own, nothing joined
-        fields: list[Any] = [gpu, *[None] * (len(_GPU_NOW) - 1)]
-        for place, figure, flag in zip(places, figures, flags, strict=True):
-            fields[place] = bool(figure) if flag and figure is not None else figure
-        fields[throttle] = throttle_names(fields[throttle])  # None where not read
-        metrics.gpus.append(GpuNow(*fields))
+        if "throttle" in read:
+            gpu[_THROTTLE] = throttle_names(gpu[_THROTTLE])
+            # SQLite answers a boolean column with 0 or 1 to a raw query.
+            for flag in _FLAGS:
+                gpu[flag] = None if gpu[flag] is None else bool(gpu[flag])
+        metrics.gpus.append(GpuNow(*gpu))
     return Window("", now, now, _seconds(None), list(found.values()))
 
 
 # What `latest` knows of each node: its name (its index) and its status.
 _NODE_READ = ("id", "cluster_id", "index", "status")
+# Where a GPU's throttle reasons and its flags are among GpuNow's fields.
+_THROTTLE = _GPU_NOW.index("throttle")
+_FLAGS = [_GPU_NOW.index(flag) for flag in GPU_FLAGS]
 
 
-def _latest_sql(read: Sequence[str]) -> str:
+def _latest_sql(read: Collection[str]) -> str:
     """The live nodes of a cluster (its id, then the live statuses, as parameters) by index,
-    each with the times of its latest GPU and node rows and its latest GPU rows' `read` columns
-    (a node with none: one row, with nulls). One statement, where the ORM took two and a list
+    each with the times of its latest GPU and node rows and its latest GPU rows, as GpuNow's
+    fields: those in `read` and the index, NULL for the others (a node with no rows: one row,
+    with nulls). One statement, where the ORM took two and a list
     of (node, time) pairs between them, at 64 nodes most of a Metrics tab poll (issue 38). Each
     node's latest times are a MAX over the (node, at) index, once a node: the nodes are a
     grouped subquery, which neither PostgreSQL nor SQLite folds into the outer query (folded,
@@ -788,7 +793,9 @@ def _latest_sql(read: Sequence[str]) -> str:
     once a GPU row: 1,024 times parsed at 64 × 8 GPUs were half of the Python's work."""
     q = connection.ops.quote_name
     node, gpu, host = (q(m._meta.db_table) for m in (Node, GpuSample, NodeSample))
-    figures = "".join(f", g.{q(_column(GpuSample, c))}" for c in read)
+    figures = "".join(
+        f", g.{q(_column(GpuSample, c))}" if c in read else ", NULL" for c in _GPU_NOW[1:]
+    )
     live = ", ".join(["%s"] * len(Node.LIVE))
     pk, index, status, node_id, at = (q(c) for c in ("id", "index", "status", "node_id", "at"))
     # The table and column names are the models', quoted; every value is a parameter.
@@ -843,10 +850,6 @@ def _pairs(model: type[models.Model], nodes: Sequence[Node], attribute: str) -> 
     sql = f"({table}.{quote('node_id')}, {table}.{quote('at')}) IN ({values})"
     params = [value for pair in pairs for value in pair]
     return RawSQL(sql, params, output_field=models.BooleanField())  # noqa: S611 - our own SQL
-
-
-# The GPU rows' columns a GpuNow holds, in its order.
-_GPU_NOW = tuple(GpuNow.__dataclass_fields__)
 
 
 def _latest_figures(nodes: Sequence[Node], found: dict[int, NodeMetrics]) -> None:

@@ -839,7 +839,7 @@ def metrics_figures(
 ) -> dict | None:
     """What a Metrics tab poll sends when only the figures moved (issue 38): the latest
     figures for the page's script (`heatmap.figures_now`), the named nodes and the picked
-    node's GPUs, from `metrics.latest`'s three queries whatever the node count. None when the
+    node's GPUs, from `metrics.latest`'s one query whatever the node count. None when the
     page's cells are not drawn of what the cluster has now (its `grid`): the panel is drawn
     whole then."""
     # Every figure of each GPU where a node is picked (its GPUs' table says them all), else

@@ -473,6 +473,42 @@ def test_a_window_reads_latest_figures_and_series_in_five_queries_whatever_the_n
     assert [p.cpu_percent.mean for p in node_2.host_series][-1] == 19
 
 
+def test_the_latest_figures_are_the_window_s_in_one_query_and_only_the_columns_asked(owner, clock):
+    """`metrics.latest` (the Metrics tab's moved poll) reads in one statement what `window`
+    reads of the latest figures: every field of every GPU (throttle reasons and flags as
+    stored), each node's time with its node row's if later, and a node with no report."""
+    cluster = ready_cluster(owner.project, size=3)
+    node_0, node_1, _ = nodes(cluster)
+
+    def store(node, at, gpus, *, host=False):
+        rows, node_row = metrics.clean_report({"gpus": gpus, **({"node": HOST} if host else {})})
+        metrics.store(node.pk, cluster.pk, gpus=rows, host=node_row, at=at)
+
+    slow = gpu(1, throttle=["hw_slowdown"], retired_pages_pending=True)
+    store(node_0, NOW, [gpu(0), slow])
+    store(node_0, NOW + timedelta(seconds=15), [], host=True)  # its node row, later
+    store(node_1, NOW - timedelta(minutes=5), [gpu(0, utilization_percent=12)])
+    store(node_1, NOW, [gpu(0, utilization_percent=40)], host=True)
+
+    whole = metrics.window(cluster, "15m")
+    with CaptureQueriesContext(connection) as queries:
+        read = metrics.latest(cluster.pk)
+    assert len(queries) == 1
+    assert [n.node.name for n in read.nodes] == ["node-0", "node-1", "node-2"]
+    assert [n.gpus for n in read.nodes] == [n.gpus for n in whole.nodes]
+    assert [n.reported_at for n in read.nodes] == [n.reported_at for n in whole.nodes] == [
+        NOW + timedelta(seconds=15), NOW, None
+    ]  # fmt: skip
+    assert read.nodes[0].gpus[1].throttle == ["hw_slowdown"]
+    assert read.nodes[0].gpus[1].retired_pages_pending is True
+    assert read.nodes[1].gpus[0].utilization_percent == 40
+
+    some = metrics.latest(cluster.pk, columns=("utilization_percent", "temperature_c"))
+    asked = some.nodes[0].gpus[1]
+    assert (asked.index, asked.utilization_percent, asked.temperature_c) == (1, 97, 61)
+    assert asked.memory_used_mib is None and asked.throttle is None and asked.power_w is None
+
+
 def test_the_longer_windows_read_the_rollups(owner, clock):
     cluster = ready_cluster(owner.project, size=2)
     for minute in range(0, 180, 10):
