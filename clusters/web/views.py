@@ -479,8 +479,8 @@ def _metrics_figures_answer(
     page's script draws into the cells and the table it has (static/js/app.js), the named
     nodes and the picked node's GPUs, and the metrics version the page now shows
     (`#metrics-shown`), all out of band, with `HX-Reswap: none`; the charts redraw on their
-    own poll (`_charts_answer`). Three queries past the poll's three, whatever the node
-    count. None when the grid moved: the panel is drawn whole. `version`: the metrics version,
+    own poll (`_charts_answer`). One query past the poll's three, whatever the node count
+    (`metrics.latest`). None when the grid moved: the panel is drawn whole. `version`: the metrics version,
     read before the figures."""
     context = metrics_figures(pk, shown_window, request.GET.get("grid"), timezone.now())
     if context is None:
