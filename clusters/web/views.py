@@ -404,21 +404,11 @@ def _poll(
             response["HX-Reswap"] = "none"
             return response
         return HttpResponse(status=204)
-    if (
-        tab.slug == "machines"
-        and metrics_moved
-        and version == shown
-        and not moved
-        and _still_holds(request)
-    ):
+    # Only the figures moved (a report came; the cluster, the meter and the clock did not).
+    figures_only = metrics_moved and version == shown and not moved and _still_holds(request)
+    if figures_only and tab.slug == "machines":
         return _figures_answer(request, pk, status, now_version)
-    if (
-        tab.slug == "metrics"
-        and metrics_moved
-        and version == shown
-        and not moved
-        and _still_holds(request)
-    ):
+    if figures_only and tab.slug == "metrics":
         window = shown_window or MetricsWindow()
         answer = _metrics_figures_answer(request, pk, window, now_version)
         if answer is not None:
@@ -480,8 +470,8 @@ def _metrics_figures_answer(
     nodes and the picked node's GPUs, and the metrics version the page now shows
     (`#metrics-shown`), all out of band, with `HX-Reswap: none`; the charts redraw on their
     own poll (`_charts_answer`). One query past the poll's three, whatever the node count
-    (`metrics.latest`). None when the grid moved: the panel is drawn whole. `version`: the metrics version,
-    read before the figures."""
+    (`metrics.latest`). None when the grid moved: the panel is drawn whole. `version`: the
+    metrics version, read before the figures."""
     context = metrics_figures(pk, shown_window, request.GET.get("grid"), timezone.now())
     if context is None:
         return None
