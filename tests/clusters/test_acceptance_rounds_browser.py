@@ -9,8 +9,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.lifecycle.rounds import placements
-from clusters.models import Cluster, Node
-from tests.factories import ClusterFactory
+from tests.clusters.front import ready_cluster
 from tests.runcrate.test_pages_browser import (
     AXE_RUN,
     FAILING_IMPACTS,
@@ -58,18 +57,7 @@ def test_the_report_names_each_machines_round_and_peer(
     owner,
     width,
 ):
-    now = timezone.now()
-    cluster = ClusterFactory(
-        project=owner.project,
-        size=NODES,
-        status=Cluster.Status.READY,
-        joined_at=now,
-        ready_at=now,
-        machines=True,
-        machines__status=Node.Status.JOINED,
-        machines__step=Node.Step.DONE,
-        acceptance=report(now),
-    )
+    cluster = ready_cluster(owner.project, size=NODES, acceptance=report(timezone.now()))
     context = browser.new_context(
         base_url=live_server.url, viewport={"width": width, "height": WIDTHS[width]}
     )
