@@ -151,6 +151,10 @@ class Settings:
     reach_seconds: float = 20.0  # how long unreachable peers are tried again
     stream_seconds: float = 1.0  # how long the TCP stream to the head's sink sends
     stall_seconds: float = 10.0  # when the sink drops a client that sends nothing
+    # How often the sink tries to bind its private address until WireGuard has made it, and
+    # how long a measurement waits for its peer's sink to listen (it binds as soon as it can).
+    sink_bind_seconds: float = 0.5
+    sink_wait_seconds: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -417,13 +421,27 @@ def _read_line(connection: socket.socket) -> str:
 
 def measure_bandwidth(head: str, settings: Settings) -> tuple[float, str]:
     """Mbit/s to the head and how it was measured: iperf3 where the head runs it, else our own
-    TCP stream to its sink."""
+    TCP stream to its sink. A peer's sink listens once its WireGuard address exists, which may
+    be a moment after the dashboard lets this node measure to it: its port is waited for, up to
+    `sink_wait_seconds` (a peer measured in the first round may have had no time)."""
+    wait_for_listener(head, settings.bandwidth_port, within=settings.sink_wait_seconds)
     if shutil.which("iperf3") and probe(head, settings.iperf3_port):
         mbit = iperf3_bandwidth(head, settings.iperf3_port)
         if mbit is not None:
             return mbit, "iperf3"
     mbit = stream_bandwidth(head, settings.bandwidth_port, seconds=settings.stream_seconds)
     return mbit, "tcp-stream"
+
+
+def wait_for_listener(address: str, port: int, *, within: float) -> bool:
+    """Whether address:port accepts a connection within about `within` seconds, tried every
+    quarter of a second (each try bounded by PROBE_TIMEOUT)."""
+    deadline = time.monotonic() + within
+    while not probe(address, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.25)
+    return True
 
 
 def is_mounted(path: str) -> bool:
@@ -1321,7 +1339,7 @@ class Agent:
             address,
             self.settings.bandwidth_port,
             stall_seconds=self.settings.stall_seconds,
-            retry_seconds=self.settings.retry_seconds,
+            retry_seconds=self.settings.sink_bind_seconds,
             when_bound=lambda: start_iperf3_server(address, port),
         ).start()
 

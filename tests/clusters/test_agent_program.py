@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -28,7 +28,13 @@ from clusters.machines.runcrate_agent import Agent, Settings, Sink
 TOKEN = "rcnode_s3cret-token-never-logged"
 NVIDIA_SMI = "NVIDIA H100 80GB HBM3, 81559, GPU-1, 550.54.15\n"
 AGENT = Path(runcrate_agent.__file__)
-FAST = {"retry_seconds": 0.01, "reach_seconds": 0.3, "stream_seconds": 0.2}
+FAST = {
+    "retry_seconds": 0.01,
+    "reach_seconds": 0.3,
+    "stream_seconds": 0.2,
+    "sink_bind_seconds": 0.05,
+    "sink_wait_seconds": 0.3,
+}
 
 
 def answer(**changes) -> tuple[int, dict]:
@@ -534,6 +540,29 @@ def test_the_sink_serves_several_clients_and_drops_one_that_stalls(sink):
         mbit = runcrate_agent.stream_bandwidth("127.0.0.1", sink.port, seconds=0.1)
         assert mbit > 0
         assert stalled.recv(1) == b""  # closed by the sink once it stalled for 0.3 s
+
+
+def test_a_measurement_waits_for_a_peer_s_sink_that_listens_late(bin_dir):
+    """A peer's sink binds once its WireGuard address exists, which may come a moment after the
+    dashboard let this node measure to it (seen on the lab: "Connection refused", the cluster
+    failed): the measurement waits for the port, bounded, instead of failing at once."""
+    port = free_port()
+    settings = Settings(bandwidth_port=port, stream_seconds=0.1, sink_wait_seconds=0)
+    with pytest.raises(ConnectionRefusedError):  # not waited for: refused, as on the lab
+        runcrate_agent.measure_bandwidth("127.0.0.1", settings)
+
+    sinks: list[Sink] = []
+    late = threading.Timer(0.5, lambda: sinks.append(Sink("127.0.0.1", port).start()))
+    late.start()
+    try:
+        mbit, how = runcrate_agent.measure_bandwidth(
+            "127.0.0.1", replace(settings, sink_wait_seconds=10)
+        )
+    finally:
+        late.join()
+        for started in sinks:
+            started.stop()
+    assert mbit > 0 and how == "tcp-stream"
 
 
 def test_the_sink_binds_once_its_address_is_free():
