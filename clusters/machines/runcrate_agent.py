@@ -424,24 +424,13 @@ def measure_bandwidth(head: str, settings: Settings) -> tuple[float, str]:
     TCP stream to its sink. A peer's sink listens once its WireGuard address exists, which may
     be a moment after the dashboard lets this node measure to it: its port is waited for, up to
     `sink_wait_seconds` (a peer measured in the first round may have had no time)."""
-    wait_for_listener(head, settings.bandwidth_port, within=settings.sink_wait_seconds)
+    reach_peers({"peer": head}, settings.bandwidth_port, within=settings.sink_wait_seconds)
     if shutil.which("iperf3") and probe(head, settings.iperf3_port):
         mbit = iperf3_bandwidth(head, settings.iperf3_port)
         if mbit is not None:
             return mbit, "iperf3"
     mbit = stream_bandwidth(head, settings.bandwidth_port, seconds=settings.stream_seconds)
     return mbit, "tcp-stream"
-
-
-def wait_for_listener(address: str, port: int, *, within: float) -> bool:
-    """Whether address:port accepts a connection within about `within` seconds, tried every
-    quarter of a second (each try bounded by PROBE_TIMEOUT)."""
-    deadline = time.monotonic() + within
-    while not probe(address, port):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.25)
-    return True
 
 
 def is_mounted(path: str) -> bool:
