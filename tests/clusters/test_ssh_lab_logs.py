@@ -279,8 +279,6 @@ def test_a_tenants_trickling_hosts_hold_no_other_customers_machines(fleet, user_
     assert tenant.status == Cluster.Status.READY, tenant.failure_message
     nodes = list(tenant.nodes.select_related("host").order_by("index"))
     hosts = [n.host.name for n in nodes]
-    hijack = app.conf.worker_hijack_root_logger
-    app.conf.worker_hijack_root_logger = False
     try:
         for host in hosts:
             replace_tools(lab, host, TRICKLE)
@@ -366,7 +364,6 @@ def test_a_tenants_trickling_hosts_hold_no_other_customers_machines(fleet, user_
                 f"{', '.join(f'{s:.1f}' for s in held)} s; flood: worker peak +{grown >> 20} MiB"
             )
     finally:
-        app.conf.worker_hijack_root_logger = hijack
         app.set_current()
         app.set_default()
         for host in hosts:

@@ -52,8 +52,6 @@ def test_trickling_receivers_hold_their_own_worker_while_the_tick_brings_a_clust
     ready_event(owner.project)
     _, other = new_project()
     machine_type = inventory(hosts=3, boot_seconds=60)
-    hijack = app.conf.worker_hijack_root_logger
-    app.conf.worker_hijack_root_logger = False
     try:
         with (
             procfile_worker(
@@ -91,7 +89,6 @@ def test_trickling_receivers_hold_their_own_worker_while_the_tick_brings_a_clust
                 what="both attempts' end",
             )
     finally:
-        app.conf.worker_hijack_root_logger = hijack
         for receiver in receivers:
             receiver.close()
 

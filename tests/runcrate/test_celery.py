@@ -68,19 +68,15 @@ def test_it_runs_a_task_through_redis(restore_current_app):
         received.append(word)
         done.set()
 
-    hijack = runcrate_app.conf.worker_hijack_root_logger
-    runcrate_app.conf.worker_hijack_root_logger = False
-    try:
-        with start_worker(
-            runcrate_app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            queues=[queue],
-        ):
-            roundtrip.apply_async(("hello",), queue=queue)
-            assert done.wait(timeout=20), "the worker never ran the task"
-    finally:
-        runcrate_app.conf.worker_hijack_root_logger = hijack
+    # The root logger is left alone for every test (tests/conftest.py).
+    with start_worker(
+        runcrate_app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        queues=[queue],
+    ):
+        roundtrip.apply_async(("hello",), queue=queue)
+        assert done.wait(timeout=20), "the worker never ran the task"
 
     assert received == ["hello"]
