@@ -320,13 +320,20 @@ def phases(cluster) -> list[tuple[str, str]]:
         ("agents checked in", _spread(created, [n.agent_at for n in nodes])),
     ]
     rounds: dict[int, list] = {}
+    mbit: dict[int, list[float]] = {}
     report = {row["name"]: row for row in (cluster.acceptance or {}).get("nodes", [])}
     for n in nodes:
-        number = report.get(n.name, {}).get("round") or 0
+        row = report.get(n.name, {})
+        number = row.get("round") or 0
         rounds.setdefault(number, []).append(n.network_reported_at)
+        if isinstance(row.get("bandwidth_mbit"), int | float):
+            mbit.setdefault(number, []).append(row["bandwidth_mbit"])
     for number in sorted(rounds):
         label = f"acceptance round {number}" if number else "network reported"
-        rows.append((label, _spread(created, rounds[number])))
+        figure = _spread(created, rounds[number])
+        if mbit.get(number):
+            figure += f" ({min(mbit[number]):,.0f} … {max(mbit[number]):,.0f} Mbit/s)"
+        rows.append((label, figure))
     rows.append(("joined (network passed)", _spread(created, [cluster.joined_at])))
     if cluster.software != "none":
         rows.append(("software installed", _spread(created, [n.installed_at for n in nodes])))

@@ -74,6 +74,13 @@ MIRROR_PACKAGES = (
     "munge",
     "python3-venv",
 )
+# Taken from the next Debian release, not SUITE's (its `Depends` hold on bookworm): wireguard-go
+# 0.0.20231211 passes whole TCP segments through the TUN device (its offloads), where
+# bookworm's 0.0.20220316 moves one packet a syscall. The lab's fabric is userspace WireGuard on
+# the machine's two CPUs (the kernel has no module), so this is what every lab link carries:
+# measured here, iperf3 -t 2 through wireguard-go between two namespaces, 592-638 Mbit/s with
+# bookworm's and 1,766-2,047 with this one; three pairs at once 161-177 each against 458-582.
+NEWER_PACKAGES = {"wireguard-go": "trixie"}
 # The Python packages the lab's simple index serves (PIP_INDEX_URL), as the hosts' Python (3.11,
 # x86_64) installs them: Ray for clusters with software `ray` (install-ray.sh). Kept equal to
 # clusters.machines.software.RAY_REQUIREMENT (a test says so).
@@ -82,13 +89,15 @@ PYPI_PLATFORM = ("--python-version", "3.11", "--platform", "manylinux2014_x86_64
 LAB_LINK_MBIT = 200  # the lab's machine types' expected link (acceptance wants a share of it)
 # How many acceptance measurements the lab's fabric carries at once (its locations'
 # `measurements_at_once`, docs/lifecycle.md "Acceptance before billing"): every lab "link" is
-# the same two CPUs running two wireguard-go processes and iperf3 a stream. Measured on this
-# 2-core machine at load 8-10, iperf3 -t 2 through wireguard-go between disjoint pairs of hosts,
-# Mbit/s each: one at once 201-282, two 146-232, three 75-186, four 57-124 (about 350 in all,
-# whatever the count). Two at once looked enough alone, but the acceptance test beside the
-# suite's other work (CI's load) measured a healthy node under twice the 50 Mbit/s minimum two
-# at once, in two runs of two: the lab declares one, which never did (docs/inventory.md).
-LAB_MEASUREMENTS_AT_ONCE = 1
+# the same two CPUs running two wireguard-go processes and iperf3 a stream. With bookworm's
+# wireguard-go (one packet a syscall) they carried about 350 Mbit/s in all, and the lab declared
+# one: two at once measured a healthy node under twice the 50 Mbit/s minimum beside CI's load.
+# With NEWER_PACKAGES' wireguard-go, iperf3 -t 2 between disjoint pairs of namespaces moved 1,766
+# Mbit/s alone, 830-853 each two at once, 458-582 three, 257-344 five; `python -m bench.labtime`
+# measured every node of a 10-node round (five pairs at once) at 229-609 Mbit/s (load 2-4), and
+# the 8-node acceptance test passed beside `stress-ng --cpu 2`. Five is a whole round of ten
+# nodes (docs/inventory.md, "Measurements at once").
+LAB_MEASUREMENTS_AT_ONCE = 5
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPU_MEMORY_MIB = 81559
 DEFAULT_GPU_COUNT = 2
@@ -557,7 +566,13 @@ def _ensure_mirror(cache: Path, base: Path, fpr: str) -> Path:
     """A signed apt repository of MIRROR_PACKAGES and what they need that the image lacks."""
     mirror = cache / "mirror"
     stamp_text = json.dumps(
-        {"base": base.name, "packages": MIRROR_PACKAGES, "pypi": PYPI_PACKAGES, "key": fpr}
+        {
+            "base": base.name,
+            "packages": MIRROR_PACKAGES,
+            "newer": NEWER_PACKAGES,
+            "pypi": PYPI_PACKAGES,
+            "key": fpr,
+        }
     )
     stamp = mirror / ".built"
     if stamp.is_file() and stamp.read_text() == stamp_text:
@@ -573,7 +588,15 @@ def _ensure_mirror(cache: Path, base: Path, fpr: str) -> Path:
     keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
     if not keyring.exists():
         keyring = base / "usr/share/keyrings/debian-archive-keyring.gpg"
-    (work / "sources.list").write_text(f"deb [signed-by={keyring}] {DEBIAN_URL} {SUITE} main\n")
+    suites = [SUITE, *sorted(set(NEWER_PACKAGES.values()))]
+    (work / "sources.list").write_text(
+        "".join(f"deb [signed-by={keyring}] {DEBIAN_URL} {suite} main\n" for suite in suites)
+    )
+    # SUITE's packages unless one is named with its release (`wireguard-go/trixie`).
+    wanted = [
+        f"{name}/{NEWER_PACKAGES[name]}" if name in NEWER_PACKAGES else name
+        for name in MIRROR_PACKAGES
+    ]
     # The machine's apt, resolving against the image's dpkg status: it fetches exactly the
     # packages, dependencies included, that a host lacks.
     apt = [
@@ -598,13 +621,15 @@ def _ensure_mirror(cache: Path, base: Path, fpr: str) -> Path:
         "-o",
         "APT::Architectures::=amd64",
         "-o",
+        f"APT::Default-Release={SUITE}",
+        "-o",
         "Debug::NoLocking=1",
     ]
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
         _run([*apt, "update"], env=env, timeout=900)
         _run(
-            [*apt, "install", "-y", "--download-only", "--no-install-recommends", *MIRROR_PACKAGES],
+            [*apt, "install", "-y", "--download-only", "--no-install-recommends", *wanted],
             env=env,
             timeout=900,
         )

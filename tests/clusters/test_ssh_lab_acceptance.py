@@ -1,6 +1,6 @@
 """Acceptance on real hosts (issue 18, D3; in rounds since issue 38): an 8-node cluster measures
 in two rounds of pairs that never share a link, each in waves of what the lab's fabric
-carries at once (its two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`, one), so healthy hosts
+carries at once (its two CPUs: `hostlab.LAB_MEASUREMENTS_AT_ONCE`, five), so healthy hosts
 pass, and a host whose own link is shaped to 8 Mbit/s fails the cluster naming exactly its
 node, with its peer and the peer's own figure (docs/lifecycle.md, "Acceptance before billing").
 
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 NODES = 8
 HOSTS = NODES + 1  # a spare, as an operator's pool has
-WAIT = 420  # seconds: 8 bootstraps, then 2 rounds to measure in 4 waves
+WAIT = 420  # seconds: 8 bootstraps, then 2 rounds to measure, each in waves of the lab's figure
 SLOW = 5  # the node whose host's link is shaped
 SHAPE = "tc qdisc add dev eth0 root tbf rate 8mbit burst 32kbit latency 400ms"
 # The lab's links are veths through userspace WireGuard (wireguard-go): the inventory's expected
