@@ -546,33 +546,63 @@ def trust(sftp: paramiko.SFTPClient, passwd: str, *, user: str, bounds: _Bounds)
     {path or what: "RESOLVED MODE OWNER SHA256", "absent", "RESOLVED is a FIFO", …}. Links are
     followed as the loader, PAM and bash would (the value names where they led)."""
     found: dict[str, str] = {}
-    cache: dict[str, tuple[str, bytes | None]] = {}
+    asked = _Asked(sftp, bounds)
     home, shell = _login(passwd, user)
     found["the login shell"] = f"{user}: {shell}"
     for path in TRUST_FILES + tuple(f"{home.rstrip('/')}/{name}" for name in HOME_FILES):
-        found[path] = _trust_file(sftp, path, cache, bounds)[0]
+        found[path] = _trust_file(asked, path)[0]
     for folder in TRUST_FOLDERS:
-        found.update(_trust_folder(sftp, folder, cache, bounds))
-    _trust_programs(sftp, (TOOL, shell), found, cache, bounds)
+        found.update(_trust_folder(asked, folder))
+    _trust_programs(asked, (TOOL, shell), found)
     found["binfmt_misc"] = _binfmt(sftp, bounds)
     return found
 
 
-def _trust_folder(
-    sftp: paramiko.SFTPClient,
-    folder: str,
-    cache: dict[str, tuple[str, bytes | None]],
-    bounds: _Bounds,
-) -> dict[str, str]:
+class _Asked:
+    """One trust read's questions to the host, each asked once: a path's lstat, a link's
+    target, a file's contents. Resolving a library's path asks about every folder on the way,
+    and the same folders lead to most libraries: asked again, they were two SFTP round trips
+    in three of the read. `read` makes a second trust read, which asks everything anew."""
+
+    def __init__(self, sftp: paramiko.SFTPClient, bounds: _Bounds) -> None:
+        self.sftp, self.bounds = sftp, bounds
+        self.files: dict[str, tuple[str, bytes | None]] = {}  # by the path links led to
+        self._lstat: dict[str, paramiko.SFTPAttributes | None] = {}
+        self._link: dict[str, str | None] = {}
+
+    def lstat(self, path: str) -> paramiko.SFTPAttributes | None:
+        """The path's own attributes (a link's, not its target's); None when it cannot be read."""
+        if path not in self._lstat:
+            self.bounds.check()
+            self._lstat[path] = self._answer(self.sftp.lstat, path)
+        return self._lstat[path]
+
+    def readlink(self, path: str) -> str | None:
+        if path not in self._link:
+            self.bounds.check()
+            self._link[path] = self._answer(lambda at: self.sftp.readlink(at) or "", path)
+        return self._link[path]
+
+    @staticmethod
+    def _answer(ask, path: str):
+        try:
+            return ask(path)
+        except OSError as error:
+            if isinstance(error, TimeoutError):
+                raise
+            return None
+
+
+def _trust_folder(asked: _Asked, folder: str) -> dict[str, str]:
     """A folder TOOL's answers depend on: where it leads and what it holds, and each file in
     it."""
     found: dict[str, str] = {}
-    real, mode = _resolve(sftp, folder, bounds)
+    real, mode = _resolve(asked, folder)
     if real is None or not stat.S_ISDIR(mode):
         found[f"folder {folder}"] = "absent" if real is None else f"{real} is not a folder"
         return found
     try:
-        names = sorted(sftp.listdir(real))
+        names = sorted(asked.sftp.listdir(real))
     except OSError as error:
         if isinstance(error, TimeoutError):
             raise
@@ -581,20 +611,14 @@ def _trust_folder(
     found[f"folder {folder}"] = f"{real}: {' '.join(names)}"
     for name in names:
         path = f"{folder}/{name}"
-        found[path] = _trust_file(sftp, path, cache, bounds)[0]
+        found[path] = _trust_file(asked, path)[0]
     return found
 
 
-def _trust_programs(
-    sftp: paramiko.SFTPClient,
-    programs: tuple[str, ...],
-    found: dict[str, str],
-    cache: dict[str, tuple[str, bytes | None]],
-    bounds: _Bounds,
-) -> None:
+def _trust_programs(asked: _Asked, programs: tuple[str, ...], found: dict[str, str]) -> None:
     """Add to `found` the programs and every library they load, transitively: the
     interpreter and needed libraries of each ELF program, searched as the loader would."""
-    by_name = _libraries_by_name(sftp, cache, bounds)
+    by_name = _libraries_by_name(asked)
     queue = list(programs)
     while queue:
         path = queue.pop(0)
@@ -603,7 +627,7 @@ def _trust_programs(
         if len(found) > TRUST_MOST:
             found["the libraries"] = f"more than {TRUST_MOST} files to check: {NEVER_TRUSTED}"
             break
-        value, data = _trust_file(sftp, path, cache, bounds)
+        value, data = _trust_file(asked, path)
         found[path] = value
         if data is None:
             continue
@@ -615,13 +639,11 @@ def _trust_programs(
         queue += _loaded_by(program, value, by_name)
 
 
-def _libraries_by_name(
-    sftp: paramiko.SFTPClient, cache: dict[str, tuple[str, bytes | None]], bounds: _Bounds
-) -> dict[str, list[str]]:
+def _libraries_by_name(asked: _Asked) -> dict[str, list[str]]:
     """Every path the (verified) ld.so.cache names is a candidate for a library of that
     name."""
     by_name: dict[str, list[str]] = {}
-    library_cache = _trust_file(sftp, "/etc/ld.so.cache", cache, bounds)[1] or b""
+    library_cache = _trust_file(asked, "/etc/ld.so.cache")[1] or b""
     for entry in library_cache.split(b"\0"):
         if entry.startswith(b"/"):
             text = entry.decode(errors="replace")
@@ -655,14 +677,13 @@ def _login(passwd: str, user: str) -> tuple[str, str]:
     return "/root", "/bin/sh"
 
 
-def _resolve(sftp: paramiko.SFTPClient, path: str, bounds: _Bounds) -> tuple[str | None, int]:
+def _resolve(asked: _Asked, path: str) -> tuple[str | None, int]:
     """Where `path` leads, every link followed component by component (by lstat and readlink:
     nothing is opened), and the mode of what is there; (None, 0) when nothing is there, or
     the links go round."""
     parts = [p for p in path.split("/") if p]
     done, mode, hops = "", 0, 0
     while parts:
-        bounds.check()
         name = parts.pop(0)
         if name == ".":
             continue
@@ -671,52 +692,47 @@ def _resolve(sftp: paramiko.SFTPClient, path: str, bounds: _Bounds) -> tuple[str
             done = "" if done == "/" else done
             continue
         candidate = f"{done}/{name}"
-        try:
-            mode = sftp.lstat(candidate).st_mode or 0
-            if stat.S_ISLNK(mode):
-                hops += 1
-                if hops > LINK_HOPS:
-                    return None, 0
-                target = sftp.readlink(candidate) or ""
-                if target.startswith("/"):
-                    done = ""
-                parts = [p for p in target.split("/") if p] + parts
-                continue
-        except OSError as error:
-            if isinstance(error, TimeoutError):
-                raise
+        attributes = asked.lstat(candidate)
+        if attributes is None:
             return None, 0
+        mode = attributes.st_mode or 0
+        if stat.S_ISLNK(mode):
+            hops += 1
+            target = asked.readlink(candidate) if hops <= LINK_HOPS else None
+            if target is None:
+                return None, 0
+            if target.startswith("/"):
+                done = ""
+            parts = [p for p in target.split("/") if p] + parts
+            continue
         done = candidate
     return done or "/", mode
 
 
-def _trust_file(
-    sftp: paramiko.SFTPClient,
-    path: str,
-    cache: dict[str, tuple[str, bytes | None]],
-    bounds: _Bounds,
-) -> tuple[str, bytes | None]:
+def _trust_file(asked: _Asked, path: str) -> tuple[str, bytes | None]:
     """("RESOLVED MODE OWNER SHA256", its bytes) of the file `path` leads to, read whole by the
     dashboard (at most TRUST_CAP); ("absent", None), ("RESOLVED is not a regular file", None)
     and such otherwise: only a regular file is opened."""
-    real, mode = _resolve(sftp, path, bounds)
+    real, mode = _resolve(asked, path)
     if real is None:
         return "absent", None
-    if real not in cache:
-        cache[real] = _trust_read(sftp, real, mode, bounds)
-    return cache[real]
+    if real not in asked.files:
+        asked.files[real] = _trust_read(asked, real, mode)
+    return asked.files[real]
 
 
-def _trust_read(
-    sftp: paramiko.SFTPClient, real: str, mode: int, bounds: _Bounds
-) -> tuple[str, bytes | None]:
+def _trust_read(asked: _Asked, real: str, mode: int) -> tuple[str, bytes | None]:
     if not stat.S_ISREG(mode):
         return f"{real} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}", None
+    attributes = asked.lstat(real)  # what _resolve found there
+    if attributes is None:
+        return f"{real} is unreadable", None
+    size = attributes.st_size or 0
+    if size > TRUST_CAP:
+        return f"{real} is over {TRUST_CAP} bytes: {NEVER_TRUSTED}", None
     try:
-        attributes = sftp.lstat(real)
-        if (attributes.st_size or 0) > TRUST_CAP:
-            return f"{real} is over {TRUST_CAP} bytes: {NEVER_TRUSTED}", None
-        data = _capped(sftp, real, TRUST_CAP, bounds)
+        # Its reads asked at once (paramiko's prefetch), not one 32 KiB round trip after another.
+        data = _capped(asked.sftp, real, TRUST_CAP, asked.bounds, prefetch=size)
     except OSError as error:
         if isinstance(error, TimeoutError):
             raise

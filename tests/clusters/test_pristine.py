@@ -4,7 +4,9 @@ real here. The whole verification on real hosts is tests/clusters/test_ssh_lab_r
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import io
 import os
 import shutil
 
@@ -370,7 +372,14 @@ class LocalSFTP:
         return os.readlink(self._at(path))
 
     def open(self, path, mode):
-        return open(self._at(path), "rb")  # noqa: SIM115 (the caller closes it)
+        return LocalFile(self._at(path), "rb")
+
+
+class LocalFile(io.FileIO):
+    """A file LocalSFTP opened: read as paramiko's SFTPFile is."""
+
+    def prefetch(self, file_size=None):
+        """paramiko asks its reads ahead; a local file has nothing to ask."""
 
 
 class HostRun:
@@ -423,6 +432,48 @@ def test_a_fresh_host_is_hashed_on_the_host_once_and_reads_as_its_baseline(tmp_p
 
     now = pristine.read(LocalSFTP(root), run=HostRun(root), baseline=then)
     assert pristine.differences(then, now) == []
+
+
+class CountingSFTP(LocalSFTP):
+    """LocalSFTP that counts what it is asked: (call, path) -> times."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.asked: collections.Counter = collections.Counter()
+
+    def lstat(self, path):
+        self.asked["lstat", path] += 1
+        return super().lstat(path)
+
+    def readlink(self, path):
+        self.asked["readlink", path] += 1
+        return super().readlink(path)
+
+    def open(self, path, mode):
+        self.asked["open", path] += 1
+        return super().open(path, mode)
+
+
+def test_one_trust_read_asks_the_host_about_each_path_once(tmp_path):
+    root = host_root(tmp_path)
+    (root / "usr/lib").mkdir()
+    (root / "lib").symlink_to("usr/lib")  # a merged image: /lib leads into /usr
+    (root / "etc/pam.d").mkdir()
+    for name in ("sshd", "login", "common-auth"):
+        (root / "etc/pam.d" / name).write_text(f"# {name}\n")
+    sftp = CountingSFTP(root)
+
+    found = pristine.trust(sftp, PASSWD.decode(), user="root", bounds=pristine._Bounds(60))
+
+    # Every folder on the way to the pam.d files, the program and the libraries it searches
+    # for was asked about once, and each file opened once, however many paths lead there.
+    assert found["/etc/pam.d/sshd"].startswith("/etc/pam.d/sshd 0644 ")
+    assert found[pristine.TOOL].startswith(f"{pristine.TOOL} 0644 0:0 ")
+    assert sftp.asked["lstat", "/etc"] == 1 and sftp.asked["lstat", "/lib"] == 1
+    assert max(sftp.asked.values()) == 1, sftp.asked.most_common(3)
+    # The second trust read of `read` asks again: a change meanwhile is seen (next tests).
+    pristine.trust(sftp, PASSWD.decode(), user="root", bounds=pristine._Bounds(60))
+    assert sftp.asked["lstat", "/etc"] == 2
 
 
 def test_a_changed_file_the_host_hashing_depends_on_means_the_host_is_never_asked(tmp_path):
