@@ -217,6 +217,11 @@ def test_a_cluster_comes_up_on_real_hosts_users_log_in_and_terminate_wipes_them(
     )
     # The agents heartbeat.
     assert all(n.heartbeat_at is not None for n in cluster.nodes.all())
+    # The bootstrap installed what the image lacks from the location's mirror, the optional
+    # iperf3 with the needed ones (in one apt-get).
+    installed = "for c in wg wireguard-go nft iperf3; do command -v $c >/dev/null || exit 1; done"
+    for node in cluster.nodes.select_related("host"):
+        assert lab.exec(node.host.name, installed, check=False).returncode == 0, node.name
 
     # Running the bootstrap again on a node changes nothing.
     node1 = cluster.nodes.select_related("host", "cluster__machine_type__location").get(index=1)

@@ -91,7 +91,16 @@ if [ -n "$missing$optional" ] && [ -n "${APT_MIRROR:-}" ]; then
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq update >/dev/null 2>&1 \
     || fail "apt-get update from $APT_MIRROR failed"
-  if [ -n "$missing" ]; then
+  # Everything in one apt-get (one resolution, one dpkg run: each costs the host's CPU, and a
+  # big cluster's hosts bootstrap side by side); where that fails (an optional package the
+  # mirror lacks), the needed packages alone, then each optional one by itself.
+  # shellcheck disable=SC2086
+  if [ -n "$missing" ] && [ -n "$optional" ] \
+    && DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
+      $missing $optional >/dev/null 2>&1; then
+    say "changed packages$missing $optional"
+    optional=""
+  elif [ -n "$missing" ]; then
     # shellcheck disable=SC2086
     DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends $missing \
       >/dev/null 2>&1 || fail "could not install$missing from $APT_MIRROR"
