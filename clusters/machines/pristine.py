@@ -716,18 +716,19 @@ def _trust_file(asked: _Asked, path: str) -> tuple[str, bytes | None]:
     real, mode = _resolve(asked, path)
     if real is None:
         return "absent", None
+    if not stat.S_ISREG(mode):
+        return f"{real} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}", None
     if real not in asked.files:
-        asked.files[real] = _trust_read(asked, real, mode)
+        asked.files[real] = _trust_read(asked, real)
     return asked.files[real]
 
 
-def _trust_read(asked: _Asked, real: str, mode: int) -> tuple[str, bytes | None]:
-    if not stat.S_ISREG(mode):
-        return f"{real} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}", None
-    attributes = asked.lstat(real)  # what _resolve found there
-    if attributes is None:
+def _trust_read(asked: _Asked, real: str) -> tuple[str, bytes | None]:
+    """The regular file at `real` (no link on the way: `_resolve` found it) read and hashed."""
+    attributes = asked.lstat(real)  # _resolve's answer, not a new question
+    if attributes is None:  # never, after _resolve: for the type
         return f"{real} is unreadable", None
-    size = attributes.st_size or 0
+    mode, size = attributes.st_mode or 0, attributes.st_size or 0
     if size > TRUST_CAP:
         return f"{real} is over {TRUST_CAP} bytes: {NEVER_TRUSTED}", None
     try:

@@ -88,28 +88,25 @@ if [ -n "$missing$optional" ] && [ -n "${APT_MIRROR:-}" ]; then
   # dpkg without an fsync per file (--force-unsafe-io): a host that loses power half-way fails
   # its cluster's step and is reimaged before anyone else gets it, so the syncs protect nothing.
   apt_opts="-o Dir::Etc::sourcelist=$list -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0 -o Dpkg::Options::=--force-unsafe-io"
+  # Quietly, with the options above; its exit status is apt-get's.
   # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq update >/dev/null 2>&1 \
-    || fail "apt-get update from $APT_MIRROR failed"
+  apt_get() { DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq "$@" >/dev/null 2>&1; }
+  apt_install() { apt_get install -y --no-install-recommends "$@"; }
+  apt_get update || fail "apt-get update from $APT_MIRROR failed"
   # Everything in one apt-get (one resolution, one dpkg run: each costs the host's CPU, and a
   # big cluster's hosts bootstrap side by side); where that fails (an optional package the
   # mirror lacks), the needed packages alone, then each optional one by itself.
   # shellcheck disable=SC2086
-  if [ -n "$missing" ] && [ -n "$optional" ] \
-    && DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
-      $missing $optional >/dev/null 2>&1; then
+  if [ -n "$missing" ] && [ -n "$optional" ] && apt_install $missing $optional; then
     say "changed packages$missing $optional"
     optional=""
   elif [ -n "$missing" ]; then
     # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends $missing \
-      >/dev/null 2>&1 || fail "could not install$missing from $APT_MIRROR"
+    apt_install $missing || fail "could not install$missing from $APT_MIRROR"
     say "changed packages$missing"
   fi
   for package in $optional; do
-    # shellcheck disable=SC2086
-    if DEBIAN_FRONTEND=noninteractive apt-get $apt_opts -qq install -y --no-install-recommends \
-      "$package" >/dev/null 2>&1; then say "changed packages $package"; fi
+    if apt_install "$package"; then say "changed packages $package"; fi
   done
 elif [ -n "$missing" ]; then
   refuse "this host lacks$missing and its location has no apt_mirror to install from"
