@@ -391,7 +391,7 @@ def wait_released(hosts: list[int], ended: datetime, timeout: float) -> list[flo
 
 
 TASK_DONE = re.compile(
-    r"^releases +\| \[(?P<at>[\d-]+ [\d:]+),(?P<ms>\d+): INFO/MainProcess\] Task "
+    r"^releases +\| \[(?P<at>[\d-]+ [\d:]+),(?P<ms>\d+): INFO/\w+(-\d+)?\] Task "
     r"clusters\.tasks\.release_work\[[^]]+\] succeeded in (?P<seconds>[\d.]+)s"
 )
 

@@ -264,13 +264,13 @@ def main() -> int:
             "--hostname=machines@%h",
         ],
         # Hosts released after their clusters (wipe, reimage, verify: minutes each), side by
-        # side on RUNCRATE_RELEASE_CONCURRENCY threads (config/celery.py), never on the threads
-        # live clusters' steps run on.
+        # side in RUNCRATE_RELEASE_CONCURRENCY processes (config/celery.py), never on the
+        # threads live clusters' steps run on.
         "releases": [
             *celery,
             "worker",
             f"--loglevel={log_level}",
-            "--pool=threads",
+            "--pool=prefork",
             "--queues=releases",
             "--hostname=releases@%h",
         ],

@@ -94,7 +94,7 @@ lifecycle.register_task("node_work", node_work)
 @shared_task(name="clusters.tasks.release_work", ignore_result=True)
 def release_work(node_id: int, action: str, token: str, also: list | None = None) -> int:
     """`node_work` for a host's release (the stop: wipe, reimage, verify), on the `releases`
-    queue: its own worker's RUNCRATE_RELEASE_CONCURRENCY threads release the hosts of ended
+    queue: its own worker's RUNCRATE_RELEASE_CONCURRENCY processes release the hosts of ended
     clusters side by side, and never hold the `machines` threads live clusters' steps run on."""
     leases = [(node_id, token), *((n, t) for n, t in also or [])]
     return lifecycle.do_work(action=action, leases=leases)

@@ -6,6 +6,7 @@ out (docs/lifecycle.md, "Ending"; docs/architecture.md, "Workers and queues").""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -21,7 +22,7 @@ from clusters.machines import registry
 from clusters.machines.base import Released
 from clusters.machines.simulated import SimulatedDriver
 from clusters.models import Cluster, Node
-from config.celery import app
+from config.celery import RELEASES_NICENESS, app
 from offers.models import Host
 from tests.clusters.lifecycle_kit import T0, Sim, create, inventory, new_project
 from tests.worker_kit import procfile_command, procfile_worker
@@ -110,7 +111,7 @@ def test_each_host_s_release_is_a_task_of_its_own_on_the_releases_queue(
 
     releases = [s for s in sent if s[0] == "release"]
     nodes = dict(cluster.nodes.values_list("pk", "lease_token"))
-    # One task per host, each under its node's lease: the worker's threads take them side by side.
+    # One task per host, each under its node's lease: the worker's processes take them side by side.
     assert sorted(releases) == sorted(("release", pk, "stop", token) for pk, token in nodes.items())
     assert [s for s in sent if s[0] == "node_work"] == []
     route = app.amqp.router.route
@@ -163,15 +164,25 @@ needs_services = pytest.mark.skipif(
 @pytest.mark.procs  # a celery worker process
 @needs_services
 @pytest.mark.django_db(transaction=True)
-def test_the_procfile_s_releases_worker_runs_as_many_threads_as_the_setting(tmp_path):
+def test_the_procfile_s_releases_worker_runs_as_many_processes_as_the_setting(tmp_path):
     assert "--concurrency" not in " ".join(procfile_command("releases"))
     log = tmp_path / "releases.log"
 
-    with procfile_worker("releases", log, RUNCRATE_RELEASE_CONCURRENCY="3"):
+    with procfile_worker("releases", log, RUNCRATE_RELEASE_CONCURRENCY="3") as worker:
         banner = log.read_text(errors="replace")
+        pool = _children(worker.pid)
+        niceness = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in [worker.pid, *pool]}
 
-    assert "concurrency: 3 (thread)" in banner
+    assert "concurrency: 3 (prefork)" in banner
     assert ".> releases " in banner
+    # Its processes ask for less of the CPU than this one: live clusters' steps go first.
+    assert len(pool) == 3
+    below = min(os.getpriority(os.PRIO_PROCESS, 0) + RELEASES_NICENESS, 19)
+    assert niceness == dict.fromkeys([worker.pid, *pool], below)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def ready_in_process(cluster: Cluster, *, seconds: float) -> None:
@@ -216,8 +227,9 @@ def test_hosts_are_released_side_by_side_up_to_the_bound_while_a_new_cluster_sta
     env = {"RUNCRATE_SIM_SPEED": "1000000", "RUNCRATE_VAR_DIR": str(tmp_path / "var")}
     try:
         # The production lines for the default and machines queues, each a process of its own;
-        # the releases worker in this process (its hosts' stand-in driver lives here), with the
-        # threads the setting gives the Procfile's.
+        # the releases worker in this process, on threads (its hosts' stand-in driver lives
+        # here, which the Procfile's processes could not reach), as many as the setting gives
+        # the Procfile's processes.
         with (
             procfile_worker("worker", tmp_path / "worker.log", **env),
             procfile_worker("machines", tmp_path / "machines.log", **env),
@@ -242,7 +254,7 @@ def _release_while_another_starts(user, project, ended, standin, bound, tmp_path
         lambda: standin.wait_for(lambda: standin.running == bound, seconds=0.5), seconds=60
     ), (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
 
-    # Every release thread busy, three hosts still waiting for one: a new cluster starts anyway.
+    # Every release slot busy, three hosts still waiting for one: a new cluster starts anyway.
     other = create(project, inventory(hosts=2, boot_seconds=60), nodes=2)
 
     def ready() -> bool:

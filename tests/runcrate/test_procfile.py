@@ -72,10 +72,10 @@ def test_its_machines_worker_runs_threads(processes):
     assert "--pool=threads" in argv
 
 
-def test_its_releases_worker_runs_threads_as_many_as_the_setting(processes):
+def test_its_releases_worker_runs_processes_as_many_as_the_setting(processes):
     # No --concurrency of its own: config/celery.py gives the worker of the `releases` queue
-    # RUNCRATE_RELEASE_CONCURRENCY threads (tests/clusters/test_releases.py starts it).
+    # RUNCRATE_RELEASE_CONCURRENCY processes (tests/clusters/test_releases.py starts it).
     argv = processes["releases"]
 
-    assert "--pool=threads" in argv
+    assert "--pool=prefork" in argv
     assert not [arg for arg in argv if arg.startswith(("--concurrency", "-c"))]
