@@ -967,43 +967,78 @@ class NodeUtilization:
 
 def utilization_now(node_ids: Sequence[int]) -> dict[int, NodeUtilization]:
     """Each node's latest report's GPU count and mean utilisation (the node rows'), by node
-    id; a node with no raw row in the last hour is absent. One query whatever the nodes: per
-    node, its latest row's time and that report's rows, each read through (node, at)."""
+    id; a node with no raw row in the last hour is absent. One query whatever the nodes
+    (`_utilization_sql`)."""
     if not node_ids:
         return {}
-    annotated: Any = with_utilization(Node.objects.filter(pk__in=node_ids))  # its annotations
-    rows = annotated.values_list("pk", "last_at", "reported_gpus", "mean")
-    return {pk: found for pk, *figures in rows if (found := utilization_of(*figures))}
+    rows = _utilization_rows("id", list(node_ids))
+    return {row[0]: found for row in rows if (found := utilization_of(*row[-3:]))}
 
 
-def with_utilization(nodes: models.QuerySet[Node]) -> models.QuerySet[Node]:
-    """`nodes` with their latest report's time (`last_at`), GPU count (`reported_gpus`) and
-    mean utilisation (`mean`), which `utilization_of` reads: one query with the nodes' own
-    columns (the Machines tab's poll reads both at once)."""
-    latest = GpuSample.objects.filter(node=models.OuterRef("pk")).order_by("-at").values("at")[:1]
-    # The latest report's rows: the node's rows at or after its latest time (none is later).
-    # A range, not an equality, so the planner reads them through (node, at): every node of a
-    # simulated run reports at one instant, and an equality led it to the (at) index, which
-    # holds every node's rows of that instant (issue 38: 18 ms at 64 nodes, not 1).
-    report = GpuSample.objects.filter(
-        node=models.OuterRef("pk"), at__gte=models.OuterRef("last_at")
-    )
+def nodes_with_utilization(cluster_id: int) -> list[tuple[Node, NodeUtilization | None]]:
+    """The cluster's nodes by index (read as `only()` would, with `_NODE_ROW`'s columns), each
+    with its latest report's utilisation (None as `utilization_now` leaves one out): the
+    Machines tab's poll, in one query whatever the node count (`_utilization_sql`)."""
+    found = []
+    for *columns, last_at, gpus, mean in _utilization_rows("cluster_id", [cluster_id]):
+        node = Node.from_db(connection.alias, _NODE_ROW, columns)
+        found.append((node, utilization_of(last_at, gpus, mean)))
+    return found
 
-    def of_report(figure: Any) -> models.Subquery:
-        return models.Subquery(
-            report.values("node").annotate(figure=figure).values("figure"),
-            output_field=models.FloatField(),
+
+# What `nodes_with_utilization` reads of each node.
+_NODE_ROW = ("id", "cluster_id", "index", "replaces_id", "status")
+
+
+def _utilization_rows(column: str, values: list[int]) -> list[tuple]:
+    """`_utilization_sql`'s rows for the nodes whose `column` is one of `values`: each node's
+    `_NODE_ROW` columns, then its latest report's time, GPU count and mean utilisation."""
+    with connection.cursor() as cursor:
+        cursor.execute(_utilization_sql(column, len(values)), values)
+        rows = cursor.fetchall()
+    return [
+        (
+            *columns,
+            None if last_at is None else _moment(last_at),
+            gpus,
+            None if mean is None else float(mean),
         )
+        for *columns, last_at, gpus, mean in rows
+    ]
 
-    return nodes.annotate(last_at=models.Subquery(latest)).annotate(
-        reported_gpus=of_report(Count("pk")), mean=of_report(Avg("utilization_percent"))
+
+def _utilization_sql(column: str, count: int) -> str:
+    """The nodes whose `column` is one of `count` parameters, by index, each with the time of
+    its latest GPU row and that report's row count and mean utilisation. One statement of
+    written SQL, where the ORM's three subqueries a node (the latest time asked three times)
+    took a Machines tab poll's longest part to compile and run at 64 nodes (issue 38). The
+    latest time is a MAX over the (node, at) index once a node, in a grouped subquery that
+    neither PostgreSQL nor SQLite folds into the join (as in `_latest_sql`); the report's rows
+    are joined by a range on it, not an equality, so the planner reads them through (node,
+    at): every node of a simulated run reports at one instant, and an equality led it to the
+    (at) index, which holds every node's rows of that instant (18 ms at 64 nodes, not 1)."""
+    q = connection.ops.quote_name
+    node, gpu = q(Node._meta.db_table), q(GpuSample._meta.db_table)
+    columns = ", ".join(f"o.{q(_column(Node, c))}" for c in _NODE_ROW)
+    outer = ", ".join(f"n.{q(_column(Node, c))}" for c in _NODE_ROW)
+    pk, node_id, at = q("id"), q("node_id"), q("at")
+    utilization, where = q(_column(GpuSample, "utilization_percent")), q(_column(Node, column))
+    places = ", ".join(["%s"] * count)
+    # The table and column names are the models', quoted; every value is a parameter.
+    return (
+        f"SELECT {outer}, CAST(n.last_at AS TEXT), COUNT(g.{pk}), AVG(g.{utilization}) "  # noqa: S608
+        f"FROM (SELECT {columns}, "
+        f"(SELECT MAX(l.{at}) FROM {gpu} l WHERE l.{node_id} = o.{pk}) AS last_at "
+        f"FROM {node} o WHERE o.{where} IN ({places}) GROUP BY {columns}) n "
+        f"LEFT JOIN {gpu} g ON g.{node_id} = n.{pk} AND g.{at} >= n.last_at "
+        f"GROUP BY {outer}, n.last_at ORDER BY n.{q('index')}, n.{pk}"
     )
 
 
 def utilization_of(
     last_at: datetime | None, gpus: float | None, mean: float | None
 ) -> NodeUtilization | None:
-    """A node's utilisation from `with_utilization`'s figures; None without a raw row in the
+    """A node's utilisation from `_utilization_rows`'s figures; None without a raw row in the
     last hour (the raw rows are kept that long)."""
     if last_at is None or last_at < timezone.now() - RAW_KEEP:
         return None

@@ -270,17 +270,17 @@ def gpus_cell(
     )
 
 
-def figures_cells(cluster_status: str, nodes: list[Node], now: datetime) -> list[SafeString]:
+def figures_cells(
+    cluster_status: str, nodes: list[tuple[Node, metrics.NodeUtilization | None]], now: datetime
+) -> list[SafeString]:
     """Each live row's GPUs cell, out of band, from the nodes alone (no cluster, no header):
-    what the Machines tab's poll sends when only the figures moved. The nodes come read with
-    their figures (`metrics.with_utilization`): no query here."""
-    replaced = {n.replaces_id for n in nodes if n.replaces_id is not None}
+    what the Machines tab's poll sends when only the figures moved. The nodes come with their
+    figures (`metrics.nodes_with_utilization`): no query here."""
+    replaced = {n.replaces_id for n, _ in nodes if n.replaces_id is not None}
     cells = []
-    for node in nodes:
+    for node, found in nodes:
         if not metrics.recording(cluster_status=cluster_status, node_status=node.status):
             continue
-        figures = (getattr(node, name) for name in ("last_at", "reported_gpus", "mean"))
-        found = metrics.utilization_of(*figures)
         reported = found.reported_at if found else None
         cells.append(
             gpus_cell(

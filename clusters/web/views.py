@@ -434,14 +434,7 @@ def _figures_answer(request: ProjectRequest, pk: int, status: str, version: int)
     place of the header (`HX-Reswap: none`), which holds what it held. One query past the
     poll's three, whatever the node count: the nodes with their figures. `version`: the
     metrics version, read before them."""
-    nodes = list(
-        metrics.with_utilization(
-            Node.objects.filter(cluster_id=pk)
-            .only("pk", "index", "status", "replaces_id", "cluster_id")
-            .order_by("index", "pk")
-        )
-    )
-    cells = figures_cells(status, nodes, timezone.now())
+    cells = figures_cells(status, metrics.nodes_with_utilization(pk), timezone.now())
     context = {"metrics_version": version, "metrics_oob": True}
     parts = [f"<template>{''.join(cells)}</template>" if cells else ""]
     # Without the request: the part reads nothing of it, nor of the context processors.
