@@ -26,7 +26,7 @@ def releases_worker_concurrency(conf: Any, options: dict, **kwargs: Any) -> None
     processes: that setting bounds how many hosts are released at once (docs/lifecycle.md,
     "Ending"). Processes, not threads: a release is mostly paramiko's Python (each SFTP
     packet), and eight of them on the threads of one process took 6.3-7.0 s where eight
-    processes took 4.6-4.9 (docs/lab.md)."""
+    processes took 4.4-5.0 (docs/lab.md)."""
     from django.conf import settings
 
     queues = options.get("queues") or []
