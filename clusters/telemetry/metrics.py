@@ -793,7 +793,7 @@ def _latest_sql(read: Collection[str]) -> str:
     (`_moment`), not once a GPU row: 1,024 times parsed at 64 × 8 GPUs were half of the
     Python's work."""
     q = connection.ops.quote_name
-    node, gpu, host = (q(m._meta.db_table) for m in (Node, GpuSample, NodeSample))
+    node, gpu = q(Node._meta.db_table), q(GpuSample._meta.db_table)
     figures = "".join(
         f", g.{q(_column(GpuSample, c))}" if c in read else ", NULL" for c in _GPU_NOW[1:]
     )
@@ -804,13 +804,20 @@ def _latest_sql(read: Collection[str]) -> str:
         f"SELECT n.{pk}, n.{index}, n.{status}, CAST(n.last_gpus AS TEXT), "  # noqa: S608
         f"CAST(n.last_host AS TEXT), g.{index}{figures} "
         f"FROM (SELECT o.{pk}, o.{index}, o.{status}, "
-        f"(SELECT MAX(l.{at}) FROM {gpu} l WHERE l.{node_id} = o.{pk}) AS last_gpus, "
-        f"(SELECT MAX(h.{at}) FROM {host} h WHERE h.{node_id} = o.{pk}) AS last_host "
+        f"{_latest_at(GpuSample)} AS last_gpus, {_latest_at(NodeSample)} AS last_host "
         f"FROM {node} o WHERE o.{q('cluster_id')} = %s AND o.{status} IN ({live}) "
         f"GROUP BY o.{pk}, o.{index}, o.{status}) n "
         f"LEFT JOIN {gpu} g ON g.{node_id} = n.{pk} AND g.{at} = n.last_gpus "
         f"ORDER BY n.{index}, g.{index}"
     )
+
+
+def _latest_at(samples: type[GpuSample] | type[NodeSample]) -> str:
+    """The time of the latest of `samples`' rows of the node `o` (a node row aliased `o`): a
+    MAX over their (node, at) index, once a node (`_latest_sql`, `_utilization_sql`)."""
+    q = connection.ops.quote_name
+    table, node_id, at = q(samples._meta.db_table), q("node_id"), q("at")
+    return f"(SELECT MAX(l.{at}) FROM {table} l WHERE l.{node_id} = o.{q('id')})"  # noqa: S608
 
 
 def _moment(text: str) -> datetime:
@@ -1028,7 +1035,7 @@ def _utilization_sql(column: str, count: int) -> str:
     return (
         f"SELECT {outer}, CAST(n.last_at AS TEXT), COUNT(g.{pk}), AVG(g.{utilization}) "  # noqa: S608
         f"FROM (SELECT {columns}, "
-        f"(SELECT MAX(l.{at}) FROM {gpu} l WHERE l.{node_id} = o.{pk}) AS last_at "
+        f"{_latest_at(GpuSample)} AS last_at "
         f"FROM {node} o WHERE o.{where} IN ({places}) GROUP BY {columns}) n "
         f"LEFT JOIN {gpu} g ON g.{node_id} = n.{pk} AND g.{at} >= n.last_at "
         f"GROUP BY {outer}, n.last_at ORDER BY n.{q('index')}, n.{pk}"
